@@ -1,0 +1,351 @@
+"""Parse a ``HeteroTrainingJob`` manifest (a dict, as the API or ``yaml.safe_load`` returns it).
+
+Pure: no kopf, no kubernetes.  The CRD schema in ``crds/`` is the first line of validation; this
+module re-checks what a manifest that skipped the API server (``heterotrain plan``/``run``) or an old
+CRD may carry, and raises :class:`SpecError` naming the field path and the fix.
+Defaults here equal the CRD's defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+API_GROUP = "heterotrain.io"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "HeteroTrainingJob"
+PLURAL = "heterotrainingjobs"
+
+BATCH_SPLITS = ("Proportional", "Equal")
+PRECISIONS = ("Auto", "BF16", "FP16", "FP32")
+HIERARCHIES = ("Auto", "Flat", "Group", "PerNode", "PerArchitecture")
+COMPRESSIONS = ("None", "FP16", "BF16", "Int8", "PowerSGD")
+CLEAN_POD_POLICIES = ("All", "Running", "None")
+_CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
+_CC_RE = re.compile(r"^\d{1,2}\.\d$")
+
+
+class SpecError(ValueError):
+    """A manifest field is missing or invalid.
+
+    Attributes:
+        path: dotted field path, e.g. ``"spec.training.globalBatchSize"``.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageVariant:
+    """One worker image of the job's catalog.
+
+    Attributes:
+        image: image reference, e.g. ``"ghcr.io/heterotrain/worker:0.1.0-cu124"``.
+        cuda_version: CUDA runtime inside the image, ``(major, minor)``.
+        compute_capabilities: compute capabilities it has kernels for, e.g. ``("7.0", "8.0")``.
+    """
+
+    image: str
+    cuda_version: tuple[int, int]
+    compute_capabilities: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuRequest:
+    """What GPUs the job may use.
+
+    Attributes:
+        ranks: ranks wanted (one GPU or MIG device each).
+        min_ranks: all-or-nothing minimum to start; ``<= ranks``.
+        allowed_products / denied_products: GFD product values (base product, without a
+            ``-MIG-…`` or ``-SHARED`` suffix); empty allow list means all.
+        allowed_mig_profiles / denied_mig_profiles: e.g. ``"3g.40gb"``; empty allow list means
+            all; ``allow_mig=False`` excludes MIG devices.
+        min_memory_mib: minimum device memory in MiB.
+        speed_overrides: product or MIG profile -> relative speed in percent of the reference
+            device (A100 = 100), replacing the built-in table.
+    """
+
+    ranks: int
+    min_ranks: int
+    allowed_products: tuple[str, ...] = ()
+    denied_products: tuple[str, ...] = ()
+    allowed_mig_profiles: tuple[str, ...] = ()
+    denied_mig_profiles: tuple[str, ...] = ()
+    allow_mig: bool = True
+    min_memory_mib: int = 0
+    speed_overrides: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSpec:
+    """Training settings.
+
+    Attributes:
+        global_batch_size: samples per optimizer step over all ranks.
+        batch_split: ``"Proportional"`` (to speed, capped by memory) or ``"Equal"``.
+        precision: ``"Auto"`` (bf16 on cc >= 8.0, fp16 + scaler on 7.x, fp32 below) or forced.
+        hierarchy: gradient reduction layout (see ``HIERARCHIES``).
+        memory_per_sample_mib: activation memory per sample in MiB; caps a device's batch.
+        memory_reserve_mib: memory kept free per device (framework, NCCL) in MiB.
+        checkpoint_path: directory inside the worker for checkpoints; ``""`` disables.
+        checkpoint_pvc: PersistentVolumeClaim mounted at ``checkpoint_path``; ``""`` for none.
+        checkpoint_interval_steps: steps between checkpoints.
+        rebalance_interval_steps: steps between split re-solves; 0 disables rebalancing.
+        compression: inter-group gradient compression (see ``COMPRESSIONS``).
+        powersgd_rank: matrix rank for PowerSGD compression.
+    """
+
+    global_batch_size: int
+    batch_split: str = "Proportional"
+    precision: str = "Auto"
+    hierarchy: str = "Auto"
+    memory_per_sample_mib: int = 0
+    memory_reserve_mib: int = 1024
+    checkpoint_path: str = ""
+    checkpoint_pvc: str = ""
+    checkpoint_interval_steps: int = 50
+    rebalance_interval_steps: int = 0
+    compression: str = "None"
+    powersgd_rank: int = 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerTemplate:
+    """The worker container: what each rank process runs.
+
+    Attributes:
+        command / args: argv of one rank process (the launcher starts one per GPU).
+        env: extra environment, as Kubernetes ``EnvVar`` dicts.
+        resources: Kubernetes ``ResourceRequirements`` for CPU/memory (GPUs are added by us).
+        metrics_port: Prometheus port of local rank 0; local rank i uses ``metrics_port + i``.
+    """
+
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    metrics_port: int = 9480
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunPolicy:
+    """Kubeflow-style run policy.
+
+    Attributes:
+        backoff_limit: restarts of the whole job before it fails.
+        active_deadline_seconds: wall-clock limit from start, None for none.
+        ttl_seconds_after_finished: delete the job this long after it finished, None to keep.
+        clean_pod_policy: which pods to delete when finished (``All``/``Running``/``None``).
+        suspend: True keeps no pods running (Kueue admission un-suspends).
+        queue: Kueue/Volcano queue name, ``""`` for none.
+        priority_class: PriorityClass of the pods, ``""`` for none.
+    """
+
+    backoff_limit: int = 3
+    active_deadline_seconds: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    clean_pod_policy: str = "Running"
+    suspend: bool = False
+    queue: str = ""
+    priority_class: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    """A parsed ``HeteroTrainingJob``: name, namespace and the four spec sections."""
+
+    name: str
+    namespace: str
+    worker: WorkerTemplate
+    images: tuple[ImageVariant, ...]
+    gpus: GpuRequest
+    training: TrainingSpec
+    run_policy: RunPolicy
+
+
+def parse_job(body: Mapping[str, Any]) -> JobSpec:
+    """Parse a whole manifest.
+
+    Raises:
+        SpecError: naming the first invalid field (path such as ``spec.gpus.ranks``).
+    """
+    if body.get("kind") != KIND:
+        raise SpecError("kind", f"must be {KIND}, got {body.get('kind')!r}")
+    meta = _map(body, "metadata", "metadata")
+    spec = _map(body, "spec", "spec")
+    labels = _map(meta, "labels", "metadata.labels", required=False)
+    run_policy = _run_policy(_map(spec, "runPolicy", "spec.runPolicy", required=False))
+    if labels.get("kueue.x-k8s.io/queue-name") and not run_policy.queue:
+        run_policy = _replace_queue(run_policy, str(labels["kueue.x-k8s.io/queue-name"]))
+    return JobSpec(
+        name=_str(meta, "name", "metadata.name"),
+        namespace=str(meta.get("namespace") or "default"),
+        worker=_worker(_map(spec, "worker", "spec.worker")),
+        images=_images(spec.get("images", []), "spec.images"),
+        gpus=_gpus(_map(spec, "gpus", "spec.gpus")),
+        training=_training(_map(spec, "training", "spec.training")),
+        run_policy=run_policy,
+    )
+
+
+def _replace_queue(policy: RunPolicy, queue: str) -> RunPolicy:
+    from dataclasses import replace
+    return replace(policy, queue=queue)
+
+
+def _worker(w: Mapping[str, Any]) -> WorkerTemplate:
+    command = _str_list(w, "command", "spec.worker.command", required=True)
+    if not command:
+        raise SpecError("spec.worker.command", "must name the program each rank runs, "
+                        "e.g. [python, -m, hetero_worker.examples.digits]")
+    return WorkerTemplate(
+        command=command, args=_str_list(w, "args", "spec.worker.args"),
+        env=tuple(w.get("env") or ()), resources=dict(w.get("resources") or {}),
+        metrics_port=_int(w, "metricsPort", "spec.worker.metricsPort", 9480, 0, 65535),
+    )
+
+
+def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
+    if not isinstance(items, list):
+        raise SpecError(path, "must be a list of {image, cudaVersion, computeCapabilities}")
+    out = []
+    for i, item in enumerate(items):
+        p = f"{path}[{i}]"
+        if not isinstance(item, Mapping):
+            raise SpecError(p, "must be a mapping with image, cudaVersion, computeCapabilities")
+        cuda = str(item.get("cudaVersion", ""))
+        if not _CUDA_RE.match(cuda):
+            raise SpecError(f"{p}.cudaVersion", f"must look like \"12.4\" (a quoted string), got {cuda!r}")
+        ccs = _str_list(item, "computeCapabilities", f"{p}.computeCapabilities", required=True)
+        for cc in ccs:
+            if not _CC_RE.match(cc):
+                raise SpecError(f"{p}.computeCapabilities", f"entries look like \"8.0\", got {cc!r}")
+        major, minor = cuda.split(".")
+        out.append(ImageVariant(image=_str(item, "image", f"{p}.image"),
+                                cuda_version=(int(major), int(minor)), compute_capabilities=ccs))
+    return tuple(out)
+
+
+def _gpus(g: Mapping[str, Any]) -> GpuRequest:
+    ranks = _int(g, "ranks", "spec.gpus.ranks", None, 1, 65536)
+    min_ranks = _int(g, "minRanks", "spec.gpus.minRanks", ranks, 1, 65536)
+    if min_ranks > ranks:
+        raise SpecError("spec.gpus.minRanks", f"{min_ranks} exceeds spec.gpus.ranks={ranks}; "
+                        "lower minRanks or raise ranks")
+    overrides: dict[str, int] = {}
+    for i, item in enumerate(g.get("speedOverrides") or []):
+        p = f"spec.gpus.speedOverrides[{i}]"
+        overrides[_str(item, "device", f"{p}.device")] = _int(
+            item, "relativeSpeedPercent", f"{p}.relativeSpeedPercent", None, 1, 100000)
+    return GpuRequest(
+        ranks=ranks, min_ranks=min_ranks,
+        allowed_products=_str_list(g, "allowedProducts", "spec.gpus.allowedProducts"),
+        denied_products=_str_list(g, "deniedProducts", "spec.gpus.deniedProducts"),
+        allowed_mig_profiles=_str_list(g, "allowedMigProfiles", "spec.gpus.allowedMigProfiles"),
+        denied_mig_profiles=_str_list(g, "deniedMigProfiles", "spec.gpus.deniedMigProfiles"),
+        allow_mig=_bool(g, "allowMig", "spec.gpus.allowMig", True),
+        min_memory_mib=_int(g, "minMemoryMiB", "spec.gpus.minMemoryMiB", 0, 0, 10**7),
+        speed_overrides=overrides,
+    )
+
+
+def _training(t: Mapping[str, Any]) -> TrainingSpec:
+    p = "spec.training"
+    ckpt = _map(t, "checkpoint", f"{p}.checkpoint", required=False)
+    rebalance = _map(t, "rebalance", f"{p}.rebalance", required=False)
+    compression = _map(t, "compression", f"{p}.compression", required=False)
+    return TrainingSpec(
+        global_batch_size=_int(t, "globalBatchSize", f"{p}.globalBatchSize", None, 1, 10**7),
+        batch_split=_enum(t, "batchSplit", f"{p}.batchSplit", BATCH_SPLITS),
+        precision=_enum(t, "precision", f"{p}.precision", PRECISIONS),
+        hierarchy=_enum(t, "hierarchy", f"{p}.hierarchy", HIERARCHIES),
+        memory_per_sample_mib=_int(t, "memoryPerSampleMiB", f"{p}.memoryPerSampleMiB", 0, 0, 10**6),
+        memory_reserve_mib=_int(t, "memoryReserveMiB", f"{p}.memoryReserveMiB", 1024, 0, 10**6),
+        checkpoint_path=str(ckpt.get("path", "")),
+        checkpoint_pvc=str(ckpt.get("persistentVolumeClaim", "")),
+        checkpoint_interval_steps=_int(ckpt, "intervalSteps", f"{p}.checkpoint.intervalSteps", 50, 1, 10**7),
+        rebalance_interval_steps=_int(rebalance, "intervalSteps", f"{p}.rebalance.intervalSteps", 0, 0, 10**6),
+        compression=_enum(compression, "mode", f"{p}.compression.mode", COMPRESSIONS),
+        powersgd_rank=_int(compression, "powerSGDRank", f"{p}.compression.powerSGDRank", 4, 1, 64),
+    )
+
+
+def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
+    p = "spec.runPolicy"
+    sched = _map(r, "schedulingPolicy", f"{p}.schedulingPolicy", required=False)
+    return RunPolicy(
+        backoff_limit=_int(r, "backoffLimit", f"{p}.backoffLimit", 3, 0, 1000),
+        active_deadline_seconds=_opt_int(r, "activeDeadlineSeconds", f"{p}.activeDeadlineSeconds"),
+        ttl_seconds_after_finished=_opt_int(r, "ttlSecondsAfterFinished", f"{p}.ttlSecondsAfterFinished"),
+        clean_pod_policy=_enum(r, "cleanPodPolicy", f"{p}.cleanPodPolicy", CLEAN_POD_POLICIES, "Running"),
+        suspend=_bool(r, "suspend", f"{p}.suspend", False),
+        queue=str(sched.get("queue", "")), priority_class=str(sched.get("priorityClass", "")),
+    )
+
+
+# --- field readers -------------------------------------------------------------------------
+
+def _map(obj: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> Mapping[str, Any]:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise SpecError(path, "is required")
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(path, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _str(obj: Mapping[str, Any], key: str, path: str) -> str:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    if not isinstance(value, str) or not value:
+        raise SpecError(path, "is required and must be a non-empty string")
+    return value
+
+
+def _str_list(obj: Mapping[str, Any], key: str, path: str, *, required: bool = False) -> tuple[str, ...]:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise SpecError(path, "is required (a list of strings)")
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
+        raise SpecError(path, "must be a list of strings")
+    return tuple(str(v) for v in value)
+
+
+def _int(obj: Mapping[str, Any], key: str, path: str, default: int | None, lo: int, hi: int) -> int:
+    value = obj.get(key, default)
+    if value is None:
+        raise SpecError(path, f"is required (an integer in {lo}..{hi})")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(path, f"must be an integer in {lo}..{hi}, got {value!r}")
+    if not lo <= value <= hi:
+        raise SpecError(path, f"must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def _opt_int(obj: Mapping[str, Any], key: str, path: str) -> int | None:
+    if obj.get(key) is None:
+        return None
+    return _int(obj, key, path, None, 0, 10**9)
+
+
+def _bool(obj: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = obj.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(path, f"must be true or false, got {value!r}")
+    return value
+
+
+def _enum(obj: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...],
+          default: str | None = None) -> str:
+    value = obj.get(key, default if default is not None else choices[0])
+    if value not in choices:
+        raise SpecError(path, f"must be one of {', '.join(choices)}; got {value!r}")
+    return str(value)

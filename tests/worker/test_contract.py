@@ -1,0 +1,68 @@
+"""The env contract: exact variable sets, round trips and one clear error per malformed variable."""
+
+import pytest
+
+from hetero_worker import contract as c
+
+
+def _contract(**over):
+    topo = (
+        c.RankEntry(rank=0, group=0, node="n-a", gpu_product="A100", compute_capability="8.0", local_batch=5),
+        c.RankEntry(rank=1, group=0, node="n-a", gpu_product="A100", compute_capability="8.0", local_batch=5),
+        c.RankEntry(rank=2, group=1, node="n-b", gpu_product="Tesla-T4", compute_capability="7.5", local_batch=2),
+    )
+    base = dict(rank=1, world_size=3, local_rank=1, local_world_size=2, master_addr="job-0.job",
+                master_port=29500, job_name="j", group=0, group_rank=1, group_size=2,
+                local_batch_size=5, global_batch_size=12, precision="bf16", hierarchy="group",
+                device=c.DeviceProfile(product="A100", compute_capability="8.0", memory_mib=40960,
+                                       relative_speed=1.0),
+                topology=topo)
+    base.update(over)
+    return c.Contract(**base)
+
+
+def test_rank_env_has_exactly_the_contract_variables():
+    env = c.render_rank_env(_contract())
+    assert set(env) == set(c.REQUIRED_VARS) | set(c.OPTIONAL_VARS)
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3" and env["HTJ_LOCAL_BATCH_SIZE"] == "5"
+
+
+def test_round_trip_through_env():
+    original = _contract()
+    assert c.parse_contract(c.render_rank_env(original)) == original
+
+
+def test_pod_form_expands_to_each_rank():
+    rank0 = c.render_rank_env(_contract(rank=0, local_rank=0, group_rank=0))
+    pod = c.pod_env(rank0)
+    assert "RANK" not in pod and pod["HTJ_FIRST_RANK"] == "0"
+    one = c.parse_contract(c.expand_pod_env(pod, 1))
+    assert (one.rank, one.local_rank, one.group_rank, one.local_batch_size) == (1, 1, 1, 5)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "needle"),
+    [
+        ("RANK", "3", "outside WORLD_SIZE=3"),
+        ("RANK", "one", "must be an integer"),
+        ("MASTER_PORT", "70000", "must be in 1..65535"),
+        ("HTJ_GLOBAL_BATCH_SIZE", "13", "!= sum of local batches"),
+        ("HTJ_LOCAL_BATCH_SIZE", "4", "disagrees with HTJ_TOPOLOGY"),
+        ("HTJ_PRECISION", "fp8", "must be one of bf16, fp16, fp32"),
+        ("HTJ_TOPOLOGY", "[", "is not valid JSON"),
+        ("WORLD_SIZE", "4", "missing [3]"),  # the topology is what disagrees: it is named
+        ("HTJ_DEVICE_PROFILE", '{"product": "x", "relative_speed": 0}', "relative_speed must be"),
+        ("MASTER_ADDR", "", "is required but not set"),
+    ],
+    ids=["rank outside world", "rank not int", "port out of range", "batches do not sum",
+         "local batch disagrees", "unknown precision", "topology not json",
+         "rank missing from topology", "zero speed", "master addr missing"],
+)
+def test_malformed_variable_names_itself(variable, value, needle):
+    env = c.render_rank_env(_contract())
+    env[variable] = value
+    with pytest.raises(c.ContractError) as err:
+        c.parse_contract(env)
+    named = "HTJ_TOPOLOGY" if variable == "WORLD_SIZE" else variable
+    assert err.value.variable == named
+    assert needle in str(err.value)
