@@ -55,17 +55,27 @@ METRICS_PORT = "HTJ_METRICS_PORT"
 """TCP port of this rank's Prometheus endpoint; 0 disables it."""
 CHECKPOINT_DIR = "HTJ_CHECKPOINT_DIR"
 """Directory for checkpoints; empty disables checkpointing."""
+CHECKPOINT_INTERVAL_STEPS = "HTJ_CHECKPOINT_INTERVAL_STEPS"
+"""Optimizer steps between checkpoints (default 50)."""
+REBALANCE_INTERVAL_STEPS = "HTJ_REBALANCE_INTERVAL_STEPS"
+"""Steps between re-solves of the batch split from measured speeds; 0 (default) keeps it static."""
+COMPRESSION = "HTJ_COMPRESSION"
+"""One of :data:`COMPRESSIONS`: codec for gradients crossing the inter-group link (default none)."""
+POWERSGD_RANK = "HTJ_POWERSGD_RANK"
+"""Matrix rank for ``powersgd`` compression (default 4)."""
 
 TORCHRUN_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 RANK_ONLY_VARS = (RANK, LOCAL_RANK, LOCAL_BATCH_SIZE, GROUP_RANK)
 REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, LOCAL_BATCH_SIZE,
                  GLOBAL_BATCH_SIZE, PRECISION, HIERARCHY, DEVICE_PROFILE, TOPOLOGY)
-OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR)
+OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
+                 COMPRESSION, POWERSGD_RANK)
 
 Precision = Literal["bf16", "fp16", "fp32"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 Hierarchy = Literal["flat", "group", "node", "arch", "auto"]
 HIERARCHIES: tuple[str, ...] = ("flat", "group", "node", "arch", "auto")
+COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "powersgd")
 """flat: one all-reduce over all ranks; group: reduce inside each topology group (same node and GPU
 type), all-reduce among group leaders, broadcast back; node / arch: the same with groups formed per
 node or per compute capability; auto: the worker picks one from its link cost model."""
@@ -168,6 +178,10 @@ class Contract:
     topology: tuple[RankEntry, ...]
     metrics_port: int = 0
     checkpoint_dir: str = ""
+    checkpoint_interval_steps: int = 50
+    rebalance_interval_steps: int = 0
+    compression: str = "none"
+    powersgd_rank: int = 4
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -213,6 +227,9 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         HIERARCHY: contract.hierarchy, DEVICE_PROFILE: contract.device.to_json(),
         TOPOLOGY: topology_to_json(contract.topology),
         METRICS_PORT: str(contract.metrics_port), CHECKPOINT_DIR: contract.checkpoint_dir,
+        CHECKPOINT_INTERVAL_STEPS: str(contract.checkpoint_interval_steps),
+        REBALANCE_INTERVAL_STEPS: str(contract.rebalance_interval_steps),
+        COMPRESSION: contract.compression, POWERSGD_RANK: str(contract.powersgd_rank),
     }
     env.update(contract.extra)
     return env
@@ -288,7 +305,14 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         device=DeviceProfile.from_json(_get(environ, DEVICE_PROFILE)), topology=topology,
         metrics_port=_int(environ, METRICS_PORT, minimum=0, maximum=65535, default=0),
         checkpoint_dir=environ.get(CHECKPOINT_DIR, ""),
+        checkpoint_interval_steps=_int(environ, CHECKPOINT_INTERVAL_STEPS, minimum=1, default=50),
+        rebalance_interval_steps=_int(environ, REBALANCE_INTERVAL_STEPS, minimum=0, default=0),
+        compression=environ.get(COMPRESSION) or "none",
+        powersgd_rank=_int(environ, POWERSGD_RANK, minimum=1, maximum=64, default=4),
     )
+    if contract.compression not in COMPRESSIONS:
+        raise ContractError(COMPRESSION, f"must be one of {', '.join(COMPRESSIONS)}; "
+                            f"got {contract.compression!r}")
     _check_rank_against_topology(contract)
     return contract
 
