@@ -1,0 +1,147 @@
+"""Operator settings: :class:`OperatorConfig` from ``HTJ_*`` environment variables and flags.
+
+Every field has a documented default (see docs/operator.md, "Settings").  Pure: no kopf import.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from hetero_operator.errors import ConfigError
+from hetero_operator.spec import ImageVariant
+
+DEFAULT_IMAGES = (
+    ImageVariant(image="ghcr.io/heterotrain/worker:0.1.0-cu118", cuda_version=(11, 8),
+                 compute_capabilities=("3.7", "5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0")),
+    ImageVariant(image="ghcr.io/heterotrain/worker:0.1.0-cu124", cuda_version=(12, 4),
+                 compute_capabilities=("5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0")),
+    ImageVariant(image="ghcr.io/heterotrain/worker:0.1.0-cu128", cuda_version=(12, 8),
+                 compute_capabilities=("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0")),
+)
+"""Used when a job's ``spec.images`` is empty; same catalog as examples/digits.yaml."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OperatorConfig:
+    """Settings of one operator process.
+
+    Attributes:
+        namespaces: namespaces to watch (kopf patterns, e.g. ``team-*``); empty = cluster-wide.
+            Env ``HTJ_NAMESPACES`` (comma-separated).
+        default_images: image catalog for jobs without ``spec.images``. Env
+            ``HTJ_DEFAULT_IMAGES`` = ``image=cuda=cc1/cc2;image2=...``.
+        metrics_port: Prometheus port of the operator (``HTJ_METRICS_PORT``, 8080; 0 = off).
+        health_port: liveness port, serves ``/healthz`` (``HTJ_HEALTH_PORT``, 8081; 0 = off).
+        master_port: rendezvous port of rank 0 (``HTJ_MASTER_PORT``, 29500).
+        pending_timeout_s: pods Pending longer than this are deleted and the job re-planned
+            (``HTJ_PENDING_TIMEOUT_S``, 300).
+        unschedulable_retry_s: re-plan interval of a job that does not fit
+            (``HTJ_UNSCHEDULABLE_RETRY_S``, 30).
+        backoff_base_s / backoff_max_s: restart delay ``base * 2**(restarts-1)`` capped at max
+            (``HTJ_BACKOFF_BASE_S`` 10, ``HTJ_BACKOFF_MAX_S`` 300), as case 21 (10 s, 20 s, ...).
+        resync_s: level-based re-check interval of every job (``HTJ_RESYNC_S``, 10).
+        progress_interval_s: how often rank 0's metrics are read (``HTJ_PROGRESS_INTERVAL_S``, 15).
+        peering: kopf peering object name (``HTJ_PEERING``, ``heterotrain``); ``""`` = standalone
+            (no peering; only for a single replica).
+        peering_priority: this replica's peering priority (``HTJ_PEERING_PRIORITY``; default
+            random 1..1000000 so two replicas never tie, which would pause both).
+        simulate_devices: set ``simulated`` in the device profile (CPU test clusters;
+            ``HTJ_SIMULATE_DEVICES``, false).
+        launcher: argv prefix of the pod's container (``HTJ_LAUNCHER``,
+            ``heterotrain launch --``).
+        service_domain: suffix of ``MASTER_ADDR`` after the namespace (``HTJ_SERVICE_DOMAIN``,
+            ``svc``; ``svc.cluster.local`` also works).
+    """
+
+    namespaces: tuple[str, ...] = ()
+    default_images: tuple[ImageVariant, ...] = DEFAULT_IMAGES
+    metrics_port: int = 8080
+    health_port: int = 8081
+    master_port: int = 29500
+    pending_timeout_s: float = 300.0
+    unschedulable_retry_s: float = 30.0
+    backoff_base_s: float = 10.0
+    backoff_max_s: float = 300.0
+    resync_s: float = 10.0
+    progress_interval_s: float = 15.0
+    peering: str = "heterotrain"
+    peering_priority: int = field(default_factory=lambda: random.randint(1, 1_000_000))
+    simulate_devices: bool = False
+    launcher: tuple[str, ...] = ("heterotrain", "launch", "--")
+    service_domain: str = "svc"
+
+    def __post_init__(self) -> None:
+        for name in ("metrics_port", "health_port", "master_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535 or (name == "master_port" and port == 0):
+                raise ConfigError(f"{name} must be a TCP port in 1..65535 (0 turns metrics/health off), got {port}")
+        for name in ("pending_timeout_s", "unschedulable_retry_s", "backoff_base_s", "backoff_max_s",
+                     "resync_s", "progress_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ConfigError(f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})")
+        if not self.launcher:
+            raise ConfigError("launcher must not be empty")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OperatorConfig:
+        """Read ``HTJ_*`` variables; ``overrides`` (e.g. from flags) win.
+
+        Raises:
+            ConfigError: naming the variable that does not parse.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            var = "HTJ_" + f.name.upper()
+            if var in env and env[var] != "":
+                values[f.name] = _parse(f.name, var, env[var])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> OperatorConfig:
+        """A copy with ``changes`` applied."""
+        return replace(self, **changes)
+
+
+def _parse(name: str, var: str, raw: str) -> Any:
+    try:
+        if name in ("namespaces", "launcher"):
+            sep = "," if name == "namespaces" else " "
+            return tuple(p.strip() for p in raw.split(sep) if p.strip())
+        if name == "default_images":
+            return parse_images(raw)
+        if name == "simulate_devices":
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError("use true or false")
+            return raw.lower() in ("1", "true", "yes")
+        if name in ("peering", "service_domain"):
+            return raw
+        if name.endswith("_s"):
+            return float(raw)
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{var}={raw!r} does not parse: {exc}") from None
+
+
+def parse_images(raw: str) -> tuple[ImageVariant, ...]:
+    """Parse ``image=12.4=8.0/9.0;image2=11.8=7.0`` into image variants.
+
+    Raises:
+        ValueError: an entry lacks one of the three parts or has a bad CUDA version.
+    """
+    out = []
+    for entry in filter(None, (e.strip() for e in raw.split(";"))):
+        parts = entry.rsplit("=", 2)
+        if len(parts) != 3:
+            raise ValueError(f"entry {entry!r} must be image=cudaMajor.minor=cc1/cc2")
+        image, cuda, ccs = parts
+        major, minor = cuda.split(".")
+        out.append(ImageVariant(image=image, cuda_version=(int(major), int(minor)),
+                                compute_capabilities=tuple(ccs.split("/"))))
+    return tuple(out)

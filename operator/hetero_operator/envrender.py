@@ -1,0 +1,68 @@
+"""Render a plan into the env contract (rank form) for every rank; pure.
+
+The operator and the embedded ``heterotrain run`` launcher both call :func:`render_rank_envs`; the
+operator then turns local rank 0 of each group into the pod form with
+``hetero_worker.contract.pod_env``.  One pod per group, so ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are the
+rank's position in its group and the group's size.
+"""
+
+from __future__ import annotations
+
+from hetero_worker.contract import Contract, DeviceProfile, RankEntry, render_rank_env
+
+from .model import Plan
+from .spec import JobSpec
+
+HIERARCHY_TO_CONTRACT: dict[str, str] = {
+    "Auto": "auto", "Flat": "flat", "Group": "group", "PerNode": "node", "PerArchitecture": "arch",
+}
+"""``spec.training.hierarchy`` -> ``HTJ_HIERARCHY``."""
+
+
+def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port: int,
+                     simulated: bool, metrics_port_base: int | None = None,
+                     checkpoint_dir: str | None = None) -> list[dict[str, str]]:
+    """The rank-form environment of every rank of ``plan``.
+
+    Args:
+        plan: from :func:`hetero_operator.planning.plan_job`.
+        job: the job the plan is for (name, global batch, hierarchy, metrics port, checkpoint).
+        master_addr: rank 0's address (the headless Service name, or ``127.0.0.1``).
+        master_port: rendezvous TCP port.
+        simulated: ranks run on CPU and imitate their device (``DeviceProfile.simulated``).
+        metrics_port_base: when set (all ranks on one host, the embedded default) rank r gets
+            ``metrics_port_base + r``; otherwise ``spec.worker.metricsPort + LOCAL_RANK``
+            (0 stays 0 = off).
+        checkpoint_dir: overrides ``spec.training.checkpoint.path``.
+
+    Returns:
+        One ``dict[str, str]`` per rank, ordered by rank; each parses with
+        ``hetero_worker.contract.parse_contract``; group ``extra_env`` (e.g.
+        ``NCCL_P2P_DISABLE=1``) is included.
+    """
+    topology = tuple(
+        RankEntry(rank=r.rank, group=r.group, node=r.node, gpu_product=r.gpu_type,
+                  compute_capability=r.compute_capability, local_batch=r.local_batch)
+        for r in plan.ranks)
+    world = len(plan.ranks)
+    hierarchy = HIERARCHY_TO_CONTRACT[job.training.hierarchy]
+    ckpt = job.training.checkpoint_path if checkpoint_dir is None else checkpoint_dir
+    envs = []
+    for r in plan.ranks:
+        group = plan.groups[r.group]
+        if metrics_port_base is not None:
+            port = metrics_port_base + r.rank
+        else:
+            port = job.worker.metrics_port + r.group_rank if job.worker.metrics_port else 0
+        device = DeviceProfile(product=r.gpu_type, compute_capability=r.compute_capability,
+                               memory_mib=r.memory_mib, relative_speed=r.relative_speed,
+                               simulated=simulated, mig_profile=r.mig_profile)
+        contract = Contract(
+            rank=r.rank, world_size=world, local_rank=r.group_rank, local_world_size=len(group.ranks),
+            master_addr=master_addr, master_port=master_port, job_name=job.name, group=r.group,
+            group_rank=r.group_rank, group_size=len(group.ranks), local_batch_size=r.local_batch,
+            global_batch_size=job.training.global_batch_size, precision=r.precision,
+            hierarchy=hierarchy, device=device, topology=topology, metrics_port=port,
+            checkpoint_dir=ckpt, extra=dict(group.extra_env))
+        envs.append(render_rank_env(contract))
+    return envs

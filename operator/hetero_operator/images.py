@@ -1,0 +1,72 @@
+"""Choose the worker image variant for a node: CUDA that fits the driver, kernels for the GPU.
+
+Policy: among the job's variants (``spec.images``) whose CUDA version is <= the node's highest
+CUDA (``min(runtime label, driver table)``, see :mod:`hetero_operator.cuda_table`) and whose
+``computeCapabilities`` include the GPU's compute capability exactly, take the newest CUDA; ties go
+to the earlier catalog entry.  A wheel without kernels for the GPU's cc fails with "no kernel image
+is available for execution on the device" (a V100 needs ``7.0``), and a runtime newer than the
+driver fails with "CUDA driver version is insufficient" (``shared/docs/gpu-facts.md``).  When the
+node's CUDA is unknown (no driver/runtime labels) only the compute capability is checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cuda_table import format_cuda, min_driver_for
+from .spec import ImageVariant
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageChoice:
+    """Result of :func:`choose_image`.
+
+    Attributes:
+        image: chosen image reference, ``""`` when none fits (or the catalog is empty).
+        message: for no fit, one sentence naming the driver and what would fit.
+    """
+
+    image: str
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """A variant was found."""
+        return bool(self.image)
+
+
+def choose_image(catalog: tuple[ImageVariant, ...], *, compute_capability: str,
+                 max_cuda: tuple[int, int] | None, driver_version: str = "") -> ImageChoice:
+    """Pick the newest fitting variant.
+
+    Args:
+        catalog: the job's variants, in manifest order.
+        compute_capability: the GPU's, ``"7.0"``.
+        max_cuda: highest CUDA the node runs, ``(12, 4)``; None when unknown.
+        driver_version: for the message, e.g. ``"470.129.06"``.
+
+    Returns:
+        :class:`ImageChoice`; ``image == ""`` with a message when nothing fits.
+    """
+    fitting = [v for v in catalog if compute_capability in v.compute_capabilities
+               and (max_cuda is None or v.cuda_version <= max_cuda)]
+    if fitting:
+        best = max(fitting, key=lambda v: v.cuda_version)  # max keeps the first of equal keys
+        return ImageChoice(image=best.image)
+    return ImageChoice(image="", message=_no_fit_message(catalog, compute_capability, max_cuda,
+                                                         driver_version))
+
+
+def _no_fit_message(catalog: tuple[ImageVariant, ...], cc: str, max_cuda: tuple[int, int] | None,
+                    driver_version: str) -> str:
+    driver = f"driver {driver_version}" if driver_version else "the node's driver"
+    limit = f"supports CUDA <= {format_cuda(max_cuda)}" if max_cuda else "has an unknown CUDA version"
+    with_cc = [v for v in catalog if cc in v.compute_capabilities]
+    if with_cc:
+        newest_needed = min(v.cuda_version for v in with_cc)
+        have = ", ".join(f"{format_cuda(v.cuda_version)}" for v in with_cc)
+        return (f"{driver} {limit}; variants with cc {cc} kernels need CUDA {have} "
+                f"(driver >= {min_driver_for(newest_needed)}); add a variant with CUDA <= "
+                f"{format_cuda(max_cuda)} and cc {cc}, or upgrade the driver")
+    return (f"no variant has kernels for cc {cc} ({driver} {limit}); add a variant listing "
+            f"\"{cc}\" in computeCapabilities with CUDA <= {format_cuda(max_cuda)}")

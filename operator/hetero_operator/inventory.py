@@ -1,0 +1,352 @@
+"""Build the GPU inventory of a cluster from Node objects (dicts, exactly as the API returns them).
+
+Per node: health (cordoned, NotReady, tainted against us, MIG reconfiguration pending or failed),
+then the device classes from GPU Feature Discovery labels and ``status.allocatable``:
+
+* whole GPUs: resource ``nvidia.com/gpu``; count from allocatable (``gpu.count`` only when the
+  object has no allocatable map at all, as in trimmed fixtures);
+* MIG **single** strategy: product ``<model>-MIG-<profile>``, resource ``nvidia.com/gpu``, memory
+  from ``gpu.memory`` (the slice's);
+* MIG **mixed** strategy: per-profile labels ``nvidia.com/mig-<profile>.*`` and resources
+  ``nvidia.com/mig-<profile>``; the parent's ``gpu.memory`` is never a slice's budget;
+* time-slicing / MPS (``-SHARED`` product, ``gpu.sharing-strategy`` not ``none``, or allocatable
+  above ``gpu.count``): the device count is the number of *physical* GPUs (``gpu.count``), so a
+  job gets at most one rank per physical GPU.  Memory is not partitioned by time-slicing: the
+  budget stays the full GPU's, but other tenants' processes may use part of it.
+
+Devices requested by pods already bound to the node (not Succeeded/Failed) are subtracted.
+Malformed labels exclude the node with ``MalformedLabels``; this module never raises on labels.
+Source for label names and semantics: see :mod:`hetero_operator.gfd`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from . import gfd, model
+from .cuda_table import cuda_for_driver, format_cuda
+from .model import Device, ExcludedNode, Inventory, InventoryWarning, NodeInventory
+from .speed import base_speed, lookup_model, memory_from_name, mig_speed
+
+DEFAULT_TOLERATED_TAINT_KEYS: tuple[str, ...] = ("nvidia.com/gpu",)
+"""Taint keys our worker pods tolerate (the usual ``nvidia.com/gpu:NoSchedule`` on GPU pools)."""
+
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+_MIG_PENDING_STATES = ("pending", "rebooting")
+_DONE_PHASES = ("Succeeded", "Failed")
+
+
+class _Excluded(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def build_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]] = (), *,
+                    tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS) -> Inventory:
+    """Read every node's schedulable GPU devices.
+
+    Args:
+        nodes: Node objects as dicts (``kubectl get nodes -o yaml`` items / API JSON).
+        pods: Pod objects already bound to nodes (``spec.nodeName`` set); their ``nvidia.com/*``
+            requests count as used.  Pods in phase Succeeded or Failed are skipped.  Pass only
+            pods that are not the job's own when re-planning it.
+        tolerated_taint_keys: taint keys that do not exclude a node.
+
+    Returns:
+        The :class:`Inventory`, nodes and exclusions each ordered by node name.  Never raises on
+        malformed labels (the node is excluded with ``MalformedLabels``).
+    """
+    used = used_resources(pods)
+    usable: list[NodeInventory] = []
+    excluded: list[ExcludedNode] = []
+    warnings: list[InventoryWarning] = []
+    for node in sorted(nodes, key=_node_name):
+        name = _node_name(node)
+        result = read_node(node, used.get(name, {}), tolerated_taint_keys=tolerated_taint_keys)
+        if isinstance(result, ExcludedNode):
+            excluded.append(result)
+        else:
+            usable.append(result[0])
+            warnings.extend(result[1])
+    return Inventory(nodes=tuple(usable), excluded=tuple(excluded), warnings=tuple(warnings))
+
+
+def read_node(node: Mapping[str, Any], used: Mapping[str, int], *,
+              tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS,
+              ) -> ExcludedNode | tuple[NodeInventory, list[InventoryWarning]]:
+    """One node: its inventory and warnings, or why it is excluded."""
+    name = _node_name(node)
+    labels = _labels(node)
+    gpu_type = _gpu_type_guess(labels)
+    try:
+        _check_health(node, labels, tolerated_taint_keys)
+        return _read_devices(name, node, labels, used)
+    except _Excluded as exc:
+        return ExcludedNode(node=name, reason=exc.reason, message=exc.message, gpu_type=gpu_type)
+    except gfd.LabelError as exc:
+        return ExcludedNode(node=name, reason=model.MALFORMED_LABELS,
+                            message=f"label {exc}; fix the label or restart GPU Feature Discovery",
+                            gpu_type=gpu_type)
+
+
+def used_resources(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """``{node: {resource: devices requested}}`` for ``nvidia.com/*`` over the active pods.
+
+    A pod's request is ``max(sum over containers, max over init containers)`` (the scheduler's rule);
+    limits are read first (extended resources must have equal requests and limits).
+    """
+    out: dict[str, dict[str, int]] = {}
+    for pod in pods or ():
+        spec = pod.get("spec") or {}
+        node = spec.get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in _DONE_PHASES:
+            continue
+        main = _container_requests(spec.get("containers") or [], combine=sum)
+        init = _container_requests(spec.get("initContainers") or [], combine=max)
+        per_node = out.setdefault(node, {})
+        for resource in main.keys() | init.keys():
+            per_node[resource] = per_node.get(resource, 0) + max(main.get(resource, 0),
+                                                                   init.get(resource, 0))
+    return out
+
+
+def _container_requests(containers: list[Mapping[str, Any]], *, combine: Any) -> dict[str, int]:
+    values: dict[str, list[int]] = {}
+    for c in containers:
+        res = c.get("resources") or {}
+        merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+        for key, raw in merged.items():
+            if key.startswith("nvidia.com/"):
+                values.setdefault(key, []).append(_quantity(raw))
+    return {k: combine(v) for k, v in values.items()}
+
+
+def _quantity(raw: Any) -> int:
+    try:
+        return int(str(raw).strip())
+    except ValueError:
+        return 0
+
+
+# --- health ----------------------------------------------------------------------------------
+
+def _check_health(node: Mapping[str, Any], labels: Mapping[str, str], tolerated: tuple[str, ...]) -> None:
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        raise _Excluded(model.UNSCHEDULABLE, "node is cordoned (spec.unschedulable); "
+                        "uncordon it with kubectl uncordon")
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and str(cond.get("status")) != "True":
+            why = cond.get("reason") or cond.get("message") or f"Ready={cond.get('status')}"
+            raise _Excluded(model.NOT_READY, f"node is not Ready ({why})")
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in _BLOCKING_EFFECTS and taint.get("key") not in tolerated:
+            value = f"={taint['value']}" if taint.get("value") else ""
+            raise _Excluded(model.TAINTED, f"taint {taint.get('key')}{value}:{taint.get('effect')} "
+                            "is not tolerated by the worker pods")
+    state = str(labels.get(gfd.MIG_STATE, "")).lower()
+    target = labels.get(gfd.MIG_CONFIG, "")
+    if state in _MIG_PENDING_STATES:
+        raise _Excluded(model.MIG_PENDING, f"MIG reconfiguration to {target or 'a new layout'} is "
+                        f"{state} (nvidia.com/mig.config.state); wait for success")
+    if state == "failed":
+        raise _Excluded(model.MIG_FAILED, f"MIG reconfiguration to {target or 'a new layout'} failed "
+                        "(nvidia.com/mig.config.state=failed); check the MIG manager logs")
+
+
+# --- devices ---------------------------------------------------------------------------------
+
+def _read_devices(name: str, node: Mapping[str, Any], labels: Mapping[str, str],
+                  used: Mapping[str, int]) -> tuple[NodeInventory, list[InventoryWarning]]:
+    warnings: list[InventoryWarning] = []
+    alloc = _allocatable(node)
+    product_raw = str(labels.get(gfd.PRODUCT, "") or "").strip()
+    if not product_raw:
+        if _has_gpu_signals(labels, alloc):
+            raise _Excluded(model.MALFORMED_LABELS, f"label {gfd.PRODUCT} is missing although the node "
+                            "advertises NVIDIA GPUs; check that GPU Feature Discovery runs there")
+        raise _Excluded(model.NO_GPUS, "no NVIDIA GPU labels or nvidia.com/* resources")
+    product = gfd.split_product(product_raw)
+    if product.mig_invalid:
+        raise _Excluded(model.MIG_FAILED, f"product {product_raw}: GFD reports an invalid MIG layout; "
+                        "apply a valid nvidia.com/mig.config")
+    cc, arch = _cc_and_arch(name, labels, product.base, warnings)
+    speed, known = base_speed(product.base, arch)
+    if not known:
+        warnings.append(InventoryWarning(
+            node=name, reason=model.UNKNOWN_GPU_SPEED,
+            message=f"{product.base} is not in the speed table; using the {arch} default {speed:.2f} "
+                    "(set spec.gpus.speedOverrides to correct it)"))
+    common = {"node": name, "product": product.base, "compute_capability": cc, "architecture": arch}
+    devices = _whole_or_single(labels, alloc, used, product, speed, common)
+    devices += _mixed_mig(labels, alloc, used, speed, common)
+    if not devices:
+        raise _Excluded(model.NO_GPUS, f"{product_raw}: no allocatable nvidia.com/gpu or "
+                        "nvidia.com/mig-* devices")
+    driver_text, max_cuda, driver_cuda = _cuda(name, labels, warnings)
+    return NodeInventory(name=name, driver_version=driver_text, max_cuda=max_cuda,
+                         devices=tuple(devices), driver_cuda=driver_cuda), warnings
+
+
+def _cc_and_arch(name: str, labels: Mapping[str, str], base: str,
+                 warnings: list[InventoryWarning]) -> tuple[str, str]:
+    family = gfd.family_label(labels)
+    cc = gfd.compute_capability(labels)
+    if cc is None:
+        table = lookup_model(base)
+        cc = table.compute_capability if table else gfd.FAMILY_CC.get(family)
+    if cc is None:
+        raise _Excluded(model.MALFORMED_LABELS, f"no compute capability: {gfd.CC_MAJOR} is missing, "
+                        f"{base} is not in the product table and {gfd.FAMILY} is "
+                        f"{family or 'missing'}")
+    arch = gfd.architecture(cc)
+    if family and family != arch:
+        warnings.append(InventoryWarning(
+            node=name, reason=model.GPU_FAMILY_LABEL_MISMATCH,
+            message=f"{name} says {family}, cc {cc} => {arch}; using {arch} (the family label "
+                    "comes from an old GPU Feature Discovery mapping)"))
+    return cc, arch
+
+
+def _whole_or_single(labels: Mapping[str, str], alloc: Mapping[str, int] | None,
+                     used: Mapping[str, int], product: gfd.ProductName, speed: float,
+                     common: dict[str, Any]) -> list[Device]:
+    """Devices behind ``nvidia.com/gpu``: whole GPUs, or MIG slices under the single strategy."""
+    count_label = gfd.read_int(labels, gfd.COUNT)
+    advertised = alloc.get(gfd.GPU_RESOURCE, 0) if alloc is not None else (count_label or 0)
+    if advertised <= 0:
+        return []
+    in_use = used.get(gfd.GPU_RESOURCE, 0)
+    mem_label = gfd.read_int(labels, gfd.MEMORY)
+    if product.mig_profile:
+        slices = gfd.profile_slices(product.mig_profile)
+        mem = mem_label or gfd.profile_memory_mib(product.mig_profile)
+        return [Device(**common, mig_profile=product.mig_profile, memory_mib=mem,
+                       resource_name=gfd.GPU_RESOURCE, total=advertised,
+                       free=max(0, advertised - in_use), relative_speed=mig_speed(speed, slices),
+                       compute_slices=slices,
+                       multiprocessors=gfd.read_int(labels, gfd.MULTIPROCESSORS) or 0)]
+    mem = mem_label or memory_from_name(product.base) or _table_memory(product.base)
+    if not mem:
+        raise _Excluded(model.MALFORMED_LABELS, f"label {gfd.MEMORY} is missing and {product.base} is "
+                        "not in the product table")
+    total, free, replicas = advertised, max(0, advertised - in_use), 1
+    if _is_shared(labels, product, advertised, count_label):
+        physical = count_label or max(1, advertised // max(1, gfd.read_int(labels, gfd.REPLICAS) or 1))
+        replicas = max(gfd.read_int(labels, gfd.REPLICAS) or 1, -(-advertised // physical))
+        total = min(physical, advertised)
+        free = min(total, max(0, advertised - in_use))
+    return [Device(**common, memory_mib=mem, resource_name=gfd.GPU_RESOURCE, total=total, free=free,
+                   relative_speed=speed, time_sliced_replicas=replicas)]
+
+
+def _mixed_mig(labels: Mapping[str, str], alloc: Mapping[str, int] | None, used: Mapping[str, int],
+               speed: float, common: dict[str, Any]) -> list[Device]:
+    """Devices behind ``nvidia.com/mig-<profile>`` (mixed strategy)."""
+    label_info = gfd.mig_profile_labels(labels)
+    from_alloc = {r[len(gfd.MIG_RESOURCE_PREFIX):]: n for r, n in (alloc or {}).items()
+                  if gfd.is_mig_resource(r)}
+    devices = []
+    for profile in sorted(label_info.keys() | from_alloc.keys()):
+        info = label_info.get(profile, {})
+        total = from_alloc.get(profile, 0) if alloc is not None else info.get("count", 0)
+        if total <= 0:
+            continue
+        resource = gfd.MIG_RESOURCE_PREFIX + profile
+        slices = gfd.profile_slices(profile)
+        devices.append(Device(
+            **common, mig_profile=profile,
+            memory_mib=info.get("memory") or gfd.profile_memory_mib(profile),
+            resource_name=resource, total=total, free=max(0, total - used.get(resource, 0)),
+            relative_speed=mig_speed(speed, slices), compute_slices=slices,
+            multiprocessors=info.get("multiprocessors", 0)))
+    return devices
+
+
+def _is_shared(labels: Mapping[str, str], product: gfd.ProductName, advertised: int,
+               count_label: int | None) -> bool:
+    strategy = str(labels.get(gfd.SHARING, "") or "none").lower()
+    return (product.shared or strategy != "none"
+            or (count_label is not None and advertised > count_label))
+
+
+def _cuda(name: str, labels: Mapping[str, str], warnings: list[InventoryWarning],
+          ) -> tuple[str, tuple[int, int] | None, tuple[int, int] | None]:
+    """Driver text, max CUDA = min(runtime label, driver table), and the driver table's CUDA."""
+    driver_text, major, minor = gfd.driver_version(labels)
+    runtime = gfd.runtime_version(labels)
+    driver_cuda = None
+    if major is not None:
+        driver_cuda = cuda_for_driver(major, minor) or (0, 0)
+    if runtime is not None and driver_cuda is not None and runtime > driver_cuda:
+        warnings.append(InventoryWarning(
+            node=name, reason=model.CUDA_LABEL_EXCEEDS_DRIVER,
+            message=f"cuda.runtime label says {format_cuda(runtime)} but driver {driver_text} "
+                    f"supports CUDA {format_cuda(driver_cuda)} (NVIDIA CUDA release notes, table 3); "
+                    f"using {format_cuda(driver_cuda)}"))
+    candidates = [v for v in (runtime, driver_cuda) if v is not None]
+    if not candidates:
+        warnings.append(InventoryWarning(
+            node=name, reason=model.CUDA_VERSION_UNKNOWN,
+            message="no cuda.driver-version/cuda.runtime-version labels; the image is chosen by "
+                    "compute capability only"))
+        return driver_text, None, None
+    return driver_text, min(candidates), driver_cuda
+
+
+# --- small readers ---------------------------------------------------------------------------
+
+def _node_name(node: Mapping[str, Any]) -> str:
+    return str((node.get("metadata") or {}).get("name") or "<unnamed>")
+
+
+def _labels(node: Mapping[str, Any]) -> dict[str, str]:
+    raw = (node.get("metadata") or {}).get("labels") or {}
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): "" if v is None else str(v) for k, v in raw.items()}
+
+
+def _allocatable(node: Mapping[str, Any]) -> dict[str, int] | None:
+    """``nvidia.com/*`` allocatable (capacity when allocatable is absent); None when neither exists.
+
+    Raises:
+        _Excluded: a malformed quantity.
+    """
+    status = node.get("status") or {}
+    raw = status.get("allocatable")
+    if raw is None:
+        raw = status.get("capacity")
+    if raw is None:
+        return None
+    out = {}
+    for key, value in raw.items():
+        if str(key).startswith("nvidia.com/"):
+            text = str(value).strip()
+            if not text.isdigit():
+                raise _Excluded(model.MALFORMED_LABELS, f"status.allocatable[{key}] must be an "
+                                f"integer, got {value!r}")
+            out[str(key)] = int(text)
+    return out
+
+
+def _has_gpu_signals(labels: Mapping[str, str], alloc: Mapping[str, int] | None) -> bool:
+    return (labels.get(gfd.GPU_PRESENT) == "true" or any(v > 0 for v in (alloc or {}).values())
+            or any(k.startswith("nvidia.com/gpu.") or k.startswith("nvidia.com/mig-") for k in labels))
+
+
+def _table_memory(base: str) -> int:
+    table = lookup_model(base)
+    return table.memory_mib if table else 0
+
+
+def _gpu_type_guess(labels: Mapping[str, str]) -> str:
+    """Best-effort GFD type of an excluded node's GPUs (no exceptions)."""
+    product = str(labels.get(gfd.PRODUCT, "") or "")
+    if not product:
+        return ""
+    parts = gfd.split_product(product)
+    return model.gpu_type_name(parts.base, parts.mig_profile) if not parts.mig_invalid else parts.base

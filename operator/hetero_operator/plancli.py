@@ -1,0 +1,162 @@
+"""``heterotrain plan JOB.yaml --nodes NODES.yaml [--pods PODS.yaml] [-o table|json]``: dry-run placement.
+
+Prints every rank (node, device, image, precision, local batch, expected share of throughput), the
+expected speed-up over an equal split, every excluded node with its reason and label warnings.
+Exit codes: 0 planned, 2 unschedulable, 1 bad input (one line on stderr naming the file or field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .inventory import build_inventory
+from .model import Plan, Unschedulable, to_dict
+from .planning import plan_job
+from .spec import KIND, JobSpec, SpecError, parse_job
+
+EXIT_PLANNED, EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 0, 1, 2
+
+
+class InputError(Exception):
+    """Bad input: the message is the one line printed."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``plan`` arguments."""
+    parser.add_argument("job", metavar="JOB.yaml", help="a HeteroTrainingJob manifest")
+    parser.add_argument("--nodes", metavar="NODES.yaml", required=True,
+                        help="a NodeList (kubectl get nodes -o yaml), a Node, or several Node documents")
+    parser.add_argument("--pods", metavar="PODS.yaml", default=None,
+                        help="pods already bound to nodes (kubectl get pods -A -o yaml); their GPUs "
+                             "count as used")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                        help="table (default) or json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan and print; returns the exit code."""
+    try:
+        job = load_job(Path(args.job))
+        nodes = load_objects(Path(args.nodes), "Node")
+        pods = load_objects(Path(args.pods), "Pod") if args.pods else []
+    except InputError as exc:
+        print(f"heterotrain plan: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = plan_job(job, build_inventory(nodes, pods))
+    if args.output == "json":
+        print(json.dumps(to_dict(result), indent=2, sort_keys=True))
+    else:
+        print_result(result, job)
+    return EXIT_PLANNED if isinstance(result, Plan) else EXIT_UNSCHEDULABLE
+
+
+# --- input -----------------------------------------------------------------------------------
+
+def _documents(path: Path) -> list[Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read ({exc})") from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise InputError(f"{path}: not valid YAML{where}") from None
+    if not docs or not all(isinstance(d, Mapping) for d in docs):
+        raise InputError(f"{path}: expected a YAML mapping (a Kubernetes object)")
+    return docs
+
+
+def load_job(path: Path) -> JobSpec:
+    """The first ``HeteroTrainingJob`` document of a file (the first document when none is one).
+
+    Raises:
+        InputError: unreadable file, not YAML, or a :class:`SpecError` (message names the field).
+    """
+    docs = _documents(path)
+    body = next((d for d in docs if d.get("kind") == KIND), docs[0])
+    try:
+        return parse_job(body)
+    except SpecError as exc:
+        raise InputError(f"{path}: {exc}") from None
+
+
+def load_objects(path: Path, kind: str) -> list[dict[str, Any]]:
+    """Objects of ``kind`` from a List/``<kind>List`` (the first document when it is a list) or
+    from the ``kind`` documents of a multi-document file.
+
+    Raises:
+        InputError: unreadable, not YAML, or no object of ``kind``.
+    """
+    docs = _documents(path)
+    first = docs[0]
+    if isinstance(first.get("items"), list):
+        items = [i for i in first["items"] if isinstance(i, Mapping)]
+    else:
+        items = [d for d in docs if d.get("kind") == kind]
+    if not items and kind == "Node":
+        raise InputError(f"{path}: items: no Node objects (expected a NodeList, "
+                         "`kubectl get nodes -o yaml` output, or Node documents)")
+    return items
+
+
+# --- output ----------------------------------------------------------------------------------
+
+def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None) -> None:
+    """Rich tables for a plan or an unschedulable result."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(width=max(140, Console().width))
+    if isinstance(result, Plan):
+        total_speed = sum(r.relative_speed for r in result.ranks)
+        table = Table(title=f"Plan for {job.name}: {result.world_size} ranks on "
+                            f"{len(result.nodes)} nodes, {len(result.groups)} groups")
+        for col in ("rank", "group", "node", "device", "resource", "image", "precision", "batch",
+                    "share"):
+            table.add_column(col, overflow="fold",
+                             justify="right" if col in ("rank", "group", "batch", "share") else "left")
+        for r in result.ranks:
+            env = result.groups[r.group].extra_env
+            device = r.gpu_type + (f" [{', '.join(f'{k}={v}' for k, v in env.items())}]" if env else "")
+            table.add_row(str(r.rank), str(r.group), r.node, device, r.resource_name, r.image or "-",
+                          r.precision, str(r.local_batch), f"{100 * r.relative_speed / total_speed:.1f}%")
+        console.print(table)
+        console.print(f"Expected speed-up over an equal split: "
+                      f"{result.expected_speedup_over_equal:.2f}x "
+                      f"(global batch {job.training.global_batch_size}, split "
+                      f"{job.training.batch_split})")
+    else:
+        console.print(f"[bold red]Unschedulable ({result.reason}):[/] {result.message}", highlight=False)
+        if result.shortfalls:
+            table = Table(title="Per GPU type")
+            for col in ("GPU type", "need", "free", "why"):
+                table.add_column(col, overflow="fold")
+            for s in result.shortfalls:
+                table.add_row(s.gpu_type, str(s.need), str(s.free), "; ".join(s.reasons))
+            console.print(table)
+    _print_excluded(result, console)
+
+
+def _print_excluded(result: Plan | Unschedulable, console: Any) -> None:
+    from rich.table import Table
+
+    if result.excluded:
+        table = Table(title="Excluded nodes")
+        for col in ("node", "reason", "message"):
+            table.add_column(col, overflow="fold")
+        for e in result.excluded:
+            table.add_row(e.node, e.reason, e.message)
+        console.print(table)
+    for w in result.warnings:
+        console.print(f"[yellow]Warning[/] {w.node} {w.reason}: {w.message}", highlight=False)

@@ -1,0 +1,273 @@
+"""Plan a job onto an inventory: which device each rank uses, its group, image, precision, batch.
+
+Policy (documented in ``docs/planning.md``):
+
+1. **Eligibility** per device class: ``spec.gpus`` allow/deny lists of products and MIG profiles,
+   ``allowMig``, ``minMemoryMiB``; a memory cap of at least one sample
+   (``(memory - memoryReserveMiB) // memoryPerSampleMiB``); forced BF16 needs cc >= 8.0; an image
+   variant that fits the node (:mod:`hetero_operator.images`).  A node none of whose devices is
+   eligible is excluded for this job with the reason.
+2. **Rank count**: ``min(spec.gpus.ranks, globalBatchSize, free eligible devices)``; fewer than
+   ``minRanks`` is :class:`~hetero_operator.model.Unschedulable` (all-or-nothing).
+3. **Selection**: strongest devices first (speed tiers, descending); inside a tier, fewest nodes:
+   first the tier's devices on nodes the plan already uses, then whole nodes largest-first, and for
+   the last partial need the smallest node that holds it (best fit).  This uses the minimum number
+   of nodes for the tier and packs same-type devices on one node (their NVLink/PCIe).
+4. **Groups**: one group per (node, GPU type) with ranks contiguous; a MIG device is a group of
+   its own (a CUDA process can use one MIG device, and one pod per MIG device keeps
+   ``LOCAL_WORLD_SIZE=1``).  Groups are ordered node by node in selection order, so rank 0 sits on
+   the strongest node.
+5. **Batch split**: :func:`~hetero_operator.batching.split_global_batch` by speed
+   (``Proportional``) or equally (``Equal``), capped by memory.
+6. **Extra env**: ``NCCL_P2P_DISABLE=1`` for every MIG group and for GeForce/RTX groups with more
+   than one GPU (NCCL hangs and corrupt copies on consumer P2P and MIG, see ``gpu-facts.md``).
+
+Deterministic: the same job and inventory give the same plan (every order has a name tie-break).
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from . import model
+from .batching import split_global_batch, step_time
+from .eligibility import device_rejection, memory_cap, precision_for
+from .images import choose_image
+from .model import Device, ExcludedNode, GroupPlan, Inventory, NodeInventory, Plan, RankPlacement
+from .spec import JobSpec
+from .speed import effective_speed
+from .unschedulable import batch_too_small, insufficient_gpus, insufficient_memory
+
+P2P_DISABLE_ENV = {"NCCL_P2P_DISABLE": "1"}
+_CONSUMER = re.compile(r"GEFORCE|(^|-)RTX-\d{4}(-|$)|TITAN", re.IGNORECASE)
+
+
+@dataclass(slots=True)
+class Pool:
+    """Eligible devices of one class on one node, with the job-specific facts.
+
+    Attributes:
+        device: the inventory's device class.
+        speed: relative speed after ``speedOverrides``.
+        image: chosen image (``""`` without a catalog).
+        precision: ``"bf16"|"fp16"|"fp32"``.
+        cap: largest local batch the memory holds (the global batch when uncapped).
+        free: free devices.
+    """
+
+    device: Device
+    speed: float
+    image: str
+    precision: str
+    cap: int
+    free: int
+
+    @property
+    def node(self) -> str:
+        """Node name."""
+        return self.device.node
+
+
+def is_consumer_gpu(product: str) -> bool:
+    """GeForce / RTX consumer parts (P2P over PCIe unreliable with NCCL, nccl-tests#117)."""
+    return bool(_CONSUMER.search(product)) and "RTX-A" not in product.upper()
+
+
+def plan_job(job: JobSpec, inventory: Inventory) -> Plan | model.Unschedulable:
+    """Plan every rank of ``job`` onto ``inventory``.
+
+    Args:
+        job: the parsed job.
+        inventory: from :func:`hetero_operator.inventory.build_inventory`.
+
+    Returns:
+        A :class:`~hetero_operator.model.Plan`, or :class:`~hetero_operator.model.Unschedulable`
+        when fewer than ``minRanks`` eligible devices are free, ``minRanks`` exceeds the global
+        batch, or the chosen devices' memory cannot hold the global batch.
+    """
+    pools, job_excluded = eligible_pools(job, inventory)
+    excluded = tuple(sorted((*inventory.excluded, *job_excluded), key=lambda e: (e.node, e.reason)))
+    global_batch = job.training.global_batch_size
+    if job.gpus.min_ranks > global_batch:
+        return batch_too_small(job, excluded, inventory.warnings)
+    total_free = sum(p.free for p in pools)
+    if total_free < job.gpus.min_ranks:
+        return insufficient_gpus(job, inventory, pools, excluded)
+    n = min(job.gpus.ranks, global_batch, total_free)
+    taken = select(pools, n)
+    groups_spec = _group_specs(taken)
+    speeds = [p.speed for p, size in groups_spec for _ in range(size)]
+    caps = [p.cap for p, size in groups_spec for _ in range(size)]
+    if sum(caps) < global_batch:
+        return insufficient_memory(job, caps, excluded, inventory.warnings)
+    weights = speeds if job.training.batch_split == "Proportional" else [1.0] * n
+    batches = split_global_batch(global_batch, weights, caps)
+    equal = split_global_batch(global_batch, [1.0] * n, caps)
+    speedup = step_time(equal, speeds) / step_time(batches, speeds)
+    ranks, groups = _placements(groups_spec, batches)
+    return Plan(ranks=ranks, groups=groups, excluded=excluded,
+                expected_speedup_over_equal=round(speedup, 6), warnings=inventory.warnings)
+
+
+# --- eligibility -----------------------------------------------------------------------------
+
+def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list[ExcludedNode]]:
+    """Eligible device classes (free > 0 or not) and job-specific node exclusions."""
+    pools: list[Pool] = []
+    excluded: list[ExcludedNode] = []
+    device_cache: dict[tuple, tuple[str, str] | None] = {}
+    image_cache: dict[tuple, tuple[str, str]] = {}
+    for node in inventory.nodes:
+        reasons: list[tuple[str, str]] = []
+        node_pools: list[Pool] = []
+        for dev in node.devices:
+            key = (dev.product, dev.mig_profile, dev.memory_mib, dev.compute_capability)
+            if key not in device_cache:
+                device_cache[key] = device_rejection(job, dev)
+            rejection = device_cache[key]
+            if rejection is None:
+                image, why = _image(job, node, dev, image_cache)
+                rejection = None if image or not job.images else (model.NO_COMPATIBLE_IMAGE, why)
+            if rejection is not None:
+                reasons.append(rejection)
+                continue
+            node_pools.append(_pool(job, dev, image))
+        if node_pools:
+            pools.extend(node_pools)
+        elif reasons:
+            reason, message = reasons[0]
+            excluded.append(ExcludedNode(node=node.name, reason=reason, message=message,
+                                         gpu_type=node.devices[0].gpu_type))
+    return pools, excluded
+
+
+def _image(job: JobSpec, node: NodeInventory, dev: Device, cache: dict) -> tuple[str, str]:
+    if not job.images:
+        return "", ""
+    key = (node.max_cuda, dev.compute_capability, node.driver_version)
+    if key not in cache:
+        choice = choose_image(job.images, compute_capability=dev.compute_capability,
+                              max_cuda=node.max_cuda, driver_version=node.driver_version)
+        cache[key] = (choice.image, choice.message)
+    return cache[key]
+
+
+def _pool(job: JobSpec, dev: Device, image: str) -> Pool:
+    speed = effective_speed(product=dev.product, mig_profile=dev.mig_profile,
+                            table_speed=dev.relative_speed, compute_slices=dev.compute_slices,
+                            overrides=job.gpus.speed_overrides)
+    return Pool(device=dev, speed=speed, image=image,
+                precision=precision_for(job.training.precision, dev.compute_capability),
+                cap=min(memory_cap(job, dev.memory_mib), job.training.global_batch_size),
+                free=dev.free)
+
+
+# --- selection -------------------------------------------------------------------------------
+
+def select(pools: Iterable[Pool], n: int) -> list[tuple[Pool, int]]:
+    """Choose ``n`` devices: strongest tier first, fewest nodes inside a tier.
+
+    Returns:
+        ``(pool, count)`` in selection order; counts sum to ``n`` (``n`` <= total free).
+    """
+    tiers: dict[float, list[Pool]] = {}
+    for p in pools:
+        if p.free > 0:
+            tiers.setdefault(round(p.speed, 9), []).append(p)
+    taken: list[tuple[Pool, int]] = []
+    used_nodes: dict[str, None] = {}
+    need = n
+    for speed in sorted(tiers, reverse=True):
+        if need == 0:
+            break
+        tier = tiers[speed]
+        take = min(need, sum(p.free for p in tier))
+        chosen = _tier_nodes(tier, take, used_nodes)
+        taken.extend(_take_from_nodes(tier, take, chosen))
+        used_nodes.update(dict.fromkeys(chosen))
+        need -= take
+    return taken
+
+
+def _tier_nodes(tier: list[Pool], take: int, used: dict[str, None]) -> list[str]:
+    """Nodes that supply ``take`` devices of a tier with the fewest new nodes."""
+    capacity: dict[str, int] = {}
+    for p in tier:
+        capacity[p.node] = capacity.get(p.node, 0) + p.free
+    chosen: list[str] = []
+    remaining = take
+    for node in sorted((nd for nd in capacity if nd in used), key=lambda nd: (-capacity[nd], nd)):
+        if remaining <= 0:
+            break
+        chosen.append(node)
+        remaining -= capacity[node]
+    if remaining <= 0:
+        return chosen
+    fresh = sorted((nd for nd in capacity if nd not in used), key=lambda nd: (-capacity[nd], nd))
+    neg_caps = [-capacity[nd] for nd in fresh]
+    front = 0
+    while remaining > 0:
+        fit_end = bisect.bisect_right(neg_caps, -remaining, lo=front)
+        if fit_end > front:  # some node holds the rest: the smallest such (best fit)
+            best = bisect.bisect_left(neg_caps, neg_caps[fit_end - 1], lo=front)
+            chosen.append(fresh[best])
+            return chosen
+        chosen.append(fresh[front])
+        remaining -= capacity[fresh[front]]
+        front += 1
+    return chosen
+
+
+def _take_from_nodes(tier: list[Pool], take: int, nodes: list[str]) -> list[tuple[Pool, int]]:
+    """Take ``take`` devices from the tier's pools on ``nodes`` (in that order, then pool order)."""
+    order = {nd: i for i, nd in enumerate(nodes)}
+    out = []
+    for p in sorted((p for p in tier if p.node in order),
+                    key=lambda p: (order[p.node], p.device.resource_name)):
+        if take == 0:
+            break
+        k = min(take, p.free)
+        out.append((p, k))
+        take -= k
+    return out
+
+
+def _group_specs(taken: list[tuple[Pool, int]]) -> list[tuple[Pool, int]]:
+    """(pool, group size) per group: node by node in first-selection order; MIG devices alone."""
+    node_order: dict[str, int] = {}
+    for p, _ in taken:
+        node_order.setdefault(p.node, len(node_order))
+    ordered = sorted(enumerate(taken), key=lambda it: (node_order[it[1][0].node], it[0]))
+    specs: list[tuple[Pool, int]] = []
+    for _, (p, k) in ordered:
+        specs.extend([(p, 1)] * k if p.device.is_mig else [(p, k)])
+    return specs
+
+
+def _placements(specs: list[tuple[Pool, int]], batches: list[int],
+                ) -> tuple[tuple[RankPlacement, ...], tuple[GroupPlan, ...]]:
+    ranks: list[RankPlacement] = []
+    groups: list[GroupPlan] = []
+    rank = 0
+    for index, (p, size) in enumerate(specs):
+        d = p.device
+        members = tuple(range(rank, rank + size))
+        for local, r in enumerate(members):
+            ranks.append(RankPlacement(
+                rank=r, group=index, node=d.node, product=d.product, mig_profile=d.mig_profile,
+                compute_capability=d.compute_capability, resource_name=d.resource_name,
+                image=p.image, precision=p.precision, local_batch=batches[r],
+                relative_speed=p.speed, memory_mib=d.memory_mib, architecture=d.architecture,
+                group_rank=local))
+        extra = dict(P2P_DISABLE_ENV) if d.is_mig or (size > 1 and is_consumer_gpu(d.product)) else {}
+        groups.append(GroupPlan(
+            index=index, node=d.node, product=d.product, mig_profile=d.mig_profile,
+            resource_name=d.resource_name, image=p.image, precision=p.precision, ranks=members,
+            local_batches=tuple(batches[r] for r in members), architecture=d.architecture,
+            compute_capability=d.compute_capability, memory_mib=d.memory_mib,
+            relative_speed=p.speed, extra_env=extra))
+        rank += size
+    return tuple(ranks), tuple(groups)

@@ -1,0 +1,183 @@
+"""Pods and the headless Service of a planned job (pure: dicts in, dicts out; no kopf).
+
+One pod per (node, GPU type) group runs ``heterotrain launch -- <command> <args>``, which starts
+one process per GPU (``LOCAL_WORLD_SIZE``), like ``torchrun --nproc-per-node``.  A MIG group gets
+one pod per MIG device (one CUDA process can use one MIG device; docs/gpu-facts.md, "MIG").
+Names are deterministic (``<job>-g<group>``; ``<job>-g<group>-m<k>`` for the k-th MIG pod) so a
+retry after an operator crash hits a 409, never a duplicate.  Every pod has ``hostname`` and
+``subdomain: <job>``, so ``MASTER_ADDR = <rank-0 pod>.<job>.<namespace>.svc`` resolves the same
+on every rank through the headless Service (shared/cases/18).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hetero_worker import contract
+
+from hetero_operator.model import GroupPlan, Plan
+from hetero_operator.spec import JobSpec
+
+LABEL_JOB = "heterotrain.io/job-name"
+LABEL_GROUP = "heterotrain.io/group-index"
+LABEL_ARCH = "heterotrain.io/arch"
+LABEL_RANK = "heterotrain.io/rank"
+LABEL_ATTEMPT = "heterotrain.io/attempt"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "heterotrain-operator"
+ANNOTATION_GPU_TYPE = "heterotrain.io/gpu-type"
+ANNOTATION_RANKS = "heterotrain.io/ranks"
+CONTAINER = "worker"
+CHECKPOINT_VOLUME = "checkpoint"
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PodUnit:
+    """One pod of the plan: a whole group, or one MIG device of a MIG group.
+
+    Attributes:
+        name: pod name.
+        group: the group it belongs to.
+        ranks: global ranks it hosts (contiguous).
+    """
+
+    name: str
+    group: GroupPlan
+    ranks: tuple[int, ...]
+
+
+def pod_units(job_name: str, plan: Plan) -> list[PodUnit]:
+    """The pods of a plan, in rank order."""
+    units: list[PodUnit] = []
+    for g in plan.groups:
+        if g.mig_profile and len(g.ranks) > 1:
+            units += [PodUnit(name=f"{job_name}-g{g.index}-m{k}", group=g, ranks=(r,))
+                      for k, r in enumerate(g.ranks)]
+        else:
+            units.append(PodUnit(name=f"{job_name}-g{g.index}", group=g, ranks=tuple(g.ranks)))
+    return units
+
+
+def master_addr(job_name: str, namespace: str, plan: Plan, domain: str = "svc") -> str:
+    """``<rank-0 pod>.<job>.<namespace>.<domain>``: the same string on every rank (case 18)."""
+    first = pod_units(job_name, plan)[0].name
+    return f"{first}.{job_name}.{namespace}.{domain}"
+
+
+def selector(job_name: str) -> dict[str, str]:
+    """Labels that select every pod of a job."""
+    return {LABEL_JOB: job_name, LABEL_MANAGED_BY: MANAGED_BY}
+
+
+def render_service(job: JobSpec, *, master_port: int) -> dict[str, Any]:
+    """The headless Service ``<job>`` that gives every pod ``<pod>.<job>.<ns>.svc``.
+
+    ``publishNotReadyAddresses`` makes rank 0's name resolve before it is Ready (case 17).
+    """
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": job.name, "namespace": job.namespace,
+                     "labels": {LABEL_JOB: job.name, LABEL_MANAGED_BY: MANAGED_BY}},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": selector(job.name),
+                 "ports": [{"name": "rendezvous", "port": master_port, "targetPort": master_port,
+                            "protocol": "TCP"}]},
+    }
+
+
+def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]], *,
+                launcher: Sequence[str], attempt: int = 0) -> list[dict[str, Any]]:
+    """One pod per :class:`PodUnit`.
+
+    Args:
+        job: the parsed job.
+        plan: its plan.
+        rank_envs: rank form of the contract, one per rank (``envrender.render_rank_envs``),
+            ``len == plan.world_size``.
+        launcher: argv prefix of the container, e.g. ``["heterotrain", "launch", "--"]``.
+        attempt: restart generation, stored in the ``heterotrain.io/attempt`` label.
+
+    Returns:
+        Pod manifests (``v1/Pod`` dicts) without owner references.
+
+    Raises:
+        ValueError: ``rank_envs`` does not have one entry per rank.
+    """
+    if len(rank_envs) != plan.world_size:
+        raise ValueError(f"rank_envs has {len(rank_envs)} entries, plan has {plan.world_size} ranks")
+    return [_pod(job, unit, rank_envs, launcher=launcher, attempt=attempt)
+            for unit in pod_units(job.name, plan)]
+
+
+def _pod(job: JobSpec, unit: PodUnit, rank_envs: Sequence[Mapping[str, str]], *,
+         launcher: Sequence[str], attempt: int) -> dict[str, Any]:
+    g = unit.group
+    env = contract.pod_env(rank_envs[unit.ranks[0]])
+    env[contract.LOCAL_WORLD_SIZE] = str(len(unit.ranks))
+    env.update(g.extra_env)
+    labels = {**selector(job.name), LABEL_GROUP: str(g.index), LABEL_RANK: str(unit.ranks[0]),
+              LABEL_ARCH: (g.architecture or "unknown").lower(), LABEL_ATTEMPT: str(attempt)}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": unit.name,
+        "subdomain": job.name,
+        "enableServiceLinks": False,
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [g.node]}]}]}}},
+        "tolerations": [dict(GPU_TOLERATION)],
+        "containers": [_container(job, unit, env, launcher)],
+    }
+    if job.run_policy.priority_class:
+        spec["priorityClassName"] = job.run_policy.priority_class
+    if job.training.checkpoint_pvc:
+        spec["volumes"] = [{"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {
+            "claimName": job.training.checkpoint_pvc}}]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": unit.name, "namespace": job.namespace, "labels": labels,
+                     "annotations": {ANNOTATION_GPU_TYPE: g.gpu_type,
+                                     ANNOTATION_RANKS: _ranks_text(unit.ranks)}},
+        "spec": spec,
+    }
+
+
+def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str],
+               launcher: Sequence[str]) -> dict[str, Any]:
+    g = unit.group
+    ours = set(env)
+    user_env = [copy.deepcopy(dict(e)) for e in job.worker.env if e.get("name") not in ours]
+    resources = _resources(job.worker.resources, g.resource_name, len(unit.ranks))
+    container: dict[str, Any] = {
+        "name": CONTAINER, "image": g.image,
+        "command": list(launcher), "args": [*job.worker.command, *job.worker.args],
+        "env": user_env + [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "resources": resources,
+    }
+    ports = []
+    if unit.ranks[0] == 0:
+        ports.append({"name": "rendezvous", "containerPort": int(env[contract.MASTER_PORT]),
+                      "protocol": "TCP"})
+    if job.worker.metrics_port:
+        ports.append({"name": "metrics", "containerPort": job.worker.metrics_port, "protocol": "TCP"})
+    if ports:
+        container["ports"] = ports
+    if job.training.checkpoint_pvc:
+        container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME,
+                                      "mountPath": job.training.checkpoint_path}]
+    return container
+
+
+def _resources(base: Mapping[str, Any], resource_name: str, count: int) -> dict[str, Any]:
+    out = {k: dict(v) for k, v in base.items() if k in ("requests", "limits") and v}
+    for key in ("requests", "limits"):
+        out.setdefault(key, {})[resource_name] = str(count)
+    return out
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"

@@ -1,0 +1,159 @@
+"""``heterotrain operator``: settings, kopf startup, liveness endpoint and peering.
+
+Peering (HA): replicas share the ``ClusterKopfPeering`` named ``heterotrain`` (cluster-wide) or a
+``KopfPeering`` of that name in each watched namespace; each replica gets a distinct random
+priority, so exactly one acts and the others take over when it stops renewing (kopf's rule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from hetero_operator.config import OperatorConfig
+from hetero_operator.k8s import Api, load_configuration
+from hetero_operator.opmetrics import OperatorMetrics
+from hetero_operator.reconcile import MetricsUrlFn, Reconciler, default_metrics_url
+
+GPU_RESOURCE_PREFIX = "nvidia.com/"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``heterotrain operator`` (each overrides its ``HTJ_*`` variable)."""
+    parser.add_argument("-n", "--namespace", action="append", dest="namespaces",
+                        help="namespace (pattern) to watch; repeat; default: cluster-wide (HTJ_NAMESPACES)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (HTJ_METRICS_PORT, 8080)")
+    parser.add_argument("--health-port", type=int, help="liveness port, 0 = off (HTJ_HEALTH_PORT, 8081)")
+    parser.add_argument("--peering", help="kopf peering name; '' = standalone (HTJ_PEERING, heterotrain)")
+    parser.add_argument("--priority", type=int, dest="peering_priority",
+                        help="peering priority of this replica (HTJ_PEERING_PRIORITY, random)")
+    parser.add_argument("--pending-timeout-s", type=float, help="re-plan after pods Pending this long (300)")
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the operator until interrupted; returns the exit code."""
+    overrides = {k: getattr(args, k, None) for k in
+                 ("metrics_port", "health_port", "peering", "peering_priority", "pending_timeout_s")}
+    if getattr(args, "namespaces", None):
+        overrides["namespaces"] = tuple(args.namespaces)
+    config = OperatorConfig.from_env(**overrides)
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import hetero_operator.main  # noqa: F401 - registers the handlers
+
+    memo = make_memo(config)
+    kopf.run(**operator_kwargs(config, memo))
+    return 0
+
+
+def make_identity() -> str:
+    """A peering identity unique per replica: ``host/pid/random``."""
+    return f"{socket.gethostname()}/{os.getpid()}/{random.getrandbits(32):08x}"
+
+
+def make_memo(config: OperatorConfig, *, metrics_url: MetricsUrlFn = default_metrics_url,
+              identity: str | None = None) -> kopf.Memo:
+    """The operator-wide memo: config, metrics and (after startup) the reconciler."""
+    return kopf.Memo(config=config, metrics=OperatorMetrics(), metrics_url=metrics_url,
+                     identity=identity or make_identity(), state={})
+
+
+def operator_kwargs(config: OperatorConfig, memo: kopf.Memo) -> dict[str, Any]:
+    """Keyword arguments for ``kopf.run``/``kopf.operator`` from the settings."""
+    kwargs: dict[str, Any] = dict(memo=memo, identity=memo.identity,
+                                  standalone=not config.peering,
+                                  peering_name=config.peering or None,
+                                  priority=config.peering_priority)
+    if config.namespaces:
+        kwargs["namespaces"] = list(config.namespaces)
+    else:
+        kwargs["clusterwide"] = True
+    if config.health_port:
+        kwargs["liveness_endpoint"] = f"http://0.0.0.0:{config.health_port}/healthz"
+    return kwargs
+
+
+def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    """kopf settings: progress in annotations (status holds only our fields, case 24)."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="heterotrain.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="heterotrain.io", key="last-handled-configuration")
+    settings.posting.level = logging.WARNING
+    settings.peering.priority = config.peering_priority
+    settings.peering.clusterwide = not config.namespaces
+    if config.peering:
+        settings.peering.name = config.peering
+        settings.peering.mandatory = False
+
+
+async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
+    """Apply settings, connect to the API, start the metrics endpoint and the reconciler."""
+    config: OperatorConfig = memo.config
+    apply_settings(settings, config)
+    api = Api(await asyncio.to_thread(load_configuration))
+    memo.metrics.serve(config.metrics_port)
+    memo.state["reconciler"] = Reconciler(
+        config=config, api=api, metrics=memo.metrics, nodes=list, gpu_pods=list,
+        identity=memo.identity if config.peering else None,
+        peering_namespace=None if not config.namespaces else config.namespaces[0],
+        metrics_url=memo.metrics_url)
+
+
+async def on_cleanup(memo: kopf.Memo) -> None:
+    """Stop the reconciler and close the API client."""
+    reconciler: Reconciler | None = memo.state.get("reconciler")
+    if reconciler is not None:
+        await reconciler.stop()
+        reconciler.api.close()
+
+
+def reconciler(memo: kopf.Memo, nodes_idx: kopf.Index[str, Any],
+               gpu_pods_idx: kopf.Index[str, Any]) -> Reconciler:
+    """The reconciler, bound to the live node and GPU-pod indices."""
+    rec: Reconciler = memo.state["reconciler"]
+    if not memo.state.get("bound"):
+        rec.nodes = lambda: [v for store in nodes_idx.values() for v in store]
+        rec.gpu_pods = lambda: [v for store in gpu_pods_idx.values() for v in store]
+        memo.state["bound"] = True
+    return rec
+
+
+def trim_node(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the planner reads of a Node: name, labels, taints, unschedulable, capacity, conditions."""
+    meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    return {
+        "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
+                     "annotations": dict(meta.get("annotations") or {})},
+        "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
+        "status": {k: status[k] for k in ("capacity", "allocatable", "conditions") if k in status},
+    }
+
+
+def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{node: trimmed pod}`` for a bound, unfinished pod requesting NVIDIA resources; else None."""
+    spec, status = body.get("spec", {}), body.get("status", {})
+    node = spec.get("nodeName")
+    if not node or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    if (body.get("metadata") or {}).get("deletionTimestamp") and status.get("phase") != "Running":
+        return None
+    containers = [{"name": ct.get("name"), "resources": ct.get("resources") or {}}
+                  for ct in spec.get("containers") or ()]
+    wants_gpu = any(k.startswith(GPU_RESOURCE_PREFIX)
+                    for ct in containers for part in ct["resources"].values() for k in (part or {}))
+    if not wants_gpu:
+        return None
+    meta = body.get("metadata") or {}
+    return {node: {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                                "labels": dict(meta.get("labels") or {})},
+                   "spec": {"nodeName": node, "containers": containers},
+                   "status": {"phase": status.get("phase")}}}

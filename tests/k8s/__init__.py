@@ -1,0 +1,1 @@
+"""Test infrastructure: a Kubernetes API server on kmock, a local kubelet, CRD schema checks."""

@@ -1,0 +1,421 @@
+"""A Kubernetes API server for tests, served over HTTP by kmock (kopf's author's mock server).
+
+kmock's ``KubernetesEmulator`` keeps objects as plain dicts; this subclass of its
+``KubernetesScaffold`` (discovery, error rendering) adds what an operator relies on:
+
+* ``metadata.uid``, ``resourceVersion`` (one global counter), ``creationTimestamp``,
+  ``generation`` (bumped on spec changes only);
+* 409 ``AlreadyExists`` on duplicate create, 404 on missing objects, 422 ``Invalid`` for
+  HeteroTrainingJobs that fail the CRD schema or its CEL rules (``crdcheck``), with defaults
+  applied and undeclared status fields pruned, like a structural schema does;
+* label selectors (``=``, ``==``, ``!=``, ``in``, ``notin``, exists, ``!``) and
+  ``metadata.name``/``metadata.namespace``/``spec.nodeName`` field selectors on lists;
+* watches: without ``resourceVersion`` they start with ADDED for every object; with one they
+  send only later events (resume without replay), ``410 Gone`` when it is older than the kept
+  history; ``timeoutSeconds`` ends the stream;
+* the ``status`` subresource: a status PATCH changes only ``status``, a main PATCH never does;
+* merge-patch (RFC 7386) and JSON-patch (RFC 6902);
+* deletion: finalizers hold an object (``deletionTimestamp``); pods bound to a node with a
+  kubelet attached terminate gracefully (the kubelet finishes them); owner-reference cascade
+  (background garbage collection) when an owner goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import datetime as dt
+import itertools
+import json
+import re
+import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import k8s as kmock_k8s
+from kmock._internal import rendering
+
+from . import crdcheck
+
+HTJ = ("heterotrain.io", "v1alpha1", "heterotrainingjobs")
+RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
+    ("", "v1", "pods"): dict(kind="Pod", namespaced=True, subresources=["status"]),
+    ("", "v1", "services"): dict(kind="Service", namespaced=True),
+    ("", "v1", "events"): dict(kind="Event", namespaced=True),
+    ("", "v1", "nodes"): dict(kind="Node", namespaced=False, subresources=["status"]),
+    ("", "v1", "namespaces"): dict(kind="Namespace", namespaced=False),
+    HTJ: dict(kind="HeteroTrainingJob", namespaced=True, subresources=["status"],
+              shortnames=["htj"], singular="heterotrainingjob"),
+}
+VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+HISTORY = 20000
+
+
+class ApiError(kmock.KubernetesError):
+    """An error with a Kubernetes ``Status`` body."""
+
+
+def _err(status: int, reason: str, message: str) -> ApiError:
+    return ApiError(status=status, reason=reason, message=message, details={})
+
+
+def now_iso() -> str:
+    return dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@attrs.define(kw_only=True)
+class FakeApiServer(kmock.KubernetesScaffold):
+    """The stateful fake; objects live in :attr:`store` keyed by (resource, namespace, name).
+
+    Attributes:
+        graceful_pods: when True (a kubelet is attached), deleting a running pod bound to a
+            node only sets ``deletionTimestamp``; the kubelet removes it after its process ends.
+        validate_htj: validate and default HeteroTrainingJobs against the shipped CRD.
+    """
+
+    graceful_pods: bool = False
+    validate_htj: bool = True
+    store: dict[tuple[tuple[str, str, str], str | None, str], dict[str, Any]] = attrs.field(factory=dict)
+    _rv: Any = attrs.field(factory=lambda: itertools.count(1))
+    _last_rv: int = 0
+    _history: dict[tuple[str, str, str], collections.deque] = attrs.field(
+        factory=lambda: collections.defaultdict(lambda: collections.deque(maxlen=HISTORY)))
+    _watchers: list[tuple[tuple[str, str, str], str | None, asyncio.Queue]] = attrs.field(factory=list)
+    _crd: dict[str, Any] = attrs.field(factory=crdcheck.load_crd)
+    listeners: list[Any] = attrs.field(factory=list)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for (group, version, plural), info in RESOURCES.items():
+            key = f"{group}/{version}/{plural}" if group else f"v1/{plural}"
+            self.resources[key] = kmock.ResourceInfo(verbs=set(VERBS), **info)
+        self.fallback[kmock.action.LIST] << self._serve_list
+        self.fallback[kmock.action.WATCH] << self._serve_watch
+        self.fallback[kmock.action.FETCH] << self._serve_fetch
+        self.fallback[kmock.action.CREATE] << self._serve_create
+        self.fallback[kmock.action.UPDATE] << self._serve_patch
+        self.fallback[kmock.action.DELETE] << self._serve_delete
+
+    # --- Python API (tests and the kubelet use it directly) ---------------------------------
+
+    def objects(self, resource: tuple[str, str, str], namespace: str | None = None) -> list[dict[str, Any]]:
+        """Live copies of objects of ``resource`` (all namespaces when ``namespace`` is None)."""
+        return [copy.deepcopy(o) for (r, ns, _), o in sorted(self.store.items(), key=lambda kv: (kv[0][1] or "", kv[0][2]))
+                if r == resource and (namespace is None or ns == namespace)]
+
+    def get(self, resource: tuple[str, str, str], namespace: str | None, name: str) -> dict[str, Any] | None:
+        obj = self.store.get((resource, namespace, name))
+        return copy.deepcopy(obj) if obj is not None else None
+
+    async def create(self, resource: tuple[str, str, str], namespace: str | None,
+                     obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create like POST; raises :class:`ApiError` 409/422."""
+        obj = copy.deepcopy(dict(obj))
+        meta = obj.setdefault("metadata", {})
+        if namespace is not None:
+            meta["namespace"] = namespace
+        name = meta.get("name")
+        if not name and meta.get("generateName"):
+            name = meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if not name:
+            raise _err(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+        key = (resource, namespace, name)
+        if key in self.store:
+            raise _err(409, "AlreadyExists", f'{resource[2]} "{name}" already exists')
+        if resource == HTJ and self.validate_htj:
+            obj = self._validate_htj(obj, None)
+            obj.pop("status", None)
+        meta = obj["metadata"]
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
+        meta.pop("deletionTimestamp", None)
+        self._stamp(obj)
+        self.store[key] = obj
+        await self._notify(resource, "ADDED", obj)
+        return copy.deepcopy(obj)
+
+    async def patch(self, resource: tuple[str, str, str], namespace: str | None, name: str,
+                    patch: Any, *, subresource: str | None = None) -> dict[str, Any]:
+        """PATCH (merge or JSON patch); raises :class:`ApiError` 404/422."""
+        key = (resource, namespace, name)
+        old = self.store.get(key)
+        if old is None:
+            raise _err(404, "NotFound", f'{resource[2]} "{name}" not found')
+        new = jsonpatch.apply_patch(old, patch) if isinstance(patch, list) else _merge(old, patch)
+        info = RESOURCES.get(resource, {})
+        if "status" in info.get("subresources", ()):
+            if subresource == "status":
+                new = {**copy.deepcopy(old), "status": new.get("status")}
+                if new["status"] is None:
+                    new.pop("status")
+            else:
+                new["status"] = copy.deepcopy(old.get("status"))
+                if new["status"] is None:
+                    new.pop("status")
+        for fixed in ("uid", "creationTimestamp", "namespace", "name"):
+            if fixed in old["metadata"]:
+                new["metadata"][fixed] = old["metadata"][fixed]
+        if old["metadata"].get("deletionTimestamp"):
+            new["metadata"]["deletionTimestamp"] = old["metadata"]["deletionTimestamp"]
+        if resource == HTJ and self.validate_htj:
+            new = self._validate_htj(new, old)
+        if new.get("spec") != old.get("spec"):
+            new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        if new == old:
+            return copy.deepcopy(old)
+        self._stamp(new)
+        self.store[key] = new
+        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers"):
+            await self._remove(key)
+        else:
+            await self._notify(resource, "MODIFIED", new)
+        return copy.deepcopy(new)
+
+    async def delete(self, resource: tuple[str, str, str], namespace: str | None, name: str, *,
+                     grace_s: int | None = None) -> dict[str, Any]:
+        """DELETE; finalizers and graceful pods only mark ``deletionTimestamp``."""
+        key = (resource, namespace, name)
+        obj = self.store.get(key)
+        if obj is None:
+            raise _err(404, "NotFound", f'{resource[2]} "{name}" not found')
+        graceful = (resource[2] == "pods" and self.graceful_pods and grace_s != 0
+                    and obj.get("spec", {}).get("nodeName")
+                    and obj.get("status", {}).get("phase") not in ("Succeeded", "Failed"))
+        if obj["metadata"].get("finalizers") or graceful:
+            if not obj["metadata"].get("deletionTimestamp"):
+                obj = copy.deepcopy(obj)
+                obj["metadata"]["deletionTimestamp"] = now_iso()
+                self._stamp(obj)
+                self.store[key] = obj
+                await self._notify(resource, "MODIFIED", obj)
+            return copy.deepcopy(obj)
+        return await self._remove(key)
+
+    # --- HTTP handlers ----------------------------------------------------------------------
+
+    async def _serve_list(self, request: rendering.Request) -> dict[str, Any]:
+        resource = self._resource(request)
+        items = [o for o in self._select(resource, request.namespace, request.params)]
+        return {"apiVersion": "v1", "kind": RESOURCES[resource]["kind"] + "List",
+                "metadata": {"resourceVersion": str(self._last_rv)}, "items": items}
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
+        resource = self._resource(request)
+        params = request.params
+        since = params.get("resourceVersion")
+        queue: asyncio.Queue = asyncio.Queue()
+        entry = (resource, request.namespace, queue)
+        if since not in (None, "", "0"):
+            history = self._history[resource]
+            if history and int(since) < history[0][0] - 1 and int(since) < self._last_rv:
+                raise _err(410, "Expired", f"too old resource version: {since} ({history[0][0]})")
+            backlog = [(t, o) for rv, t, o in history if rv > int(since)]
+        else:
+            backlog = [("ADDED", o) for o in self._select(resource, request.namespace, {})]
+        self._watchers.append(entry)
+        timeout = float(params["timeoutSeconds"]) if params.get("timeoutSeconds") else None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout if timeout else None
+        try:
+            yield b""
+            for type_, obj in backlog:
+                if _matches(obj, request.namespace, params):
+                    yield {"type": type_, "object": obj}
+            while True:
+                wait = None if deadline is None else deadline - loop.time()
+                if wait is not None and wait <= 0:
+                    return
+                try:
+                    type_, obj = await asyncio.wait_for(queue.get(), wait)
+                except asyncio.TimeoutError:
+                    return
+                if _matches(obj, request.namespace, params):
+                    yield {"type": type_, "object": obj}
+        finally:
+            self._watchers.remove(entry)
+
+    async def _serve_fetch(self, request: rendering.Request) -> dict[str, Any]:
+        resource = self._resource(request)
+        obj = self.get(resource, request.namespace, request.name)
+        if obj is None:
+            raise _err(404, "NotFound", f'{resource[2]} "{request.name}" not found')
+        return obj
+
+    async def _serve_create(self, request: rendering.Request) -> dict[str, Any]:
+        resource = self._resource(request)
+        if not isinstance(request.data, dict):
+            raise _err(400, "BadRequest", "the body must be a JSON object")
+        namespace = request.namespace if RESOURCES[resource]["namespaced"] else None
+        return await self.create(resource, namespace, request.data)
+
+    async def _serve_patch(self, request: rendering.Request) -> dict[str, Any]:
+        resource = self._resource(request)
+        return await self.patch(resource, request.namespace, request.name, request.data,
+                                subresource=request.subresource)
+
+    async def _serve_delete(self, request: rendering.Request) -> dict[str, Any]:
+        resource = self._resource(request)
+        grace = request.params.get("gracePeriodSeconds")
+        if grace is None and isinstance(request.data, dict):
+            grace = request.data.get("gracePeriodSeconds")
+        return await self.delete(resource, request.namespace, request.name,
+                                 grace_s=None if grace is None else int(grace))
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _resource(self, request: rendering.Request) -> tuple[str, str, str]:
+        r = request.resource
+        key = (r.group or "", r.version or "", r.plural or "")
+        if key not in RESOURCES:
+            raise _err(404, "NotFound", f"the server could not find the requested resource {key}")
+        return key
+
+    def _select(self, resource: tuple[str, str, str], namespace: str | None,
+                params: Mapping[str, str]) -> list[dict[str, Any]]:
+        out = []
+        for (r, ns, name), obj in self.store.items():
+            if r == resource and _matches(obj, namespace, params):
+                out.append(copy.deepcopy(obj))
+        return sorted(out, key=lambda o: (o["metadata"].get("namespace") or "", o["metadata"]["name"]))
+
+    def _stamp(self, obj: dict[str, Any]) -> None:
+        self._last_rv = next(self._rv)
+        obj["metadata"]["resourceVersion"] = str(self._last_rv)
+
+    async def _notify(self, resource: tuple[str, str, str], type_: str, obj: Mapping[str, Any]) -> None:
+        snapshot = copy.deepcopy(dict(obj))
+        self._history[resource].append((int(snapshot["metadata"]["resourceVersion"]), type_, snapshot))
+        for r, _, queue in list(self._watchers):
+            if r == resource:
+                queue.put_nowait((type_, snapshot))
+        for listener in list(self.listeners):
+            listener(resource, type_, snapshot)
+
+    async def _remove(self, key: tuple[tuple[str, str, str], str | None, str]) -> dict[str, Any]:
+        obj = self.store.pop(key)
+        obj = copy.deepcopy(obj)
+        self._stamp(obj)
+        await self._notify(key[0], "DELETED", obj)
+        await self._collect_garbage(obj["metadata"]["uid"])
+        return obj
+
+    async def _collect_garbage(self, owner_uid: str) -> None:
+        """Background cascade: delete every object with an owner reference to ``owner_uid``."""
+        dependents = [k for k, o in self.store.items()
+                      if any(ref.get("uid") == owner_uid
+                             for ref in o["metadata"].get("ownerReferences") or ())]
+        for resource, ns, name in dependents:
+            if (resource, ns, name) in self.store:
+                await self.delete(resource, ns, name)
+
+    def _validate_htj(self, obj: dict[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
+        try:
+            checked = crdcheck.validate({k: v for k, v in obj.items() if k != "status"},
+                                        old={k: v for k, v in old.items() if k != "status"} if old else None,
+                                        crd=self._crd)
+        except crdcheck.Invalid as exc:
+            raise _err(422, "Invalid", str(exc)) from None
+        schema = crdcheck.openapi_schema(self._crd)
+        if "status" in obj:
+            checked["status"] = crdcheck.prune(schema["properties"]["status"], obj["status"])
+        return checked
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = _merge(out.get(key), value)
+    return out
+
+
+_SEL = re.compile(r"^\s*(!)?\s*([\w./-]+)\s*(?:(==|=|!=)\s*([\w./-]*)|\s+(in|notin)\s*\(([^)]*)\))?\s*$")
+
+
+def parse_selector(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Parse a label selector into ``(key, op, values)``; op in ``= != in notin exists !``.
+
+    Raises:
+        ApiError: 400 for a malformed selector.
+    """
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    out = []
+    for part in parts:
+        m = _SEL.match(part)
+        if not m:
+            raise _err(400, "BadRequest", f"unable to parse requirement: {part!r}")
+        neg, key, op, value, setop, values = m.groups()
+        if neg:
+            out.append((key, "!", ()))
+        elif op:
+            out.append((key, "!=" if op == "!=" else "=", (value,)))
+        elif setop:
+            out.append((key, setop, tuple(v.strip() for v in values.split(",") if v.strip())))
+        else:
+            out.append((key, "exists", ()))
+    return out
+
+
+def labels_match(labels: Mapping[str, str], selector: Iterable[tuple[str, str, tuple[str, ...]]]) -> bool:
+    """Kubernetes label-selector semantics."""
+    for key, op, values in selector:
+        has, val = key in labels, labels.get(key)
+        ok = {"=": has and val == values[0], "!=": not has or val != values[0],
+              "in": has and val in values, "notin": not has or val not in values,
+              "exists": has, "!": not has}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _fields_match(obj: Mapping[str, Any], text: str) -> bool:
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        negate = key.endswith("!")
+        key = key.rstrip("!=")
+        current: Any = obj
+        for p in key.split("."):
+            current = current.get(p) if isinstance(current, Mapping) else None
+        if (str(current or "") == value) == negate:
+            return False
+    return True
+
+
+def _matches(obj: Mapping[str, Any], namespace: str | None, params: Mapping[str, str]) -> bool:
+    meta = obj.get("metadata") or {}
+    if namespace is not None and meta.get("namespace") != namespace:
+        return False
+    if params.get("labelSelector") and not labels_match(meta.get("labels") or {},
+                                                       parse_selector(params["labelSelector"])):
+        return False
+    if params.get("fieldSelector") and not _fields_match(obj, params["fieldSelector"]):
+        return False
+    return True
+
+
+def kubeconfig(url: str) -> str:
+    """A kubeconfig pointing at ``url`` with no auth."""
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "fake", "user": {}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake", "namespace": "default"}}],
+    })

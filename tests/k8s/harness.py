@@ -1,0 +1,130 @@
+"""Run the operator in process against the fake API server with the local kubelet (tests, bench).
+
+``async with Cluster(tmp_path) as cluster:`` starts the kmock server, a kubeconfig pointing at it
+(``$KUBECONFIG``), the kubelet, and ``cluster.start_operator()`` runs kopf's ``operator()`` as
+a task with the registrations of ``hetero_operator.main``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import kmock
+import yaml
+
+from .fakeapi import HTJ, FakeApiServer, kubeconfig
+from .kubelet import LocalKubelet
+
+REPO = Path(__file__).resolve().parents[2]
+PODS = ("", "v1", "pods")
+NODES = ("", "v1", "nodes")
+SERVICES = ("", "v1", "services")
+EVENTS = ("", "v1", "events")
+
+
+def load_nodes(path: Path = REPO / "examples" / "clusters" / "mixed.yaml") -> list[dict[str, Any]]:
+    """Node objects of a NodeList file."""
+    return yaml.safe_load(path.read_text())["items"]
+
+
+class Cluster:
+    """A fake cluster: API server, kubelet (optional) and the operator (started on demand)."""
+
+    def __init__(self, workdir: Path, *, kubelet: bool = True) -> None:
+        self.workdir = workdir
+        self.api = FakeApiServer()
+        self.server = kmock.Server(self.api)
+        self.kubelet = LocalKubelet(self.api, log_dir=workdir / "pods") if kubelet else None
+        self._operator: asyncio.Task[Any] | None = None
+        self._stop: asyncio.Event | None = None
+        self._old_env: str | None = None
+
+    async def __aenter__(self) -> Cluster:
+        await self.api.__aenter__()
+        await self.server.__aenter__()
+        cfg = self.workdir / "kubeconfig.json"
+        cfg.write_text(kubeconfig(str(self.server.url).rstrip("/")))
+        self._old_env = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = str(cfg)
+        if self.kubelet is not None:
+            await self.kubelet.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_operator()
+        if self.kubelet is not None:
+            await self.kubelet.__aexit__(*exc)
+        await self.server.__aexit__(None, None, None)
+        await self.api.__aexit__(None, None, None)
+        if self._old_env is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = self._old_env
+
+    async def start_operator(self, config: Any) -> None:
+        """Run kopf's operator with our registrations and ``config`` as a background task."""
+        import kopf
+
+        import hetero_operator.main  # noqa: F401 - registers the handlers
+        from hetero_operator import runner
+
+        memo = runner.make_memo(config, metrics_url=(self.kubelet.metrics_url if self.kubelet
+                                                     else runner.default_metrics_url))
+        self._stop = asyncio.Event()
+        ready = asyncio.Event()
+        kwargs = runner.operator_kwargs(config, memo)
+        self._operator = asyncio.create_task(kopf.operator(
+            registry=kopf.get_default_registry(), stop_flag=self._stop, ready_flag=ready, **kwargs))
+        await asyncio.wait_for(ready.wait(), 30)
+        self.memo = memo
+
+    async def stop_operator(self) -> None:
+        """Stop kopf (like the operator pod going away) and wait for it."""
+        if self._operator is None:
+            return
+        assert self._stop is not None
+        self._stop.set()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(self._operator, 30)
+        self._operator = None
+
+    async def add_nodes(self, nodes: list[Mapping[str, Any]]) -> None:
+        for node in nodes:
+            await self.api.create(NODES, None, node)
+
+    async def apply(self, manifest: Mapping[str, Any], namespace: str = "default") -> dict[str, Any]:
+        """``kubectl apply`` (create) of a job."""
+        return await self.api.create(HTJ, namespace, copy.deepcopy(dict(manifest)))
+
+    def job(self, name: str, namespace: str = "default") -> dict[str, Any] | None:
+        return self.api.get(HTJ, namespace, name)
+
+    def pods(self, namespace: str = "default", job: str | None = None) -> list[dict[str, Any]]:
+        pods = self.api.objects(PODS, namespace)
+        if job is not None:
+            pods = [p for p in pods if p["metadata"].get("labels", {}).get("heterotrain.io/job-name") == job]
+        return pods
+
+    def events(self, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+        return [e for e in self.api.objects(EVENTS, namespace) if e["involvedObject"]["name"] == name]
+
+    async def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str = "") -> Any:
+        """Poll ``predicate`` every 50 ms until it returns a truthy value; raise on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+
+    def phase(self, name: str, namespace: str = "default") -> str:
+        job = self.job(name, namespace)
+        return ((job or {}).get("status") or {}).get("phase", "")

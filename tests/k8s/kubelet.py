@@ -1,0 +1,227 @@
+"""A local "kubelet" (and scheduler) for the fake API server: pods become local processes.
+
+For every created pod it binds the pod to the node of its required node affinity (when that
+Node object exists; otherwise the pod stays Pending, as on a full cluster), starts the
+container's ``command + args`` as a local process group with the pod's env, and reports the
+phases back through the API server (``Pending`` -> ``Running`` -> ``Succeeded``/``Failed`` with
+container exit codes).  Pod networking is simulated: every pod's IP is 127.0.0.1, so the
+Service name in ``MASTER_ADDR`` is rewritten to 127.0.0.1 and ports are remapped to free ones
+(``MASTER_PORT`` per job attempt, ``HTJ_METRICS_PORT`` per pod), like a port-forward;
+:meth:`LocalKubelet.metrics_url` tells the operator where rank 0's metrics really are.
+Deleting a pod sends SIGTERM (SIGKILL after a grace period) and then removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .fakeapi import FakeApiServer, now_iso
+
+PODS = ("", "v1", "pods")
+NODES = ("", "v1", "nodes")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port(count: int = 1) -> int:
+    """A port ``p`` with ``p .. p+count-1`` free right now (bind to port 0, then probe)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            for p in range(base, base + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port range")
+
+
+class LocalKubelet:
+    """Runs the pods of a :class:`FakeApiServer` as local processes.
+
+    Args:
+        api: the fake API server (its ``graceful_pods`` is turned on).
+        log_dir: where each pod's output goes (``<namespace>_<pod>.log``).
+        grace_s: SIGTERM -> SIGKILL delay on deletion.
+    """
+
+    def __init__(self, api: FakeApiServer, *, log_dir: Path, grace_s: float = 3.0) -> None:
+        self.api, self.log_dir, self.grace_s = api, log_dir, grace_s
+        api.graceful_pods = True
+        api.listeners.append(self._on_event)
+        self.procs: dict[tuple[str, str], asyncio.subprocess.Process] = {}
+        self.metrics_ports: dict[tuple[str, str], int] = {}
+        self.master_ports: dict[tuple[str, str, str], int] = {}
+        self.started: list[tuple[str, str]] = []
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._runner: asyncio.Task[Any] | None = None
+
+    async def __aenter__(self) -> LocalKubelet:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._runner = asyncio.create_task(self._loop())
+        for pod in self.api.objects(PODS):
+            self._queue.put_nowait(("ADDED", pod))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.api.listeners.remove(self._on_event)
+        if self._runner:
+            self._runner.cancel()
+        for proc in list(self.procs.values()):
+            _killpg(proc, signal.SIGKILL)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # --- test helpers -----------------------------------------------------------------------
+
+    def metrics_url(self, pod: Mapping[str, Any], _port: int) -> str | None:
+        """Where the pod's local rank 0 really serves metrics (for the operator's reader)."""
+        meta = pod.get("metadata") or {}
+        port = self.metrics_ports.get((meta.get("namespace"), meta.get("name")))
+        return f"http://127.0.0.1:{port}/metrics" if port else None
+
+    def kill(self, namespace: str, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill the pod's processes (a crashing rank)."""
+        _killpg(self.procs[(namespace, name)], sig)
+
+    def log(self, namespace: str, name: str) -> str:
+        path = self.log_dir / f"{namespace}_{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    # --- event handling ---------------------------------------------------------------------
+
+    def _on_event(self, resource: tuple[str, str, str], type_: str, obj: Mapping[str, Any]) -> None:
+        if resource == PODS:
+            self._queue.put_nowait((type_, obj))
+        elif resource == NODES and type_ == "ADDED":
+            for pod in self.api.objects(PODS):
+                if not pod.get("spec", {}).get("nodeName"):
+                    self._queue.put_nowait(("MODIFIED", pod))
+
+    async def _loop(self) -> None:
+        while True:
+            type_, pod = await self._queue.get()
+            try:
+                await self._handle(type_, pod)
+            except Exception as exc:  # noqa: BLE001 - a test helper: report and go on
+                print(f"kubelet: {type_} {pod['metadata'].get('name')}: {exc!r}", file=sys.stderr)
+
+    async def _handle(self, type_: str, pod: Mapping[str, Any]) -> None:
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if type_ == "DELETED":
+            proc = self.procs.pop(key, None)
+            if proc is not None:
+                _killpg(proc, signal.SIGKILL)
+            return
+        if meta.get("deletionTimestamp"):
+            self._spawn(self._terminate(key))
+            return
+        if key in self.procs or pod.get("spec", {}).get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return
+        node = _required_node(pod)
+        if node is None or self.api.get(NODES, None, node) is None:
+            if not (pod.get("status") or {}).get("phase"):
+                await self.api.patch(PODS, *key, {"status": {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}},
+                    subresource="status")
+            return
+        await self.api.patch(PODS, *key, {"spec": {"nodeName": node}})
+        await self._start(key, pod)
+
+    async def _start(self, key: tuple[str, str], pod: Mapping[str, Any]) -> None:
+        container = pod["spec"]["containers"][0]
+        env = self._env(key, pod, container)
+        argv = [*container.get("command", []), *container.get("args", [])]
+        log = open(self.log_dir / f"{key[0]}_{key[1]}.log", "wb")
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=str(REPO), stdout=log,
+                                                    stderr=asyncio.subprocess.STDOUT,
+                                                    start_new_session=True)
+        log.close()
+        self.procs[key] = proc
+        self.started.append(key)
+        await self.api.patch(PODS, *key, {"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "hostIP": "127.0.0.1", "startTime": now_iso(),
+            "containerStatuses": [{"name": container["name"], "ready": True, "restartCount": 0,
+                                   "image": container.get("image", ""),
+                                   "state": {"running": {"startedAt": now_iso()}}}]}},
+            subresource="status")
+        self._spawn(self._reap(key, proc, container["name"]))
+
+    def _env(self, key: tuple[str, str], pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
+        env = {k: os.environ[k] for k in ("HOME", "LANG", "TMPDIR", "USER") if k in os.environ}
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        for item in container.get("env") or ():
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+        labels = pod["metadata"].get("labels") or {}
+        job_key = (key[0], labels.get("heterotrain.io/job-name", key[1]), labels.get("heterotrain.io/attempt", "0"))
+        if "MASTER_ADDR" in env:
+            env["MASTER_ADDR"] = "127.0.0.1"
+            if job_key not in self.master_ports:
+                self.master_ports[job_key] = free_port()
+            env["MASTER_PORT"] = str(self.master_ports[job_key])
+        if env.get("HTJ_METRICS_PORT", "0") not in ("", "0"):
+            port = free_port(int(env.get("LOCAL_WORLD_SIZE", "1")))
+            self.metrics_ports[key] = port
+            env["HTJ_METRICS_PORT"] = str(port)
+        return env
+
+    async def _reap(self, key: tuple[str, str], proc: asyncio.subprocess.Process, name: str) -> None:
+        code = await proc.wait()
+        if self.procs.get(key) is not proc:
+            return
+        exit_code = code if code >= 0 else 128 - code
+        phase = "Succeeded" if exit_code == 0 else "Failed"
+        reason = "Completed" if exit_code == 0 else "Error"
+        with contextlib.suppress(Exception):
+            await self.api.patch(PODS, *key, {"status": {
+                "phase": phase, "containerStatuses": [{"name": name, "ready": False, "restartCount": 0,
+                                                       "state": {"terminated": {"exitCode": exit_code, "reason": reason,
+                                                                                "finishedAt": now_iso()}}}]}},
+                subresource="status")
+
+    async def _terminate(self, key: tuple[str, str]) -> None:
+        proc = self.procs.pop(key, None)
+        if proc is not None and proc.returncode is None:
+            _killpg(proc, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), self.grace_s)
+            except asyncio.TimeoutError:
+                _killpg(proc, signal.SIGKILL)
+                await proc.wait()
+        with contextlib.suppress(Exception):
+            await self.api.delete(PODS, *key, grace_s=0)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _required_node(pod: Mapping[str, Any]) -> str | None:
+    try:
+        terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        return terms[0]["matchFields"][0]["values"][0]
+    except (KeyError, IndexError, TypeError):
+        return (pod.get("spec") or {}).get("nodeName")
+
+
+def _killpg(proc: asyncio.subprocess.Process, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)

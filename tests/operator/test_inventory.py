@@ -1,0 +1,205 @@
+"""Inventory from realistic Node fixtures: exact devices, resource names, chosen image, reasons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from builders import CATALOG_118_124_128, make_job, make_node, make_pod
+
+from hetero_operator import model
+from hetero_operator.images import choose_image
+from hetero_operator.inventory import build_inventory, used_resources
+from hetero_operator.planning import plan_job
+
+NODES = Path(__file__).resolve().parent.parent / "fixtures" / "nodes"
+A100_80 = "NVIDIA-A100-SXM4-80GB"
+
+
+def load(name: str) -> list[dict]:
+    return yaml.safe_load((NODES / f"{name}.yaml").read_text())["items"]
+
+
+def devices(inv: model.Inventory) -> list[tuple]:
+    """(node, product, mig_profile, cc, arch, memory_mib, resource, total, free, replicas)."""
+    return [(d.node, d.product, d.mig_profile, d.compute_capability, d.architecture, d.memory_mib,
+             d.resource_name, d.total, d.free, d.time_sliced_replicas) for d in inv.devices()]
+
+
+FIXTURES = [
+    ("a100-whole", [("dgx-a100-0", A100_80, "", "8.0", "ampere", 81920, "nvidia.com/gpu", 8, 8, 1)],
+     (12, 4), "reg/train:cu124"),
+    ("a100-mig-mixed", [
+        ("a100-mig-0", A100_80, "1g.10gb", "8.0", "ampere", 9728, "nvidia.com/mig-1g.10gb", 4, 4, 1),
+        ("a100-mig-0", A100_80, "2g.20gb", "8.0", "ampere", 19968, "nvidia.com/mig-2g.20gb", 2, 2, 1),
+        ("a100-mig-0", A100_80, "3g.40gb", "8.0", "ampere", 40192, "nvidia.com/mig-3g.40gb", 2, 2, 1)],
+     (12, 2), "reg/train:cu118"),
+    ("a100-mig-single", [("a100-single-0", "NVIDIA-A100-PCIE-40GB", "2g.10gb", "8.0", "ampere", 9728,
+                          "nvidia.com/gpu", 6, 6, 1)], (12, 4), "reg/train:cu124"),
+    ("h100", [("h100-0", "NVIDIA-H100-80GB-HBM3", "", "9.0", "hopper", 81559, "nvidia.com/gpu", 4, 4, 1)],
+     (12, 8), "reg/train:cu128"),
+    ("v100", [("v100-0", "Tesla-V100-SXM2-16GB", "", "7.0", "volta", 16160, "nvidia.com/gpu", 4, 4, 1)],
+     (11, 4), ""),
+    ("t4", [("t4-0", "Tesla-T4", "", "7.5", "turing", 15360, "nvidia.com/gpu", 2, 2, 1)],
+     (13, 0), "reg/train:cu128"),
+    ("l4", [("l4-0", "NVIDIA-L4", "", "8.9", "ada-lovelace", 23034, "nvidia.com/gpu", 1, 1, 1)],
+     (12, 4), "reg/train:cu124"),
+    ("l40s", [("l40s-0", "NVIDIA-L40S", "", "8.9", "ada-lovelace", 46068, "nvidia.com/gpu", 4, 4, 1)],
+     (12, 8), "reg/train:cu128"),
+    ("a10g-time-sliced", [("a10g-shared-0", "NVIDIA-A10G", "", "8.6", "ampere", 23028, "nvidia.com/gpu",
+                           1, 1, 4)], (12, 4), "reg/train:cu124"),
+    ("deprecated-only", [("v100s-old-0", "Tesla-V100S-PCIE-32GB", "", "7.0", "volta", 32768,
+                          "nvidia.com/gpu", 2, 2, 1)], (12, 2), "reg/train:cu118"),
+    ("wrong-family", [("l40s-old-0", "NVIDIA-L40S", "", "8.9", "ada-lovelace", 46068, "nvidia.com/gpu",
+                       2, 2, 1)], (12, 4), "reg/train:cu124"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected", "max_cuda", "image"), FIXTURES,
+    ids=["8 whole A100s are one class of 8", "A100 MIG mixed lists every profile's resource",
+         "A100 MIG single is 2g.10gb slices behind nvidia.com/gpu", "H100 is hopper cc 9.0",
+         "V100 on driver 470 gets no image from cu118+", "T4 on driver 580 takes cu128",
+         "L4 is ada-lovelace", "L40S is ada-lovelace", "time-sliced A10G counts 1 physical GPU",
+         "deprecated-only labels are read", "a wrong family label is overridden by cc"])
+def test_fixture_devices_cuda_and_image(fixture: str, expected: list[tuple], max_cuda: tuple,
+                                        image: str) -> None:
+    inv = build_inventory(load(fixture))
+    assert devices(inv) == expected
+    assert inv.excluded == ()
+    assert inv.nodes[0].max_cuda == max_cuda
+    choice = choose_image(tuple(make_job(images=CATALOG_118_124_128).images),
+                          compute_capability=expected[0][3], max_cuda=max_cuda,
+                          driver_version=inv.nodes[0].driver_version)
+    assert choice.image == image
+
+
+def test_v100_on_470_is_excluded_for_the_job_naming_the_driver() -> None:
+    plan = plan_job(make_job(ranks=1, images=CATALOG_118_124_128), build_inventory(load("v100")))
+    assert isinstance(plan, model.Unschedulable)
+    (excluded,) = plan.excluded
+    assert (excluded.node, excluded.reason) == ("v100-0", "NoCompatibleImage")
+    assert "driver 470.239.06 supports CUDA <= 11.4" in excluded.message
+    assert plan.message == ("Tesla-V100-SXM2-16GB: need 1, free 0 (v100-0: no compatible image)")
+
+
+def test_missing_product_label_excludes_with_malformed_labels() -> None:
+    inv = build_inventory(load("missing-product"))
+    assert inv.nodes == ()
+    assert [(e.node, e.reason) for e in inv.excluded] == [("noproduct-0", "MalformedLabels")]
+    assert "nvidia.com/gpu.product is missing" in inv.excluded[0].message
+
+
+def test_wrong_family_label_produces_exactly_one_warning() -> None:
+    inv = build_inventory(load("wrong-family"))
+    assert [(w.node, w.reason, w.message.split(";")[0]) for w in inv.warnings] == [
+        ("l40s-old-0", "GpuFamilyLabelMismatch", "l40s-old-0 says ampere, cc 8.9 => ada-lovelace")]
+
+
+def test_deprecated_driver_text_is_assembled_from_parts() -> None:
+    node = build_inventory(load("deprecated-only")).nodes[0]
+    assert (node.driver_version, node.driver_cuda) == ("535.104.05", (12, 2))
+
+
+HEALTH = [
+    (dict(unschedulable=True), "Unschedulable", "cordoned"),
+    (dict(ready=False), "NotReady", "KubeletNotReady"),
+    (dict(taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]), "Tainted",
+     "dedicated=infer:NoSchedule"),
+    (dict(taints=[{"key": "spot", "effect": "NoExecute"}]), "Tainted", "spot:NoExecute"),
+    (dict(mig_state="pending"), "MigReconfigurationPending", "pending"),
+    (dict(mig_state="rebooting"), "MigReconfigurationPending", "rebooting"),
+    (dict(mig_state="failed"), "MigReconfigurationFailed", "failed"),
+    (dict(product="NVIDIA-A100-SXM4-40GB-MIG-INVALID", count=0, whole_allocatable=0),
+     "MigReconfigurationFailed", "invalid MIG layout"),
+    (dict(labels={"nvidia.com/gpu.memory": "lots"}), "MalformedLabels", "nvidia.com/gpu.memory"),
+    (dict(labels={"nvidia.com/gpu.compute.major": "eight"}), "MalformedLabels", "gpu.compute.major"),
+    (dict(labels={"nvidia.com/cuda.driver-version.full": "550.x"}), "MalformedLabels", "550.x"),
+    (dict(allocatable={"nvidia.com/gpu": "two"}), "MalformedLabels", "status.allocatable"),
+    (dict(whole_allocatable=0), "NoGPUs", "no allocatable"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "reason", "fragment"), HEALTH, ids=[
+    "cordoned node", "NotReady node", "NoSchedule taint", "NoExecute taint", "MIG pending",
+    "MIG rebooting", "MIG failed", "MIG-INVALID product", "non-numeric memory", "non-numeric cc",
+    "non-numeric driver", "non-numeric allocatable", "no allocatable GPUs"])
+def test_excluded_nodes_carry_camelcase_reasons(kwargs: dict, reason: str, fragment: str) -> None:
+    inv = build_inventory([make_node("node-x", **kwargs)])
+    assert inv.nodes == ()
+    assert [(e.node, e.reason) for e in inv.excluded] == [("node-x", reason)]
+    assert fragment in inv.excluded[0].message
+
+
+def test_tolerated_and_soft_taints_do_not_exclude() -> None:
+    node = make_node(taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                             {"key": "busy", "effect": "PreferNoSchedule"}])
+    assert [n.name for n in build_inventory([node]).nodes] == ["node-a"]
+
+
+def test_cpu_node_is_no_gpus() -> None:
+    cpu = {"metadata": {"name": "cpu-0", "labels": {"kubernetes.io/os": "linux"}},
+           "status": {"allocatable": {"cpu": "8"}}}
+    assert [(e.node, e.reason) for e in build_inventory([cpu]).excluded] == [("cpu-0", "NoGPUs")]
+
+
+def test_bound_pods_reduce_free_and_finished_pods_do_not() -> None:
+    nodes = [make_node("a", count=4), make_node("m", mig_mixed={"1g.10gb": (7, 9728)},
+                                                  product=A100_80, memory_mib=81920)]
+    pods = [make_pod("a", {"nvidia.com/gpu": 3}), make_pod("a", {"nvidia.com/gpu": 1}, phase="Succeeded"),
+            make_pod("m", {"nvidia.com/mig-1g.10gb": 2}), make_pod("m", {"nvidia.com/mig-1g.10gb": 9},
+                                                                    phase="Failed")]
+    inv = build_inventory(nodes, pods)
+    assert [(d.node, d.resource_name, d.total, d.free) for d in inv.devices()] == [
+        ("a", "nvidia.com/gpu", 4, 1), ("m", "nvidia.com/mig-1g.10gb", 7, 5)]
+
+
+def test_used_resources_takes_the_larger_of_init_and_main_containers() -> None:
+    pod = make_pod("n", {"nvidia.com/gpu": 1})
+    pod["spec"]["containers"].append({"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}}})
+    pod["spec"]["initContainers"] = [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "3"}}}]
+    assert used_resources([pod, {"spec": {}}]) == {"n": {"nvidia.com/gpu": 3}}
+
+
+def test_time_sliced_free_is_capped_by_free_replicas() -> None:
+    node = make_node("s", product="NVIDIA-A10G", count=2, memory_mib=23028, cc="8.6", replicas=4)
+    busy = build_inventory([node], [make_pod("s", {"nvidia.com/gpu": 7})]).devices()[0]
+    assert (busy.total, busy.free, busy.time_sliced_replicas) == (2, 1, 4)
+
+
+def test_cuda_label_exceeding_the_driver_is_capped_with_a_warning() -> None:
+    inv = build_inventory([make_node(driver="470.129.06", runtime="11.7")])
+    assert inv.nodes[0].max_cuda == (11, 4)
+    assert [w.reason for w in inv.warnings] == ["CudaLabelExceedsDriver"]
+
+
+def test_no_cuda_labels_means_unknown_with_a_warning() -> None:
+    inv = build_inventory([make_node(driver=None, runtime=None)])
+    assert (inv.nodes[0].max_cuda, inv.nodes[0].driver_version) == (None, "")
+    assert [w.reason for w in inv.warnings] == ["CudaVersionUnknown"]
+
+
+def test_missing_cc_falls_back_to_product_table_then_family() -> None:
+    by_table = build_inventory([make_node(product="NVIDIA-L40S", cc=None, family="ampere")])
+    assert by_table.devices()[0].compute_capability == "8.9"
+    assert by_table.warnings[0].reason == "GpuFamilyLabelMismatch"
+    by_family = build_inventory([make_node(product="NVIDIA-Mystery-GPU", cc=None, family="hopper")])
+    assert (by_family.devices()[0].compute_capability, by_family.devices()[0].architecture) == (
+        "9.0", "hopper")
+    assert [w.reason for w in by_family.warnings] == ["UnknownGpuSpeed"]
+    neither = build_inventory([make_node(product="NVIDIA-Mystery-GPU", cc=None)])
+    assert neither.excluded[0].reason == "MalformedLabels"
+
+
+def test_missing_memory_label_falls_back_to_name_then_table() -> None:
+    named = build_inventory([make_node(product="NVIDIA-A100-SXM4-80GB", memory_mib=None)])
+    table = build_inventory([make_node(product="Tesla-T4", cc="7.5", memory_mib=None)])
+    assert (named.devices()[0].memory_mib, table.devices()[0].memory_mib) == (81920, 15360)
+
+
+def test_build_inventory_is_sorted_by_node_name_and_never_raises_on_garbage() -> None:
+    junk = [{"metadata": {"name": "z", "labels": "not-a-map"}}, {}, make_node("b"), make_node("a")]
+    inv = build_inventory(junk)
+    assert [n.name for n in inv.nodes] == ["a", "b"]
+    assert [(e.node, e.reason) for e in inv.excluded] == [("<unnamed>", "NoGPUs"), ("z", "NoGPUs")]

@@ -1,0 +1,241 @@
+"""Run inside each rank process by the multi-process tests; writes ``<out>/rank<R>.json``.
+
+One spawn checks several facts (spawning costs seconds each). Scenarios:
+
+* ``main``: case 16 groups, gradient equivalence (flat/group/node/arch, hook and manual, plus the
+  plain-DDP negative control), step-count agreement through the trainer's loader, inf/NaN
+  agreement (unit and end-to-end through ``Trainer.step`` in fp16).
+* ``case15``: two ranks, batches 12/6, linear 8->1 with MSE, against a single process.
+* ``join``: rendezvous then one all-reduce (case 17).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hetero_worker import trainer as ht
+from hetero_worker.groups import build_process_groups, hierarchical_all_reduce_
+from hetero_worker.precision import AgreeingGradScaler
+from hetero_worker.sync import WeightedGradSync
+from hetero_worker.topology import build_layout, layout_from_node_sizes
+
+TOL = 1e-6
+
+
+def case16(t: ht.Trainer) -> dict:
+    """Hierarchical all-reduce of rank+1 over node sizes 2,2 and 3,1 (every rank builds all)."""
+    values = {}
+    for sizes in ([2, 2], [3, 1]):
+        layout = layout_from_node_sizes(sizes)
+        groups = build_process_groups(layout, t.rank, topology_group_of=[0, 0, 1, 1])
+        x = torch.tensor([float(t.rank + 1)])
+        hierarchical_all_reduce_(x, groups)
+        values[",".join(map(str, sizes))] = {"sum": x.item(), "groups": layout.groups,
+                                             "leaders": layout.leaders}
+    return values
+
+
+def make_mlp() -> torch.nn.Module:
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(),
+                               torch.nn.Linear(5, 3)).double()
+
+
+def make_data(batches: list[int], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    n = sum(batches) * steps
+    return (torch.randn(n, 6, generator=g, dtype=torch.float64),
+            torch.randn(n, 3, generator=g, dtype=torch.float64))
+
+
+def reference_params(batches: list[int], steps: int) -> list[torch.Tensor]:
+    """Single process, full global batch, mean MSE, SGD lr 0.1."""
+    model = make_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = make_data(batches, steps)
+    big = sum(batches)
+    for s in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[s * big:(s + 1) * big]),
+                                     y[s * big:(s + 1) * big]).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def distributed_params(rank: int, batches: list[int], steps: int, *, sync: WeightedGradSync | None,
+                       manual: bool = False) -> list[torch.Tensor]:
+    """Each rank trains on its slice; ``sync=None`` is plain DDP (the averaging bug)."""
+    module = make_mlp()
+    if manual:
+        model = module
+    else:
+        model = DistributedDataParallel(module)
+        if sync is not None:
+            sync.register(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = make_data(batches, steps)
+    big, off = sum(batches), sum(batches[:rank])
+    for s in range(steps):
+        lo = s * big + off
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x[lo:lo + batches[rank]]),
+                                            y[lo:lo + batches[rank]])
+        loss.backward()
+        if manual:
+            sync.sync_after_backward(model.parameters())
+        opt.step()
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+
+
+def gradient_equivalence(t: ht.Trainer, steps: int = 2) -> dict:
+    batches = list(t.contract.local_batches)
+    ref = reference_params(batches, steps)
+    topo_groups = [e.group for e in t.contract.topology]
+    out = {}
+    for mode in ("flat", "group", "node", "arch"):
+        groups = build_process_groups(build_layout(t.contract.topology, mode), t.rank,
+                                      topology_group_of=topo_groups)
+        sync = WeightedGradSync(groups, batches)
+        out[f"hook/{mode}"] = max_diff(distributed_params(t.rank, batches, steps, sync=sync), ref)
+        if mode == "group":
+            out["manual/group"] = max_diff(
+                distributed_params(t.rank, batches, steps, sync=sync, manual=True), ref)
+            out["inter_group_bytes/group"] = sync.inter_group_bytes
+    out["plain_ddp"] = max_diff(distributed_params(t.rank, batches, steps, sync=None), ref)
+    return out
+
+
+def inf_agreement_unit(rank: int) -> dict:
+    """Rank 2 alone has an inf gradient; agreeing scaler vs plain scaler."""
+    out = {}
+    for name, scaler in (("agreeing", AgreeingGradScaler("cpu", init_scale=1024.0)),
+                         ("plain", torch.amp.GradScaler("cpu", init_scale=1024.0))):
+        torch.manual_seed(3)
+        model = torch.nn.Linear(4, 2)
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+        if rank == 2:
+            model.weight.grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+        out[name] = {"changed": max_diff(list(model.parameters()), before) > 0,
+                     "scale": scaler.get_scale()}
+    return out
+
+
+def inf_agreement_trainer(t: ht.Trainer) -> dict:
+    """End to end: fp16 autocast + scaler; rank 2's batch holds an inf."""
+    fp16 = ht.Trainer(dataclasses.replace(t.contract, precision="fp16"), delay_per_sample_s=0.0)
+    torch.manual_seed(5)
+    model = fp16.wrap(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                          torch.nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(fp16.local_batch, 4)
+    results = []
+    for step in range(2):
+        if step == 0 and t.rank == 2:
+            x[0, 0] = float("inf")
+        before = [p.detach().clone() for p in fp16.module.parameters()]
+        res = fp16.step(opt, lambda m: m(x).float().pow(2).mean())
+        x[0, 0] = 1.0
+        results.append({"skipped": res.skipped,
+                        "changed": max_diff(list(fp16.module.parameters()), before) > 0})
+    flat = torch.cat([p.detach().flatten() for p in fp16.module.parameters()])
+    everyone = [torch.zeros_like(flat) for _ in range(t.contract.world_size)]
+    dist.all_gather(everyone, flat)
+    return {"steps": results, "scale": fp16.scaler.get_scale(),
+            "params_equal_all_ranks": all(torch.equal(flat, o) for o in everyone)}
+
+
+def loader_steps(t: ht.Trainer) -> dict:
+    """Batches per epoch through the trainer's loader, and a mid-epoch split change."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(101))
+    loader = t.loader(dataset)
+    seen, counts = [], []
+    for epoch in range(2):
+        n = 0
+        for step, (idx,) in enumerate(loader):
+            if epoch == 1 and step == 2:
+                t.set_split(list(reversed(t.contract.local_batches)))
+            seen.append([epoch, idx.tolist()])
+            n += 1
+        counts.append(n)
+    return {"counts": counts, "seen": seen, "epoch": t.epoch}
+
+
+def main_scenario(t: ht.Trainer) -> dict:
+    return {"case16": case16(t), "equivalence": gradient_equivalence(t),
+            "inf_unit": inf_agreement_unit(t.rank), "inf_trainer": inf_agreement_trainer(t),
+            "loader": loader_steps(t)}
+
+
+def case15_scenario(t: ht.Trainer) -> dict:
+    """Case 15: linear 8->1, MSE mean, batches 12/6, seed 1234."""
+    batches = list(t.contract.local_batches)
+    g = torch.Generator().manual_seed(1234)
+    x, y = torch.randn(18, 8, generator=g), torch.randn(18, 1, generator=g)
+
+    def fresh() -> torch.nn.Module:
+        torch.manual_seed(1234)
+        return torch.nn.Linear(8, 1)
+
+    ref = fresh()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    torch.nn.functional.mse_loss(ref(x), y).backward()
+    ref_opt.step()
+    off = sum(batches[:t.rank])
+    xs, ys = x[off:off + t.local_batch], y[off:off + t.local_batch]
+    out = {}
+    for name, weighted in (("weighted", True), ("naive", False)):
+        model = DistributedDataParallel(fresh())
+        if weighted:
+            t.sync.register(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.nn.functional.mse_loss(model(xs), ys).backward()
+        opt.step()
+        out[name] = max_diff(list(model.module.parameters()), list(ref.parameters()))
+    return out
+
+
+def join_scenario(t: ht.Trainer) -> dict:
+    x = torch.tensor([float(t.rank + 1)])
+    dist.all_reduce(x)
+    return {"sum": x.item()}
+
+
+SCENARIOS = {"main": main_scenario, "case15": case15_scenario, "join": join_scenario}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    def run() -> int:
+        t = ht.init()
+        facts = SCENARIOS[args.scenario](t)
+        Path(args.out, f"rank{t.rank}.json").write_text(json.dumps(facts))
+        t.close()
+        return 0
+
+    return ht.exit_on_setup_error(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""Gradient compression for the inter-group (group leaders') link.
+
+Only the leaders' all-reduce of a hierarchical sync goes through a codec here; reductions inside a
+group stay in full precision.  Every codec takes the leader's gradients *after* the group reduction,
+so the per-rank weighting by local batch (``loss * local_batch / global_batch``, SUM reduction) is
+already applied: compression never changes the weighting, only the precision of the sum.
+
+Codecs (all reduce with SUM over ``group``, in place):
+
+* :class:`NoCompression` - one fp32 all-reduce of the flattened gradients.
+* :class:`CastCompression` - fp16 or bf16 all-reduce (gloo sums both on CPU in torch 2.13).
+* :class:`Int8Compression` - per-chunk absmax int8 with error feedback; leaders all-gather the int8
+  payload plus fp32 scales and each sums the decoded tensors (int8 cannot be summed on the wire
+  without overflow).  Error feedback: Seide et al. 2014, Karimireddy et al. 2019 (EF-SGD).
+* :class:`~hetero_worker.powersgd.PowerSGDCompression` (in ``powersgd.py``) - low rank with error
+  feedback.
+
+Each codec counts the bytes it puts on the inter-group link under the ring model gloo uses
+(``bytes_sent``, per leader): all-reduce of ``B`` bytes over ``k`` leaders sends
+``2 (k - 1) / k * B``; all-gather of ``B`` bytes per leader sends ``(k - 1) * B``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+COMPRESSION_ENV = "HTJ_COMPRESSION"
+"""Per-job codec, spec ``training.compression.mode``: None, FP16, BF16, Int8 or PowerSGD."""
+POWERSGD_RANK_ENV = "HTJ_POWERSGD_RANK"
+"""Spec ``training.compression.powerSGDRank`` (default 4)."""
+MODES: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "powersgd")
+INT8_CHUNK = 4096
+"""Elements per int8 scale; 4 bytes of scale per 4096 bytes of payload (0.1 %)."""
+
+
+class InterGroupCodec(Protocol):
+    """What a hierarchical sync calls on a group leader instead of a plain all-reduce."""
+
+    bytes_sent: int
+
+    def allreduce_(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None, *,
+                   exact: torch.Tensor | None = None) -> None:
+        """SUM-reduce ``tensors`` in place over the leaders in ``group``.
+
+        ``exact`` (1-D float32, e.g. the rebalancer's stats) is SUM-reduced losslessly inside one
+        of the codec's collectives; it is not counted in ``bytes_sent``.
+        """
+
+
+def ring_allreduce_bytes(payload_bytes: int, world: int) -> int:
+    """Bytes one rank sends in a ring all-reduce of ``payload_bytes`` over ``world`` ranks."""
+    return 0 if world <= 1 else round(2 * (world - 1) * payload_bytes / world)
+
+
+def ring_allgather_bytes(payload_bytes: int, world: int) -> int:
+    """Bytes one rank sends in a ring all-gather where each rank contributes ``payload_bytes``."""
+    return (world - 1) * payload_bytes
+
+
+def _flat(tensors: Sequence[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+
+
+def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t).to(t.dtype))
+        offset += n
+
+
+def _copy_exact(summed: torch.Tensor, exact: torch.Tensor | None) -> None:
+    if exact is not None:
+        exact.copy_(summed.to(exact.dtype))
+
+
+class NoCompression:
+    """fp32 SUM all-reduce of the flattened tensors (the baseline)."""
+
+    def __init__(self) -> None:
+        self.bytes_sent = 0
+
+    def allreduce_(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None, *,
+                   exact: torch.Tensor | None = None) -> None:
+        """SUM-reduce in place; one all-reduce (``exact`` appended)."""
+        flat = _flat(tensors)
+        n = flat.numel()
+        wire = flat if exact is None else torch.cat([flat, exact.to(torch.float32)])
+        dist.all_reduce(wire, group=group)
+        self.bytes_sent += ring_allreduce_bytes(n * 4, dist.get_world_size(group))
+        _unflatten_into(wire[:n], tensors)
+        _copy_exact(wire[n:], exact)
+
+
+class CastCompression:
+    """All-reduce in a 16-bit float type (fp16 or bf16); no error feedback.
+
+    Args:
+        dtype: ``torch.float16`` or ``torch.bfloat16``.
+    """
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"dtype must be float16 or bfloat16, got {dtype}")
+        self.dtype = dtype
+        self.bytes_sent = 0
+
+    def allreduce_(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None, *,
+                   exact: torch.Tensor | None = None) -> None:
+        """SUM-reduce in place with a 16-bit all-reduce (2 bytes per element on the wire).
+
+        ``exact`` needs fp32, so it costs one more (tiny) fp32 all-reduce in this mode.
+        """
+        if exact is not None:
+            dist.all_reduce(exact, group=group)
+        flat = _flat(tensors, self.dtype)
+        dist.all_reduce(flat, group=group)
+        self.bytes_sent += ring_allreduce_bytes(flat.numel() * 2, dist.get_world_size(group))
+        _unflatten_into(flat, tensors)
+
+
+class Int8Compression:
+    """Per-chunk absmax int8 quantisation with error feedback.
+
+    Each leader quantises ``g + e`` (its gradient plus the error left from earlier steps) to int8
+    with one fp32 scale per :data:`INT8_CHUNK` elements, keeps ``e = (g + e) - decode(q)``,
+    all-gathers ``q`` and the scales, and sums the decoded tensors of all leaders.
+
+    Args:
+        chunk: elements per scale.
+    """
+
+    def __init__(self, chunk: int = INT8_CHUNK) -> None:
+        self.chunk = chunk
+        self.error: torch.Tensor | None = None
+        self.bytes_sent = 0
+
+    def payload_bytes(self, numel: int) -> int:
+        """Bytes one leader contributes per step: 1 per element plus 4 per chunk."""
+        return numel + 4 * math.ceil(numel / self.chunk)
+
+    def allreduce_(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None, *,
+                   exact: torch.Tensor | None = None) -> None:
+        """SUM-reduce in place; two all-gathers (payload; scales with ``exact`` appended)."""
+        flat = _flat(tensors)
+        if self.error is None or self.error.numel() != flat.numel():
+            self.error = torch.zeros_like(flat)
+        q, scales = quantize_int8(flat + self.error, self.chunk)
+        self.error = flat + self.error - dequantize_int8(q, scales, self.chunk)
+        n_scales = scales.numel()
+        if exact is not None:
+            scales = torch.cat([scales, exact.to(torch.float32)])
+        world = dist.get_world_size(group)
+        qs = [torch.empty_like(q) for _ in range(world)]
+        ss = [torch.empty_like(scales) for _ in range(world)]
+        dist.all_gather(qs, q, group=group)
+        dist.all_gather(ss, scales, group=group)
+        total = torch.zeros_like(flat)
+        for qi, si in zip(qs, ss):
+            total += dequantize_int8(qi, si[:n_scales], self.chunk)
+        _copy_exact(sum(si[n_scales:] for si in ss), exact)
+        self.bytes_sent += ring_allgather_bytes(self.payload_bytes(flat.numel()), world)
+        _unflatten_into(total, tensors)
+
+
+def quantize_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absmax int8 per chunk.
+
+    Args:
+        x: ``[N]`` float32.
+        chunk: elements per scale.
+
+    Returns:
+        ``q``: ``[N]`` int8 in -127..127; ``scales``: ``[ceil(N / chunk)]`` float32 (absmax / 127).
+    """
+    n = x.numel()
+    pad = (-n) % chunk
+    padded = torch.nn.functional.pad(x, (0, pad)).view(-1, chunk)
+    scales = padded.abs().amax(dim=1) / 127.0
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    q = torch.round(padded / safe[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.view(-1)[:n].contiguous(), scales
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Inverse of :func:`quantize_int8`: ``[N]`` int8 and scales -> ``[N]`` float32."""
+    n = q.numel()
+    pad = (-n) % chunk
+    padded = torch.nn.functional.pad(q.to(torch.float32), (0, pad)).view(-1, chunk)
+    return (padded * scales[:, None]).view(-1)[:n]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CompressionConfig:
+    """The per-job choice (spec ``training.compression``).
+
+    Attributes:
+        mode: one of :data:`MODES` (lower case).
+        powersgd_rank: rank of the PowerSGD factors (>= 1).
+    """
+
+    mode: str = "none"
+    powersgd_rank: int = 4
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"compression.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.powersgd_rank < 1:
+            raise ValueError(f"compression.powersgd_rank must be >= 1, got {self.powersgd_rank}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CompressionConfig:
+        """Read ``HTJ_COMPRESSION`` (spec spelling ``Int8`` or ``int8``; unset = none) and
+        ``HTJ_POWERSGD_RANK``.
+
+        Raises:
+            ValueError: unknown mode or a rank that is not a positive integer.
+        """
+        env = os.environ if environ is None else environ
+        mode = env.get(COMPRESSION_ENV, "") or "none"
+        rank_text = env.get(POWERSGD_RANK_ENV, "") or "4"
+        try:
+            rank = int(rank_text)
+        except ValueError:
+            raise ValueError(f"{POWERSGD_RANK_ENV} must be an integer, got {rank_text!r}") from None
+        return cls(mode=mode.lower(), powersgd_rank=rank)
+
+
+def make_codec(config: CompressionConfig, *, seed: int = 0) -> InterGroupCodec:
+    """Build the codec for ``config``; ``seed`` fixes PowerSGD's initial factors (same on all leaders)."""
+    if config.mode == "none":
+        return NoCompression()
+    if config.mode in ("fp16", "bf16"):
+        return CastCompression(torch.float16 if config.mode == "fp16" else torch.bfloat16)
+    if config.mode == "int8":
+        return Int8Compression()
+    from hetero_worker.powersgd import PowerSGDCompression
+    return PowerSGDCompression(rank=config.powersgd_rank, seed=seed)
+
+
+def theoretical_bytes(config: CompressionConfig, shapes: Sequence[torch.Size], leaders: int) -> int:
+    """Bytes one leader sends per step under ``config`` for gradients of ``shapes`` (closed form).
+
+    Used by tests to check the counted ``bytes_sent``.
+    """
+    numel = sum(math.prod(s) for s in shapes)
+    if config.mode == "none":
+        return ring_allreduce_bytes(4 * numel, leaders)
+    if config.mode in ("fp16", "bf16"):
+        return ring_allreduce_bytes(2 * numel, leaders)
+    if config.mode == "int8":
+        return ring_allgather_bytes(numel + 4 * math.ceil(numel / INT8_CHUNK), leaders)
+    from hetero_worker.powersgd import powersgd_payload_elems
+    p_elems, q_elems = powersgd_payload_elems(shapes, config.powersgd_rank)
+    return ring_allreduce_bytes(4 * p_elems, leaders) + ring_allreduce_bytes(4 * q_elems, leaders)

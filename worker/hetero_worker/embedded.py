@@ -1,0 +1,364 @@
+"""``heterotrain run JOB.yaml``: the embedded default, a HeteroTrainingJob on this machine.
+
+Plans the job onto a node file (default ``examples/clusters/mixed.yaml``: 1x A100, 1x V100,
+2x T4) with the operator's own planner, renders every rank's environment with the operator's own
+:func:`hetero_operator.envrender.render_rank_envs`, and starts each rank as a local process running
+``spec.worker.command + args``. On a CPU-only machine every rank imitates its planned GPU
+(``DeviceProfile.simulated``: real CPU compute plus a delay proportional to batch / speed); where
+NVML finds GPUs and no node file is given, the plan uses this machine's real GPUs instead.
+
+Like the operator: one failing rank stops all; when the job checkpoints (``spec.training.checkpoint``)
+all ranks restart from the last checkpoint, up to ``spec.runPolicy.backoffLimit`` times. Shows the
+plan, a progress bar (from rank 0's statistics file), rank 0's output, and at the end a per-rank
+table, the job's result (e.g. accuracy) and the speed-up over an equal split. Exit code: the job's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from hetero_worker import contract as c
+from hetero_worker import procs, report, rundir
+
+DEFAULT_NODES = Path("examples") / "clusters" / "mixed.yaml"
+EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 1, 2
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``run`` arguments."""
+    parser.add_argument("job", metavar="JOB.yaml", help="a HeteroTrainingJob manifest")
+    parser.add_argument("--nodes", metavar="NODES.yaml", default=None,
+                        help="node list to plan onto (kubectl get nodes -o yaml format); default: "
+                             "this machine's GPUs when NVML finds any, else "
+                             f"{DEFAULT_NODES} (simulated)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="simulate the node file's GPUs even where real GPUs exist")
+    parser.add_argument("--workdir", metavar="DIR", default=None,
+                        help="logs, statistics, checkpoints (default runs/<job>-<time>)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="override --epochs in the worker args (the built-in examples take it)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="override --max-steps in the worker args (the built-in examples)")
+    parser.add_argument("--metrics-port-base", type=int, default=None, metavar="PORT",
+                        help="rank r serves Prometheus metrics on PORT + r (default: a free range; "
+                             "0 turns metrics off)")
+    parser.add_argument("--grace-s", type=float, default=procs.GRACE_S, metavar="SECONDS",
+                        help="when stopping ranks, seconds between SIGTERM and SIGKILL")
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+def default_nodes_file() -> Path:
+    """``examples/clusters/mixed.yaml`` of this checkout, else of the current directory."""
+    for root in (_REPO_ROOT, Path.cwd()):
+        if (root / DEFAULT_NODES).is_file():
+            return root / DEFAULT_NODES
+    return DEFAULT_NODES
+
+
+def worker_argv(command: Sequence[str], args: Sequence[str], *,
+                overrides: Mapping[str, int | None]) -> list[str]:
+    """``command + args`` with ``--flag VALUE`` overrides applied (replaced or appended).
+
+    A leading ``python``/``python3`` becomes this interpreter, so the job runs in the environment
+    ``heterotrain`` is installed in even when it is not activated.
+    """
+    argv = [*command, *args]
+    for flag, value in overrides.items():
+        if value is None:
+            continue
+        if flag in argv[len(command):]:
+            i = argv.index(flag, len(command))
+            argv[i + 1:i + 2] = [str(value)]
+        else:
+            argv += [flag, str(value)]
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_range(count: int, *, attempts: int = 50) -> int:
+    """A base port such that ``base .. base + count - 1`` are all free on 127.0.0.1 now.
+
+    Raises:
+        OSError: none found in ``attempts`` tries.
+    """
+    for _ in range(attempts):
+        base = _free_port()
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise OSError(f"no {count} consecutive free ports found")
+
+
+def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[str, str],
+                 run_dir: Path, worker_env: Sequence[Mapping[str, Any]],
+                 gpu_indices: Sequence[int] | None) -> list[dict[str, str]]:
+    """The complete environment of each rank process.
+
+    ``base_env`` (our own environment, minus any contract variables it carries), then the job's
+    ``spec.worker.env`` (plain ``value`` entries), then the rank's contract, ``HTJ_RUN_DIR``,
+    ``PYTHONUNBUFFERED=1``, ``OMP_NUM_THREADS`` (CPU cores / ranks unless set) and, on real GPUs,
+    ``CUDA_VISIBLE_DEVICES`` = the rank's GPU.
+    """
+    contract_vars = {*c.REQUIRED_VARS, *c.OPTIONAL_VARS, c.FIRST_RANK, "CUDA_VISIBLE_DEVICES"}
+    base = {k: v for k, v in base_env.items() if k not in contract_vars}
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in base.get("PATH", "").split(os.pathsep):
+        base["PATH"] = os.pathsep.join(p for p in (bin_dir, base.get("PATH", "")) if p)
+    for var in worker_env:
+        if "name" in var and "value" in var:
+            base[str(var["name"])] = str(var["value"])
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, len(rank_envs))))
+    envs = []
+    for r, rank_env in enumerate(rank_envs):
+        env = {**base, **rank_env, rundir.RUN_DIR: str(run_dir), "PYTHONUNBUFFERED": "1"}
+        env.setdefault("OMP_NUM_THREADS", threads)
+        if gpu_indices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu_indices[r])
+        envs.append(env)
+    return envs
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+class _Planned:
+    """What planning produced: the job, plan, whether simulated, and real GPU indices per rank."""
+
+    def __init__(self, job: Any, plan: Any, simulated: bool, gpu_indices: list[int] | None) -> None:
+        self.job, self.plan, self.simulated, self.gpu_indices = job, plan, simulated, gpu_indices
+
+
+def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
+    """Load, plan, print the plan; an int is an exit code (bad input / unschedulable)."""
+    from hetero_operator.inventory import build_inventory
+    from hetero_operator.model import Plan
+    from hetero_operator.planning import plan_job
+    from hetero_operator.plancli import InputError, load_job, load_objects, print_result
+
+    gpu_nodes = None if (args.nodes or args.simulate) else _real_gpu_nodes()
+    try:
+        job = load_job(Path(args.job))
+        if gpu_nodes is not None:
+            nodes, indices = gpu_nodes
+        else:
+            nodes, indices = load_objects(Path(args.nodes) if args.nodes else default_nodes_file(),
+                                          "Node"), None
+    except InputError as exc:
+        print(f"heterotrain run: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    plan = plan_job(job, build_inventory(nodes))
+    print_result(plan, job, console)
+    if not isinstance(plan, Plan):
+        return EXIT_UNSCHEDULABLE
+    gpu_indices = None
+    if indices is not None:
+        gpu_indices = [indices[plan.groups[r.group].node][r.group_rank] for r in plan.ranks]
+    return _Planned(job, plan, gpu_indices is None, gpu_indices)
+
+
+def _real_gpu_nodes() -> tuple[list[dict[str, Any]], dict[str, list[int]]] | None:
+    """Node objects for this machine's GPUs (NVML), None when there are none."""
+    from hetero_worker import localnodes, nvml
+
+    gpus = nvml.list_gpus()
+    versions = nvml.driver_versions()
+    if not gpus or versions is None:
+        return None
+    nodes, indices = localnodes.nodes_from_gpus(gpus, host=socket.gethostname(),
+                                                driver_version=versions[0], cuda_version=versions[1])
+    return (nodes, indices) if nodes else None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, start, supervise, report; returns the job's exit code."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    planned = _plan(args, console)
+    if isinstance(planned, int):
+        return planned
+    job, plan = planned.job, planned.plan
+    workdir = Path(args.workdir or Path("runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    world = plan.world_size
+    try:
+        port_base = free_port_range(world) if args.metrics_port_base is None else args.metrics_port_base
+    except OSError as exc:
+        print(f"heterotrain run: error: metrics ports: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    checkpoint_dir = str((workdir / "checkpoints").resolve()) if job.training.checkpoint_path else ""
+    argv = worker_argv(job.worker.command, job.worker.args,
+                       overrides={"--epochs": args.epochs, "--max-steps": args.max_steps})
+    _announce(console, planned, workdir, port_base, argv)
+    _write_targets(workdir, port_base, world, job.name)
+    start = time.monotonic()
+    attempt, outcome = 0, None
+    while True:
+        envs = _render(planned, port_base=port_base, checkpoint_dir=checkpoint_dir, workdir=workdir)
+        outcome = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
+                           grace_s=args.grace_s)
+        if outcome.exit_code == 0 or outcome.signal_received is not None:
+            break
+        if not checkpoint_dir or attempt >= job.run_policy.backoff_limit:
+            reason = ("no checkpointing (spec.training.checkpoint.path)" if not checkpoint_dir
+                      else f"backoffLimit {job.run_policy.backoff_limit} reached")
+            console.print(f"[red]Job failed[/]: {reason}")
+            break
+        attempt += 1
+        console.print(f"[yellow]Restarting all ranks from the last checkpoint[/] "
+                      f"(restart {attempt} of {job.run_policy.backoff_limit})")
+    report.print_report(console, rows=report.read_rows(workdir, world),
+                        result=report.read_result(workdir),
+                        planned_speedup=plan.expected_speedup_over_equal,
+                        elapsed_s=time.monotonic() - start, exit_code=outcome.exit_code)
+    console.print(f"Logs and statistics: {workdir}")
+    return outcome.exit_code
+
+
+def _render(planned: _Planned, *, port_base: int, checkpoint_dir: str, workdir: Path) -> list[dict[str, str]]:
+    from hetero_operator.envrender import render_rank_envs
+
+    rank_envs = render_rank_envs(
+        planned.plan, planned.job, master_addr="127.0.0.1", master_port=_free_port(),
+        simulated=planned.simulated, metrics_port_base=port_base or None,
+        checkpoint_dir=checkpoint_dir)
+    if not port_base:
+        for env in rank_envs:
+            env[c.METRICS_PORT] = "0"
+    return process_envs(rank_envs, base_env=os.environ, run_dir=workdir.resolve(),
+                        worker_env=planned.job.worker.env, gpu_indices=planned.gpu_indices)
+
+
+def _announce(console: Any, planned: _Planned, workdir: Path, port_base: int, argv: list[str]) -> None:
+    world = planned.plan.world_size
+    where = ("simulated devices on this CPU (real compute plus a delay of batch / speed)"
+             if planned.simulated else "this machine's GPUs")
+    console.print(f"Running {world} ranks as local processes on {where}.")
+    console.print(f"Command: {' '.join(argv)}")
+    if port_base:
+        console.print(f"Metrics: http://127.0.0.1:{port_base}/metrics .. port {port_base + world - 1} "
+                      f"(Prometheus targets in {workdir / 'targets.json'})")
+
+
+def _write_targets(workdir: Path, port_base: int, world: int, job_name: str) -> None:
+    """A Prometheus ``file_sd`` file listing the ranks' metrics endpoints."""
+    import json
+    targets = [f"127.0.0.1:{port_base + r}" for r in range(world)] if port_base else []
+    (workdir / "targets.json").write_text(json.dumps(
+        [{"targets": targets, "labels": {"namespace": "embedded", "htj_job": job_name}}], indent=1))
+
+
+def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, console: Any,
+             attempt: int, grace_s: float) -> procs.Outcome:
+    """Start every rank, show progress and rank 0's output, wait; returns the outcome."""
+    import subprocess
+
+    logs = [workdir / f"rank-{r}.log" for r in range(len(envs))]
+    files = [procs.open_log(p) for p in logs]
+    for f in files:
+        f.write(f"--- attempt {attempt} ---\n".encode())
+    try:
+        gang = procs.Gang(argv, envs, stdouts=[subprocess.PIPE] + files[1:],
+                          stderrs=[subprocess.STDOUT] + files[1:], cwd=os.getcwd())
+    except OSError as exc:
+        console.print(f"[red]cannot start {argv[0]!r}: {exc}[/]")
+        for f in files:
+            f.close()
+        return procs.Outcome(exit_code=127, failed_index=0)
+    view = _ProgressView(console, workdir)
+    echo = threading.Thread(target=_echo, args=(gang.procs[0].stdout, files[0], view), daemon=True)
+    echo.start()
+    try:
+        with view, procs.forwarding_signals(gang):
+            outcome = gang.wait(on_tick=view.tick, grace_s=grace_s)
+        echo.join(timeout=5)
+    finally:
+        for f in files:
+            f.close()
+    if outcome.failed_index is not None and outcome.signal_received is None:
+        r = outcome.failed_index
+        console.print(f"[red]rank {r} exited with code {outcome.exit_code}[/]; stopped the other "
+                      f"ranks. Last lines of {logs[r]}:")
+        console.print(procs.tail(logs[r]), markup=False)
+    return outcome
+
+
+def _echo(stream: IO[bytes] | None, log: IO[bytes], view: _ProgressView) -> None:
+    """Copy rank 0's output to its log and to the console, line by line."""
+    if stream is None:
+        return
+    for line in iter(stream.readline, b""):
+        log.write(line)
+        view.print(line.decode(errors="replace").rstrip("\n"))
+    stream.close()
+
+
+class _ProgressView:
+    """A rich progress bar fed by rank 0's ``rank-0.json``; prints lines above it."""
+
+    def __init__(self, console: Any, workdir: Path) -> None:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.workdir = workdir
+        self.progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("steps  loss {task.fields[loss]}"),
+                                 TimeElapsedColumn(), console=console, transient=False)
+        self.task = self.progress.add_task("train", total=None, loss="-")
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> _ProgressView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.tick()
+        self.progress.stop()
+
+    def tick(self) -> None:
+        """Refresh from rank 0's statistics file."""
+        stats = rundir.read_json(rundir.rank_stats_path(self.workdir, 0))
+        if not stats:
+            return
+        loss = stats.get("loss")
+        with self._lock:
+            self.progress.update(self.task, completed=int(stats.get("steps") or 0),
+                                 total=stats.get("total_steps"),
+                                 loss="-" if loss is None else f"{float(loss):.4f}")
+
+    def print(self, line: str) -> None:
+        """Print a line of rank 0's output above the bar."""
+        with self._lock:
+            self.progress.console.print(f"[dim]rank 0 |[/] {_escape(line)}")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+    return escape(text)

@@ -1,0 +1,283 @@
+"""Prometheus metrics of one worker rank (names fixed in docs/internal-api.md).
+
+Every series carries exactly the labels ``job``, ``rank``, ``group`` and ``gpu_product`` (bounded:
+one series per rank and metric). Units are base units (seconds, bytes, ratios 0..1) and counters end
+in ``_total``, per https://prometheus.io/docs/practices/naming/. The metrics live in a dedicated
+:class:`prometheus_client.CollectorRegistry`, so a user's own default-registry metrics never mix in.
+
+GPU series come from NVML (:mod:`hetero_worker.nvml`) and from torch's CUDA caching allocator; on
+a CPU-only machine, or a simulated device, they have no samples (the families are still declared).
+Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from hetero_worker import nvml, rundir
+from hetero_worker.contract import Contract
+
+LABELS = ("job", "rank", "group", "gpu_product")
+STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                  float("inf"))
+"""Step-duration histogram buckets in seconds: a tiny CPU step to a large-model GPU step."""
+DEVICE_REFRESH_S = 1.0
+"""observe_step refreshes the device gauges at most this often (seconds)."""
+STATS_WRITE_S = 0.25
+"""The run-dir statistics file is rewritten at most this often (seconds)."""
+
+_DOCS: dict[str, tuple[type, str]] = {
+    "htj_steps_total": (Counter, "Optimizer steps taken (skipped steps included)."),
+    "htj_samples_total": (Counter, "Training samples processed by this rank."),
+    "htj_skipped_steps_total": (Counter, "Steps skipped because some rank's gradients had inf/NaN."),
+    "htj_compute_seconds_total": (Counter, "Time in forward/backward/optimizer (including the "
+                                  "simulated device delay), seconds."),
+    "htj_communication_wait_seconds_total": (Counter, "Time blocked in gradient "
+                                             "synchronisation, seconds."),
+    "htj_rebalances_total": (Counter, "Batch-split changes applied on this rank."),
+    "htj_inter_group_bytes_total": (Counter, "Gradient bytes this rank sent between groups."),
+    "htj_throughput_samples_per_second": (Gauge, "Samples per second of the last step "
+                                          "(local batch / step time)."),
+    "htj_compute_throughput_samples_per_second": (Gauge, "Samples per second of compute time in "
+                                                  "the last step: the device's own speed, "
+                                                  "communication wait excluded."),
+    "htj_local_batch_size": (Gauge, "Samples per step on this rank."),
+    "htj_loss": (Gauge, "Training loss of the last step (this rank's local mean)."),
+    "htj_gpu_utilization_ratio": (Gauge, "GPU busy fraction 0..1 from NVML (whole GPUs only)."),
+    "htj_gpu_memory_used_bytes": (Gauge, "Device memory used by all processes, from NVML, bytes."),
+    "htj_gpu_memory_total_bytes": (Gauge, "Device memory, from NVML, bytes."),
+    "htj_torch_memory_allocated_bytes": (Gauge, "Memory held by tensors in torch's CUDA caching "
+                                         "allocator, bytes."),
+    "htj_torch_memory_reserved_bytes": (Gauge, "Memory reserved by torch's CUDA caching "
+                                        "allocator, bytes."),
+    "htj_torch_memory_fragmentation_ratio": (Gauge, "1 - allocated / reserved of torch's CUDA "
+                                             "caching allocator (reserved but unused share)."),
+}
+STEP_HISTOGRAM = "htj_step_duration_seconds"
+METRIC_NAMES = (*_DOCS, STEP_HISTOGRAM)
+"""Every metric family a worker exports (histogram and counters by their exposed base name)."""
+
+
+class WorkerMetrics:
+    """The metrics of one rank, plus the ``HTJ_RUN_DIR`` statistics file when that is set.
+
+    Call :meth:`observe_step` once per optimizer step; the rest when the event happens. All
+    methods are cheap (no device synchronisation) and thread-safe.
+
+    Args:
+        contract: the rank's parsed contract (labels, metrics port, device profile).
+        registry: registry to use; a fresh :class:`CollectorRegistry` by default.
+        environ: where ``HTJ_RUN_DIR`` and ``CUDA_VISIBLE_DEVICES`` are read; ``os.environ``
+            by default.
+    """
+
+    def __init__(self, contract: Contract, *, registry: CollectorRegistry | None = None,
+                 environ: dict[str, str] | None = None) -> None:
+        self.contract = contract
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.labels = {"job": contract.job_name, "rank": str(contract.rank),
+                       "group": str(contract.group), "gpu_product": contract.device.product}
+        env = os.environ if environ is None else environ
+        self._cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES")
+        self._families: dict[str, Any] = {
+            name: kind(name, doc, LABELS, registry=self.registry)
+            for name, (kind, doc) in _DOCS.items()}
+        self._families[STEP_HISTOGRAM] = Histogram(
+            STEP_HISTOGRAM, "Wall time of one optimizer step, seconds.", LABELS,
+            buckets=STEP_BUCKETS_S, registry=self.registry)
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._stats_dir = rundir.run_dir(env)
+        self._totals = {"steps": 0, "samples": 0, "skipped_steps": 0, "rebalances": 0,
+                        "step_seconds": 0.0, "compute_seconds": 0.0, "comm_wait_seconds": 0.0}
+        self._last: dict[str, Any] = {"loss": None, "throughput_samples_per_second": None,
+                                      "total_steps": None}
+        self._last_device_s = -math.inf
+        self._last_write_s = -math.inf
+        for name, family in self._families.items():  # counters exist at 0 from the start
+            if isinstance(family, (Counter, Histogram)):
+                family.labels(**self.labels)
+        self.set_local_batch(contract.local_batch_size)
+        if self._stats_dir is not None:
+            atexit.register(_flush_if_alive, weakref.ref(self))
+
+    def _child(self, name: str) -> Any:
+        return self._families[name].labels(**self.labels)
+
+    # --- server -------------------------------------------------------------------------------
+
+    def start_server(self, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` on ``contract.metrics_port`` in a daemon thread.
+
+        Args:
+            addr: bind address.
+
+        Returns:
+            The port served, or 0 when ``HTJ_METRICS_PORT`` is 0 (off) or the port is taken (a
+            warning goes to stderr; training goes on without metrics).
+        """
+        port = self.contract.metrics_port
+        if port == 0 or self._server is not None:
+            return port if self._server is not None else 0
+        try:
+            self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            print(f"heterotrain: rank {self.contract.rank}: metrics port {port} unavailable "
+                  f"({exc}); continuing without metrics", file=sys.stderr)
+            return 0
+        return port
+
+    def stop_server(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # --- events -------------------------------------------------------------------------------
+
+    def observe_step(self, step_s: float, compute_s: float, comm_wait_s: float, samples: int,
+                     loss: float | None) -> None:
+        """Record one optimizer step.
+
+        Args:
+            step_s: wall time of the whole step, seconds.
+            compute_s: part of it in forward/backward/optimizer, seconds (a simulated device's
+                delay counts as compute).
+            comm_wait_s: part of it blocked in gradient synchronisation, seconds.
+            samples: samples this rank processed in the step (its local batch, or fewer on a
+                remainder step).
+            loss: this rank's loss (a float or a 0-d tensor); None leaves the gauge unchanged.
+
+        Negative times from clock noise count as 0.
+        """
+        step_s, compute_s, comm_wait_s = (max(0.0, float(v)) for v in (step_s, compute_s, comm_wait_s))
+        samples = max(0, int(samples))
+        self._child("htj_steps_total").inc()
+        self._child("htj_samples_total").inc(samples)
+        self._child(STEP_HISTOGRAM).observe(step_s)
+        self._child("htj_compute_seconds_total").inc(compute_s)
+        self._child("htj_communication_wait_seconds_total").inc(comm_wait_s)
+        if step_s > 0:
+            self._child("htj_throughput_samples_per_second").set(samples / step_s)
+        if compute_s > 0:
+            self._child("htj_compute_throughput_samples_per_second").set(samples / compute_s)
+        loss_value = None if loss is None else float(loss)
+        if loss_value is not None:
+            self._child("htj_loss").set(loss_value)
+        with self._lock:
+            t = self._totals
+            t["steps"] += 1
+            t["samples"] += samples
+            t["step_seconds"] += step_s
+            t["compute_seconds"] += compute_s
+            t["comm_wait_seconds"] += comm_wait_s
+            if loss_value is not None:
+                self._last["loss"] = loss_value
+            self._last["throughput_samples_per_second"] = samples / step_s if step_s > 0 else None
+        now = time.monotonic()
+        if now - self._last_device_s >= DEVICE_REFRESH_S:
+            self.update_device()
+        if self._stats_dir is not None and now - self._last_write_s >= STATS_WRITE_S:
+            self.flush()
+
+    def set_local_batch(self, n: int) -> None:
+        """Set the local batch size gauge (samples per step on this rank)."""
+        self._child("htj_local_batch_size").set(int(n))
+        with self._lock:
+            self._last["local_batch"] = int(n)
+
+    def set_total_steps(self, n: int) -> None:
+        """Tell the progress display how many steps the run will take (optional, not a metric)."""
+        with self._lock:
+            self._last["total_steps"] = int(n)
+
+    def record_rebalance(self) -> None:
+        """Count one change of this rank's batch split."""
+        self._child("htj_rebalances_total").inc()
+        with self._lock:
+            self._totals["rebalances"] += 1
+
+    def record_skipped_step(self) -> None:
+        """Count one step skipped for inf/NaN gradients (also call observe_step for it)."""
+        self._child("htj_skipped_steps_total").inc()
+        with self._lock:
+            self._totals["skipped_steps"] += 1
+
+    def add_inter_group_bytes(self, n: int) -> None:
+        """Count gradient bytes sent between groups by this rank."""
+        self._child("htj_inter_group_bytes_total").inc(max(0, int(n)))
+
+    # --- device -------------------------------------------------------------------------------
+
+    def update_device(self) -> None:
+        """Refresh GPU utilisation/memory (NVML) and torch CUDA allocator gauges.
+
+        Does nothing for a simulated device or where NVML / CUDA are absent: those series then have
+        no samples. torch is consulted only when the process has already imported it.
+        """
+        self._last_device_s = time.monotonic()
+        if self.contract.device.simulated:
+            return
+        reading = nvml.sample(nvml.nvml_target(self._cuda_visible_devices,
+                                               self.contract.local_rank))
+        if reading is not None:
+            if reading.utilization_ratio is not None:
+                self._child("htj_gpu_utilization_ratio").set(reading.utilization_ratio)
+            self._child("htj_gpu_memory_used_bytes").set(reading.memory_used_bytes)
+            self._child("htj_gpu_memory_total_bytes").set(reading.memory_total_bytes)
+        self._update_allocator()
+
+    def _update_allocator(self) -> None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return
+        try:
+            if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+                return
+            allocated = int(torch.cuda.memory_allocated())
+            reserved = int(torch.cuda.memory_reserved())
+        except Exception:  # a broken CUDA setup must not stop training
+            return
+        self._child("htj_torch_memory_allocated_bytes").set(allocated)
+        self._child("htj_torch_memory_reserved_bytes").set(reserved)
+        self._child("htj_torch_memory_fragmentation_ratio").set(
+            1.0 - allocated / reserved if reserved > 0 else 0.0)
+
+    # --- run-dir statistics -------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Cumulative statistics of this rank (the content of ``rank-<R>.json``)."""
+        c = self.contract
+        with self._lock:
+            return {"rank": c.rank, "group": c.group, "gpu_product": c.device.product,
+                    "simulated": c.device.simulated, "relative_speed": c.device.relative_speed,
+                    "precision": c.precision, **self._totals, **self._last,
+                    "updated_unix_s": time.time()}
+
+    def flush(self) -> None:
+        """Write ``rank-<R>.json`` now when ``HTJ_RUN_DIR`` is set (also runs at exit)."""
+        if self._stats_dir is None:
+            return
+        self._last_write_s = time.monotonic()
+        try:
+            rundir.write_json_atomic(rundir.rank_stats_path(self._stats_dir, self.contract.rank),
+                                     self.stats())
+        except OSError as exc:
+            print(f"heterotrain: rank {self.contract.rank}: cannot write statistics ({exc})",
+                  file=sys.stderr)
+
+
+def _flush_if_alive(ref: weakref.ref[WorkerMetrics]) -> None:
+    metrics = ref()
+    if metrics is not None:
+        metrics.flush()

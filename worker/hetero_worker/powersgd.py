@@ -1,0 +1,142 @@
+"""PowerSGD (rank-r gradient compression with error feedback) over a process group.
+
+Vogels, Karimireddy, Jaggi, "PowerSGD: Practical Low-Rank Gradient Compression for Distributed
+Optimization", NeurIPS 2019 (arXiv:1905.13336), Algorithm 1 with one power iteration per step,
+warm-started ``Q`` and error feedback.  We implement it as plain functions over tensors and a process
+group instead of torch's DDP comm hook, because that hook is tied to DDP buckets over the whole
+world and failed on CPU/gloo in torch 2.13 (see docs/speed.md); here it runs on the group leaders'
+link only.
+
+Per step, for each gradient viewed as ``M: [n, m]`` (first dim by the rest):
+``P = (M + E) Q``; all-reduce ``P`` (SUM); orthonormalise ``P``; ``Q = (M + E)^T P``; all-reduce
+``Q``; ``M_hat = P Q^T``; ``E = (M + E) - M_hat``.  Tensors where the factors are not smaller than
+the matrix (biases, tiny layers) travel uncompressed inside the ``P`` all-reduce, so a step costs two
+all-reduces in total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from hetero_worker.compression import ring_allreduce_bytes
+
+
+def _matrix_shape(shape: torch.Size) -> tuple[int, int]:
+    n = shape[0] if len(shape) else 1
+    return n, (shape.numel() // n if n else 0)
+
+
+def compressible(shape: torch.Size, rank: int) -> bool:
+    """True when a rank-``rank`` factorisation of ``shape`` sends fewer elements than the tensor."""
+    if len(shape) < 2:
+        return False
+    n, m = _matrix_shape(shape)
+    r = min(rank, n, m)
+    return (n + m) * r < n * m
+
+
+def powersgd_payload_elems(shapes: Sequence[torch.Size], rank: int) -> tuple[int, int]:
+    """Elements of the two all-reduces per step: (P factors + uncompressed tensors, Q factors)."""
+    p_elems = q_elems = 0
+    for shape in shapes:
+        if compressible(shape, rank):
+            n, m = _matrix_shape(shape)
+            r = min(rank, n, m)
+            p_elems += n * r
+            q_elems += m * r
+        else:
+            p_elems += shape.numel()
+    return p_elems, q_elems
+
+
+def orthonormalize_(p: torch.Tensor) -> torch.Tensor:
+    """Orthonormalise the columns of ``p: [n, r]`` in place (reduced QR); returns ``p``."""
+    q, _ = torch.linalg.qr(p, mode="reduced")
+    p.copy_(q)
+    return p
+
+
+class PowerSGDCompression:
+    """Rank-``rank`` PowerSGD with error feedback, SUM semantics over ``group``.
+
+    Args:
+        rank: factor rank r (>= 1).
+        seed: seed of the initial ``Q`` factors; must be equal on every leader.
+    """
+
+    def __init__(self, *, rank: int = 4, seed: int = 0) -> None:
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        self.rank = rank
+        self.seed = seed
+        self.bytes_sent = 0
+        self.errors: list[torch.Tensor] | None = None
+        self.qs: list[torch.Tensor | None] = []
+
+    def _init_state(self, tensors: Sequence[torch.Tensor]) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        self.errors = [torch.zeros(t.shape, dtype=torch.float32) for t in tensors]
+        self.qs = []
+        for t in tensors:
+            if compressible(t.shape, self.rank):
+                n, m = _matrix_shape(t.shape)
+                q = torch.randn(m, min(self.rank, n, m), generator=gen)
+                self.qs.append(orthonormalize_(q))
+            else:
+                self.qs.append(None)
+
+    def allreduce_(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None, *,
+                   exact: torch.Tensor | None = None) -> None:
+        """SUM-reduce ``tensors`` in place (approximately, rank ``self.rank``) over ``group``.
+
+        ``exact`` (1-D) rides uncompressed in the ``P`` all-reduce.  State (errors, ``Q``) is
+        reset when the list of shapes differs from the previous call's.
+        """
+        if self.errors is None or [e.shape for e in self.errors] != [t.shape for t in tensors]:
+            self._init_state(tensors)
+        assert self.errors is not None
+        world = dist.get_world_size(group)
+        mats = [(t.detach().to(torch.float32) + e) for t, e in zip(tensors, self.errors)]
+        comp = [i for i, q in enumerate(self.qs) if q is not None]
+        plain = [i for i, q in enumerate(self.qs) if q is None]
+        ps = [mats[i].reshape(_matrix_shape(mats[i].shape)) @ self.qs[i] for i in comp]  # type: ignore[operator]
+        extra = [] if exact is None else [exact.to(torch.float32).reshape(-1)]
+        buf = torch.cat([p.reshape(-1) for p in ps] + [mats[i].reshape(-1) for i in plain] + extra
+                        + [torch.zeros(0)])
+        dist.all_reduce(buf, group=group)
+        self.bytes_sent += ring_allreduce_bytes(4 * (buf.numel() - sum(e.numel() for e in extra)), world)
+        offset = 0
+        for p in ps:
+            p.copy_(buf[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+            orthonormalize_(p)
+        for i in plain:
+            n = mats[i].numel()
+            tensors[i].copy_(buf[offset:offset + n].view_as(tensors[i]))
+            self.errors[i].zero_()
+            offset += n
+        if exact is not None:
+            exact.copy_(buf[offset:offset + exact.numel()].view_as(exact))
+        self._q_round(tensors, mats, comp, ps, group, world)
+
+    def _q_round(self, tensors: Sequence[torch.Tensor], mats: list[torch.Tensor], comp: list[int],
+                 ps: list[torch.Tensor], group: dist.ProcessGroup | None, world: int) -> None:
+        if not comp:
+            return
+        local_qs = [mats[i].reshape(_matrix_shape(mats[i].shape)).T @ p for i, p in zip(comp, ps)]
+        qbuf = torch.cat([q.reshape(-1) for q in local_qs])
+        dist.all_reduce(qbuf, group=group)
+        self.bytes_sent += ring_allreduce_bytes(4 * qbuf.numel(), world)
+        offset = 0
+        assert self.errors is not None
+        for i, p, q_local in zip(comp, ps, local_qs):
+            q_sum = qbuf[offset:offset + q_local.numel()].view_as(q_local)
+            offset += q_local.numel()
+            # Error feedback (paper, Alg. 2): keep what this leader's own projection P P^T M_k
+            # missed; the leaders' errors then add up to the residual of the sum exactly.
+            self.errors[i] = mats[i] - (p @ q_local.T).view_as(mats[i])
+            tensors[i].copy_((p @ q_sum.T).view_as(tensors[i]))
+            self.qs[i] = q_sum.clone()

@@ -1,0 +1,194 @@
+"""Supervise a gang of local rank processes: start, forward signals, fail together.
+
+Used by ``heterotrain launch`` (in a pod) and ``heterotrain run`` (the embedded default). A data-
+parallel world cannot continue without one of its ranks, so when one process fails every other one
+is stopped (SIGTERM, then SIGKILL after a grace period) and the gang's exit code is the failed
+process's, like torchrun. Children run in their own session (a terminal's Ctrl-C reaches them once,
+through us) and get SIGTERM if the supervising thread dies (Linux ``PR_SET_PDEATHSIG``), so no
+orphaned rank is left blocked in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+GRACE_S = 10.0
+"""Seconds between SIGTERM and SIGKILL when stopping the gang."""
+POLL_S = 0.1
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+
+
+def exit_code_of(returncode: int) -> int:
+    """Popen return code -> shell-style exit code (killed by signal N -> 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """How a gang ended.
+
+    Attributes:
+        exit_code: 0 when all succeeded; else the first failure's exit code, or 128 + N when
+            stopped by signal N sent to the supervisor.
+        failed_index: index of the first failing process, None when none failed.
+        signal_received: the signal that stopped the gang, None when none.
+    """
+
+    exit_code: int
+    failed_index: int | None = None
+    signal_received: int | None = None
+
+
+class Gang:
+    """Processes that live and die together.
+
+    Args:
+        argv: the program each process runs.
+        envs: one complete environment per process (not merged with ``os.environ``).
+        stdouts / stderrs: per process, a file object, ``subprocess.PIPE`` or None (inherit).
+        cwd: working directory.
+
+    Children get SIGTERM when the thread that created the gang ends (``PR_SET_PDEATHSIG``):
+    create it in the thread that supervises it.
+    """
+
+    def __init__(self, argv: Sequence[str], envs: Sequence[Mapping[str, str]], *,
+                 stdouts: Sequence[Any] | None = None, stderrs: Sequence[Any] | None = None,
+                 cwd: str | None = None) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.exit_order: list[int] = []
+        self.signal_received: int | None = None
+        try:
+            for i, env in enumerate(envs):
+                self.procs.append(subprocess.Popen(
+                    list(argv), env=dict(env), cwd=cwd,
+                    stdout=stdouts[i] if stdouts else None, stderr=stderrs[i] if stderrs else None,
+                    start_new_session=True, preexec_fn=_die_with_parent))
+        except BaseException:
+            self.stop(grace_s=0)
+            raise
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to every live process."""
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(signum)
+
+    def _reap(self) -> None:
+        for i, p in enumerate(self.procs):
+            if i not in self.exit_order and p.poll() is not None:
+                self.exit_order.append(i)
+
+    def first_failure(self) -> int | None:
+        """Index of the first process seen exiting with a non-zero code, else None."""
+        self._reap()
+        return next((i for i in self.exit_order if self.procs[i].returncode != 0), None)
+
+    def running(self) -> bool:
+        """True while any process is alive."""
+        return any(p.poll() is None for p in self.procs)
+
+    def stop(self, grace_s: float = GRACE_S) -> None:
+        """SIGTERM every live process, SIGKILL what is left after ``grace_s`` seconds, reap all."""
+        self.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(POLL_S / 2)
+        self.send_signal(signal.SIGKILL)
+        for p in self.procs:
+            p.wait()
+
+    def wait(self, *, on_tick: Callable[[], None] | None = None, grace_s: float = GRACE_S,
+             poll_s: float = POLL_S) -> Outcome:
+        """Wait until all exit or one fails (then stop the rest).
+
+        Args:
+            on_tick: called every ``poll_s`` seconds while waiting (progress display).
+            grace_s: SIGTERM-to-SIGKILL grace when stopping the rest, seconds.
+            poll_s: polling period, seconds.
+
+        Returns:
+            The :class:`Outcome`.
+        """
+        while True:
+            failed = self.first_failure()
+            if failed is not None or self.signal_received is not None:
+                self.stop(grace_s)
+                break
+            if not self.running():
+                break
+            if on_tick is not None:
+                on_tick()
+            time.sleep(poll_s)
+        if on_tick is not None:
+            on_tick()
+        if self.signal_received is not None:
+            return Outcome(exit_code=128 + self.signal_received, failed_index=failed,
+                           signal_received=self.signal_received)
+        if failed is not None:
+            return Outcome(exit_code=exit_code_of(self.procs[failed].returncode),
+                           failed_index=failed)
+        return Outcome(exit_code=0)
+
+
+@contextlib.contextmanager
+def forwarding_signals(gang: Gang) -> Iterator[None]:
+    """While inside, SIGINT/SIGTERM/SIGHUP to us go to every child and end :meth:`Gang.wait`.
+
+    Only installs handlers in the main thread (elsewhere signals cannot be caught); restores the
+    previous handlers on exit.
+    """
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        if gang.signal_received is None:
+            gang.signal_received = signum
+        gang.send_signal(signum)
+
+    previous = {s: signal.signal(s, handler) for s in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def open_log(path: os.PathLike[str] | str) -> IO[bytes]:
+    """Open a rank's log file for appending (binary, unbuffered enough for tailing)."""
+    return open(path, "ab", buffering=0)
+
+
+def tail(path: os.PathLike[str] | str, lines: int = 20) -> str:
+    """Last ``lines`` lines of a text file ('' when missing)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def python_executable() -> str:
+    """The interpreter running us (so ``python`` in a job command means this venv's python)."""
+    return sys.executable

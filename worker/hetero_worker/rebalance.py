@@ -1,0 +1,259 @@
+"""Dynamic rebalancing: re-solve the per-rank split of a constant global batch from measured speeds.
+
+Pure Python (no torch), so the solver is tested without processes.  Every rank measures its compute
+time per step (forward + backward + simulated delay, *not* the wait in the gradient collective) and
+its samples; :func:`pack_stats` lays them out as ``2 * world`` floats that ride in a collective the
+step already does (the rank writes its own slot, zeros elsewhere, SUM gives everyone everything).
+Each rank then runs the same deterministic :class:`Rebalancer` on the same numbers, so all ranks
+agree on the new split without another round trip.
+
+The solver (:meth:`Rebalancer.observe`):
+
+1. time per sample per rank, smoothed with an exponential moving average;
+2. re-solve every ``interval_steps`` steps, or at once when the predicted step time of the current
+   split exceeds the ideal (perfectly balanced) one by more than ``imbalance_threshold``;
+3. target = split proportional to speed (1 / time per sample), memory caps respected, largest
+   remainder rounding, sum = global batch;
+4. move towards the target by at most ``max_change_fraction * global_batch`` samples per rank;
+5. hysteresis: apply only if the predicted step time drops by more than ``min_gain``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RebalanceConfig:
+    """Knobs of the rebalancer.
+
+    Attributes:
+        interval_steps: re-solve at least every this many steps (spec
+            ``training.rebalance.intervalSteps``); 0 disables rebalancing.
+        imbalance_threshold: re-solve at once when predicted step time / ideal step time - 1
+            exceeds this (0.15 = 15 %).
+        max_change_fraction: largest change of one rank's batch per re-solve, as a fraction of the
+            global batch (bounded change).
+        min_gain: hysteresis; a new split must cut the predicted step time by more than this
+            fraction (0.05 = 5 %).
+        ema_alpha: weight of the newest measurement in the moving average of time per sample.
+        min_batch: smallest local batch a rank keeps (>= 1, so every rank stays in the step).
+    """
+
+    interval_steps: int = 10
+    imbalance_threshold: float = 0.15
+    max_change_fraction: float = 0.25
+    min_gain: float = 0.05
+    ema_alpha: float = 0.5
+    min_batch: int = 1
+
+    def __post_init__(self) -> None:
+        if self.interval_steps < 0:
+            raise ValueError(f"rebalance.interval_steps must be >= 0, got {self.interval_steps}")
+        if not 0 < self.ema_alpha <= 1:
+            raise ValueError(f"rebalance.ema_alpha must be in (0, 1], got {self.ema_alpha}")
+        if not 0 < self.max_change_fraction <= 1:
+            raise ValueError("rebalance.max_change_fraction must be in (0, 1], "
+                             f"got {self.max_change_fraction}")
+        if self.min_batch < 1:
+            raise ValueError(f"rebalance.min_batch must be >= 1, got {self.min_batch}")
+
+
+def proportional_split(global_batch: int, speeds: Sequence[float], caps: Sequence[int] | None = None,
+                       *, min_batch: int = 1) -> list[int]:
+    """Split ``global_batch`` proportionally to ``speeds`` under per-rank caps.
+
+    Water-filling: ranks whose proportional share exceeds their cap get the cap and the rest is
+    re-split among the others; then largest-remainder rounding (Hamilton's method).
+
+    Args:
+        global_batch: samples per step over all ranks.
+        speeds: samples/s per rank, all > 0.
+        caps: largest local batch per rank (memory), or None for no cap.
+        min_batch: every rank gets at least this many samples.
+
+    Returns:
+        Local batches, ``sum == global_batch``, ``min_batch <= b[i] <= caps[i]``.
+
+    Raises:
+        ValueError: a speed <= 0, or the caps / minimum cannot hold the global batch.
+    """
+    n = len(speeds)
+    if any(s <= 0 for s in speeds):
+        raise ValueError(f"speeds must be > 0, got {list(speeds)}")
+    cap = list(caps) if caps is not None else [global_batch] * n
+    if sum(cap) < global_batch or min_batch * n > global_batch or min(cap) < min_batch:
+        raise ValueError(f"cannot split {global_batch} over caps {cap} with min {min_batch}")
+    share = [0.0] * n
+    free = set(range(n))
+    left = float(global_batch)
+    while free:
+        total = sum(speeds[i] for i in free)
+        over = [i for i in free if left * speeds[i] / total > cap[i]]
+        if not over:
+            for i in free:
+                share[i] = left * speeds[i] / total
+            break
+        for i in over:
+            share[i] = float(cap[i])
+            left -= cap[i]
+            free.discard(i)
+    return _round_shares(share, global_batch, cap, min_batch)
+
+
+def _round_shares(share: list[float], total: int, cap: list[int], min_batch: int) -> list[int]:
+    out = [max(min_batch, min(cap[i], math.floor(s))) for i, s in enumerate(share)]
+    order = sorted(range(len(share)), key=lambda i: (-(share[i] - math.floor(share[i])), i))
+    k = 0
+    while sum(out) < total:
+        i = order[k % len(order)]
+        if out[i] < cap[i]:
+            out[i] += 1
+        k += 1
+    while sum(out) > total:
+        i = max((j for j in range(len(out)) if out[j] > min_batch), key=lambda j: out[j] - share[j])
+        out[i] -= 1
+    return out
+
+
+def bounded_step(current: Sequence[int], target: Sequence[int], max_change: int) -> list[int]:
+    """Move from ``current`` towards ``target`` by at most ``max_change`` per rank, sum unchanged.
+
+    Both splits must have the same sum.  Increases and decreases are clipped to ``max_change`` and
+    then the larger side is trimmed (largest moves first) to match the smaller, so the result stays
+    between ``current`` and ``target`` rank by rank and keeps the global batch.
+
+    Raises:
+        ValueError: the sums differ or ``max_change < 1``.
+    """
+    if sum(current) != sum(target):
+        raise ValueError(f"splits must have equal sums: {list(current)} vs {list(target)}")
+    if max_change < 1:
+        raise ValueError(f"max_change must be >= 1, got {max_change}")
+    delta = [max(-max_change, min(max_change, t - c)) for c, t in zip(current, target)]
+    excess = sum(delta)
+    sign = 1 if excess > 0 else -1
+    while excess != 0:
+        i = max(range(len(delta)), key=lambda j: (sign * delta[j], -j))
+        delta[i] -= sign
+        excess -= sign
+    return [c + d for c, d in zip(current, delta)]
+
+
+def step_time_s(split: Sequence[int], time_per_sample_s: Sequence[float]) -> float:
+    """Predicted compute time of a step: the slowest rank's ``batch * time per sample``."""
+    return max(b * t for b, t in zip(split, time_per_sample_s))
+
+
+def ideal_step_time_s(global_batch: int, time_per_sample_s: Sequence[float]) -> float:
+    """Step time of a perfect (fractional) split: ``G / sum(1 / t_i)``."""
+    return global_batch / sum(1.0 / t for t in time_per_sample_s)
+
+
+def pack_stats(rank: int, world: int, compute_s: float, samples: int) -> list[float]:
+    """This rank's slot of the ``2 * world`` stats vector (zeros elsewhere; SUM-reduce to merge)."""
+    out = [0.0] * (2 * world)
+    out[2 * rank] = compute_s
+    out[2 * rank + 1] = float(samples)
+    return out
+
+
+def unpack_stats(values: Sequence[float]) -> tuple[list[float], list[int]]:
+    """Inverse of the SUM of :func:`pack_stats` vectors: (compute seconds, samples) per rank."""
+    return [float(v) for v in values[0::2]], [round(v) for v in values[1::2]]
+
+
+@dataclass(kw_only=True)
+class Rebalancer:
+    """Deterministic split controller; every rank runs one on the same merged stats.
+
+    Attributes:
+        config: knobs.
+        split: current local batch per rank (sum = global batch).
+        caps: largest local batch per rank (memory), or None.
+        time_per_sample_s: smoothed seconds per sample per rank (None until measured).
+        last_solve_step: step of the last re-solve.
+        history: ``(step, split)`` for every applied change.
+    """
+
+    config: RebalanceConfig
+    split: list[int]
+    caps: list[int] | None = None
+    time_per_sample_s: list[float] | None = None
+    last_solve_step: int = 0
+    history: list[tuple[int, list[int]]] = field(default_factory=list)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per step over all ranks (constant)."""
+        return sum(self.split)
+
+    def measure(self, compute_s: Sequence[float], samples: Sequence[int]) -> None:
+        """Fold one step's per-rank compute seconds and samples into the moving average."""
+        alpha = self.config.ema_alpha
+        fresh = [c / s if s > 0 else None for c, s in zip(compute_s, samples)]
+        if self.time_per_sample_s is None:
+            if any(f is None or f <= 0 for f in fresh):
+                return
+            self.time_per_sample_s = [float(f) for f in fresh]  # type: ignore[arg-type]
+            return
+        self.time_per_sample_s = [old if f is None or f <= 0 else (1 - alpha) * old + alpha * f
+                                  for old, f in zip(self.time_per_sample_s, fresh)]
+
+    def imbalance(self) -> float:
+        """Predicted step time of the current split over the ideal one, minus 1 (0 = balanced)."""
+        if self.time_per_sample_s is None:
+            return 0.0
+        t = self.time_per_sample_s
+        return step_time_s(self.split, t) / ideal_step_time_s(self.global_batch, t) - 1.0
+
+    def observe(self, step: int, compute_s: Sequence[float], samples: Sequence[int]) -> list[int] | None:
+        """Measure one step and maybe re-solve.
+
+        Args:
+            step: index of the step just finished (increasing).
+            compute_s: compute seconds per rank for that step (comm wait excluded).
+            samples: samples each rank processed in that step.
+
+        Returns:
+            The new split when it changed (applies from the next step), else None.
+        """
+        if self.config.interval_steps == 0:
+            return None
+        self.measure(compute_s, samples)
+        if self.time_per_sample_s is None:
+            return None
+        due = step - self.last_solve_step >= self.config.interval_steps
+        if not due and self.imbalance() <= self.config.imbalance_threshold:
+            return None
+        self.last_solve_step = step
+        candidate = self.propose()
+        t = self.time_per_sample_s
+        if candidate == self.split or step_time_s(candidate, t) >= (1 - self.config.min_gain) * step_time_s(self.split, t):
+            return None
+        self.split = candidate
+        self.history.append((step, list(candidate)))
+        return list(candidate)
+
+    def propose(self) -> list[int]:
+        """The bounded move towards the speed-proportional target (not applied)."""
+        assert self.time_per_sample_s is not None
+        speeds = [1.0 / t for t in self.time_per_sample_s]
+        target = proportional_split(self.global_batch, speeds, self.caps, min_batch=self.config.min_batch)
+        max_change = max(1, round(self.config.max_change_fraction * self.global_batch))
+        return bounded_step(self.split, target, max_change)
+
+    def throughput_by_class(self, classes: Sequence[str]) -> dict[str, float]:
+        """Measured samples/s of one device of each class (mean over its ranks), e.g. for status.
+
+        Args:
+            classes: device class per rank (GPU product), len == world size.
+        """
+        if self.time_per_sample_s is None:
+            return {}
+        per: dict[str, list[float]] = {}
+        for cls, t in zip(classes, self.time_per_sample_s):
+            per.setdefault(cls, []).append(1.0 / t)
+        return {cls: sum(v) / len(v) for cls, v in per.items()}

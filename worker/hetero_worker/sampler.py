@@ -1,0 +1,121 @@
+"""Batch sampler for uneven local batches: equal step counts, each sample once per epoch.
+
+Every epoch draws one permutation of the dataset from ``seed + epoch`` (identical on every rank).
+Step ``s`` consumes the next ``B = sum(local_batches)`` positions of it; rank ``r`` takes the slice
+starting at ``sum(local_batches[:r])`` of length ``local_batches[r]``. Hence
+
+* every rank yields the same number of batches per epoch (it depends on ``B`` only), so no rank
+  takes a different number of optimizer steps;
+* the union of all ranks' batches in an epoch is a set: each sample at most once.
+
+**Remainder rule.** An epoch ends when fewer than ``B`` samples of the permutation remain; those
+are dropped. With a constant ``B`` that is the last ``len(dataset) % B`` samples of the epoch's
+permutation: a different, seed-determined set each epoch, so every sample is used over epochs.
+
+**Split change.** :meth:`HeteroBatchSampler.set_split` between two steps changes the slices from
+the next batch on; since the sampler keeps a cursor into the permutation (not a step index), the
+epoch still covers each sample at most once, and exactly once except the remainder. All ranks must
+make the same change at the same step (the rebalancer decides collectively).
+
+Batches are computed lazily, one per ``next()``: use ``num_workers=0`` (the trainer's loader
+does) so a split change or a checkpoint refers to the batch actually trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+
+class HeteroBatchSampler(Sampler[list[int]]):
+    """Yields this rank's index lists, one per optimizer step.
+
+    Args:
+        num_samples: dataset length (>= global batch).
+        local_batches: samples per step of every rank, ``len == world_size``, all >= 1.
+        rank: this rank.
+        seed: permutation seed, identical on every rank.
+        shuffle: False uses ``0..n-1`` in order every epoch (remainder = the last samples).
+
+    Attributes:
+        epoch: current epoch (advances when an iteration runs to its end).
+        cursor: samples of this epoch's permutation already handed out (all ranks together).
+
+    Raises:
+        ValueError: bad batches or rank, or a dataset smaller than one global batch.
+    """
+
+    def __init__(self, num_samples: int, local_batches: Sequence[int], rank: int, *,
+                 seed: int = 0, shuffle: bool = True) -> None:
+        self.num_samples = int(num_samples)
+        self.rank = rank
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.cursor = 0
+        self.local_batches: tuple[int, ...] = ()
+        self.set_split(local_batches)
+
+    @property
+    def global_batch(self) -> int:
+        """``sum(local_batches)``."""
+        return sum(self.local_batches)
+
+    def set_split(self, local_batches: Sequence[int]) -> None:
+        """Change the split from the next batch on (call at a step boundary on every rank).
+
+        Raises:
+            ValueError: a batch below 1, ``rank`` outside the list, or a global batch larger
+                than the dataset.
+        """
+        batches = tuple(int(b) for b in local_batches)
+        if not batches or min(batches) < 1 or not 0 <= self.rank < len(batches):
+            raise ValueError(f"local_batches must be >= 1 with an entry for rank {self.rank}, "
+                             f"got {list(batches)}")
+        if sum(batches) > self.num_samples:
+            raise ValueError(f"global batch {sum(batches)} exceeds the dataset "
+                             f"({self.num_samples} samples)")
+        self.local_batches = batches
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning."""
+        self.epoch, self.cursor = int(epoch), 0
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The epoch's order of sample indices, ``[num_samples]`` int64, same on every rank."""
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(self.num_samples, generator=generator)
+
+    def __len__(self) -> int:
+        """Batches left in the current epoch under the current split."""
+        return (self.num_samples - self.cursor) // self.global_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = self.permutation(self.epoch)
+        while self.num_samples - self.cursor >= self.global_batch:
+            start = self.cursor + sum(self.local_batches[:self.rank])
+            batch = order[start:start + self.local_batches[self.rank]].tolist()
+            self.cursor += self.global_batch
+            yield batch
+        self.set_epoch(self.epoch + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position for a checkpoint: epoch, cursor, seed, split, dataset length."""
+        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed,
+                "local_batches": list(self.local_batches), "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at a saved position (the split stays as set; the trainer restores it).
+
+        Raises:
+            ValueError: the checkpoint was taken on a dataset of another length or seed.
+        """
+        if state["num_samples"] != self.num_samples or state["seed"] != self.seed:
+            raise ValueError(f"checkpoint sampler is for {state['num_samples']} samples, seed "
+                             f"{state['seed']}; this one has {self.num_samples}, {self.seed}")
+        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])

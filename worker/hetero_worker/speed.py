@@ -1,0 +1,341 @@
+"""Speed features on top of :class:`hetero_worker.trainer.Trainer`: rebalancing, inter-group
+compression, the measured ``auto`` hierarchy.
+
+:func:`attach` wires them into an existing trainer without changing the trainer's code:
+
+* the gradient reduction of :class:`~hetero_worker.sync.WeightedGradSync` is replaced by
+  :class:`CodecReducer` (same weighting, same groups; the leaders' all-reduce goes through the
+  job's codec, and the rebalancer's per-rank stats ride along in the first reduction of each step);
+* :meth:`SpeedController.step` wraps ``Trainer.step``: after each step it merges the stats that
+  travelled with the step's gradients, runs the :class:`~hetero_worker.rebalance.Rebalancer` and
+  applies a new split with ``Trainer.set_split`` (sampler and weights change at the step boundary);
+* with ``HTJ_HIERARCHY=auto`` the link bandwidths are measured once at start-up and the layout is
+  the one :func:`hetero_worker.linkcost.choose_hierarchy` predicts fastest.
+
+Stats lag one step: the stats of step ``s`` ride in step ``s + 1``'s first gradient reduction (the
+compute time of step ``s`` is only known after its backward), so a decision taken after step
+``s + 1`` applies from step ``s + 2``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hetero_worker.compression import CompressionConfig, InterGroupCodec, make_codec
+from hetero_worker.linkcost import LinkModel, RankPlace, choose_hierarchy, predict_modes
+from hetero_worker.rebalance import RebalanceConfig, Rebalancer, pack_stats, unpack_stats
+
+REBALANCE_INTERVAL_ENV = "HTJ_REBALANCE_INTERVAL_STEPS"
+"""Spec ``training.rebalance.intervalSteps``; 0 or unset disables rebalancing."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpeedConfig:
+    """Per-job speed settings.
+
+    Attributes:
+        rebalance: rebalancer knobs (``interval_steps == 0`` disables it).
+        compression: inter-group codec.
+    """
+
+    rebalance: RebalanceConfig = field(default_factory=lambda: RebalanceConfig(interval_steps=0))
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SpeedConfig:
+        """Read ``HTJ_REBALANCE_INTERVAL_STEPS``, ``HTJ_COMPRESSION``, ``HTJ_POWERSGD_RANK``.
+
+        Raises:
+            ValueError: a malformed value (the message names the variable).
+        """
+        env = os.environ if environ is None else environ
+        raw = env.get(REBALANCE_INTERVAL_ENV, "") or "0"
+        try:
+            interval = int(raw)
+        except ValueError:
+            raise ValueError(f"{REBALANCE_INTERVAL_ENV} must be an integer, got {raw!r}") from None
+        return cls(rebalance=RebalanceConfig(interval_steps=interval),
+                   compression=CompressionConfig.from_env(env))
+
+
+class CodecReducer:
+    """Weighted hierarchical SUM with a codec on the leaders' link and stats piggyback.
+
+    Args:
+        sync: the trainer's :class:`~hetero_worker.sync.WeightedGradSync` (weight, groups,
+            byte counter and comm timer are shared with it).
+        compression: codec choice; codecs are kept per DDP bucket (error feedback state).
+    """
+
+    def __init__(self, sync: Any, compression: CompressionConfig) -> None:
+        self.sync = sync
+        self.compression = compression
+        self.codecs: dict[int, InterGroupCodec] = {}
+        self.pending: torch.Tensor | None = None
+        self.merged: torch.Tensor | None = None
+
+    @property
+    def codec_bytes_sent(self) -> int:
+        """Bytes this leader's codecs put on the leaders' link so far."""
+        return sum(c.bytes_sent for c in self.codecs.values())
+
+    def set_pending(self, stats: Sequence[float]) -> None:
+        """Stats to append to the next reduction (one float per slot, this rank's slots only)."""
+        self.pending = torch.tensor(list(stats), dtype=torch.float32)
+
+    def take_merged(self) -> torch.Tensor | None:
+        """The SUM of every rank's stats from the last reduction that carried them."""
+        merged, self.merged = self.merged, None
+        return merged
+
+    def reduce_views_(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None,
+                      key: int = 0) -> torch.Tensor:
+        """Weight ``flat`` and SUM it over all ranks in place; ``shapes`` split it for PowerSGD.
+
+        Args:
+            flat: 1-D gradient buffer (CPU or CUDA), overwritten with the weighted sum.
+            shapes: gradient shapes laid out back to back in ``flat`` (None: one 1-D tensor).
+            key: codec slot (the DDP bucket index).
+        """
+        flat.mul_(self.sync.weight)
+        start = time.perf_counter()
+        stats, self.pending = self.pending, None
+        n = flat.numel()
+        wire = flat if stats is None else torch.cat([flat, stats.to(flat.device, flat.dtype)])
+        sent = self._reduce(wire, n, shapes or [torch.Size([n])], key, stats is not None)
+        if stats is not None:
+            flat.copy_(wire[:n])
+            self.merged = wire[n:].float().cpu()
+        self.sync.comm_s += time.perf_counter() - start
+        if sent:
+            self.sync.inter_group_bytes += sent
+            if self.sync.on_inter_group_bytes is not None:
+                self.sync.on_inter_group_bytes(sent)
+        return flat
+
+    def _reduce(self, wire: torch.Tensor, n: int, shapes: Sequence[torch.Size], key: int,
+                has_stats: bool) -> int:
+        groups = self.sync.groups
+        nbytes = n * wire.element_size()
+        if groups.layout.is_flat:
+            dist.all_reduce(wire, group=groups.intra)
+            return nbytes if groups.intra_crosses else 0
+        sent = 0
+        multi = len(groups.intra_ranks) > 1
+        if multi:
+            dist.reduce(wire, dst=groups.leader, group=groups.intra)
+            sent += nbytes if groups.intra_crosses else 0
+        if groups.leaders is not None:
+            sent += self._leaders(wire, n, shapes, key, has_stats)
+        if multi:
+            dist.broadcast(wire, src=groups.leader, group=groups.intra)
+        return sent
+
+    def _leaders(self, wire: torch.Tensor, n: int, shapes: Sequence[torch.Size], key: int,
+                 has_stats: bool) -> int:
+        codec = self.codecs.get(key)
+        if codec is None:
+            codec = self.codecs[key] = make_codec(self.compression, seed=key)
+        host = wire if wire.device.type == "cpu" else wire.cpu()
+        views, offset = [], 0
+        for shape in shapes:
+            views.append(host[offset:offset + shape.numel()].view(shape))
+            offset += shape.numel()
+        before = codec.bytes_sent
+        codec.allreduce_(views, self.sync.groups.leaders, exact=host[n:] if has_stats else None)
+        if host is not wire:
+            wire.copy_(host)
+        return codec.bytes_sent - before if self.sync.groups.leaders_cross else 0
+
+    def sync_after_backward(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Manual mode (no DDP): reduce all gradients at once, shapes known for PowerSGD."""
+        params = [p for p in parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        self.reduce_views_(flat, [p.shape for p in params], key=0)
+        offset = 0
+        for p in params:
+            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
+    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
+        """Install :func:`codec_hook` on a DDP model."""
+        ddp_model.register_comm_hook(self, codec_hook)
+
+
+def codec_hook(reducer: CodecReducer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: the reducer's weighted hierarchical sum of one bucket (blocking)."""
+    shapes = [p.shape for p in bucket.parameters()]
+    result = reducer.reduce_views_(bucket.buffer(), shapes, key=bucket.index())
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(result)
+    return future
+
+
+class SpeedController:
+    """Runs the rebalancer around ``Trainer.step``; build it with :func:`attach`.
+
+    Attributes:
+        trainer: the wrapped trainer.
+        reducer: the gradient reducer installed in it.
+        rebalancer: the split controller (``None`` when rebalancing is off).
+        chosen_hierarchy: the layout mode in use.
+        predicted_sync_s: cost-model seconds per mode (``auto`` only).
+    """
+
+    def __init__(self, trainer: Any, config: SpeedConfig) -> None:
+        self.trainer = trainer
+        self.config = config
+        self.reducer = CodecReducer(trainer.sync, config.compression)
+        self.rebalancer = (Rebalancer(config=config.rebalance, split=list(trainer.local_batches))
+                           if config.rebalance.interval_steps > 0 else None)
+        self.chosen_hierarchy = trainer.layout.mode
+        self.predicted_sync_s: dict[str, float] = {}
+        self.link: LinkModel | None = None
+        self.world = dist.get_world_size()
+
+    def step(self, optimizer: torch.optim.Optimizer, loss_fn: Any) -> Any:
+        """``Trainer.step`` plus the rebalancing bookkeeping; returns the trainer's result."""
+        batch = self.trainer.local_batch
+        result = self.trainer.step(optimizer, loss_fn)
+        merged = self.reducer.take_merged()
+        if self.rebalancer is not None and merged is not None:
+            compute_s, samples = unpack_stats(merged.tolist())
+            new_split = self.rebalancer.observe(self.trainer.global_step - 1, compute_s, samples)
+            if new_split is not None:
+                self.trainer.set_split(new_split)
+        if self.rebalancer is not None:
+            self.reducer.set_pending(pack_stats(self.trainer.rank, self.world, result.compute_s, batch))
+        return result
+
+    def throughput_by_class(self) -> dict[str, float]:
+        """Measured samples/s of one device per GPU product (for job status and the planner)."""
+        if self.rebalancer is None:
+            return {}
+        return self.rebalancer.throughput_by_class([e.gpu_product for e in self.trainer.contract.topology])
+
+
+def attach(trainer: Any, config: SpeedConfig | None = None) -> SpeedController:
+    """Install the speed features on ``trainer`` (call on every rank, before ``trainer.wrap``).
+
+    ``trainer.wrap`` then first measures the links and re-lays the groups when the contract says
+    ``auto`` (collective; the gradient size is known there), and installs :class:`CodecReducer`.
+
+    Args:
+        trainer: a :class:`hetero_worker.trainer.Trainer` not yet wrapped around a model.
+        config: default :meth:`SpeedConfig.from_env`.
+
+    Returns:
+        The :class:`SpeedController`; call its :meth:`~SpeedController.step` instead of
+        ``trainer.step``.
+
+    Raises:
+        RuntimeError: the trainer already wrapped a model.
+    """
+    if trainer.model is not None:
+        raise RuntimeError("attach() must run before Trainer.wrap()")
+    controller = SpeedController(trainer, config or SpeedConfig.from_env())
+    original_wrap = trainer.wrap
+
+    def wrap(model: torch.nn.Module) -> torch.nn.Module:
+        if trainer.contract.hierarchy == "auto":
+            grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+            link, costs, mode = measure_and_choose(trainer, grad_bytes=grad_bytes)
+            _relayout(trainer, mode)
+            controller.link, controller.predicted_sync_s = link, costs
+            controller.chosen_hierarchy = mode
+        return original_wrap(model)
+
+    trainer.wrap = wrap
+    trainer.sync.register = controller.reducer.register
+    trainer.sync.sync_after_backward = controller.reducer.sync_after_backward
+    return controller
+
+
+def _relayout(trainer: Any, mode: str) -> None:
+    from hetero_worker.groups import build_process_groups
+    from hetero_worker.topology import build_layout
+    if mode == trainer.layout.mode:
+        return
+    trainer.layout = build_layout(trainer.contract.topology, mode)
+    trainer.groups = build_process_groups(
+        trainer.layout, trainer.rank, topology_group_of=[e.group for e in trainer.contract.topology],
+        intra_backend="nccl" if trainer.device.type == "cuda" else "gloo")
+    trainer.sync.groups = trainer.groups
+
+
+def places_of(topology: Sequence[Any]) -> list[RankPlace]:
+    """:class:`RankPlace` per rank from the contract's topology entries."""
+    return [RankPlace(node=e.node, arch=e.compute_capability, group=e.group) for e in topology]
+
+
+def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
+                       probe_bytes: int = 1 << 20) -> tuple[LinkModel, dict[str, float], str]:
+    """Measure intra- and inter-node bandwidth once, then pick the cheapest hierarchy.
+
+    Collective on all ranks.  The probe builds the node layout's groups, times a ``probe_bytes``
+    all-reduce inside every node and one among the node leaders, and a 4-byte one for latency;
+    the times are MAX-reduced so every rank computes the same choice.
+
+    Args:
+        trainer: the trainer (contract topology, rank).
+        grad_bytes: fp32 gradient bytes per rank (default: 100 MiB; only the ratio between modes
+            matters once bandwidth dominates).
+        probe_bytes: bytes per probe all-reduce.
+
+    Returns:
+        ``(link model, predicted seconds per mode, chosen mode)``.
+    """
+    from hetero_worker.groups import build_process_groups
+    from hetero_worker.topology import build_layout
+    topology = trainer.contract.topology
+    places = places_of(topology)
+    layout = build_layout(topology, "node")
+    groups = build_process_groups(layout, trainer.rank, topology_group_of=[e.group for e in topology])
+    times = torch.zeros(4, dtype=torch.float64)
+    inner = len(groups.intra_ranks) > 1 and not layout.is_flat
+    if inner:
+        times[0], times[1] = _time_allreduce(probe_bytes, groups.intra), _time_allreduce(4, groups.intra)
+    dist.barrier()
+    if groups.leaders is not None:
+        times[2], times[3] = _time_allreduce(probe_bytes, groups.leaders), _time_allreduce(4, groups.leaders)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    link = _link_from_times(times.tolist(), probe_bytes, layout)
+    costs = predict_modes(places, grad_bytes or float(100 << 20), link)
+    return link, costs, choose_hierarchy(places, grad_bytes or float(100 << 20), link)
+
+
+def _time_allreduce(nbytes: int, group: Any, repeats: int = 3) -> float:
+    t = torch.zeros(max(nbytes // 4, 1))
+    dist.all_reduce(t, group=group)  # warm-up (connections)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dist.all_reduce(t, group=group)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _link_from_times(times: Sequence[float], probe_bytes: int, layout: Any) -> LinkModel:
+    """Bandwidth = ring bytes per rank / (time - latency part); defaults where not measurable."""
+    def model(total_s: float, small_s: float, n: int, default_bw: float) -> tuple[float, float]:
+        if n < 2 or total_s <= 0:
+            return default_bw, 20e-6
+        hops = 2 * (n - 1)
+        latency_s = small_s / hops
+        transfer_s = max(total_s - small_s, 1e-9)
+        return 2 * (n - 1) / n * probe_bytes / transfer_s, latency_s
+    node_size = max(len(g) for g in layout.groups)
+    intra_bw, intra_lat = model(times[0], times[1], node_size, 10e9)
+    inter_bw, inter_lat = model(times[2], times[3], len(layout.groups), intra_bw)
+    return LinkModel(intra_bw_bytes_per_s=intra_bw, inter_bw_bytes_per_s=inter_bw,
+                     intra_latency_s=intra_lat, inter_latency_s=inter_lat)

@@ -1,0 +1,361 @@
+"""The user-facing training API: one object that turns a script into a heterogeneous DDP rank.
+
+Example (the whole surface; see docs/worker.md)::
+
+    from hetero_worker import trainer as ht
+    t = ht.init()                                    # contract from env, rendezvous, groups
+    model = t.wrap(Net())                            # DDP + weighted hierarchical comm hook
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    loader = t.loader(dataset)                       # this rank's uneven batches
+    t.resume(opt)                                    # no-op without a checkpoint
+    while t.epoch < epochs:
+        for x, y in loader:
+            t.step(opt, lambda m: F.cross_entropy(m(t.to_device(x)), t.to_device(y)))
+    t.close()
+
+``step`` runs forward and loss under the rank's autocast precision, backward (gradients are
+weighted by ``local_batch / global_batch`` and summed hierarchically inside backward), the
+fp16 scaler with cross-rank skip agreement, the optimizer step, and records step / compute /
+communication-wait time, samples and loss to the rank's metrics.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hetero_worker import checkpoint, rendezvous, simulate
+from hetero_worker.contract import Contract, ContractError, parse_contract
+from hetero_worker.groups import build_process_groups
+from hetero_worker.precision import PrecisionPolicy
+from hetero_worker.sampler import HeteroBatchSampler
+from hetero_worker.simulate import simulate_compute
+from hetero_worker.sync import WeightedGradSync
+from hetero_worker.topology import build_layout
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepResult:
+    """What one :meth:`Trainer.step` did.
+
+    Attributes:
+        loss: this rank's mean loss over its local batch.
+        skipped: True when the optimizer step was skipped on every rank (inf/NaN under fp16).
+        step_s: wall seconds of the step; compute_s + comm_wait_s == step_s.
+        compute_s: forward, backward, simulated delay and optimizer time.
+        comm_wait_s: seconds inside collectives, including waiting for slower ranks.
+    """
+
+    loss: float
+    skipped: bool
+    step_s: float
+    compute_s: float
+    comm_wait_s: float
+
+
+class _NullMetrics:
+    """Stands in for ``hetero_worker.metrics.WorkerMetrics`` when it is unavailable."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def _make_metrics(contract: Contract) -> Any:
+    try:
+        from hetero_worker.metrics import WorkerMetrics
+    except ImportError:
+        return _NullMetrics()
+    return WorkerMetrics(contract)
+
+
+class Trainer:
+    """One rank of a heterogeneous data-parallel job. Build it with :func:`init`.
+
+    Args:
+        contract: the parsed contract of this rank.
+        delay_per_sample_s: simulated seconds per sample at speed 1.0 (None: from env).
+        seed: seed of model init (same on every rank) and of the sampler.
+        sync_mode: ``"hook"`` (DDP comm hook) or ``"manual"`` (no DDP; one flattened reduction
+            right after backward).
+
+    Attributes:
+        global_step: optimizer steps taken (skipped ones included), restored by :meth:`resume`.
+        local_batches: the current split, ``len == world_size``.
+    """
+
+    def __init__(self, contract: Contract, *, delay_per_sample_s: float | None = None,
+                 seed: int = 0, sync_mode: str = "hook") -> None:
+        if sync_mode not in ("hook", "manual"):
+            raise ValueError(f"sync_mode must be 'hook' or 'manual', got {sync_mode!r}")
+        self.contract = contract
+        self.rank = contract.rank
+        self.seed = seed
+        self.sync_mode = sync_mode
+        use_cuda = torch.cuda.is_available() and not contract.device.simulated
+        self.device = torch.device(f"cuda:{contract.local_rank}" if use_cuda else "cpu")
+        self.delay_per_sample_s = (delay_per_sample_s if delay_per_sample_s is not None
+                                   else simulate.delay_per_sample_s())
+        self.precision = PrecisionPolicy(precision=contract.precision,
+                                         device_type=self.device.type)
+        self.local_batches = list(contract.local_batches)
+        self.layout = build_layout(contract.topology, contract.hierarchy)
+        self.groups = build_process_groups(
+            self.layout, self.rank, topology_group_of=[e.group for e in contract.topology],
+            intra_backend="nccl" if use_cuda else "gloo")
+        self.metrics = _make_metrics(contract)
+        self.sync = WeightedGradSync(self.groups, self.local_batches,
+                                     on_inter_group_bytes=self.metrics.add_inter_group_bytes)
+        self.scaler = self.precision.make_scaler()
+        self.sampler: HeteroBatchSampler | None = None
+        self.model: torch.nn.Module | None = None
+        self.module: torch.nn.Module | None = None
+        self.global_step = 0
+        self.totals = {"steps": 0, "samples": 0, "step_s": 0.0, "compute_s": 0.0,
+                       "comm_wait_s": 0.0, "skipped": 0}
+        self.metrics.start_server()
+        self.metrics.set_local_batch(self.local_batches[self.rank])
+
+    # --- setup ------------------------------------------------------------------------------
+    @property
+    def local_batch(self) -> int:
+        """This rank's samples per step."""
+        return self.local_batches[self.rank]
+
+    @property
+    def epoch(self) -> int:
+        """Current epoch of the loader's sampler (0 before :meth:`loader`)."""
+        return self.sampler.epoch if self.sampler is not None else 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Move ``model`` to the rank's device and make it data-parallel.
+
+        In ``hook`` mode returns a ``DistributedDataParallel`` whose communication hook is the
+        weighted hierarchical sum (:mod:`hetero_worker.sync`); in ``manual`` mode returns the
+        model itself after broadcasting rank 0's parameters.
+        """
+        self.module = model.to(self.device)
+        if self.sync_mode == "manual":
+            for tensor in self.module.state_dict().values():
+                dist.broadcast(tensor, src=0)
+            self.model = self.module
+            return self.model
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(self.module, device_ids=device_ids)
+        self.sync.register(ddp)
+        self.model = ddp
+        return ddp
+
+    def loader(self, dataset: Any, *, shuffle: bool = True,
+               collate_fn: Callable[..., Any] | None = None) -> torch.utils.data.DataLoader:
+        """A ``DataLoader`` over this rank's uneven batches (:class:`HeteroBatchSampler`).
+
+        Iterating it runs one epoch; every rank gets the same number of batches. Uses
+        ``num_workers=0`` so split changes and checkpoints refer to the batch being trained.
+        """
+        self.sampler = HeteroBatchSampler(len(dataset), self.local_batches, self.rank,
+                                          seed=self.seed, shuffle=shuffle)
+        return torch.utils.data.DataLoader(dataset, batch_sampler=self.sampler,
+                                           collate_fn=collate_fn, num_workers=0)
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` on this rank's device."""
+        return tensor.to(self.device, non_blocking=True)
+
+    def set_split(self, local_batches: Sequence[int]) -> None:
+        """Change the batch split at a step boundary (same call on every rank)."""
+        self.local_batches = [int(b) for b in local_batches]
+        self.sync.set_split(self.local_batches)
+        if self.sampler is not None:
+            self.sampler.set_split(self.local_batches)
+        self.metrics.set_local_batch(self.local_batch)
+        self.metrics.record_rebalance()
+
+    # --- training ---------------------------------------------------------------------------
+    def step(self, optimizer: torch.optim.Optimizer,
+             loss_fn: Callable[[torch.nn.Module], torch.Tensor]) -> StepResult:
+        """One optimizer step on every rank.
+
+        Args:
+            optimizer: over the wrapped model's parameters.
+            loss_fn: ``loss_fn(model)`` returns this rank's *mean* loss over its local batch
+                (a scalar tensor); it runs under the rank's autocast.
+
+        Returns:
+            The :class:`StepResult`.
+        """
+        if self.model is None:
+            raise RuntimeError("call Trainer.wrap(model) before step()")
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        simulate_compute(self.contract.device, self.local_batch, self.delay_per_sample_s)
+        with self.precision.autocast():
+            loss = loss_fn(self.model)
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        if self.sync_mode == "manual":
+            self.sync.sync_after_backward(self.model.parameters())
+        skipped = self._optimizer_step(optimizer)
+        step_s = time.perf_counter() - start
+        return self._record(loss.detach().float().item(), skipped, step_s)
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        if self.scaler is None:
+            optimizer.step()
+            return False
+        start = time.perf_counter()
+        self.scaler.unscale_(optimizer)  # all-reduces the found-inf flag
+        self.sync.comm_s += time.perf_counter() - start
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self.scaler.last_found_inf
+
+    def _record(self, loss: float, skipped: bool, step_s: float) -> StepResult:
+        comm_s = min(self.sync.take_comm_s(), step_s)
+        result = StepResult(loss=loss, skipped=skipped, step_s=step_s,
+                            compute_s=step_s - comm_s, comm_wait_s=comm_s)
+        self.global_step += 1
+        for key, value in (("steps", 1), ("samples", self.local_batch), ("step_s", step_s),
+                           ("compute_s", result.compute_s), ("comm_wait_s", comm_s),
+                           ("skipped", int(skipped))):
+            self.totals[key] += value
+        self.metrics.observe_step(step_s, result.compute_s, comm_s, self.local_batch, loss)
+        if skipped:
+            self.metrics.record_skipped_step()
+        return result
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def _checkpoint_dir(self, directory: str | None) -> str:
+        chosen = directory or self.contract.checkpoint_dir
+        if not chosen:
+            raise ValueError("no checkpoint directory: set HTJ_CHECKPOINT_DIR or pass one")
+        return chosen
+
+    def save_checkpoint(self, optimizer: torch.optim.Optimizer,
+                        directory: str | None = None) -> str:
+        """Write a checkpoint (collective; rank 0 writes atomically). Returns its path."""
+        assert self.module is not None, "wrap a model first"
+        path = checkpoint.save_checkpoint(
+            self._checkpoint_dir(directory), step=self.global_step, model=self.module,
+            optimizer=optimizer, scaler=self.scaler, sampler=self.sampler,
+            extra={"local_batches": self.local_batches})
+        return str(path)
+
+    def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
+        """Restore the latest checkpoint if there is one; True when resumed.
+
+        Restores model, optimizer, scaler, sampler position, split (if the world size is the
+        same) and RNG states; :attr:`global_step` continues from the saved step.
+        """
+        assert self.module is not None, "wrap a model first"
+        chosen = directory or self.contract.checkpoint_dir
+        if not chosen:
+            return False
+        state = checkpoint.load_checkpoint(chosen, model=self.module, optimizer=optimizer,
+                                           scaler=self.scaler, sampler=self.sampler)
+        if state is None:
+            return False
+        saved_split = state["extra"].get("local_batches")
+        if saved_split and len(saved_split) == len(self.local_batches):
+            self.local_batches = list(saved_split)
+            self.sync.set_split(self.local_batches)
+            if self.sampler is not None:
+                self.sampler.set_split(self.local_batches)
+        self.global_step = int(state["step"])
+        return True
+
+    # --- results ----------------------------------------------------------------------------
+    def rank_summary(self) -> dict[str, Any]:
+        """This rank's totals: device, batch, samples/s, share of step time spent waiting."""
+        step_s = self.totals["step_s"] or float("nan")
+        return {"rank": self.rank, "group": self.contract.group,
+                "gpu_product": self.contract.device.product,
+                "relative_speed": self.contract.device.relative_speed,
+                "precision": self.contract.precision, "local_batch": self.local_batch,
+                "steps": self.totals["steps"], "samples": self.totals["samples"],
+                "samples_per_s": self.totals["samples"] / step_s,
+                "wait_share": self.totals["comm_wait_s"] / step_s,
+                "skipped_steps": self.totals["skipped"]}
+
+    def gather_summaries(self) -> list[dict[str, Any]]:
+        """Every rank's :meth:`rank_summary`, ordered by rank (collective)."""
+        summaries: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(summaries, self.rank_summary())
+        return summaries
+
+    def close(self) -> None:
+        """Flush metrics and leave the process group."""
+        self.metrics.update_device()
+        self.metrics.flush()
+        self.metrics.stop_server()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch, Python and NumPy identically on every rank (same initial model)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
+         delay_per_sample_s: float | None = None, sync_mode: str = "hook",
+         rendezvous_timeout_s: float | None = None) -> Trainer:
+    """Parse the contract, join the job and build the :class:`Trainer`.
+
+    Args:
+        environ: defaults to ``os.environ``.
+        seed: model-init and sampler seed (same on every rank).
+        delay_per_sample_s: simulated seconds per sample (None: ``HTJ_SIM_DELAY_PER_SAMPLE_S``).
+        sync_mode: ``"hook"`` or ``"manual"``.
+        rendezvous_timeout_s: None reads ``HTJ_RENDEZVOUS_TIMEOUT_S`` (default 600 s).
+
+    Raises:
+        ContractError: a contract variable is missing, malformed or inconsistent.
+        RendezvousTimeout: rank 0 did not become reachable in time.
+    """
+    env = os.environ if environ is None else environ
+    contract = parse_contract(env)
+    if delay_per_sample_s is None:
+        delay_per_sample_s = simulate.delay_per_sample_s(env)
+    if rendezvous_timeout_s is None:
+        rendezvous_timeout_s = rendezvous.timeout_from_env(env)
+    use_cuda = torch.cuda.is_available() and not contract.device.simulated
+    if use_cuda:
+        torch.cuda.set_device(contract.local_rank)
+    rendezvous.init_distributed(
+        rank=contract.rank, world_size=contract.world_size, master_addr=contract.master_addr,
+        master_port=contract.master_port,
+        backend="cpu:gloo,cuda:nccl" if use_cuda else "gloo", timeout_s=rendezvous_timeout_s)
+    seed_everything(seed)
+    return Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
+                   sync_mode=sync_mode)
+
+
+def exit_on_setup_error(main: Callable[[], int | None]) -> int:
+    """Run ``main``; turn a bad contract or a rendezvous timeout into a message and exit code.
+
+    Returns:
+        ``main``'s code; 2 for a :class:`ContractError` (a contract variable or an ``HTJ_*``
+        knob; the message names it), 3 for :class:`~hetero_worker.rendezvous.RendezvousTimeout`.
+    """
+    try:
+        return int(main() or 0)
+    except ContractError as exc:
+        print(f"heterotrain worker: invalid contract: {exc}", file=sys.stderr)
+        return 2
+    except rendezvous.RendezvousTimeout as exc:
+        print(f"heterotrain worker: {exc}", file=sys.stderr)
+        return 3
