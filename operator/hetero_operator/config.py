@@ -99,7 +99,7 @@ class OperatorConfig:
         values: dict[str, Any] = {}
         for f in fields(cls):
             var = "HTJ_" + f.name.upper()
-            if var in env and env[var] != "":
+            if var in env and (env[var] != "" or f.name == "peering"):
                 values[f.name] = _parse(f.name, var, env[var])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

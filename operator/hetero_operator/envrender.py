@@ -3,7 +3,8 @@
 The operator and the embedded ``heterotrain run`` launcher both call :func:`render_rank_envs`; the
 operator then turns local rank 0 of each group into the pod form with
 ``hetero_worker.contract.pod_env``.  One pod per group, so ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are the
-rank's position in its group and the group's size.
+rank's position in its group and the group's size.  The pod form carries local rank 0's
+``HTJ_METRICS_PORT``; ``heterotrain launch`` adds the local rank, matching the rank form here.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
             group_rank=r.group_rank, group_size=len(group.ranks), local_batch_size=r.local_batch,
             global_batch_size=job.training.global_batch_size, precision=r.precision,
             hierarchy=hierarchy, device=device, topology=topology, metrics_port=port,
-            checkpoint_dir=ckpt, extra=dict(group.extra_env))
+            checkpoint_dir=ckpt, extra=dict(group.extra_env),
+            checkpoint_interval_steps=job.training.checkpoint_interval_steps,
+            rebalance_interval_steps=job.training.rebalance_interval_steps,
+            compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank)
         envs.append(render_rank_env(contract))
     return envs

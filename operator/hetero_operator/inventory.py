@@ -6,7 +6,8 @@ then the device classes from GPU Feature Discovery labels and ``status.allocatab
 * whole GPUs: resource ``nvidia.com/gpu``; count from allocatable (``gpu.count`` only when the
   object has no allocatable map at all, as in trimmed fixtures);
 * MIG **single** strategy: product ``<model>-MIG-<profile>``, resource ``nvidia.com/gpu``, memory
-  from ``gpu.memory`` (the slice's);
+  from ``gpu.memory`` (the slice's); without the suffix but with ``gpu.memory`` far below the
+  product's, the profile is read from ``mig.config=all-<profile>``;
 * MIG **mixed** strategy: per-profile labels ``nvidia.com/mig-<profile>.*`` and resources
   ``nvidia.com/mig-<profile>``; the parent's ``gpu.memory`` is never a slice's budget;
 * time-slicing / MPS (``-SHARED`` product, ``gpu.sharing-strategy`` not ``none``, or allocatable
@@ -221,6 +222,8 @@ def _whole_or_single(labels: Mapping[str, str], alloc: Mapping[str, int] | None,
         return []
     in_use = used.get(gfd.GPU_RESOURCE, 0)
     mem_label = gfd.read_int(labels, gfd.MEMORY)
+    if not product.mig_profile:
+        product = _single_strategy_without_suffix(labels, product, mem_label)
     if product.mig_profile:
         slices = gfd.profile_slices(product.mig_profile)
         mem = mem_label or gfd.profile_memory_mib(product.mig_profile)
@@ -241,6 +244,32 @@ def _whole_or_single(labels: Mapping[str, str], alloc: Mapping[str, int] | None,
         free = min(total, max(0, advertised - in_use))
     return [Device(**common, memory_mib=mem, resource_name=gfd.GPU_RESOURCE, total=total, free=free,
                    relative_speed=speed, time_sliced_replicas=replicas)]
+
+
+def _single_strategy_without_suffix(labels: Mapping[str, str], product: gfd.ProductName,
+                                    mem_label: int | None) -> gfd.ProductName:
+    """Under ``mig.strategy=single``, a ``gpu.memory`` far below the product's nominal memory
+    means ``nvidia.com/gpu`` is a MIG slice even without the ``-MIG-`` suffix (case 03's rule).
+
+    The profile comes from ``mig.config=all-<profile>``.
+
+    Raises:
+        _Excluded: ``MalformedLabels`` when the profile cannot be told.
+    """
+    nominal = memory_from_name(product.base) or _table_memory(product.base)
+    if (labels.get(gfd.MIG_STRATEGY) != "single" or not mem_label or not nominal
+            or mem_label >= nominal * 0.6):
+        return product
+    config = str(labels.get(gfd.MIG_CONFIG, ""))
+    profile = config[len("all-"):] if config.startswith("all-") else ""
+    try:
+        gfd.profile_slices(profile)
+    except gfd.LabelError:
+        raise _Excluded(model.MALFORMED_LABELS, f"{gfd.MEMORY}={mem_label} is far below "
+                        f"{product.base}'s {nominal} MiB under mig.strategy=single, but neither the "
+                        f"product nor {gfd.MIG_CONFIG}={config or '(missing)'} names the MIG profile"
+                        ) from None
+    return gfd.ProductName(base=product.base, mig_profile=profile, shared=product.shared)
 
 
 def _mixed_mig(labels: Mapping[str, str], alloc: Mapping[str, int] | None, used: Mapping[str, int],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -30,7 +31,8 @@ def load_configuration() -> kubernetes.client.Configuration:
     try:
         kubernetes.config.load_incluster_config(client_configuration=config)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=config)
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                           client_configuration=config)
     return config
 
 

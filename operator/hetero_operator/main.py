@@ -23,6 +23,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     await runner.on_startup(settings, memo)
 
 
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    return runner.login()
+
+
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await runner.on_cleanup(memo)

@@ -120,8 +120,8 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
     console = console or Console(width=max(140, Console().width))
     if isinstance(result, Plan):
         total_speed = sum(r.relative_speed for r in result.ranks)
-        table = Table(title=f"Plan for {job.name}: {result.world_size} ranks on "
-                            f"{len(result.nodes)} nodes, {len(result.groups)} groups")
+        table = Table(title=f"Plan for {job.name}: {_n(result.world_size, 'rank')} on "
+                            f"{_n(len(result.nodes), 'node')}, {_n(len(result.groups), 'group')}")
         for col in ("rank", "group", "node", "device", "resource", "image", "precision", "batch",
                     "share"):
             table.add_column(col, overflow="fold",
@@ -146,6 +146,10 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
                 table.add_row(s.gpu_type, str(s.need), str(s.free), "; ".join(s.reasons))
             console.print(table)
     _print_excluded(result, console)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _print_excluded(result: Plan | Unschedulable, console: Any) -> None:

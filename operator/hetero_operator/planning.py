@@ -115,54 +115,55 @@ def plan_job(job: JobSpec, inventory: Inventory) -> Plan | model.Unschedulable:
 # --- eligibility -----------------------------------------------------------------------------
 
 def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list[ExcludedNode]]:
-    """Eligible device classes (free > 0 or not) and job-specific node exclusions."""
+    """Eligible device classes (free > 0 or not) and job-specific node exclusions.
+
+    Everything that depends only on the device class and the node's CUDA (filters, speed,
+    precision, memory cap, image) is computed once per distinct key: inventories repeat a few.
+    """
     pools: list[Pool] = []
     excluded: list[ExcludedNode] = []
-    device_cache: dict[tuple, tuple[str, str] | None] = {}
-    image_cache: dict[tuple, tuple[str, str]] = {}
+    cache: dict[tuple, tuple] = {}
     for node in inventory.nodes:
-        reasons: list[tuple[str, str]] = []
-        node_pools: list[Pool] = []
+        first_rejection: tuple[str, str] | None = None
+        found = False
         for dev in node.devices:
-            key = (dev.product, dev.mig_profile, dev.memory_mib, dev.compute_capability)
-            if key not in device_cache:
-                device_cache[key] = device_rejection(job, dev)
-            rejection = device_cache[key]
-            if rejection is None:
-                image, why = _image(job, node, dev, image_cache)
-                rejection = None if image or not job.images else (model.NO_COMPATIBLE_IMAGE, why)
-            if rejection is not None:
-                reasons.append(rejection)
+            key = (dev.product, dev.mig_profile, dev.memory_mib, dev.compute_capability,
+                   dev.relative_speed, dev.compute_slices, node.max_cuda, node.driver_version)
+            facts = cache.get(key)
+            if facts is None:
+                facts = cache[key] = _class_facts(job, node, dev)
+            if len(facts) == 2:  # (reason, message)
+                first_rejection = first_rejection or facts  # type: ignore[assignment]
                 continue
-            node_pools.append(_pool(job, dev, image))
-        if node_pools:
-            pools.extend(node_pools)
-        elif reasons:
-            reason, message = reasons[0]
+            speed, precision, cap, image = facts
+            pools.append(Pool(device=dev, speed=speed, image=image, precision=precision, cap=cap,
+                              free=dev.free))
+            found = True
+        if not found and first_rejection is not None:
+            reason, message = first_rejection
             excluded.append(ExcludedNode(node=node.name, reason=reason, message=message,
                                          gpu_type=node.devices[0].gpu_type))
     return pools, excluded
 
 
-def _image(job: JobSpec, node: NodeInventory, dev: Device, cache: dict) -> tuple[str, str]:
-    if not job.images:
-        return "", ""
-    key = (node.max_cuda, dev.compute_capability, node.driver_version)
-    if key not in cache:
+def _class_facts(job: JobSpec, node: NodeInventory, dev: Device) -> tuple:
+    """``(reason, message)`` when the job cannot use the device class on such a node, else
+    ``(speed after overrides, precision, memory cap, image)``."""
+    rejection = device_rejection(job, dev)
+    if rejection is not None:
+        return rejection
+    image = ""
+    if job.images:
         choice = choose_image(job.images, compute_capability=dev.compute_capability,
                               max_cuda=node.max_cuda, driver_version=node.driver_version)
-        cache[key] = (choice.image, choice.message)
-    return cache[key]
-
-
-def _pool(job: JobSpec, dev: Device, image: str) -> Pool:
+        if not choice.ok:
+            return model.NO_COMPATIBLE_IMAGE, choice.message
+        image = choice.image
     speed = effective_speed(product=dev.product, mig_profile=dev.mig_profile,
                             table_speed=dev.relative_speed, compute_slices=dev.compute_slices,
                             overrides=job.gpus.speed_overrides)
-    return Pool(device=dev, speed=speed, image=image,
-                precision=precision_for(job.training.precision, dev.compute_capability),
-                cap=min(memory_cap(job, dev.memory_mib), job.training.global_batch_size),
-                free=dev.free)
+    return (speed, precision_for(job.training.precision, dev.compute_capability),
+            min(memory_cap(job, dev.memory_mib), job.training.global_batch_size), image)
 
 
 # --- selection -------------------------------------------------------------------------------
@@ -249,6 +250,7 @@ def _group_specs(taken: list[tuple[Pool, int]]) -> list[tuple[Pool, int]]:
 
 def _placements(specs: list[tuple[Pool, int]], batches: list[int],
                 ) -> tuple[tuple[RankPlacement, ...], tuple[GroupPlan, ...]]:
+    """Ranks and groups from (pool, group size) specs and the per-rank local batches."""
     ranks: list[RankPlacement] = []
     groups: list[GroupPlan] = []
     rank = 0

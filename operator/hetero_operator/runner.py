@@ -116,6 +116,19 @@ async def on_cleanup(memo: kopf.Memo) -> None:
         reconciler.api.close()
 
 
+def login() -> kopf.ConnectionInfo:
+    """kopf's credentials from the same source as our API client (service account or
+    ``$KUBECONFIG``, read at call time), like kopf's own ``login_via_client``."""
+    config = load_configuration()
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    return kopf.ConnectionInfo(server=config.host, ca_path=config.ssl_ca_cert,
+                               insecure=not config.verify_ssl, username=config.username or None,
+                               password=config.password or None, scheme=scheme, token=token,
+                               certificate_path=config.cert_file, private_key_path=config.key_file)
+
+
 def reconciler(memo: kopf.Memo, nodes_idx: kopf.Index[str, Any],
                gpu_pods_idx: kopf.Index[str, Any]) -> Reconciler:
     """The reconciler, bound to the live node and GPU-pod indices."""

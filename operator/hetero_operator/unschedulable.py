@@ -36,11 +36,14 @@ def insufficient_gpus(job: JobSpec, inventory: Inventory, pools: Sequence[Pool],
         if busy:
             notes.setdefault(t, []).append(f"{p.node}: {busy} of {p.device.total} in use")
     other: list[str] = []
+    denied = 0
     for e in excluded:
         note = f"{e.node}: {model.REASON_PHRASES.get(e.reason, e.reason)}"
         if e.reason != model.DENIED_BY_SPEC and e.gpu_type and _allowed(job, e.gpu_type):
             free.setdefault(e.gpu_type, 0)
             notes.setdefault(e.gpu_type, []).append(note)
+        elif e.reason == model.DENIED_BY_SPEC:
+            denied += 1
         elif e.reason != model.NO_GPUS:
             other.append(note)
     total_free = sum(free.values())
@@ -49,7 +52,7 @@ def insufficient_gpus(job: JobSpec, inventory: Inventory, pools: Sequence[Pool],
                   reasons=tuple(notes.get(t, ())))
         for t in sorted(free))
     return Unschedulable(shortfalls=shortfalls, excluded=tuple(excluded),
-                         message=_message(need_total, total_free, shortfalls, other),
+                         message=_message(need_total, total_free, shortfalls, other, denied),
                          reason="InsufficientGPUs", warnings=inventory.warnings)
 
 
@@ -83,10 +86,12 @@ def _allowed(job: JobSpec, gpu_type: str) -> bool:
     return not type_rejection(job, parts.base, parts.mig_profile)
 
 
-def _message(need: int, free: int, shortfalls: Sequence[Shortfall], other: list[str]) -> str:
+def _message(need: int, free: int, shortfalls: Sequence[Shortfall], other: list[str],
+             denied: int) -> str:
     parts = [f"{s.gpu_type}: need {s.need}, free {s.free}{_notes(s.reasons)}" for s in shortfalls]
     if not parts:
-        parts = ["no eligible GPUs"]
+        parts = [f"no eligible GPUs (denied by spec.gpus on {denied} "
+                 f"node{'s' if denied != 1 else ''})" if denied else "no eligible GPUs"]
     text = "; ".join(parts)
     if len(shortfalls) != 1:
         text = f"need {need} ranks (spec.gpus.minRanks), {free} free: {text}"

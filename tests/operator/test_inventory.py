@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from builders import CATALOG_118_124_128, make_job, make_node, make_pod
 
 from hetero_operator import model
@@ -203,3 +205,41 @@ def test_build_inventory_is_sorted_by_node_name_and_never_raises_on_garbage() ->
     inv = build_inventory(junk)
     assert [n.name for n in inv.nodes] == ["a", "b"]
     assert [(e.node, e.reason) for e in inv.excluded] == [("<unnamed>", "NoGPUs"), ("z", "NoGPUs")]
+
+
+LABEL_KEYS = ["nvidia.com/gpu.product", "nvidia.com/gpu.count", "nvidia.com/gpu.memory", "nvidia.com/gpu.family",
+              "nvidia.com/gpu.compute.major", "nvidia.com/gpu.compute.minor", "nvidia.com/gpu.replicas",
+              "nvidia.com/gpu.sharing-strategy", "nvidia.com/mig.strategy", "nvidia.com/mig.config.state",
+              "nvidia.com/cuda.driver-version.full", "nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
+              "nvidia.com/cuda.runtime-version.full", "nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor",
+              "nvidia.com/mig-1g.5gb.count", "nvidia.com/mig-1g.5gb.memory", "nvidia.com/mig-zz.count"]
+VALUES = st.one_of(st.sampled_from(["", "8", "0", "-1", "1.5", "12.4", "550.54.15", "x", "NVIDIA-A100-SXM4-40GB",
+                                    "Tesla-T4-SHARED", "NVIDIA-A100-MIG-1g.5gb", "A100-MIG-INVALID", "A100-MIG-bogus",
+                                    "pending", "none", "ampere"]),
+                   st.text(max_size=8), st.integers(-3, 100), st.none())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(LABEL_KEYS), VALUES, max_size=12),
+       st.dictionaries(st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.5gb", "nvidia.com/mig-bad"]),
+                       st.one_of(st.sampled_from(["0", "1", "7", "x", "-2"]), st.integers(0, 9)), max_size=3))
+def test_garbage_labels_never_raise(labels: dict, allocatable: dict) -> None:
+    node = {"metadata": {"name": "fuzz", "labels": labels}, "status": {"allocatable": allocatable}}
+    inv = build_inventory([node])
+    assert len(inv.nodes) + len(inv.excluded) == 1
+    for d in inv.devices():
+        assert 0 <= d.free <= d.total and d.memory_mib > 0 and d.relative_speed > 0
+
+
+def test_single_strategy_slice_without_the_mig_suffix_is_read_from_mig_config() -> None:
+    """Case 03's detection rule: ``mig.strategy=single`` and ``gpu.memory`` far below nominal."""
+    labels = {"nvidia.com/mig.strategy": "single", "nvidia.com/mig.config": "all-1g.5gb"}
+    node = make_node(product="NVIDIA-A100-PCIE-40GB", count=7, memory_mib=4864, labels=labels)
+    (dev,) = build_inventory([node]).devices()
+    assert (dev.mig_profile, dev.memory_mib, dev.resource_name, dev.total, dev.compute_slices) == (
+        "1g.5gb", 4864, "nvidia.com/gpu", 7, 1)
+    unknown = make_node(product="NVIDIA-A100-PCIE-40GB", count=7, memory_mib=4864,
+                        labels={"nvidia.com/mig.strategy": "single"})
+    assert build_inventory([unknown]).excluded[0].reason == "MalformedLabels"
+    whole = make_node(product="NVIDIA-A100-PCIE-40GB", memory_mib=40536, labels=labels)
+    assert build_inventory([whole]).devices()[0].mig_profile == ""

@@ -64,7 +64,10 @@ def ring_allgather_bytes(payload_bytes: int, world: int) -> int:
     return (world - 1) * payload_bytes
 
 
-def _flat(tensors: Sequence[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _flat(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Concatenate as 1-D in ``dtype`` (default: float64 if any tensor is float64, else float32)."""
+    if dtype is None:
+        dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
     return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
 
 
@@ -82,7 +85,7 @@ def _copy_exact(summed: torch.Tensor, exact: torch.Tensor | None) -> None:
 
 
 class NoCompression:
-    """fp32 SUM all-reduce of the flattened tensors (the baseline)."""
+    """Full-precision SUM all-reduce of the flattened tensors (the baseline; fp64 stays fp64)."""
 
     def __init__(self) -> None:
         self.bytes_sent = 0
@@ -92,9 +95,9 @@ class NoCompression:
         """SUM-reduce in place; one all-reduce (``exact`` appended)."""
         flat = _flat(tensors)
         n = flat.numel()
-        wire = flat if exact is None else torch.cat([flat, exact.to(torch.float32)])
+        wire = flat if exact is None else torch.cat([flat, exact.to(flat.dtype)])
         dist.all_reduce(wire, group=group)
-        self.bytes_sent += ring_allreduce_bytes(n * 4, dist.get_world_size(group))
+        self.bytes_sent += ring_allreduce_bytes(n * flat.element_size(), dist.get_world_size(group))
         _unflatten_into(wire[:n], tensors)
         _copy_exact(wire[n:], exact)
 
@@ -149,7 +152,7 @@ class Int8Compression:
     def allreduce_(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None, *,
                    exact: torch.Tensor | None = None) -> None:
         """SUM-reduce in place; two all-gathers (payload; scales with ``exact`` appended)."""
-        flat = _flat(tensors)
+        flat = _flat(tensors, torch.float32)
         if self.error is None or self.error.numel() != flat.numel():
             self.error = torch.zeros_like(flat)
         q, scales = quantize_int8(flat + self.error, self.chunk)

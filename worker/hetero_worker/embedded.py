@@ -201,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console(highlight=False)
+    if not console.is_terminal:  # logs and CI: wide enough for the plan table
+        console = Console(highlight=False, width=140)
     planned = _plan(args, console)
     if isinstance(planned, int):
         return planned

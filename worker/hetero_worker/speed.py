@@ -172,8 +172,19 @@ class CodecReducer:
         ddp_model.register_comm_hook(self, codec_hook)
 
 
-def codec_hook(reducer: CodecReducer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: the reducer's weighted hierarchical sum of one bucket (blocking)."""
+def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
+    """DDP communication hook: the reducer's weighted hierarchical sum of one bucket (blocking).
+
+    Unannotated on purpose: under ``from __future__ import annotations`` the annotations are
+    strings and DDP's ``_check_comm_hook`` rejects anything but the ``dist.GradBucket`` class.
+
+    Args:
+        reducer: :class:`CodecReducer`.
+        bucket: ``dist.GradBucket``.
+
+    Returns:
+        ``torch.futures.Future[torch.Tensor]`` already holding the reduced buffer.
+    """
     shapes = [p.shape for p in bucket.parameters()]
     result = reducer.reduce_views_(bucket.buffer(), shapes, key=bucket.index())
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()

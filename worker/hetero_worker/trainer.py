@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,13 +33,16 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_worker import checkpoint, rendezvous, simulate
-from hetero_worker.contract import Contract, ContractError, parse_contract
+from hetero_worker.contract import Contract
 from hetero_worker.groups import build_process_groups
 from hetero_worker.precision import PrecisionPolicy
+from hetero_worker.preflight import exit_on_setup_error, preflight
 from hetero_worker.sampler import HeteroBatchSampler
 from hetero_worker.simulate import simulate_compute
 from hetero_worker.sync import WeightedGradSync
 from hetero_worker.topology import build_layout
+
+__all__ = ["StepResult", "Trainer", "exit_on_setup_error", "init", "seed_everything"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -327,7 +329,7 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
         RendezvousTimeout: rank 0 did not become reachable in time.
     """
     env = os.environ if environ is None else environ
-    contract = parse_contract(env)
+    contract = preflight(env)
     if delay_per_sample_s is None:
         delay_per_sample_s = simulate.delay_per_sample_s(env)
     if rendezvous_timeout_s is None:
@@ -342,20 +344,3 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     seed_everything(seed)
     return Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
                    sync_mode=sync_mode)
-
-
-def exit_on_setup_error(main: Callable[[], int | None]) -> int:
-    """Run ``main``; turn a bad contract or a rendezvous timeout into a message and exit code.
-
-    Returns:
-        ``main``'s code; 2 for a :class:`ContractError` (a contract variable or an ``HTJ_*``
-        knob; the message names it), 3 for :class:`~hetero_worker.rendezvous.RendezvousTimeout`.
-    """
-    try:
-        return int(main() or 0)
-    except ContractError as exc:
-        print(f"heterotrain worker: invalid contract: {exc}", file=sys.stderr)
-        return 2
-    except rendezvous.RendezvousTimeout as exc:
-        print(f"heterotrain worker: {exc}", file=sys.stderr)
-        return 3

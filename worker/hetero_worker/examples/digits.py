@@ -13,6 +13,7 @@ samples/s and wait share).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Any
@@ -116,7 +117,7 @@ def _report(args: argparse.Namespace, t: Any, accuracy: float, summaries: list[d
 def main(argv: list[str] | None = None) -> int:
     """Entry point; a bad contract or a rendezvous timeout exits non-zero with a message."""
     from hetero_worker.examples import add_common_args
-    from hetero_worker.trainer import exit_on_setup_error
+    from hetero_worker.preflight import exit_on_setup_error, preflight
 
     parser = argparse.ArgumentParser(prog="python -m hetero_worker.examples.digits",
                                      description=__doc__.splitlines()[0])
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
     parser.set_defaults(epochs=12)
     args = parser.parse_args(argv)
-    return exit_on_setup_error(lambda: train(args))
+    # Check the contract before importing torch: a bad variable fails in well under a second.
+    return exit_on_setup_error(lambda: preflight(os.environ) and train(args))
 
 
 if __name__ == "__main__":

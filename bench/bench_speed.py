@@ -1,0 +1,398 @@
+#!/usr/bin/env python
+"""Speed benchmark: rebalancing, link-aware hierarchy and inter-group compression (issue 6).
+
+One script, every ratio measured within one run.  Run as root from the repository root::
+
+    sudo .venv/bin/python bench/bench_speed.py            # about 5 minutes
+    .venv/bin/python bench/bench_speed.py --only rebalance # no root needed for this part
+
+Setups (4 real gloo rank processes each, via :class:`hetero_worker.trainer.Trainer` and
+:func:`hetero_worker.speed.attach`):
+
+1. ``rebalance`` (loopback): simulated speeds 1,1,2,4 (a sleep of ``batch * delay / speed`` on
+   top of real compute).  Equal split vs rebalancing from equal; then the fastest rank drops to
+   speed 1 at step 10 of 60: one-time split vs rebalancing.  "Ideal" = sum of the ranks'
+   standalone throughputs (each rank timing its own compute alone, no communication).
+2. ``slow`` (two network namespaces, "nodes" A = ranks 0,1 and B = ranks 2,3, joined by a veth
+   shaped to 100 Mbit/s with ``tc tbf``; see bench/netns.py): step time for hierarchy flat /
+   node / arch / auto, then compression none / fp16 / bf16 / int8 / powersgd on the node
+   hierarchy with loss after a fixed number of steps and the bytes that really left node A.
+3. ``fast``: the same link unshaped: hierarchy flat / node / arch / auto.
+
+Writes ``bench/results/speed.json``, ``speed.md`` (table) and ``speed.png`` (plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+DELAY_S = 0.010          # simulated seconds per sample at speed 1 (rebalance setup)
+SPEEDS = [1.0, 1.0, 2.0, 4.0]
+SLOW_SPEEDS = [1.0, 1.0, 2.0, 1.0]
+GLOBAL_BATCH = 64
+LINK_BATCH = 8           # per rank in the link setups
+CODEC_STEPS = 150        # fixed number of steps for the loss comparison
+TIMING_STEPS = 10        # timed steps per hierarchy mode (after 2 warm-up steps)
+CAST_STEPS = 20          # fp16 / bf16: timing only
+LINK_MBIT = 100
+
+
+# ================================ rank side =====================================================
+def _torch():
+    import torch
+    torch.set_num_threads(1)
+    return torch
+
+
+def _trainer(contract, *, hierarchy: str | None = None, delay_s: float = 0.0):
+    from hetero_worker import trainer as ht
+    if hierarchy is not None:
+        contract = dataclasses.replace(contract, hierarchy=hierarchy)
+    return ht.Trainer(contract, delay_per_sample_s=delay_s, seed=0)
+
+
+def _set_speed(t, speed: float) -> None:
+    """Emulate throttling: the simulated device of this rank gets a new relative speed."""
+    device = dataclasses.replace(t.contract.device, relative_speed=speed)
+    t.contract = dataclasses.replace(t.contract, device=device)
+
+
+def standalone_throughput(batch: int, speed: float, steps: int = 6) -> float:
+    """Samples/s of this rank alone: forward/backward + simulated delay, no communication."""
+    torch = _torch()
+    model = torch.nn.Linear(16, 16)
+    x, y = torch.randn(batch, 16), torch.randn(batch, 16)
+    start = time.perf_counter()
+    for _ in range(steps):
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        time.sleep(batch * DELAY_S / speed)
+    return batch * steps / (time.perf_counter() - start)
+
+
+def rebalance_run(contract, *, split: list[int], dynamic: bool, steps: int,
+                  slow_at: int | None = None) -> dict:
+    """One training run of the rebalance setup; returns per-step times and splits (rank 0)."""
+    torch = _torch()
+    from hetero_worker.rebalance import RebalanceConfig
+    from hetero_worker.speed import SpeedConfig, attach
+    t = _trainer(contract, hierarchy="flat", delay_s=DELAY_S)
+    t.set_split(split)
+    interval = 5 if dynamic else 0
+    speed = attach(t, SpeedConfig(rebalance=RebalanceConfig(interval_steps=interval)))
+    torch.manual_seed(0)
+    model = t.wrap(torch.nn.Linear(16, 16))
+    data = torch.utils.data.TensorDataset(torch.randn(GLOBAL_BATCH * steps, 16),
+                                          torch.randn(GLOBAL_BATCH * steps, 16))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step_s, splits = [], []
+    for step, (x, y) in enumerate(t.loader(data)):
+        if step == slow_at and t.rank == 3:
+            _set_speed(t, 1.0)
+        splits.append(list(t.local_batches))
+        start = time.perf_counter()
+        speed.step(opt, lambda m: torch.nn.functional.mse_loss(m(x), y))
+        step_s.append(time.perf_counter() - start)
+    return {"step_s": step_s, "splits": splits, "history": speed.rebalancer.history
+            if speed.rebalancer else []}
+
+
+def rebalance_scenario(contract) -> dict:
+    import torch.distributed as dist
+    from hetero_worker.rebalance import proportional_split
+    prop = proportional_split(GLOBAL_BATCH, SPEEDS)
+    prop_slow = proportional_split(GLOBAL_BATCH, SLOW_SPEEDS)
+    rank = contract.rank
+    alone = [standalone_throughput(prop[rank], SPEEDS[rank]),
+             standalone_throughput(prop_slow[rank], SLOW_SPEEDS[rank])]
+    gathered: list = [None] * 4
+    dist.all_gather_object(gathered, alone)
+    equal = [GLOBAL_BATCH // 4] * 4
+    return {
+        "standalone": gathered, "proportional_split": prop, "proportional_split_slow": prop_slow,
+        "equal": rebalance_run(contract, split=equal, dynamic=False, steps=15),
+        "dynamic_from_equal": rebalance_run(contract, split=equal, dynamic=True, steps=40),
+        "one_time_drift": rebalance_run(contract, split=prop, dynamic=False, steps=60, slow_at=10),
+        "dynamic_drift": rebalance_run(contract, split=prop, dynamic=True, steps=60, slow_at=10),
+    }
+
+
+def _link_model(torch):
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 4))
+
+
+def _link_data(torch, n: int):
+    g = torch.Generator().manual_seed(100)
+    w = torch.randn(256, 4, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(n, 256, generator=g)
+    return torch.utils.data.TensorDataset(x, (x @ w).argmax(dim=1))
+
+
+def _tx_bytes() -> int:
+    dev = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    try:
+        return int(Path(f"/sys/class/net/{dev}/statistics/tx_bytes").read_text())
+    except (OSError, ValueError):
+        return -1
+
+
+def link_run(contract, *, hierarchy: str, compression: str = "none", steps: int,
+             eval_loss: bool = False) -> dict:
+    """Train the link model ``steps`` steps; step times, loss, bytes (counted and on the veth)."""
+    torch = _torch()
+    import torch.distributed as dist
+    from hetero_worker.compression import CompressionConfig
+    from hetero_worker.speed import SpeedConfig, attach
+    t = _trainer(contract, hierarchy=hierarchy)
+    speed = attach(t, SpeedConfig(compression=CompressionConfig(mode=compression, powersgd_rank=4)))
+    model = t.wrap(_link_model(torch))
+    data = _link_data(torch, LINK_BATCH * 4 * steps)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    dist.barrier()
+    tx0 = _tx_bytes()
+    step_s = []
+    for x, y in t.loader(data, shuffle=False):
+        start = time.perf_counter()
+        speed.step(opt, lambda m: torch.nn.functional.cross_entropy(m(x), y))
+        step_s.append(time.perf_counter() - start)
+    dist.barrier()
+    tx = _tx_bytes() - tx0
+    loss = None
+    if eval_loss:
+        with torch.no_grad():
+            loss = float(torch.nn.functional.cross_entropy(t.module(data.tensors[0]), data.tensors[1]))
+    return {"hierarchy": speed.chosen_hierarchy, "step_s": step_s, "loss": loss,
+            "counted_bytes": speed.reducer.codec_bytes_sent, "veth_tx_bytes": tx,
+            "predicted_s": speed.predicted_sync_s,
+            "link": dataclasses.asdict(speed.link) if speed.link else None}
+
+
+def link_scenario(contract, *, codecs: bool) -> dict:
+    out = {"modes": {m: link_run(contract, hierarchy=m, steps=TIMING_STEPS + 2)
+                     for m in ("flat", "node", "arch", "auto")}}
+    if codecs:
+        out["codecs"] = {}
+        for mode in ("none", "int8", "powersgd", "fp16", "bf16"):
+            steps = CAST_STEPS if mode in ("fp16", "bf16") else CODEC_STEPS
+            out["codecs"][mode] = link_run(contract, hierarchy="node", compression=mode,
+                                           steps=steps, eval_loss=steps == CODEC_STEPS)
+    return out
+
+
+def worker_main(scenario: str, out_dir: str) -> int:
+    from hetero_worker import rendezvous
+    from hetero_worker.contract import parse_contract
+    contract = parse_contract(os.environ)
+    rendezvous.init_distributed(rank=contract.rank, world_size=contract.world_size,
+                                master_addr=contract.master_addr, master_port=contract.master_port,
+                                backend="gloo", timeout_s=120)
+    if scenario == "rebalance":
+        result = rebalance_scenario(contract)
+    else:
+        result = link_scenario(contract, codecs=scenario == "slow")
+    Path(out_dir, f"rank{contract.rank}.json").write_text(json.dumps(result))
+    import torch.distributed as dist
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+# ================================ orchestrator ==================================================
+def _envs(scenario: str, master_addr: str, port: int) -> list[dict[str, str]]:
+    from hetero_worker.simulate import local_rank_envs, simulated_cluster
+    if scenario == "rebalance":
+        products = [("Tesla-T4", "7.5", s) for s in SPEEDS]
+        nodes = ["local"] * 4
+        batches = [GLOBAL_BATCH // 4] * 4
+        groups = [0] * 4
+    else:  # A100 + T4 on each node: arch groups cross the link
+        products = [("NVIDIA-A100-SXM4-40GB", "8.0", 1.0), ("Tesla-T4", "7.5", 1.0)] * 2
+        nodes = ["node-a", "node-a", "node-b", "node-b"]
+        batches = [LINK_BATCH] * 4
+        groups = None
+    entries, profiles = simulated_cluster(products=products, nodes=nodes, local_batches=batches,
+                                          groups=groups)
+    return local_rank_envs(entries=entries, profiles=profiles, hierarchy="flat",
+                           master_addr=master_addr, master_port=port)
+
+
+def launch(scenario: str, link=None, timeout_s: float = 420) -> list[dict]:
+    """Start the 4 ranks of ``scenario`` (in namespaces A, A, B, B when ``link`` is given)."""
+    from hetero_worker.simulate import free_port
+    master = link.address("A") if link else "127.0.0.1"
+    port = 29400 + os.getpid() % 500 if link else free_port()
+    with tempfile.TemporaryDirectory() as out:
+        procs = []
+        for rank, env in enumerate(_envs(scenario, master, port)):
+            node = "AB"[rank // 2]
+            full = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                        PYTHONPATH=str(ROOT / "worker"), **env,
+                        GLOO_SOCKET_IFNAME=link.device(node) if link else "lo")
+            argv = [sys.executable, str(Path(__file__).resolve()), "--worker", scenario, out]
+            procs.append(subprocess.Popen(link.exec_argv(node, argv) if link else argv, env=full,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        deadline = time.monotonic() + timeout_s
+        for rank, proc in enumerate(procs):
+            try:
+                log, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"{scenario}: rank {rank} timed out") from None
+            if proc.returncode != 0:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"{scenario}: rank {rank} exit {proc.returncode}:\n{log[-3000:]}")
+        return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(4)]
+
+
+def _throughput(run: dict, first: int, last: int | None = None) -> float:
+    times = run["step_s"][first:last]
+    return GLOBAL_BATCH * len(times) / sum(times)
+
+
+def _median(run: dict, skip: int = 2) -> float:
+    return statistics.median(run["step_s"][skip:])
+
+
+def summarize_rebalance(r: dict) -> dict:
+    ideal = sum(a[0] for a in r["standalone"])
+    ideal_slow = sum(a[1] for a in r["standalone"])
+    equal = _throughput(r["equal"], 3)
+    dyn = _throughput(r["dynamic_from_equal"], 20)
+    one_time = _throughput(r["one_time_drift"], 10)
+    dyn_drift = _throughput(r["dynamic_drift"], 10)
+    per_step = [GLOBAL_BATCH / s for s in r["dynamic_drift"]["step_s"]]
+    recover = next((k - 10 for k in range(10, 60) if statistics.mean(per_step[k:k + 3]) >= 0.85 * ideal_slow), None)
+    return {
+        "ideal_samples_per_s": ideal, "equal_samples_per_s": equal, "dynamic_samples_per_s": dyn,
+        "dynamic_over_ideal": dyn / ideal, "dynamic_over_equal": dyn / equal,
+        "final_split_static": r["dynamic_from_equal"]["splits"][-1],
+        "ideal_after_drift_samples_per_s": ideal_slow,
+        "one_time_after_drift_samples_per_s": one_time,
+        "dynamic_after_drift_samples_per_s": dyn_drift,
+        "dynamic_steps_20_60_over_new_ideal": _throughput(r["dynamic_drift"], 20) / ideal_slow,
+        "steps_to_085_of_new_ideal": recover,
+        "dynamic_over_one_time": dyn_drift / one_time,
+        "final_split_drift": r["dynamic_drift"]["splits"][-1],
+        "per_step_dynamic_drift": per_step,
+        "per_step_one_time_drift": [GLOBAL_BATCH / s for s in r["one_time_drift"]["step_s"]],
+    }
+
+
+def summarize_modes(r: dict) -> dict:
+    med = {m: _median(v) for m, v in r["modes"].items()}
+    fixed = {m: med[m] for m in ("flat", "node", "arch")}
+    best = min(fixed, key=fixed.get)
+    auto = r["modes"]["auto"]
+    return {"step_s": med, "best_fixed": best, "auto_chose": auto["hierarchy"],
+            "auto_over_best": fixed[best] / med["auto"], "node_over_flat": med["flat"] / med["node"],
+            "model_matches_fastest": auto["hierarchy"] == best,
+            "predicted_sync_s": auto["predicted_s"], "measured_link": auto["link"]}
+
+
+def summarize_codecs(r: dict) -> dict:
+    c = r["codecs"]
+    base_s, base_loss = _median(c["none"]), c["none"]["loss"]
+    out = {}
+    for mode, run in c.items():
+        out[mode] = {"step_s": _median(run), "speedup_over_fp32": base_s / _median(run),
+                     "loss": run["loss"],
+                     "loss_rel_diff": None if run["loss"] is None else (run["loss"] - base_loss) / base_loss,
+                     "counted_bytes": run["counted_bytes"], "veth_tx_bytes": run["veth_tx_bytes"],
+                     "veth_over_counted": run["veth_tx_bytes"] / run["counted_bytes"]
+                     if run["counted_bytes"] else None}
+    return out
+
+
+def checks(s: dict) -> dict[str, bool]:
+    """The issue's targets, each True/False."""
+    out = {}
+    if "rebalance" in s:
+        r = s["rebalance"]
+        out["static >= 0.95 of ideal"] = r["dynamic_over_ideal"] >= 0.95
+        out["static >= 1.9x equal"] = r["dynamic_over_equal"] >= 1.9
+        out["drift >= 0.85 of new ideal within 10 steps"] = (
+            r["steps_to_085_of_new_ideal"] is not None and r["steps_to_085_of_new_ideal"] <= 10)
+        out["drift >= 1.3x one-time split"] = r["dynamic_over_one_time"] >= 1.3
+    if "slow_modes" in s:
+        out["slow link: hierarchical >= 1.4x flat"] = s["slow_modes"]["node_over_flat"] >= 1.4
+        out["slow link: auto >= 0.95x best fixed"] = s["slow_modes"]["auto_over_best"] >= 0.95
+        out["slow link: cost model picks the fastest"] = s["slow_modes"]["model_matches_fastest"]
+    if "fast_modes" in s:
+        out["fast link: auto >= 0.95x best fixed"] = s["fast_modes"]["auto_over_best"] >= 0.95
+        out["fast link: cost model picks the fastest"] = s["fast_modes"]["model_matches_fastest"]
+    if "codecs" in s:
+        c = s["codecs"]
+        out["int8+EF >= 3x fp32"] = c["int8"]["speedup_over_fp32"] >= 3
+        out["PowerSGD r4 >= 10x fp32"] = c["powersgd"]["speedup_over_fp32"] >= 10
+        out["int8 loss within 2%"] = abs(c["int8"]["loss_rel_diff"]) <= 0.02
+        out["PowerSGD loss within 2%"] = abs(c["powersgd"]["loss_rel_diff"]) <= 0.02
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", nargs=2, metavar=("SCENARIO", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--only", choices=["rebalance", "link"], help="run one part")
+    parser.add_argument("--out", default=str(HERE / "results"))
+    args = parser.parse_args()
+    if args.worker:
+        return worker_main(*args.worker)
+    sys.path.insert(0, str(ROOT / "worker"))
+    started = time.monotonic()
+    summary: dict = {}
+    raw: dict = {}
+    if args.only in (None, "rebalance"):
+        raw["rebalance"] = launch("rebalance")[0]
+        summary["rebalance"] = summarize_rebalance(raw["rebalance"])
+        print(json.dumps({k: v for k, v in summary["rebalance"].items() if not k.startswith("per_step")}, indent=1), flush=True)
+    if args.only in (None, "link"):
+        from netns import VethLink, available
+        reason = available()
+        if reason:
+            print(f"skipping the link setups: {reason}", file=sys.stderr)
+        else:
+            with VethLink(rate_mbit=LINK_MBIT) as link:
+                raw["slow"] = launch("slow", link)[0]
+                summary["slow_modes"] = summarize_modes(raw["slow"])
+                summary["codecs"] = summarize_codecs(raw["slow"])
+                print(json.dumps(summary["slow_modes"], indent=1), json.dumps(summary["codecs"], indent=1), flush=True)
+                link.set_rate(None)
+                raw["fast"] = launch("fast", link)[0]
+                summary["fast_modes"] = summarize_modes(raw["fast"])
+                print(json.dumps(summary["fast_modes"], indent=1), flush=True)
+    summary["checks"] = checks(summary)
+    summary["wall_s"] = time.monotonic() - started
+    write_results(Path(args.out), summary, raw)
+    for name, ok in summary["checks"].items():
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    print(f"total {summary['wall_s']:.0f} s; results in {args.out}")
+    return 0
+
+
+def write_results(out: Path, summary: dict, raw: dict) -> None:
+    from speed_report import render_markdown, render_plot
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "speed.json").write_text(json.dumps({"summary": summary, "raw": raw}, indent=1))
+    (out / "speed.md").write_text(render_markdown(summary))
+    render_plot(summary, out / "speed.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

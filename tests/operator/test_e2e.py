@@ -1,0 +1,222 @@
+"""End to end: the operator (kopf, in process) against a Kubernetes API served over HTTP by kmock,
+with a local kubelet that runs every pod as local processes (tests/k8s).
+
+One fake cluster (examples/clusters/mixed.yaml: A100, V100, 2x T4) and one operator serve the
+whole module; each test uses its own namespace.  Training is the real digits example, a few steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import pytest_asyncio
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from k8s.fakeapi import HTJ  # noqa: E402
+from k8s.harness import Cluster, load_nodes  # noqa: E402
+
+from hetero_operator.config import OperatorConfig  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+PODS = ("", "v1", "pods")
+SERVICES = ("", "v1", "services")
+CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
+                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
+                        unschedulable_retry_s=2.0)
+TRAIN_TIMEOUT_S = 150
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    async with Cluster(tmp_path_factory.mktemp("cluster")) as cl:
+        await cl.add_nodes(load_nodes())
+        await cl.start_operator(CONFIG)
+        yield cl
+
+
+def digits(name: str, tmp: Path, *, args: list[str], **spec: Any) -> dict[str, Any]:
+    """examples/digits.yaml, renamed, with few steps, no simulated delay, a test checkpoint dir."""
+    body = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
+    body["metadata"]["name"] = name
+    body["spec"]["worker"]["args"] = args
+    body["spec"]["worker"]["env"] = [{"name": "HTJ_SIM_DELAY_PER_SAMPLE_S", "value": "0"}]
+    body["spec"]["training"]["checkpoint"]["path"] = str(tmp / name / "ckpt")
+    for section, values in spec.items():
+        body["spec"].setdefault(section, {}).update(values)
+    return body
+
+
+def script(name: str, code: str, **spec: Any) -> dict[str, Any]:
+    """A job whose ranks run ``python -c code`` (lifecycle tests that need no training)."""
+    body = digits(name, Path("/tmp"), args=[])
+    body["spec"]["worker"]["command"] = ["python", "-c", code]
+    body["spec"]["training"].pop("checkpoint")
+    for section, values in spec.items():
+        body["spec"].setdefault(section, {}).update(values)
+    return body
+
+
+def cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in job["status"].get("conditions", []) if c["type"] == type_), {})
+
+
+async def finished(cluster: Cluster, name: str, ns: str, timeout_s: float = TRAIN_TIMEOUT_S) -> dict[str, Any]:
+    await cluster.wait_for(lambda: cluster.phase(name, ns) in ("Succeeded", "Failed"), timeout_s,
+                           f"{ns}/{name} to finish (now {cluster.phase(name, ns)!r})")
+    return cluster.job(name, ns)
+
+
+def _logs(cluster: Cluster, ns: str) -> str:
+    assert cluster.kubelet is not None
+    return "\n".join(cluster.kubelet.log(ns, p["metadata"]["name"]) for p in cluster.pods(ns))
+
+
+async def test_digits_trains_on_the_mixed_cluster_and_succeeds_with_the_plan(
+        cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp = tmp_path_factory.mktemp("digits")
+    result = tmp / "result.json"
+    await cluster.apply(digits("digits", tmp, args=["--max-steps", "12", "--result-json", str(result)]),
+                        namespace="train")
+    job = await finished(cluster, "digits", "train")
+    status = job["status"]
+    assert status["phase"] == "Succeeded", (status, _logs(cluster, "train"))
+    assert [(g["pod"], g["node"], g["gpuType"], g["precision"], g["localBatches"])
+            for g in status["plan"]["groups"]] == [
+        ("digits-g0", "node-a100", "NVIDIA-A100-SXM4-40GB", "bf16", [70]),
+        ("digits-g1", "node-v100", "Tesla-V100-SXM2-16GB", "fp16", [28]),
+        ("digits-g2", "node-t4", "Tesla-T4", "fp16", [15, 15])]
+    assert status["plan"]["masterAddr"] == "digits-g0.digits.train.svc"
+    assert (status["ranksWanted"], status["restarts"] if "restarts" in status else 0) == (4, 0)
+    assert cond(job, "Succeeded")["status"] == "True" and cond(job, "Created")["status"] == "True"
+    assert json.loads(result.read_text())["steps"] == 12
+    pods = cluster.pods("train", job="digits")
+    assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
+    envs = [{e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]} for p in pods]
+    assert {e["MASTER_ADDR"] for e in envs} == {"digits-g0.digits.train.svc"}
+    assert cluster.api.get(SERVICES, "train", "digits")["spec"]["clusterIP"] == "None"
+    reasons = [e["reason"] for e in cluster.events("digits", "train")]
+    assert reasons[0] == "Planned" and "JobSucceeded" in reasons
+
+
+async def test_job_that_does_not_fit_waits_with_the_shortfall_and_starts_when_a_node_is_added(
+        cluster: Cluster) -> None:
+    await cluster.apply(script("big", "pass", gpus={"ranks": 5, "minRanks": 5},
+                               training={"globalBatchSize": 40}), namespace="pending")
+    await cluster.wait_for(lambda: cluster.phase("big", "pending") == "Pending", 30, "Pending")
+    job = cluster.job("big", "pending")
+    assert job["status"]["message"].startswith("Unschedulable: ")
+    assert "need" in job["status"]["message"] and "free" in job["status"]["message"]
+    assert cond(job, "Created")["status"] == "False" and cond(job, "Created")["reason"] == "InsufficientGPUs"
+    await asyncio.sleep(1.0)
+    assert cluster.pods("pending") == []
+    extra = copy.deepcopy(load_nodes()[2])
+    extra["metadata"]["name"] = "node-t4-b"
+    await cluster.add_nodes([extra])
+    job = await finished(cluster, "big", "pending", 60)
+    assert job["status"]["phase"] == "Succeeded"
+    assert job["status"]["plan"]["worldSize"] == 5
+    assert "node-t4-b" in {g["node"] for g in job["status"]["plan"]["groups"]}
+    await cluster.api.delete(("", "v1", "nodes"), None, "node-t4-b")
+
+
+async def test_killed_rank_restarts_all_pods_resumes_from_checkpoint_and_succeeds(
+        cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp = tmp_path_factory.mktemp("crash")
+    await cluster.apply(digits("crash", tmp, args=["--max-steps", "400", "--checkpoint-every", "5"],
+                               training={"checkpoint": {"path": str(tmp / "ckpt"), "intervalSteps": 5}}),
+                        namespace="crash")
+    ckpt = tmp / "ckpt"
+    await cluster.wait_for(lambda: cluster.phase("crash", "crash") == "Running" and ckpt.exists()
+                           and any(ckpt.iterdir()), TRAIN_TIMEOUT_S, "a checkpoint")
+    first_uids = {p["metadata"]["uid"] for p in cluster.pods("crash")}
+    assert cluster.kubelet is not None
+    cluster.kubelet.kill("crash", "crash-g2")
+    await cluster.wait_for(lambda: (cluster.job("crash", "crash")["status"].get("restarts") == 1), 60, "restart")
+    job = await finished(cluster, "crash", "crash")
+    assert job["status"]["phase"] == "Succeeded", _logs(cluster, "crash")
+    assert job["status"]["restarts"] == 1 and job["status"]["attempt"] == 2
+    assert job["status"]["lastFailure"].startswith("crash-g2 (Tesla-T4) failed: Error exit 137")
+    assert not first_uids & {p["metadata"]["uid"] for p in cluster.pods("crash")}
+    assert "resumed at step" in cluster.kubelet.log("crash", "crash-g0")
+    reasons = [e["reason"] for e in cluster.events("crash", "crash")]
+    assert reasons.count("Planned") == 2 and "RankFailed" in reasons
+
+
+async def test_exceeding_backoff_limit_fails_the_job_and_removes_all_pods(cluster: Cluster) -> None:
+    await cluster.apply(script("loop", "import sys; sys.exit(3)",
+                               runPolicy={"backoffLimit": 2, "cleanPodPolicy": "All"}), namespace="loop")
+    job = await finished(cluster, "loop", "loop", 90)
+    assert job["status"]["phase"] == "Failed"
+    assert cond(job, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert job["status"]["restarts"] == 2
+    await cluster.wait_for(lambda: cluster.pods("loop") == [], 30, "all pods removed")
+    assert cluster.kubelet is not None
+    started = [k for k in cluster.kubelet.started if k[0] == "loop"]
+    assert len(started) == 9  # 3 generations of 3 pods, case 21
+
+
+async def test_operator_restart_mid_job_creates_no_duplicates(cluster: Cluster) -> None:
+    await cluster.apply(script("steady", "import time; time.sleep(6)"), namespace="steady")
+    await cluster.wait_for(lambda: cluster.phase("steady", "steady") == "Running", 60, "Running")
+    uids = {p["metadata"]["uid"] for p in cluster.pods("steady")}
+    await cluster.stop_operator()
+    await cluster.start_operator(CONFIG)
+    job = await finished(cluster, "steady", "steady", 60)
+    assert job["status"]["phase"] == "Succeeded"
+    assert {p["metadata"]["uid"] for p in cluster.pods("steady")} == uids
+    assert cluster.kubelet is not None
+    assert len([k for k in cluster.kubelet.started if k[0] == "steady"]) == 3
+
+
+async def test_deleting_the_job_removes_everything_without_finalizers(cluster: Cluster) -> None:
+    await cluster.apply(script("gone", "import time; time.sleep(60)"), namespace="gone")
+    await cluster.wait_for(lambda: cluster.phase("gone", "gone") == "Running", 60, "Running")
+    assert not cluster.job("gone", "gone")["metadata"].get("finalizers")
+    await cluster.api.delete(HTJ, "gone", "gone")
+    assert cluster.job("gone", "gone") is None  # no finalizer holds it (case 23)
+    await cluster.wait_for(lambda: cluster.pods("gone") == [] and cluster.api.objects(SERVICES, "gone") == [],
+                           30, "pods and service garbage-collected")
+
+
+async def test_suspended_kueue_job_starts_only_when_admitted(cluster: Cluster) -> None:
+    body = script("queued", "pass", runPolicy={"suspend": True})
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
+    await cluster.apply(body, namespace="queued")
+    await cluster.wait_for(lambda: cluster.phase("queued", "queued") == "Suspended", 30, "Suspended")
+    assert cluster.pods("queued") == []
+    await cluster.api.patch(HTJ, "queued", "queued", {"spec": {"runPolicy": {"suspend": False}}})
+    job = await finished(cluster, "queued", "queued", 60)
+    assert job["status"]["phase"] == "Succeeded" and cond(job, "Suspended")["status"] == "False"
+
+
+async def test_invalid_manifest_is_refused_by_the_schema_and_by_the_operator(cluster: Cluster) -> None:
+    body = script("bad", "pass", gpus={"ranks": 2, "minRanks": 3})
+    cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=os.environ["KUBECONFIG"], client_configuration=cfg)
+    api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg))
+    with pytest.raises(kubernetes.client.ApiException) as err:
+        await asyncio.to_thread(api.create_namespaced_custom_object, *HTJ[:2], "invalid", HTJ[2], body)
+    assert err.value.status == 422
+    assert "spec.gpus.minRanks must not exceed spec.gpus.ranks" in json.loads(err.value.body)["message"]
+    cluster.api.validate_htj = False  # an old CRD without the rule
+    try:
+        await cluster.apply(body, namespace="invalid")
+    finally:
+        cluster.api.validate_htj = True
+    await cluster.wait_for(lambda: cluster.phase("bad", "invalid") == "Failed", 30, "Failed")
+    failed = cond(cluster.job("bad", "invalid"), "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"] == ("Invalid spec: spec.gpus.minRanks: 3 exceeds spec.gpus.ranks=2; "
+                                 "lower minRanks or raise ranks")
+    assert cluster.pods("invalid") == []

@@ -1,0 +1,269 @@
+"""Handlers and the reconciler with a fake API object (no HTTP): each decision's side effects."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+import yaml
+
+import hetero_operator.main  # noqa: F401 - registers the handlers
+from hetero_operator import runner
+from hetero_operator.config import OperatorConfig
+from hetero_operator.opmetrics import OperatorMetrics
+from hetero_operator.reconcile import Reconciler, peering_leader
+from hetero_operator.status import STATUS_KEYS
+
+REPO = Path(__file__).resolve().parents[2]
+NOW = 1_800_000_000.0
+
+
+class FakeApi:
+    """Records calls; pods and jobs live in dicts; creates tolerate 409 like the real wrapper."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.jobs = {(job["metadata"]["namespace"], job["metadata"]["name"]): job}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.services: dict[str, dict[str, Any]] = {}
+        self.events: list[tuple[str, str, str]] = []
+        self.deleted_pods: list[str] = []
+        self.create_calls = 0
+        self.peering: dict[str, Any] | None = None
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        job = self.jobs.get((namespace, name))
+        return copy.deepcopy(job) if job else None
+
+    async def patch_job_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        job = self.jobs[(namespace, name)]
+        current = job.setdefault("status", {})
+        for k, v in status.items():
+            if v is None:
+                current.pop(k, None)
+            else:
+                current[k] = copy.deepcopy(v)
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        self.jobs.pop((namespace, name), None)
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        self.create_calls += 1
+        store = self.pods if obj["kind"] == "Pod" else self.services
+        if obj["metadata"]["name"] in store:
+            return False
+        store[obj["metadata"]["name"]] = copy.deepcopy(obj)
+        return True
+
+    async def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return [copy.deepcopy(p) for p in self.pods.values()
+                if labels.items() <= p["metadata"]["labels"].items()]
+
+    async def delete_pod(self, namespace: str, name: str) -> None:
+        self.deleted_pods.append(name)
+        self.pods.pop(name, None)
+
+    async def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
+        return self.peering
+
+    async def post_event(self, job: dict[str, Any], *, type_: str, reason: str, message: str,
+                         now_iso: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def close(self) -> None:
+        pass
+
+
+def _job(**spec: Any) -> dict[str, Any]:
+    body = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
+    body["metadata"].update(namespace="team-x", uid="uid-1", generation=1)
+    for section, values in spec.items():
+        body["spec"].setdefault(section, {}).update(values)
+    return body
+
+
+def _nodes() -> list[dict[str, Any]]:
+    return yaml.safe_load((REPO / "examples" / "clusters" / "mixed.yaml").read_text())["items"]
+
+
+CONFIG = OperatorConfig(peering="", unschedulable_retry_s=30, resync_s=10, metrics_port=0, health_port=0)
+
+
+def _reconciler(api: FakeApi, nodes: list[dict[str, Any]] | None = None, clock: float = NOW,
+                config: OperatorConfig = CONFIG) -> Reconciler:
+    nodes = _nodes() if nodes is None else nodes
+    return Reconciler(config=config, api=api, metrics=OperatorMetrics(), nodes=lambda: nodes,
+                      gpu_pods=lambda: [], clock=lambda: clock)
+
+
+def _status(api: FakeApi) -> dict[str, Any]:
+    return api.jobs[("team-x", "digits")]["status"]
+
+
+def _set_phase(api: FakeApi, **phases: str) -> None:
+    for name, phase in phases.items():
+        api.pods[name]["status"] = {"phase": phase}
+        api.pods[name]["spec"]["nodeName"] = api.pods[name]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+
+
+def test_no_handler_puts_a_finalizer_on_the_job() -> None:
+    """shared/cases/23: no timers/daemons and no mandatory delete handlers for our resource."""
+    registry = kopf.get_default_registry()
+    assert registry._spawning.get_all_handlers() == []
+    changing = registry._changing.get_all_handlers()
+    assert all(h.requires_finalizer is False or h.requires_finalizer is None for h in changing)
+    watched = {h.fn.__name__ for h in registry._watching.get_all_handlers()}
+    assert watched == {"job_event", "pod_event", "node_event"}
+
+
+async def test_new_job_is_planned_then_pods_and_service_created() -> None:
+    api = FakeApi(_job())
+    requeue = await _reconciler(api).reconcile("team-x", "digits")
+    assert requeue == CONFIG.resync_s
+    assert sorted(api.pods) == ["digits-g0", "digits-g1", "digits-g2"]
+    assert list(api.services) == ["digits"]
+    owner = api.pods["digits-g0"]["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "HeteroTrainingJob", "digits", "uid-1", True)
+    st = _status(api)
+    assert st["phase"] == "Created" and st["attempt"] == 1 and st["ranksWanted"] == 4
+    assert [(g["pod"], g["node"], g["gpuType"], g["firstRank"], g["ranks"]) for g in st["plan"]["groups"]] == [
+        ("digits-g0", "node-a100", "NVIDIA-A100-SXM4-40GB", 0, 1),
+        ("digits-g1", "node-v100", "Tesla-V100-SXM2-16GB", 1, 1),
+        ("digits-g2", "node-t4", "Tesla-T4", 2, 2)]
+    assert st["plan"]["masterAddr"] == "digits-g0.digits.team-x.svc"
+    assert st["gpuTypes"] == "NVIDIA-A100-SXM4-40GB:1,Tesla-V100-SXM2-16GB:1,Tesla-T4:2"
+    assert set(st) <= STATUS_KEYS
+    assert api.events[0][:2] == ("Normal", "Planned")
+
+
+async def test_a_second_operator_creates_no_duplicates() -> None:
+    api = FakeApi(_job())
+    await _reconciler(api).reconcile("team-x", "digits")
+    _set_phase(api, **{"digits-g0": "Running", "digits-g1": "Running", "digits-g2": "Running"})
+    calls = api.create_calls
+    await _reconciler(api).reconcile("team-x", "digits")  # a restarted operator
+    assert api.create_calls == calls and sorted(api.pods) == ["digits-g0", "digits-g1", "digits-g2"]
+    assert _status(api)["phase"] == "Running" and _status(api)["ranksSummary"] == "4/4"
+
+
+async def test_unschedulable_job_gets_no_pods_and_the_shortfall_message() -> None:
+    api = FakeApi(_job(gpus={"ranks": 8, "minRanks": 8}, training={"globalBatchSize": 128}))
+    requeue = await _reconciler(api).reconcile("team-x", "digits")
+    assert requeue == 30 and api.pods == {} and api.services == {}
+    st = _status(api)
+    assert st["phase"] == "Pending"
+    assert st["message"].startswith("Unschedulable: ") and "need" in st["message"]
+    created = [c for c in st["conditions"] if c["type"] == "Created"][0]
+    assert (created["status"], created["reason"]) == ("False", "InsufficientGPUs")
+    assert api.events == [("Warning", "InsufficientGPUs", st["message"])]
+    await _reconciler(api).reconcile("team-x", "digits")
+    assert len(api.events) == 1  # same message: no repeated event
+
+
+async def test_invalid_spec_is_a_failed_condition_with_the_field_path() -> None:
+    api = FakeApi(_job(gpus={"ranks": 2, "minRanks": 3}))
+    assert await _reconciler(api).reconcile("team-x", "digits") is None
+    st = _status(api)
+    assert st["phase"] == "Failed"
+    failed = [c for c in st["conditions"] if c["type"] == "Failed"][0]
+    assert failed["reason"] == "InvalidSpec"
+    assert failed["message"] == "Invalid spec: spec.gpus.minRanks: 3 exceeds spec.gpus.ranks=2; lower minRanks or raise ranks"
+    assert api.pods == {}
+
+
+async def test_failed_rank_restarts_everything_and_the_count_survives_a_new_operator() -> None:
+    api = FakeApi(_job())
+    await _reconciler(api).reconcile("team-x", "digits")
+    _set_phase(api, **{"digits-g0": "Running", "digits-g1": "Running", "digits-g2": "Failed"})
+    await _reconciler(api, clock=NOW + 1).reconcile("team-x", "digits")
+    st = _status(api)
+    assert st["phase"] == "Restarting" and st["restarts"] == 1
+    assert sorted(api.deleted_pods) == ["digits-g0", "digits-g1", "digits-g2"] and api.pods == {}
+    assert st["restartNotBefore"] == "2027-01-15T08:00:11Z"
+    # a fresh operator (no memory) waits for the backoff, then starts attempt 2
+    await _reconciler(api, clock=NOW + 5).reconcile("team-x", "digits")
+    assert api.pods == {}
+    await _reconciler(api, clock=NOW + 12).reconcile("team-x", "digits")
+    assert _status(api)["attempt"] == 2 and _status(api)["restarts"] == 1
+    assert {p["metadata"]["labels"]["heterotrain.io/attempt"] for p in api.pods.values()} == {"2"}
+
+
+async def test_backoff_limit_exceeded_fails_and_deletes_pods() -> None:
+    api = FakeApi(_job(runPolicy={"backoffLimit": 0, "cleanPodPolicy": "All"}))
+    await _reconciler(api).reconcile("team-x", "digits")
+    _set_phase(api, **{"digits-g0": "Running", "digits-g1": "Failed", "digits-g2": "Running"})
+    assert await _reconciler(api).reconcile("team-x", "digits") == CONFIG.resync_s
+    assert await _reconciler(api).reconcile("team-x", "digits") is None  # finished, nothing left
+    st = _status(api)
+    assert (st["phase"], [c["reason"] for c in st["conditions"] if c["type"] == "Failed"]) == (
+        "Failed", ["BackoffLimitExceeded"])
+    assert api.pods == {} and "completionTime" in st
+
+
+async def test_suspend_then_resume() -> None:
+    api = FakeApi(_job())
+    await _reconciler(api).reconcile("team-x", "digits")
+    api.jobs[("team-x", "digits")]["spec"]["runPolicy"]["suspend"] = True
+    await _reconciler(api).reconcile("team-x", "digits")
+    assert api.pods == {} and _status(api)["phase"] == "Suspended"
+    api.jobs[("team-x", "digits")]["spec"]["runPolicy"]["suspend"] = False
+    await _reconciler(api).reconcile("team-x", "digits")
+    assert len(api.pods) == 3 and _status(api)["attempt"] == 2
+
+
+async def test_ttl_deletes_a_finished_job() -> None:
+    api = FakeApi(_job(runPolicy={"ttlSecondsAfterFinished": 5}))
+    api.jobs[("team-x", "digits")]["status"] = {"phase": "Succeeded", "completionTime": "2027-01-15T08:00:00Z"}
+    assert await _reconciler(api, clock=NOW + 2).reconcile("team-x", "digits") == pytest.approx(3)
+    assert await _reconciler(api, clock=NOW + 5).reconcile("team-x", "digits") is None
+    assert api.jobs == {}
+
+
+async def test_kicks_coalesce_and_run_one_reconcile_at_a_time() -> None:
+    api = FakeApi(_job())
+    rec = _reconciler(api)
+    calls: list[str] = []
+
+    async def fake(namespace: str, name: str) -> None:
+        calls.append(name)
+        await asyncio.sleep(0.01)
+
+    rec.reconcile = fake  # type: ignore[method-assign]
+    for _ in range(5):
+        rec.kick("team-x", "digits")
+    await asyncio.sleep(0.1)
+    assert calls == ["digits"]
+    await rec.stop()
+
+
+def test_peering_rule_matches_kopf() -> None:
+    seen = "2027-01-15T08:00:00+00:00"
+    body = {"status": {"me": {"priority": 5, "lastseen": seen, "lifetime": 60},
+                       "other": {"priority": 9, "lastseen": seen, "lifetime": 60}}}
+    assert peering_leader(body, "me", 5, NOW + 1) is False       # a live higher peer
+    assert peering_leader(body, "me", 10, NOW + 1) is True       # we are higher
+    assert peering_leader(body, "me", 5, NOW + 61) is True       # the other one is dead
+    same = {"status": {"other": {"priority": 5, "lastseen": seen, "lifetime": 60}}}
+    assert peering_leader(same, "me", 5, NOW + 1) is False       # a tie pauses both, like kopf
+    assert peering_leader(None, "me", 5, NOW) is True            # no peering object: standalone
+
+
+def test_node_index_keeps_what_the_planner_reads_and_gpu_pod_index_skips_finished() -> None:
+    node = _nodes()[0]
+    trimmed = runner.trim_node({**node, "metadata": {**node["metadata"], "managedFields": [1]}})
+    assert "managedFields" not in trimmed["metadata"]
+    assert trimmed["metadata"]["labels"] == node["metadata"]["labels"]
+    assert trimmed["status"]["allocatable"] == node["status"]["allocatable"]
+    pod = {"metadata": {"name": "p", "namespace": "n"},
+           "spec": {"nodeName": "node-t4", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+           "status": {"phase": "Running"}}
+    assert list(runner.gpu_pod_entry(pod)) == ["node-t4"]
+    assert runner.gpu_pod_entry({**pod, "status": {"phase": "Succeeded"}}) is None
+    cpu = copy.deepcopy(pod)
+    cpu["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    assert runner.gpu_pod_entry(cpu) is None

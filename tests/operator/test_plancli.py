@@ -1,0 +1,112 @@
+"""``heterotrain plan``: table and JSON output, exit codes, one-line errors naming the field."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from builders import job_manifest
+
+from hetero_operator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+DIGITS = str(ROOT / "examples" / "digits.yaml")
+MIXED = str(ROOT / "examples" / "clusters" / "mixed.yaml")
+FLEET = str(ROOT / "examples" / "clusters" / "fleet.yaml")
+CASES = ROOT / "tests" / "fixtures" / "cases"
+
+
+def test_table_on_the_mixed_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", DIGITS, "--nodes", MIXED]) == 0
+    out = capsys.readouterr().out
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    assert rows == [
+        ["0", "0", "node-a100", "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu124", "bf16", "70", "55.0%"],
+        ["1", "1", "node-v100", "Tesla-V100-SXM2-16GB", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu118", "fp16", "28", "22.0%"],
+        ["2", "2", "node-t4", "Tesla-T4", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu128", "fp16", "15", "11.5%"],
+        ["3", "2", "node-t4", "Tesla-T4", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu128", "fp16", "15", "11.5%"]]
+    assert "Expected speed-up over an equal split: 2.13x" in out
+
+
+def test_fleet_lists_every_excluded_node_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", DIGITS, "--nodes", FLEET]) == 0
+    out = capsys.readouterr().out
+    for node, reason in [("a100-mig-1", "MigReconfigurationPending"), ("cpu-0", "NoGPUs"), ("l4-0", "NotReady"),
+                         ("rtx-0", "Tainted"), ("t4-1", "Unschedulable"), ("v100-0", "NoCompatibleImage")]:
+        assert any(node in line and reason in line for line in out.splitlines()), node
+    assert "Warning l40s-0 GpuFamilyLabelMismatch" in out
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", DIGITS, "--nodes", MIXED, "-o", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["result"], data["world_size"], data["expected_speedup_over_equal"]) == ("planned", 4, 2.133333)
+    assert [r["local_batch"] for r in data["ranks"]] == [70, 28, 15, 15]
+    assert [g["ranks"] for g in data["groups"]] == [[0], [1], [2, 3]]
+
+
+def test_unschedulable_exits_2_with_the_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_manifest(ranks=8, gpus={"allowedProducts": ["Tesla-T4"]})))
+    assert main(["plan", str(job), "--nodes", FLEET]) == 2
+    out = capsys.readouterr().out
+    assert "Unschedulable (InsufficientGPUs): Tesla-T4: need 8, free 2 (t4-1: cordoned)" in out
+    assert main(["plan", str(job), "--nodes", FLEET, "-o", "json"]) == 2
+    data = json.loads(capsys.readouterr().out)
+    assert (data["result"], data["shortfalls"]) == ("unschedulable", [
+        {"gpu_type": "Tesla-T4", "need": 8, "free": 2, "reasons": ["t4-1: cordoned"]}])
+
+
+def test_pods_file_marks_gpus_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pods = tmp_path / "pods.yaml"
+    pods.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        {"kind": "Pod", "spec": {"nodeName": "node-t4", "containers": [
+            {"name": "x", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}, "status": {"phase": "Running"}}]}))
+    assert main(["plan", DIGITS, "--nodes", MIXED, "--pods", str(pods), "-o", "json"]) == 0
+    assert [r["node"] for r in json.loads(capsys.readouterr().out)["ranks"]] == ["node-a100", "node-v100"]
+
+
+def test_multi_document_node_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", DIGITS, "--nodes", str(CASES / "05-h100-hopper-node-and-mig-switch.yaml"), "-o", "json"]) == 0
+    assert {r["node"] for r in json.loads(capsys.readouterr().out)["ranks"]} == {"node-a"}
+    docs = tmp_path / "nodes.yaml"
+    items = yaml.safe_load(Path(MIXED).read_text())["items"]
+    docs.write_text(yaml.safe_dump_all(items))
+    assert main(["plan", DIGITS, "--nodes", str(docs), "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["world_size"] == 4
+
+
+@pytest.mark.parametrize(("job_text", "nodes", "expected"), [
+    (None, MIXED, "missing.yaml: no such file"),
+    ("kind: [unclosed", MIXED, "job.yaml: not valid YAML (line 1)"),
+    ("no-globalBatchSize", MIXED, "spec.training.globalBatchSize: is required"),
+    ("ok", "/nonexistent/nodes.yaml", "/nonexistent/nodes.yaml: no such file"),
+    ("ok", DIGITS, "items: no Node objects"),
+], ids=["missing job file", "job is not YAML", "job without a batch size", "missing node file",
+        "node file without nodes"])
+def test_bad_input_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                          job_text: str | None, nodes: str, expected: str) -> None:
+    job = tmp_path / ("missing.yaml" if job_text is None else "job.yaml")
+    if job_text == "no-globalBatchSize":
+        job.write_text(yaml.safe_dump(job_manifest(global_batch=None)))
+    elif job_text == "ok":
+        job.write_text(yaml.safe_dump(job_manifest()))
+    elif job_text is not None:
+        job.write_text(job_text)
+    assert main(["plan", str(job), "--nodes", nodes]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("heterotrain plan: error: ") and expected in lines[0]
+
+
+@pytest.mark.timeout(60)
+def test_module_entry_point_as_a_subprocess() -> None:
+    proc = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", DIGITS, "--nodes", MIXED,
+                           "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["world_size"] == 4

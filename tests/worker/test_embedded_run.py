@@ -1,0 +1,196 @@
+"""``heterotrain run``: inputs, process environments, supervision and restarts (no training).
+
+The worker here is a tiny ``python -c`` program, so these tests check the embedded launcher's own
+behaviour in seconds; ``test_embedded_digits.py`` runs the real default job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetero_worker import contract as c
+from hetero_worker import embedded, localnodes, rundir
+from hetero_worker.nvml import GpuInfo
+from hetero_worker.report import RankRow, measured_speedup_over_equal
+
+RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
+
+# Rank program: records its contract, fails with code 5 on rank 1 while attempts < FAIL_TIMES.
+FLAKY = textwrap.dedent("""
+    import json, os, sys, time
+    from hetero_worker.contract import parse_contract
+    from hetero_worker.metrics import WorkerMetrics
+    ct = parse_contract(os.environ)
+    out = os.environ["OUT"]
+    attempt = len([f for f in os.listdir(out) if f.startswith(f"start-{ct.rank}-")])
+    m = WorkerMetrics(ct)
+    m.set_total_steps(2)
+    for _ in range(2):
+        m.observe_step(0.01, 0.01, 0.0, ct.local_batch_size, 1.0)
+    m.flush()
+    open(os.path.join(out, f"start-{ct.rank}-{attempt}"), "w").close()
+    if attempt < int(os.environ["FAIL_TIMES"]):
+        if ct.rank == 1:  # fail once every rank of this attempt is up
+            while len([f for f in os.listdir(out) if f.endswith(f"-{attempt}")]) < ct.world_size:
+                time.sleep(0.05)
+            sys.exit(5)
+        time.sleep(60)  # stopped by the launcher when rank 1 fails
+    if ct.rank == 0:
+        from hetero_worker.rundir import write_result
+        write_result({"accuracy": 0.5})
+""")
+
+
+def _job(tmp_path: Path, *, fail_times: int, checkpoint: bool, backoff_limit: int = 2) -> Path:
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits.yaml").read_text())
+    doc["metadata"]["name"] = "flaky"
+    doc["spec"]["worker"] = {"command": ["python", "-c", FLAKY],
+                             "env": [{"name": "OUT", "value": str(tmp_path / "out")},
+                                     {"name": "FAIL_TIMES", "value": str(fail_times)}]}
+    doc["spec"]["training"]["precision"] = "FP32"
+    if not checkpoint:
+        del doc["spec"]["training"]["checkpoint"]
+    doc["spec"]["runPolicy"]["backoffLimit"] = backoff_limit
+    (tmp_path / "out").mkdir()
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _run(tmp_path: Path, job: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RUN, str(job), "--workdir", str(tmp_path / "work"), "--grace-s", "2",
+                           "--metrics-port-base", "0", *extra],
+                          cwd=Path(__file__).parents[2], capture_output=True, text=True, timeout=100)
+
+
+def _starts(tmp_path: Path) -> list[str]:
+    return sorted(os.listdir(tmp_path / "out"))
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_rank_restarts_all_ranks_from_the_checkpoint_until_success(tmp_path):
+    done = _run(tmp_path, _job(tmp_path, fail_times=2, checkpoint=True, backoff_limit=2))
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Three attempts of all four ranks: two failed on rank 1, the third succeeded.
+    assert _starts(tmp_path) == sorted(f"start-{r}-{a}" for r in range(4) for a in range(3))
+    assert done.stdout.count("Restarting all ranks from the last checkpoint") == 2
+    assert "rank 1 exited with code 5" in done.stdout
+    assert "Result: accuracy 50.00%" in done.stdout and "Job succeeded" in done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_backoff_limit_ends_the_job_with_the_ranks_exit_code(tmp_path):
+    done = _run(tmp_path, _job(tmp_path, fail_times=9, checkpoint=True, backoff_limit=1))
+    assert done.returncode == 5
+    assert _starts(tmp_path) == sorted(f"start-{r}-{a}" for r in range(4) for a in range(2))
+    assert "backoffLimit 1 reached" in done.stdout
+
+
+@pytest.mark.timeout(120)
+def test_without_checkpointing_a_failure_is_final(tmp_path):
+    done = _run(tmp_path, _job(tmp_path, fail_times=1, checkpoint=False))
+    assert done.returncode == 5
+    assert _starts(tmp_path) == [f"start-{r}-0" for r in range(4)]
+    assert "no checkpointing" in done.stdout
+    work = tmp_path / "work"
+    # Every rank reported its statistics before rank 1 failed; the table shows the plan's split.
+    stats = [json.loads((work / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert [s["local_batch"] for s in stats] == [70, 28, 15, 15]
+    assert [s["steps"] for s in stats] == [2, 2, 2, 2]
+
+
+def test_bad_input_and_unschedulable_exit_codes(tmp_path):
+    missing = subprocess.run([*RUN, str(tmp_path / "nope.yaml")], capture_output=True, text=True,
+                             timeout=60)
+    assert missing.returncode == 1 and "no such file" in missing.stderr
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits.yaml").read_text())
+    doc["spec"]["gpus"] = {"ranks": 6, "minRanks": 6}
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump(doc))
+    unschedulable = subprocess.run([*RUN, str(big)], capture_output=True, text=True, timeout=60,
+                                   cwd=Path(__file__).parents[2])
+    assert unschedulable.returncode == 2 and "Unschedulable" in unschedulable.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "overrides", "expected"),
+    [(["--epochs", "12"], {"--epochs": 3, "--max-steps": None}, ["--epochs", "3"]),
+     ([], {"--epochs": None, "--max-steps": 7}, ["--max-steps", "7"]),
+     (["--lr", "0.1"], {"--epochs": None, "--max-steps": None}, ["--lr", "0.1"])],
+    ids=["replace a flag", "append a flag", "no override"])
+def test_worker_argv_overrides_and_uses_this_interpreter(args, overrides, expected):
+    argv = embedded.worker_argv(["python", "-m", "pkg"], args, overrides=overrides)
+    assert argv == [sys.executable, "-m", "pkg", *expected]
+
+
+def test_process_env_is_the_rank_contract_over_a_clean_base(tmp_path):
+    rank_env = {c.RANK: "1", c.WORLD_SIZE: "2", c.METRICS_PORT: "9481"}
+    base = {"PATH": "/usr/bin", "RANK": "7", "HTJ_FIRST_RANK": "3", "CUDA_VISIBLE_DEVICES": "5",
+            "HOME": "/root", "OMP_NUM_THREADS": "3"}
+    envs = embedded.process_envs([rank_env, rank_env], base_env=base, run_dir=tmp_path,
+                                 worker_env=[{"name": "A", "value": "1"},
+                                             {"name": "B", "valueFrom": {"fieldRef": {}}}],
+                                 gpu_indices=None)
+    bin_dir = str(Path(sys.executable).parent)
+    assert envs[0] == {"PATH": f"{bin_dir}{os.pathsep}/usr/bin", "HOME": "/root",
+                       "OMP_NUM_THREADS": "3", "A": "1", **rank_env,
+                       rundir.RUN_DIR: str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    pinned = embedded.process_envs([rank_env, rank_env], base_env={}, run_dir=tmp_path,
+                                   worker_env=[], gpu_indices=[3, 1])
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in pinned] == ["3", "1"]
+    assert pinned[0]["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+
+
+def test_free_port_range_is_free():
+    import socket
+    base = embedded.free_port_range(4)
+    for port in range(base, base + 4):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def _gpu(index, product, cc, mem_mib, mig=False):
+    return GpuInfo(index=index, uuid=f"GPU-{index}", product=product, compute_capability=cc,
+                   memory_mib=mem_mib, mig_enabled=mig)
+
+
+def test_real_gpus_become_one_node_per_product_and_plan_onto_their_indices(monkeypatch):
+    """The NVML path of ``heterotrain run`` on a fake machine: 2x A100 (NVML 0, 2), 1x T4 (1),
+    and a MIG-enabled A100 (3) that is left out."""
+    from hetero_worker import nvml
+    gpus = [_gpu(0, "NVIDIA-A100-SXM4-40GB", "8.0", 40960), _gpu(1, "Tesla-T4", "7.5", 15360),
+            _gpu(2, "NVIDIA-A100-SXM4-40GB", "8.0", 40960),
+            _gpu(3, "NVIDIA-A100-SXM4-40GB", "8.0", 40960, mig=True)]
+    nodes, indices = localnodes.nodes_from_gpus(gpus, host="box", driver_version="550.54.15",
+                                                cuda_version="12.4")
+    assert indices == {"box-nvidia-a100-sxm4-40gb": [0, 2], "box-tesla-t4": [1]}
+    labels = nodes[0]["metadata"]["labels"]
+    assert (labels["nvidia.com/gpu.count"], labels["nvidia.com/gpu.family"],
+            labels["nvidia.com/cuda.runtime-version.full"]) == ("2", "ampere", "12.4")
+    monkeypatch.setattr(nvml, "list_gpus", lambda: gpus)
+    monkeypatch.setattr(nvml, "driver_versions", lambda: ("550.54.15", "12.4"))
+    from rich.console import Console
+    args = embedded.argparse.Namespace(job=str(Path(__file__).parents[2] / "examples" / "digits.yaml"),
+                                       nodes=None, simulate=False)
+    planned = embedded._plan(args, Console(file=open(os.devnull, "w")))
+    assert not planned.simulated
+    by_rank = [(r.gpu_type, i) for r, i in zip(planned.plan.ranks, planned.gpu_indices)]
+    assert sorted(by_rank) == [("NVIDIA-A100-SXM4-40GB", 0), ("NVIDIA-A100-SXM4-40GB", 2),
+                               ("Tesla-T4", 1)]
+
+
+def test_measured_speedup_over_equal_split():
+    def row(t, b):
+        return RankRow(rank=0, device="x", simulated=True, relative_speed=1.0, local_batch=b,
+                       steps=1, samples_per_s=0.0, wait_share=0.0, compute_s_per_sample=t)
+    # Speeds 1 : 1/3 -> split 3:1 of 8. Equal split (4 each): slow rank takes 4 * 3 = 12;
+    # this split: max(6 * 1, 2 * 3) = 6 -> 2x.
+    assert measured_speedup_over_equal([row(1.0, 6), row(3.0, 2)]) == pytest.approx(2.0)
