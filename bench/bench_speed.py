@@ -386,8 +386,103 @@ def main() -> int:
     return 0
 
 
+def _fmt(v, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def render_markdown(s: dict) -> str:
+    """The results table (bench/results/speed.md; docs/speed.md quotes it)."""
+    lines = ["| Setup | Measured | Target | Result |", "|---|---|---|---|"]
+    check = s.get("checks", {})
+
+    def row(setup: str, measured: str, target: str, key: str) -> None:
+        ok = check.get(key)
+        lines.append(f"| {setup} | {measured} | {target} | {'pass' if ok else 'FAIL' if ok is not None else '-'} |")
+
+    if "rebalance" in s:
+        r = s["rebalance"]
+        row("Static speeds 1,1,2,4 (rebalanced from equal)",
+            f"{r['dynamic_samples_per_s']:.0f} samples/s = {r['dynamic_over_ideal']:.3f} of ideal "
+            f"({r['ideal_samples_per_s']:.0f}); split {r['final_split_static']}", ">= 0.95 of ideal",
+            "static >= 0.95 of ideal")
+        row("Static speeds 1,1,2,4 vs equal split",
+            f"{r['dynamic_over_equal']:.2f}x ({r['equal_samples_per_s']:.0f} samples/s equal)",
+            ">= 1.9x", "static >= 1.9x equal")
+        row("Fastest rank drops to speed 1 at step 10 of 60",
+            f"0.85 of new ideal after {r['steps_to_085_of_new_ideal']} steps; steps 20-60 at "
+            f"{r['dynamic_steps_20_60_over_new_ideal']:.3f} of new ideal; split {r['final_split_drift']}",
+            ">= 0.85 within 10 steps", "drift >= 0.85 of new ideal within 10 steps")
+        row("... vs one-time split (steps 10-60)",
+            f"{r['dynamic_over_one_time']:.2f}x ({r['dynamic_after_drift_samples_per_s']:.0f} vs "
+            f"{r['one_time_after_drift_samples_per_s']:.0f} samples/s)", ">= 1.3x",
+            "drift >= 1.3x one-time split")
+    for key, name in (("slow_modes", f"{LINK_MBIT} Mbit/s link"), ("fast_modes", "unshaped veth")):
+        if key in s:
+            m = s[key]
+            steps = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in m["step_s"].items())
+            if key == "slow_modes":
+                row(f"2 nodes x 2 ranks, {name}: hierarchy", f"node/flat = {m['node_over_flat']:.2f}x ({steps})",
+                    ">= 1.4x", "slow link: hierarchical >= 1.4x flat")
+            row(f"2 nodes x 2 ranks, {name}: auto", f"chose {m['auto_chose']} (fastest fixed: "
+                f"{m['best_fixed']}); {m['auto_over_best']:.2f}x of best fixed", ">= 0.95x, same choice",
+                f"{key.split('_')[0]} link: auto >= 0.95x best fixed")
+    if "codecs" in s:
+        c = s["codecs"]
+        for mode, target, key, lkey in (("int8", ">= 3x, loss within 2%", "int8+EF >= 3x fp32", "int8 loss within 2%"),
+                                        ("powersgd", ">= 10x, loss within 2%", "PowerSGD r4 >= 10x fp32", "PowerSGD loss within 2%")):
+            v = c[mode]
+            ok = check.get(key) and check.get(lkey)
+            lines.append(f"| Compression {mode} over {LINK_MBIT} Mbit/s | {v['speedup_over_fp32']:.2f}x faster steps "
+                         f"({v['step_s'] * 1000:.0f} vs {c['none']['step_s'] * 1000:.0f} ms); loss "
+                         f"{_fmt(v['loss'], 4)} vs {_fmt(c['none']['loss'], 4)} ({100 * v['loss_rel_diff']:+.2f}%) "
+                         f"| {target} | {'pass' if ok else 'FAIL'} |")
+        for mode in ("fp16", "bf16"):
+            v = c[mode]
+            lines.append(f"| Compression {mode} over {LINK_MBIT} Mbit/s | {v['speedup_over_fp32']:.2f}x faster steps "
+                         f"| (no target) | - |")
+        lines += ["", "| Codec | bytes counted by the codec (leader, node A) | bytes sent by node A's veth | veth / counted |",
+                  "|---|---|---|---|"]
+        for mode, v in c.items():
+            lines.append(f"| {mode} | {v['counted_bytes']} | {v['veth_tx_bytes']} | {_fmt(v['veth_over_counted'], 3)} |")
+    lines.append("")
+    lines.append(f"Whole run: {s.get('wall_s', 0):.0f} s.")
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(s: dict, path: Path) -> None:
+    """Three panels: throughput per step across the drift, step time per hierarchy, per codec."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    if "rebalance" in s:
+        r, ax = s["rebalance"], axes[0]
+        ax.plot(r["per_step_dynamic_drift"], label="rebalancing")
+        ax.plot(r["per_step_one_time_drift"], label="one-time split")
+        ax.axhline(r["ideal_samples_per_s"], ls="--", c="grey", label="ideal before")
+        ax.axhline(r["ideal_after_drift_samples_per_s"], ls=":", c="black", label="ideal after")
+        ax.axvline(10, c="red", lw=0.8)
+        ax.set(title="Speeds 1,1,2,4; rank 3 drops to 1 at step 10", xlabel="step",
+               ylabel="samples/s")
+        ax.legend(fontsize=8)
+    for key, label, offset in (("slow_modes", f"{LINK_MBIT} Mbit/s", -0.2), ("fast_modes", "unshaped", 0.2)):
+        if key in s:
+            modes = list(s[key]["step_s"])
+            axes[1].bar([i + offset for i in range(len(modes))], [s[key]["step_s"][m] * 1000 for m in modes],
+                        width=0.4, label=label)
+            axes[1].set_xticks(range(len(modes)), modes)
+    axes[1].set(title="Step time per hierarchy (2 nodes x 2 ranks)", ylabel="ms", yscale="log")
+    axes[1].legend(fontsize=8)
+    if "codecs" in s:
+        c = s["codecs"]
+        axes[2].bar(list(c), [v["step_s"] * 1000 for v in c.values()])
+        axes[2].set(title=f"Step time per codec over {LINK_MBIT} Mbit/s (node hierarchy)", ylabel="ms",
+                    yscale="log")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def write_results(out: Path, summary: dict, raw: dict) -> None:
-    from speed_report import render_markdown, render_plot
     out.mkdir(parents=True, exist_ok=True)
     (out / "speed.json").write_text(json.dumps({"summary": summary, "raw": raw}, indent=1))
     (out / "speed.md").write_text(render_markdown(summary))

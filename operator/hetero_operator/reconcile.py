@@ -177,6 +177,8 @@ class Reconciler:
         node_names = {n["metadata"]["name"] for n in self.nodes()}
         decision = lc.decide(st.job_state(status), spec.run_policy, states, nodes=node_names,
                              now_s=now, timing=self.timing)
+        log.debug("%s/%s: %s %s (%s) pods=%s", namespace, name, decision.action, decision.phase,
+                  decision.reason, [(p.name, p.phase) for p in states])
         if decision.delete_pods:
             await asyncio.gather(*(self.api.delete_pod(namespace, p) for p in decision.delete_pods))
         if decision.action == lc.START:
@@ -202,6 +204,9 @@ class Reconciler:
         inventory = build_inventory(self.nodes(), [p for p in self.gpu_pods()
                                                    if not _owned_by(p, spec.name, spec.namespace)])
         result = plan_job(spec, inventory)
+        log.info("%s/%s: planned over %d usable node(s), %d GPU pod(s) bound: %s", spec.namespace,
+                 spec.name, len(inventory.nodes), len(self.gpu_pods()),
+                 getattr(result, "message", None) or [(g.node, g.gpu_type, len(g.ranks)) for g in result.groups])
         if isinstance(result, Unschedulable):
             self.metrics.record_plan("unschedulable")
             message = f"Unschedulable: {result.message}"

@@ -25,7 +25,8 @@ from helm import helm
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "heterotrain"
 CRD_NAME = "heterotrainingjobs.heterotrain.io.yaml"
-K8S_VERSION = "1.34.0"
+K8S_VERSIONS = ("1.25.0", "1.34.0")
+"""The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the one helm 3.19 targets."""
 CI_VALUES = sorted(p.name for p in (CHART / "ci").glob("*-values.yaml"))
 SCENARIOS = ["default", *CI_VALUES]
 RELEASE, NAMESPACE = "htj", "heterotrain-system"
@@ -76,8 +77,9 @@ def test_helm_lint_strict_passes(scenario: str) -> None:
     assert "1 chart(s) linted, 0 chart(s) failed" in out
 
 
+@pytest.mark.parametrize("k8s_version", K8S_VERSIONS)
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_every_rendered_object_validates_offline(scenario: str) -> None:
+def test_every_rendered_object_validates_offline(scenario: str, k8s_version: str) -> None:
     docs = objects(scenario)
     assert docs, "helm template rendered nothing"
     custom = 0
@@ -88,9 +90,10 @@ def test_every_rendered_object_validates_offline(scenario: str) -> None:
             custom += 1
             continue
         try:
-            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+            kubernetes_validate.validate(doc, k8s_version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{scenario}: {where} is invalid: {exc.message} at {list(exc.path)}")
+            pytest.fail(f"{scenario}: {where} is invalid for Kubernetes {k8s_version}: "
+                        f"{exc.message} at {list(exc.path)}")
     kinds = {d["kind"] for d in docs}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "Service"} <= kinds
 
@@ -228,26 +231,31 @@ def test_rbac_is_least_privilege() -> None:
 
 def test_every_rbac_rule_says_why() -> None:
     """Each rule group in rbac.yaml is introduced by a 'Framework:' or 'Application:' comment."""
-    for scenario in ("default", "namespaced-values.yaml"):
+    for scenario in SCENARIOS:
         text = render(scenario)[0]
         for block in re.split(r"^---$", text, flags=re.M):
             if not re.search(r"^kind: (Cluster)?Role$", block, flags=re.M):
                 continue
-            why = None
+            why, in_comment = None, False
             rules = block.split("\nrules:\n", 1)[1].splitlines()
             assert rules, "role without rules"
             for line in rules:
                 stripped = line.strip()
                 if stripped.startswith("#"):
-                    why = stripped
-                elif stripped.startswith("- apiGroups"):
+                    why = why if in_comment else stripped  # first line of a comment block
+                    in_comment = True
+                    continue
+                in_comment = False
+                if stripped.startswith("- apiGroups"):
                     assert why is not None and re.match(r"# (Framework|Application): \S", why), (
                         f"rule without a Framework:/Application: comment in {scenario}:\n{block}")
 
 
 def test_peering_off_runs_standalone_without_peering_rbac() -> None:
     scenario = "monitoring-off-values.yaml"
-    assert env_of(operator_container(scenario))["HTJ_PEERING"] == ""
+    container = operator_container(scenario)
+    assert "HTJ_PEERING" not in env_of(container)
+    assert container["args"] == ["operator", "--peering="]  # '' = standalone (OperatorConfig)
     assert objects(scenario, kind="ClusterKopfPeering") == []
     assert not grants(one(scenario, "ClusterRole"), "kopf.dev", "clusterkopfpeerings", "get")
 

@@ -20,9 +20,9 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,19 +75,36 @@ def two_rank_job(path: Path) -> Path:
     return path
 
 
-def drive_operator_metrics(port: int) -> Any:
-    """Serve hetero_operator.opmetrics on ``port`` with a few recorded events; returns the server."""
+def two_free_ports() -> int:
+    """A port P such that P and P + 1 were both free on 127.0.0.1 a moment ago."""
+    while True:
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def serve_operator_metrics(port: int) -> tuple[Any, Any]:
+    """Serve hetero_operator.opmetrics on ``port``; returns (metrics, HTTP server)."""
     from hetero_operator.opmetrics import OperatorMetrics
 
     op = OperatorMetrics()
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=op.registry)
     op.set_phases(["Running", "Pending"])
-    op.record_plan("planned")
+    return op, server
+
+
+def record_operator_events(op: Any) -> None:
+    """What the operator records while it places a job: plans, pods, a restart, reconciles."""
     op.record_plan("unschedulable")
-    op.restarts.inc()
+    op.record_plan("planned")
     op.pods_created.inc(2)
-    op.reconcile_duration.observe(0.02)
-    return server
+    op.restarts.inc()
+    for duration_s in (0.004, 0.02, 0.3):
+        op.reconcile_duration.observe(duration_s)
 
 
 def write_targets(prometheus: PrometheusServer, groups: list[dict[str, Any]]) -> None:
@@ -102,15 +119,7 @@ def live(prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory)
     """The Prometheus fixture scraping a running 2-rank ``heterotrain run`` and the operator metrics."""
     workdir = tmp_path_factory.mktemp("promql-live")
     job_file = two_rank_job(workdir / "digits-live.yaml")
-    port_base = free_port()
-    while True:  # two consecutive free ports for the two ranks
-        try:
-            import socket
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port_base + 1))
-            break
-        except OSError:
-            port_base = free_port()
+    port_base = two_free_ports()
     log = (workdir / "run.log").open("wb")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
     run = subprocess.Popen(
@@ -118,7 +127,7 @@ def live(prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory)
          str(workdir / "run"), "--epochs", "200", "--metrics-port-base", str(port_base)],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     op_port = free_port()
-    op_server = drive_operator_metrics(op_port)
+    op, op_server = serve_operator_metrics(op_port)
     workers = [f"127.0.0.1:{port_base + r}" for r in range(2)]
     operator = f"127.0.0.1:{op_port}"
     try:
@@ -130,6 +139,9 @@ def live(prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory)
                             f'and htj_steps_total{{job="{JOB}"}} > 5',
                             lambda r: len(r) == 2, timeout_s=150)
         prometheus.wait_for(f'up{{instance="{operator}"}} == 1', timeout_s=10)
+        record_operator_events(op)  # between scrapes, so rates and increases see them
+        prometheus.wait_for(f'rate(htj_operator_reconcile_duration_seconds_count[{RATE_INTERVAL}]) > 0',
+                            timeout_s=10)
         yield prometheus
     except Exception as exc:
         log.flush()
@@ -224,9 +236,11 @@ def test_job_view_numbers_match_the_run(live: PrometheusServer, variables: dict[
     ask = lambda uid, panel: live.query(substitute(by_panel[(uid, panel)].expr, variables))
     batches = {s["metric"]["rank"]: float(s["value"][1])
                for s in ask("heterotrain-job", "Local batch per rank")}
-    assert sum(batches.values()) == 128  # examples/digits.yaml: globalBatchSize 128
+    global_batch = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())[
+        "spec"]["training"]["globalBatchSize"]
+    assert sum(batches.values()) == global_batch
     assert batches["0"] != batches["1"], "a proportional split on two GPU types is uneven"
-    assert values_of(ask("heterotrain-job", "Global batch")) == [128.0]
+    assert values_of(ask("heterotrain-job", "Global batch")) == [float(global_batch)]
     assert values_of(ask("heterotrain-job", "Ranks")) == [2.0]
     assert values_of(ask("heterotrain-cluster", "GPUs in use by jobs")) == [2.0]
     [ratio] = values_of(ask("heterotrain-job", "Straggler ratio"))

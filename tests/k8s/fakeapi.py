@@ -87,6 +87,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
     _watchers: list[tuple[tuple[str, str, str], str | None, asyncio.Queue]] = attrs.field(factory=list)
     _crd: dict[str, Any] = attrs.field(factory=crdcheck.load_crd)
     listeners: list[Any] = attrs.field(factory=list)
+    created: list[tuple[Any, ...]] = attrs.field(factory=list)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -134,6 +135,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
         meta.pop("deletionTimestamp", None)
         self._stamp(obj)
         self.store[key] = obj
+        self.created.append((resource, namespace, name, meta["uid"], dict(meta.get("labels") or {})))
         await self._notify(resource, "ADDED", obj)
         return copy.deepcopy(obj)
 
@@ -161,7 +163,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
         if old["metadata"].get("deletionTimestamp"):
             new["metadata"]["deletionTimestamp"] = old["metadata"]["deletionTimestamp"]
         if resource == HTJ and self.validate_htj:
-            new = self._validate_htj(new, old)
+            new = self._validate_htj(new, old, status_only=subresource == "status")
         if new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
         if new == old:
@@ -311,14 +313,22 @@ class FakeApiServer(kmock.KubernetesScaffold):
             if (resource, ns, name) in self.store:
                 await self.delete(resource, ns, name)
 
-    def _validate_htj(self, obj: dict[str, Any], old: Mapping[str, Any] | None) -> dict[str, Any]:
+    def _validate_htj(self, obj: dict[str, Any], old: Mapping[str, Any] | None, *,
+                      status_only: bool = False) -> dict[str, Any]:
+        """Default+validate (not for status writes: unchanged spec is not re-validated, like the
+        API server's validation ratcheting) and prune undeclared status fields."""
+        schema = crdcheck.openapi_schema(self._crd)
+        if status_only:
+            checked = copy.deepcopy(obj)
+            if "status" in obj:
+                checked["status"] = crdcheck.prune(schema["properties"]["status"], obj["status"])
+            return checked
         try:
             checked = crdcheck.validate({k: v for k, v in obj.items() if k != "status"},
                                         old={k: v for k, v in old.items() if k != "status"} if old else None,
                                         crd=self._crd)
         except crdcheck.Invalid as exc:
             raise _err(422, "Invalid", str(exc)) from None
-        schema = crdcheck.openapi_schema(self._crd)
         if "status" in obj:
             checked["status"] = crdcheck.prune(schema["properties"]["status"], obj["status"])
         return checked

@@ -8,9 +8,9 @@ a task with the registrations of ``hetero_operator.main``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -42,8 +42,8 @@ class Cluster:
         self.api = FakeApiServer()
         self.server = kmock.Server(self.api)
         self.kubelet = LocalKubelet(self.api, log_dir=workdir / "pods") if kubelet else None
-        self._operator: asyncio.Task[Any] | None = None
-        self._stop: asyncio.Event | None = None
+        self._operator: threading.Thread | None = None
+        self._stop: threading.Event | None = None
         self._old_env: str | None = None
 
     async def __aenter__(self) -> Cluster:
@@ -69,7 +69,9 @@ class Cluster:
             os.environ["KUBECONFIG"] = self._old_env
 
     async def start_operator(self, config: Any) -> None:
-        """Run kopf's operator with our registrations and ``config`` as a background task."""
+        """Run kopf's ``operator()`` with our registrations in its own thread and event loop
+        (as in production, it talks to the API only over HTTP; kopf also cancels every task
+        started in its loop when it stops, which must not hit the server or the kubelet)."""
         import kopf
 
         import hetero_operator.main  # noqa: F401 - registers the handlers
@@ -77,22 +79,25 @@ class Cluster:
 
         memo = runner.make_memo(config, metrics_url=(self.kubelet.metrics_url if self.kubelet
                                                      else runner.default_metrics_url))
-        self._stop = asyncio.Event()
-        ready = asyncio.Event()
+        stop, ready = threading.Event(), threading.Event()
         kwargs = runner.operator_kwargs(config, memo)
-        self._operator = asyncio.create_task(kopf.operator(
-            registry=kopf.get_default_registry(), stop_flag=self._stop, ready_flag=ready, **kwargs))
-        await asyncio.wait_for(ready.wait(), 30)
-        self.memo = memo
+
+        def main() -> None:
+            asyncio.run(kopf.operator(registry=kopf.get_default_registry(), stop_flag=stop,
+                                      ready_flag=ready, **kwargs))
+
+        thread = threading.Thread(target=main, name="operator", daemon=True)
+        thread.start()
+        await asyncio.to_thread(ready.wait, 30)
+        self._operator, self._stop, self.memo = thread, stop, memo
 
     async def stop_operator(self) -> None:
-        """Stop kopf (like the operator pod going away) and wait for it."""
+        """Stop kopf (like the operator pod going away) and wait for its thread."""
         if self._operator is None:
             return
         assert self._stop is not None
         self._stop.set()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(self._operator, 30)
+        await asyncio.to_thread(self._operator.join, 30)
         self._operator = None
 
     async def add_nodes(self, nodes: list[Mapping[str, Any]]) -> None:

@@ -140,7 +140,10 @@ class LocalKubelet:
                     {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}},
                     subresource="status")
             return
-        await self.api.patch(PODS, *key, {"spec": {"nodeName": node}})
+        current = self.api.get(PODS, *key)
+        if current is None or current["metadata"].get("deletionTimestamp"):
+            return
+        pod = await self.api.patch(PODS, *key, {"spec": {"nodeName": node}})
         await self._start(key, pod)
 
     async def _start(self, key: tuple[str, str], pod: Mapping[str, Any]) -> None:

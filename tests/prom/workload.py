@@ -4,7 +4,8 @@
 :class:`MetricsRun` starts ``ddp_metrics_worker.py`` in each (real ``torch.distributed`` over gloo,
 a real gradient all-reduce per step, :class:`hetero_worker.metrics.WorkerMetrics` on its port) and
 stops them all on exit. Use it where the full embedded job (``heterotrain run``) is more than a
-test needs.
+test needs; :class:`EmbeddedRun` runs the full embedded job in the background and exposes its
+metrics endpoints.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hetero_worker import contract as c
 from hetero_worker import procs
@@ -129,3 +131,59 @@ def _wait_all(gang: procs.Gang, timeout_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+class EmbeddedRun:
+    """Context manager: ``heterotrain run JOB.yaml`` in the background, for scraping.
+
+    Args:
+        job: manifest path (e.g. ``repo_root / "examples/digits.yaml"``).
+        workdir: the run's ``--workdir``.
+        extra_args: more ``heterotrain run`` arguments (e.g. ``["--epochs", "400"]`` for a run
+            that outlives the test's queries).
+        cwd: working directory (the repository root).
+
+    Attributes:
+        targets: ``127.0.0.1:<port>`` per rank, from the run's ``targets.json``.
+    """
+
+    def __init__(self, job: Path, workdir: Path, *, extra_args: Sequence[str] = (),
+                 cwd: Path | None = None) -> None:
+        self.job, self.workdir, self.extra_args, self.cwd = Path(job), Path(workdir), list(extra_args), cwd
+        self.proc: Any = None
+        self.targets: list[str] = []
+        self.output = self.workdir.parent / f"{self.workdir.name}.out"
+
+    def __enter__(self) -> EmbeddedRun:
+        import json
+        import subprocess
+        import time
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.output, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "hetero_operator.cli", "run", str(self.job), "--workdir",
+                 str(self.workdir), *self.extra_args], cwd=self.cwd, stdout=out,
+                stderr=subprocess.STDOUT)
+        targets_file = self.workdir / "targets.json"
+        deadline = time.monotonic() + 60
+        while not targets_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"heterotrain run did not start:\n{self.output.read_text()}")
+            time.sleep(0.1)
+        self.targets = [t for group in json.loads(targets_file.read_text()) for t in group["targets"]]
+        return self
+
+    def wait(self, timeout_s: float = 200.0) -> int:
+        """Wait for the job to end by itself; returns its exit code."""
+        return int(self.proc.wait(timeout=timeout_s))
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+        import subprocess
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # forwarded to every rank
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

@@ -138,9 +138,9 @@ def inf_agreement_unit(rank: int) -> dict:
     return out
 
 
-def inf_agreement_trainer(t: ht.Trainer) -> dict:
-    """End to end: fp16 autocast + scaler; rank 2's batch holds an inf."""
-    fp16 = ht.Trainer(dataclasses.replace(t.contract, precision="fp16"), delay_per_sample_s=0.0)
+def inf_agreement_trainer(t: ht.Trainer, precision: str) -> dict:
+    """End to end through Trainer.step; rank 2's batch holds an inf at step 0."""
+    fp16 = ht.Trainer(dataclasses.replace(t.contract, precision=precision), delay_per_sample_s=0.0)
     torch.manual_seed(5)
     model = fp16.wrap(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
                                           torch.nn.Linear(8, 1)))
@@ -158,7 +158,7 @@ def inf_agreement_trainer(t: ht.Trainer) -> dict:
     flat = torch.cat([p.detach().flatten() for p in fp16.module.parameters()])
     everyone = [torch.zeros_like(flat) for _ in range(t.contract.world_size)]
     dist.all_gather(everyone, flat)
-    return {"steps": results, "scale": fp16.scaler.get_scale(),
+    return {"steps": results, "scale": fp16.scaler.get_scale() if fp16.scaler else None,
             "params_equal_all_ranks": all(torch.equal(flat, o) for o in everyone)}
 
 
@@ -180,7 +180,10 @@ def loader_steps(t: ht.Trainer) -> dict:
 
 def main_scenario(t: ht.Trainer) -> dict:
     return {"case16": case16(t), "equivalence": gradient_equivalence(t),
-            "inf_unit": inf_agreement_unit(t.rank), "inf_trainer": inf_agreement_trainer(t),
+            "inf_unit": inf_agreement_unit(t.rank),
+            "inf_trainer": inf_agreement_trainer(t, "fp16"),
+            # A100 ranks in bf16 (no scaler) next to fp16 ranks: all join the agreement.
+            "inf_mixed": inf_agreement_trainer(t, "bf16" if t.rank in (0, 1) else "fp16"),
             "loader": loader_steps(t)}
 
 

@@ -88,6 +88,18 @@ def test_inf_on_one_rank_makes_every_rank_skip(main_facts: list[dict]) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
+def test_mixed_bf16_and_fp16_ranks_skip_together_without_hanging(main_facts: list[dict]) -> None:
+    """Ranks 0-1 bf16, ranks 2-3 fp16: all share one loss scale; rank 2's inf makes all skip."""
+    for rank, facts in enumerate(main_facts):
+        mixed = facts["inf_mixed"]
+        assert mixed["steps"] == [{"skipped": True, "changed": False},
+                                  {"skipped": False, "changed": True}]
+        assert mixed["scale"] == 32768.0  # every rank scales when one runs fp16
+        assert mixed["params_equal_all_ranks"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 def test_loader_gives_equal_steps_and_covers_epoch_once(main_facts: list[dict]) -> None:
     """101 samples, global batch 20: 5 steps per epoch on every rank, 1 dropped; a split
     change after the third batch of epoch 1 keeps the epoch's indices distinct."""

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from hetero_worker import contract as c
+from hetero_worker import procs
 from hetero_worker import embedded, localnodes, rundir
 from hetero_worker.nvml import GpuInfo
 from hetero_worker.report import RankRow, measured_speedup_over_equal
@@ -118,6 +119,15 @@ def test_bad_input_and_unschedulable_exit_codes(tmp_path):
     unschedulable = subprocess.run([*RUN, str(big)], capture_output=True, text=True, timeout=60,
                                    cwd=Path(__file__).parents[2])
     assert unschedulable.returncode == 2 and "Unschedulable" in unschedulable.stdout
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples" / "digits.yaml").read_text())
+    doc["spec"]["worker"]["command"] = ["no-such-program-here"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    not_found = subprocess.run([*RUN, str(bad), "--workdir", str(tmp_path / "w")],
+                               capture_output=True, text=True, timeout=60)
+    assert not_found.returncode == 1
+    assert "spec.worker.command: program 'no-such-program-here' not found" in not_found.stderr
+    assert not (tmp_path / "w").exists()  # nothing started, nothing written
 
 
 @pytest.mark.parametrize(
@@ -146,7 +156,8 @@ def test_process_env_is_the_rank_contract_over_a_clean_base(tmp_path):
     pinned = embedded.process_envs([rank_env, rank_env], base_env={}, run_dir=tmp_path,
                                    worker_env=[], gpu_indices=[3, 1])
     assert [e["CUDA_VISIBLE_DEVICES"] for e in pinned] == ["3", "1"]
-    assert pinned[0]["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+    assert {e["CUDA_DEVICE_ORDER"] for e in pinned} == {"PCI_BUS_ID"}
+    assert pinned[0]["OMP_NUM_THREADS"] == str(procs.threads_per_rank(2))
 
 
 def test_free_port_range_is_free():
@@ -180,7 +191,8 @@ def test_real_gpus_become_one_node_per_product_and_plan_onto_their_indices(monke
     from rich.console import Console
     args = embedded.argparse.Namespace(job=str(Path(__file__).parents[2] / "examples" / "digits.yaml"),
                                        nodes=None, simulate=False)
-    planned = embedded._plan(args, Console(file=open(os.devnull, "w")))
+    with open(os.devnull, "w") as sink:
+        planned = embedded._plan(args, Console(file=sink))
     assert not planned.simulated
     by_rank = [(r.gpu_type, i) for r, i in zip(planned.plan.ranks, planned.gpu_indices)]
     assert sorted(by_rank) == [("NVIDIA-A100-SXM4-40GB", 0), ("NVIDIA-A100-SXM4-40GB", 2),
@@ -194,3 +206,32 @@ def test_measured_speedup_over_equal_split():
     # Speeds 1 : 1/3 -> split 3:1 of 8. Equal split (4 each): slow rank takes 4 * 3 = 12;
     # this split: max(6 * 1, 2 * 3) = 6 -> 2x.
     assert measured_speedup_over_equal([row(1.0, 6), row(3.0, 2)]) == pytest.approx(2.0)
+
+
+@pytest.mark.timeout(60)
+def test_active_deadline_stops_every_rank(tmp_path):
+    job = _job(tmp_path, fail_times=0, checkpoint=True)
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["worker"]["command"] = ["python", "-c", "import time; time.sleep(60)"]
+    doc["spec"]["runPolicy"]["activeDeadlineSeconds"] = 2
+    job.write_text(yaml.safe_dump(doc))
+    done = _run(tmp_path, job)
+    assert done.returncode == 124
+    assert "DeadlineExceeded (spec.runPolicy.activeDeadlineSeconds=2)" in done.stdout
+    assert "Restarting" not in done.stdout
+
+
+def test_too_few_real_gpus_fall_back_to_the_simulated_default(monkeypatch):
+    """One real GPU cannot host digits.yaml (minRanks 2): the default node file is simulated."""
+    from rich.console import Console
+
+    from hetero_worker import nvml
+    monkeypatch.setattr(nvml, "list_gpus", lambda: [_gpu(0, "NVIDIA-H200", "9.0", 143771)])
+    monkeypatch.setattr(nvml, "driver_versions", lambda: ("570.124.06", "12.8"))
+    args = embedded.argparse.Namespace(job=str(Path(__file__).parents[2] / "examples" / "digits.yaml"),
+                                       nodes=None, simulate=False)
+    with open(os.devnull, "w") as sink:
+        planned = embedded._plan(args, Console(file=sink))
+    assert planned.simulated and planned.gpu_indices is None
+    assert [r.gpu_type for r in planned.plan.ranks] == [
+        "NVIDIA-A100-SXM4-40GB", "Tesla-V100-SXM2-16GB", "Tesla-T4", "Tesla-T4"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hetero_worker import contract as c
+from hetero_worker import procs
 from hetero_worker.launch import LaunchError, child_envs
 
 LAUNCH = [sys.executable, "-m", "hetero_operator.cli", "launch"]
@@ -66,6 +67,8 @@ def test_each_local_rank_gets_exactly_its_rank_form_and_metrics_port():
 def test_cuda_visible_devices_only_for_real_whole_gpus(pod_kwargs, visible, expected):
     envs = child_envs(_pod(**pod_kwargs), visible_gpus=visible)
     assert [e.get("CUDA_VISIBLE_DEVICES") for e in envs] == expected
+    pinned = expected[0] is not None
+    assert [e.get("CUDA_DEVICE_ORDER") for e in envs] == ["PCI_BUS_ID" if pinned else None] * 2
 
 
 def test_fewer_gpus_than_local_ranks_fails_fast_naming_both():
@@ -77,7 +80,7 @@ def test_metrics_port_zero_stays_off_and_omp_threads_default():
     envs = child_envs({k: v for k, v in _pod(metrics_port=0).items() if k != "OMP_NUM_THREADS"},
                       visible_gpus=None)
     assert [e["HTJ_METRICS_PORT"] for e in envs] == ["0", "0"]
-    assert [e["OMP_NUM_THREADS"] for e in envs] == [str(max(1, (os.cpu_count() or 1) // 2))] * 2
+    assert [e["OMP_NUM_THREADS"] for e in envs] == [str(procs.threads_per_rank(2))] * 2
 
 
 DUMP_ENV = "import os, json; json.dump(dict(os.environ), open(os.path.join(os.environ['OUT'], os.environ['LOCAL_RANK'] + '.json'), 'w'))"
@@ -174,3 +177,40 @@ def test_missing_command_is_an_error():
     done = subprocess.run([*LAUNCH, "--"], env={**os.environ, **_pod()}, capture_output=True,
                           text=True, timeout=25)
     assert done.returncode == 1 and "no command given" in done.stderr
+
+
+WRITE_PID = textwrap.dedent("""
+    import os, time
+    open(os.path.join(os.environ["OUT"], "pid-" + os.environ["LOCAL_RANK"]), "w").write(str(os.getpid()))
+    time.sleep(60)
+""")
+
+
+@pytest.mark.timeout(60)
+def test_ranks_die_with_a_killed_launcher(tmp_path: Path):
+    """SIGKILL cannot be forwarded: the ranks' parent-death signal must end them (no orphans)."""
+    pod = {**os.environ, **_pod(), "OUT": str(tmp_path)}
+    proc = subprocess.Popen([*LAUNCH, "--", sys.executable, "-c", WRITE_PID], env=pod)
+    pid_files = [tmp_path / f"pid-{i}" for i in range(2)]
+    deadline = time.monotonic() + 40
+    while not all(p.exists() and p.read_text() for p in pid_files):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    pids = [int(p.read_text()) for p in pid_files]
+    proc.kill()
+    proc.wait()
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"orphaned ranks {pids}"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by init) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False

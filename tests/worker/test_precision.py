@@ -43,3 +43,10 @@ def test_single_process_scaler_skips_on_inf_and_halves_the_scale() -> None:
 def test_unknown_precision_is_rejected() -> None:
     with pytest.raises(ValueError, match="fp8"):
         PrecisionPolicy(precision="fp8", device_type="cpu")
+
+
+def test_every_rank_scales_when_any_rank_runs_fp16() -> None:
+    """Summed gradients need one loss scale: a bf16 rank in a job with fp16 ranks scales too."""
+    bf16 = PrecisionPolicy(precision="bf16", device_type="cpu")
+    assert bf16.make_scaler() is None
+    assert isinstance(bf16.make_scaler(job_has_fp16=True), AgreeingGradScaler)

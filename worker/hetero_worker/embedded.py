@@ -5,7 +5,7 @@ Plans the job onto a node file (default ``examples/clusters/mixed.yaml``: 1x A10
 :func:`hetero_operator.envrender.render_rank_envs`, and starts each rank as a local process running
 ``spec.worker.command + args``. On a CPU-only machine every rank imitates its planned GPU
 (``DeviceProfile.simulated``: real CPU compute plus a delay proportional to batch / speed); where
-NVML finds GPUs and no node file is given, the plan uses this machine's real GPUs instead.
+NVML finds enough GPUs and no node file is given, the plan uses this machine's real GPUs instead.
 
 Like the operator: one failing rank stops all; when the job checkpoints (``spec.training.checkpoint``)
 all ranks restart from the last checkpoint, up to ``spec.runPolicy.backoffLimit`` times. Shows the
@@ -16,6 +16,7 @@ table, the job's result (e.g. accuracy) and the speed-up over an equal split. Ex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -29,6 +30,8 @@ from hetero_worker import contract as c
 from hetero_worker import procs, report, rundir
 
 DEFAULT_NODES = Path("examples") / "clusters" / "mixed.yaml"
+STALL_WARN_S = 120.0
+"""Warn when rank 0's step count has not moved for this many seconds."""
 EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 1, 2
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +41,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", metavar="JOB.yaml", help="a HeteroTrainingJob manifest")
     parser.add_argument("--nodes", metavar="NODES.yaml", default=None,
                         help="node list to plan onto (kubectl get nodes -o yaml format); default: "
-                             "this machine's GPUs when NVML finds any, else "
+                             "this machine's GPUs when NVML finds enough for the job, else "
                              f"{DEFAULT_NODES} (simulated)")
     parser.add_argument("--simulate", action="store_true",
                         help="simulate the node file's GPUs even where real GPUs exist")
@@ -86,6 +89,13 @@ def worker_argv(command: Sequence[str], args: Sequence[str], *,
     return argv
 
 
+def _program_exists(program: str) -> bool:
+    """True when ``program`` is a path to an executable or found on PATH (plus our bin dir)."""
+    import shutil
+    path = os.pathsep.join((str(Path(sys.executable).parent), os.environ.get("PATH", "")))
+    return shutil.which(program, path=path) is not None
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -125,7 +135,7 @@ def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[st
     ``base_env`` (our own environment, minus any contract variables it carries), then the job's
     ``spec.worker.env`` (plain ``value`` entries), then the rank's contract, ``HTJ_RUN_DIR``,
     ``PYTHONUNBUFFERED=1``, ``OMP_NUM_THREADS`` (CPU cores / ranks unless set) and, on real GPUs,
-    ``CUDA_VISIBLE_DEVICES`` = the rank's GPU.
+    ``CUDA_VISIBLE_DEVICES`` = the rank's GPU (NVML index, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
     """
     contract_vars = {*c.REQUIRED_VARS, *c.OPTIONAL_VARS, c.FIRST_RANK, "CUDA_VISIBLE_DEVICES"}
     base = {k: v for k, v in base_env.items() if k not in contract_vars}
@@ -135,13 +145,14 @@ def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[st
     for var in worker_env:
         if "name" in var and "value" in var:
             base[str(var["name"])] = str(var["value"])
-    threads = str(max(1, (os.cpu_count() or 1) // max(1, len(rank_envs))))
+    threads = str(procs.threads_per_rank(len(rank_envs)))
     envs = []
     for r, rank_env in enumerate(rank_envs):
         env = {**base, **rank_env, rundir.RUN_DIR: str(run_dir), "PYTHONUNBUFFERED": "1"}
         env.setdefault("OMP_NUM_THREADS", threads)
-        if gpu_indices is not None:
+        if gpu_indices is not None:  # NVML indices: PCI bus order
             env["CUDA_VISIBLE_DEVICES"] = str(gpu_indices[r])
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         envs.append(env)
     return envs
 
@@ -156,20 +167,30 @@ class _Planned:
 
 
 def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
-    """Load, plan, print the plan; an int is an exit code (bad input / unschedulable)."""
+    """Load, plan, print the plan; an int is an exit code (bad input / unschedulable).
+
+    Without ``--nodes``/``--simulate``, this machine's real GPUs are tried first; when they cannot
+    host the job (e.g. one GPU for ``minRanks: 2``), the default node file is simulated instead.
+    """
     from hetero_operator.inventory import build_inventory
     from hetero_operator.model import Plan
     from hetero_operator.planning import plan_job
     from hetero_operator.plancli import InputError, load_job, load_objects, print_result
 
-    gpu_nodes = None if (args.nodes or args.simulate) else _real_gpu_nodes()
     try:
         job = load_job(Path(args.job))
+        gpu_nodes = None if (args.nodes or args.simulate) else _real_gpu_nodes()
         if gpu_nodes is not None:
-            nodes, indices = gpu_nodes
-        else:
-            nodes, indices = load_objects(Path(args.nodes) if args.nodes else default_nodes_file(),
-                                          "Node"), None
+            local_job = dataclasses.replace(job, images=())  # local processes use no image
+            plan = plan_job(local_job, build_inventory(gpu_nodes[0]))
+            if isinstance(plan, Plan):
+                print_result(plan, local_job, console)
+                indices = gpu_nodes[1]
+                gpu_indices = [indices[plan.groups[r.group].node][r.group_rank] for r in plan.ranks]
+                return _Planned(local_job, plan, False, gpu_indices)
+            console.print(f"This machine's GPUs cannot host the job ({plan.message}); "
+                          f"simulating {DEFAULT_NODES} instead.")
+        nodes = load_objects(Path(args.nodes) if args.nodes else default_nodes_file(), "Node")
     except InputError as exc:
         print(f"heterotrain run: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -177,10 +198,7 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
     print_result(plan, job, console)
     if not isinstance(plan, Plan):
         return EXIT_UNSCHEDULABLE
-    gpu_indices = None
-    if indices is not None:
-        gpu_indices = [indices[plan.groups[r.group].node][r.group_rank] for r in plan.ranks]
-    return _Planned(job, plan, gpu_indices is None, gpu_indices)
+    return _Planned(job, plan, True, None)
 
 
 def _real_gpu_nodes() -> tuple[list[dict[str, Any]], dict[str, list[int]]] | None:
@@ -206,42 +224,59 @@ def run(args: argparse.Namespace) -> int:
     planned = _plan(args, console)
     if isinstance(planned, int):
         return planned
-    job, plan = planned.job, planned.plan
-    workdir = Path(args.workdir or Path("runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    workdir.mkdir(parents=True, exist_ok=True)
-    world = plan.world_size
+    job, world = planned.job, planned.plan.world_size
+    argv = worker_argv(job.worker.command, job.worker.args,
+                       overrides={"--epochs": args.epochs, "--max-steps": args.max_steps})
+    if not _program_exists(argv[0]):
+        print(f"heterotrain run: error: {args.job}: spec.worker.command: program {argv[0]!r} "
+              "not found", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         port_base = free_port_range(world) if args.metrics_port_base is None else args.metrics_port_base
     except OSError as exc:
         print(f"heterotrain run: error: metrics ports: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    checkpoint_dir = str((workdir / "checkpoints").resolve()) if job.training.checkpoint_path else ""
-    argv = worker_argv(job.worker.command, job.worker.args,
-                       overrides={"--epochs": args.epochs, "--max-steps": args.max_steps})
+    workdir = Path(args.workdir or Path("runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    workdir.mkdir(parents=True, exist_ok=True)
     _announce(console, planned, workdir, port_base, argv)
     _write_targets(workdir, port_base, world, job.name)
     start = time.monotonic()
-    attempt, outcome = 0, None
+    outcome = _supervise(planned, argv, workdir=workdir, port_base=port_base, console=console,
+                         grace_s=args.grace_s)
+    report.print_report(console, rows=report.read_rows(workdir, world),
+                        result=report.read_result(workdir),
+                        planned_speedup=planned.plan.expected_speedup_over_equal,
+                        elapsed_s=time.monotonic() - start, exit_code=outcome.exit_code)
+    console.print(f"Logs and statistics: {workdir}")
+    return outcome.exit_code
+
+
+def _supervise(planned: _Planned, argv: list[str], *, workdir: Path, port_base: int, console: Any,
+               grace_s: float) -> procs.Outcome:
+    """Run attempts until success, a signal, the deadline, or no restart left (like the operator)."""
+    job = planned.job
+    checkpoint_dir = str((workdir / "checkpoints").resolve()) if job.training.checkpoint_path else ""
+    limit_s = job.run_policy.active_deadline_seconds
+    deadline_s = None if limit_s is None else time.monotonic() + limit_s
+    attempt = 0
     while True:
         envs = _render(planned, port_base=port_base, checkpoint_dir=checkpoint_dir, workdir=workdir)
         outcome = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
-                           grace_s=args.grace_s)
+                           grace_s=grace_s, deadline_s=deadline_s)
+        if outcome.deadline_exceeded:
+            console.print(f"[red]Job failed[/]: DeadlineExceeded (spec.runPolicy."
+                          f"activeDeadlineSeconds={limit_s})")
+            return outcome
         if outcome.exit_code == 0 or outcome.signal_received is not None:
-            break
+            return outcome
         if not checkpoint_dir or attempt >= job.run_policy.backoff_limit:
             reason = ("no checkpointing (spec.training.checkpoint.path)" if not checkpoint_dir
                       else f"backoffLimit {job.run_policy.backoff_limit} reached")
             console.print(f"[red]Job failed[/]: {reason}")
-            break
+            return outcome
         attempt += 1
         console.print(f"[yellow]Restarting all ranks from the last checkpoint[/] "
                       f"(restart {attempt} of {job.run_policy.backoff_limit})")
-    report.print_report(console, rows=report.read_rows(workdir, world),
-                        result=report.read_result(workdir),
-                        planned_speedup=plan.expected_speedup_over_equal,
-                        elapsed_s=time.monotonic() - start, exit_code=outcome.exit_code)
-    console.print(f"Logs and statistics: {workdir}")
-    return outcome.exit_code
 
 
 def _render(planned: _Planned, *, port_base: int, checkpoint_dir: str, workdir: Path) -> list[dict[str, str]]:
@@ -278,7 +313,7 @@ def _write_targets(workdir: Path, port_base: int, world: int, job_name: str) -> 
 
 
 def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, console: Any,
-             attempt: int, grace_s: float) -> procs.Outcome:
+             attempt: int, grace_s: float, deadline_s: float | None) -> procs.Outcome:
     """Start every rank, show progress and rank 0's output, wait; returns the outcome."""
     import subprocess
 
@@ -299,7 +334,7 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
     echo.start()
     try:
         with view, procs.forwarding_signals(gang):
-            outcome = gang.wait(on_tick=view.tick, grace_s=grace_s)
+            outcome = gang.wait(on_tick=view.tick, grace_s=grace_s, deadline_s=deadline_s)
         echo.join(timeout=5)
     finally:
         for f in files:
@@ -335,6 +370,7 @@ class _ProgressView:
                                  TimeElapsedColumn(), console=console, transient=False)
         self.task = self.progress.add_task("train", total=None, loss="-")
         self._lock = threading.Lock()
+        self._last_steps, self._last_change_s, self._warned = -1, time.monotonic(), False
 
     def __enter__(self) -> _ProgressView:
         self.progress.start()
@@ -345,8 +381,9 @@ class _ProgressView:
         self.progress.stop()
 
     def tick(self) -> None:
-        """Refresh from rank 0's statistics file."""
-        stats = rundir.read_json(rundir.rank_stats_path(self.workdir, 0))
+        """Refresh from rank 0's statistics file; warn once when training seems stuck."""
+        stats = rundir.read_json(rundir.rank_stats_path(self.workdir, 0)) or {}
+        self._watch_stall(int(stats.get("steps") or 0))
         if not stats:
             return
         loss = stats.get("loss")
@@ -354,6 +391,17 @@ class _ProgressView:
             self.progress.update(self.task, completed=int(stats.get("steps") or 0),
                                  total=stats.get("total_steps"),
                                  loss="-" if loss is None else f"{float(loss):.4f}")
+
+    def _watch_stall(self, steps: int) -> None:
+        now = time.monotonic()
+        if steps != self._last_steps:
+            self._last_steps, self._last_change_s, self._warned = steps, now, False
+        elif not self._warned and now - self._last_change_s > STALL_WARN_S:
+            self._warned = True
+            with self._lock:
+                self.progress.console.print(
+                    f"[yellow]No step finished for {STALL_WARN_S:.0f} s[/] (ranks may be waiting "
+                    f"for each other in a collective); see {self.workdir}/rank-*.log, Ctrl-C stops.")
 
     def print(self, line: str) -> None:
         """Print a line of rank 0's output above the bar."""

@@ -5,7 +5,8 @@ The operator gives a pod the *pod form* of the contract (see :mod:`hetero_worker
 this starts ``CMD`` with :func:`contract.expand_pod_env` (``RANK``, ``LOCAL_RANK``,
 ``HTJ_LOCAL_BATCH_SIZE``, ``HTJ_GROUP_RANK``), ``HTJ_METRICS_PORT`` = pod port + ``i`` (the
 operator's port convention, ``spec.worker.metricsPort``), and on whole real GPUs
-``CUDA_VISIBLE_DEVICES`` = the ``i``-th visible GPU. A MIG slice is never remapped: one process
+``CUDA_VISIBLE_DEVICES`` = the ``i``-th visible GPU (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML's
+numbering; the rank then sees one device, ``cuda:0``). A MIG slice is never remapped: one process
 can use only one MIG device, and the device plugin already exposes exactly that one
 (pytorch/pytorch#130181). Signals are forwarded; when one rank fails, the others are stopped and
 the launcher exits with that rank's code.
@@ -95,8 +96,10 @@ def child_envs(pod: Mapping[str, str], *, visible_gpus: list[str] | None) -> lis
             env[c.METRICS_PORT] = str(port)
         if gpus:
             env[CUDA_VISIBLE_DEVICES] = (visible_gpus or [])[i]
+            # NVML numbers GPUs in PCI bus order, CUDA by default fastest first: make them agree.
+            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         if local_world > 1 and "OMP_NUM_THREADS" not in pod:
-            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // local_world))
+            env["OMP_NUM_THREADS"] = str(procs.threads_per_rank(local_world))
     return envs
 
 

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -81,7 +82,7 @@ class WorkerMetrics:
     """
 
     def __init__(self, contract: Contract, *, registry: CollectorRegistry | None = None,
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None) -> None:
         self.contract = contract
         self.registry = registry if registry is not None else CollectorRegistry()
         self.labels = {"job": contract.job_name, "rank": str(contract.rank),
@@ -103,15 +104,20 @@ class WorkerMetrics:
                                       "total_steps": None}
         self._last_device_s = -math.inf
         self._last_write_s = -math.inf
+        self._children: dict[str, Any] = {}
         for name, family in self._families.items():  # counters exist at 0 from the start
             if isinstance(family, (Counter, Histogram)):
-                family.labels(**self.labels)
+                self._child(name)
         self.set_local_batch(contract.local_batch_size)
         if self._stats_dir is not None:
             atexit.register(_flush_if_alive, weakref.ref(self))
 
     def _child(self, name: str) -> Any:
-        return self._families[name].labels(**self.labels)
+        """This rank's series of ``name``, created (and from then on exported) on first use."""
+        child = self._children.get(name)
+        if child is None:
+            child = self._children[name] = self._families[name].labels(**self.labels)
+        return child
 
     # --- server -------------------------------------------------------------------------------
 

@@ -8,6 +8,13 @@ Inf/NaN agreement: a ``GradScaler`` decides per rank whether to skip the optimiz
 rank skips and another does not, the replicas silently diverge. :class:`AgreeingGradScaler`
 all-reduces the found-inf flag after unscaling (as torch's own FSDP ``ShardedGradScaler`` does),
 so when any rank finds inf/NaN every rank skips the step and lowers its scale identically.
+
+In a mixed job (bf16 on an A100 next to fp16 on a V100) *every* rank uses a scaler: gradients
+are summed across ranks, so they must all carry the same loss scale (a bf16 rank's unscaled
+gradient added to an fp16 rank's scaled one would be wrong), and every rank must join the
+found-inf all-reduce or the collectives mismatch and the job hangs. Scaling a bf16 or fp32 loss
+is exact up to rounding (powers of two) and the scales stay identical because the skip decision
+is agreed.
 """
 
 from __future__ import annotations
@@ -35,6 +42,14 @@ def precision_for_capability(compute_capability: str) -> str:
     return "bf16" if major >= 8 else "fp16" if major == 7 else "fp32"
 
 
+def agree_found_inf(found_inf: bool, process_group: Any = None) -> bool:
+    """True when any rank of ``process_group`` passes True (one 4-byte all-reduce; collective)."""
+    flag = torch.tensor([1.0 if found_inf else 0.0])
+    if dist.is_initialized():
+        dist.all_reduce(flag, group=process_group)
+    return bool(flag.item() > 0)
+
+
 class AgreeingGradScaler(torch.amp.GradScaler):
     """A ``torch.amp.GradScaler`` whose skip decision is the same on every rank.
 
@@ -59,12 +74,8 @@ class AgreeingGradScaler(torch.amp.GradScaler):
         if not self.is_enabled():
             return
         per_device = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-        flag = torch.zeros(1, dtype=torch.float32)
-        for found in per_device.values():
-            flag += found.detach().to("cpu", torch.float32)
-        if dist.is_initialized():
-            dist.all_reduce(flag, group=self.process_group)
-        self.last_found_inf = bool(flag.item() > 0)
+        local = any(found.item() > 0 for found in per_device.values())
+        self.last_found_inf = agree_found_inf(local, self.process_group)
         for found in per_device.values():
             found.fill_(1.0 if self.last_found_inf else 0.0)
 
@@ -99,8 +110,17 @@ class PrecisionPolicy:
         with torch.autocast(self.device_type, dtype=self.dtype):
             yield
 
-    def make_scaler(self, process_group: Any = None) -> AgreeingGradScaler | None:
-        """An :class:`AgreeingGradScaler` for fp16, None otherwise (bf16/fp32 need no scaling)."""
-        if self.precision != "fp16":
+    def make_scaler(self, *, job_has_fp16: bool = False,
+                    process_group: Any = None) -> AgreeingGradScaler | None:
+        """An :class:`AgreeingGradScaler` when this rank or any rank of the job uses fp16.
+
+        Args:
+            job_has_fp16: True when some rank of the job runs fp16 (then every rank scales).
+            process_group: group the skip decision is agreed over (default: the whole job).
+
+        Returns:
+            The scaler, or None when no rank needs one (bf16/fp32 need no loss scaling).
+        """
+        if self.precision != "fp16" and not job_has_fp16:
             return None
         return AgreeingGradScaler(self.device_type, process_group=process_group)

@@ -15,7 +15,6 @@ import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from typing import IO, Any
 GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL when stopping the gang."""
 POLL_S = 0.1
+DEADLINE_EXIT_CODE = 124
+"""Exit code of a gang stopped at its deadline (as coreutils ``timeout``)."""
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _PR_SET_PDEATHSIG = 1
 
@@ -33,9 +34,15 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+try:
+    _LIBC: Any = ctypes.CDLL(None, use_errno=True)  # loaded once: the child must not dlopen
+except OSError:
+    _LIBC = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: keep it minimal
+    if _LIBC is not None and hasattr(_LIBC, "prctl"):
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,11 +54,14 @@ class Outcome:
             stopped by signal N sent to the supervisor.
         failed_index: index of the first failing process, None when none failed.
         signal_received: the signal that stopped the gang, None when none.
+        deadline_exceeded: True when stopped at the deadline (exit code
+            :data:`DEADLINE_EXIT_CODE`).
     """
 
     exit_code: int
     failed_index: int | None = None
     signal_received: int | None = None
+    deadline_exceeded: bool = False
 
 
 class Gang:
@@ -115,13 +125,14 @@ class Gang:
             p.wait()
 
     def wait(self, *, on_tick: Callable[[], None] | None = None, grace_s: float = GRACE_S,
-             poll_s: float = POLL_S) -> Outcome:
+             poll_s: float = POLL_S, deadline_s: float | None = None) -> Outcome:
         """Wait until all exit or one fails (then stop the rest).
 
         Args:
             on_tick: called every ``poll_s`` seconds while waiting (progress display).
             grace_s: SIGTERM-to-SIGKILL grace when stopping the rest, seconds.
             poll_s: polling period, seconds.
+            deadline_s: ``time.monotonic()`` value at which to stop everything; None for none.
 
         Returns:
             The :class:`Outcome`.
@@ -131,6 +142,9 @@ class Gang:
             if failed is not None or self.signal_received is not None:
                 self.stop(grace_s)
                 break
+            if deadline_s is not None and time.monotonic() >= deadline_s and self.running():
+                self.stop(grace_s)
+                return Outcome(exit_code=DEADLINE_EXIT_CODE, deadline_exceeded=True)
             if not self.running():
                 break
             if on_tick is not None:
@@ -189,6 +203,14 @@ def tail(path: os.PathLike[str] | str, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def python_executable() -> str:
-    """The interpreter running us (so ``python`` in a job command means this venv's python)."""
-    return sys.executable
+def cpu_count() -> int:
+    """CPUs this process may run on (its affinity set, e.g. a container's cpuset), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def threads_per_rank(ranks: int) -> int:
+    """``OMP_NUM_THREADS`` for ``ranks`` processes sharing this machine: CPUs / ranks, at least 1."""
+    return max(1, cpu_count() // max(1, ranks))

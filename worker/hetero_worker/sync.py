@@ -10,10 +10,17 @@ gradient is weighted by ``b_r / B`` and the weighted gradients are *summed*:
 hook weights the bucket and reduces it hierarchically (reduce in the group, all-reduce among the
 leaders, broadcast in the group; :func:`hetero_worker.groups.hierarchical_all_reduce_`).
 
-Why the hook blocks: chaining the three collectives through ``Future.then`` callbacks can deadlock
-on Gloo in torch 2.13 (its own PowerSGD hook does on CPU), so the hook runs the collectives to
-completion on the autograd thread and returns an already completed future. That keeps bucketing
-and the weighting but gives up overlap of communication with the rest of backward.
+Why no ``Future.then`` chain: chaining the three collectives through future callbacks can deadlock
+on Gloo in torch 2.13 (its own PowerSGD hook does on CPU). Instead each bucket's collectives run
+*blocking*, one after another, on a single communication thread owned by the sync object (buckets
+are queued in DDP's order, which is the same on every rank, so every rank issues the same
+collectives in the same order). The hook returns a future that the thread completes, so the
+autograd thread keeps computing the next buckets' gradients meanwhile: DDP's overlap is kept.
+With ``overlap=False`` the hook runs the collectives on the autograd thread and returns a
+completed future (simplest, no overlap).
+
+Communication wait: the time from the last bucket becoming ready (backward compute is done) to the
+end of backward is time spent only waiting for collectives, including waiting for slower ranks.
 
 The split is pluggable: :meth:`WeightedGradSync.set_split` takes the list of local batches for the
 next step, so a rebalancer only passes new numbers at a step boundary.
@@ -21,8 +28,10 @@ next step, so a rebalancer only passes new numbers at a step boundary.
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real objects.
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -51,18 +60,25 @@ class WeightedGradSync:
         local_batches: samples per step of every rank, ``len == world_size``.
         on_inter_group_bytes: called with the payload bytes of every collective that crosses
             topology groups (e.g. ``WorkerMetrics.add_inter_group_bytes``).
+        overlap: run the hook's collectives on the communication thread (default) or inline.
 
     Attributes:
         weight: this rank's current gradient weight ``b_rank / B``.
-        comm_s: seconds spent in collectives since the last :meth:`take_comm_s`.
+        comm_s: seconds the training thread waited for collectives since :meth:`take_comm_s`.
+        last_ready_s: ``time.perf_counter()`` when the hook last received a bucket.
     """
 
     def __init__(self, groups: ProcessGroups, local_batches: Sequence[int], *,
-                 on_inter_group_bytes: Callable[[int], None] | None = None) -> None:
+                 on_inter_group_bytes: Callable[[int], None] | None = None,
+                 overlap: bool = True) -> None:
         self.groups = groups
         self.on_inter_group_bytes = on_inter_group_bytes
+        self.overlap = overlap
         self.comm_s = 0.0
+        self.last_ready_s = 0.0
         self.inter_group_bytes = 0
+        self._bytes_lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
         self.local_batches: tuple[int, ...] = ()
         self.weight = 1.0
         self.set_split(local_batches)
@@ -78,16 +94,53 @@ class WeightedGradSync:
         return value
 
     def reduce_(self, flat: torch.Tensor) -> torch.Tensor:
-        """Weight ``flat`` (1-D gradient buffer) by ``weight`` and sum it over all ranks in place."""
+        """Weight ``flat`` (1-D gradient buffer) by ``weight`` and sum it over all ranks in place.
+
+        Blocking; returns ``flat``. Does not touch :attr:`comm_s` (callers account for waiting).
+        """
         flat.mul_(self.weight)
-        start = time.perf_counter()
         sent = hierarchical_all_reduce_(flat, self.groups)
-        self.comm_s += time.perf_counter() - start
         if sent:
-            self.inter_group_bytes += sent
+            with self._bytes_lock:
+                self.inter_group_bytes += sent
             if self.on_inter_group_bytes is not None:
                 self.on_inter_group_bytes(sent)
         return flat
+
+    def submit(self, flat: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """Queue :meth:`reduce_` of ``flat`` on the communication thread; a future of the result.
+
+        Buckets run strictly in submission order (one worker thread).
+        """
+        self.last_ready_s = time.perf_counter()
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        if not self.overlap:
+            future.set_result(self.reduce_(flat))
+            self.comm_s += time.perf_counter() - self.last_ready_s
+            return future
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="htj-comm")
+
+        def run() -> None:
+            try:
+                future.set_result(self.reduce_(flat))
+            except BaseException as exc:  # surfaces in DDP's wait on the future
+                future.set_exception(exc)
+
+        self._executor.submit(run)
+        return future
+
+    def end_of_backward(self) -> None:
+        """Account the wait after the last bucket (call right after ``backward()`` returns)."""
+        if self.overlap and self.last_ready_s:
+            self.comm_s += time.perf_counter() - self.last_ready_s
+        self.last_ready_s = 0.0
+
+    def close(self) -> None:
+        """Stop the communication thread (idempotent)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
         """Install :func:`weighted_hook` on a DDP model (before its first backward)."""
@@ -104,15 +157,14 @@ class WeightedGradSync:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params]
+        start = time.perf_counter()
         flat = self.reduce_(_flatten_dense_tensors(grads))
+        self.comm_s += time.perf_counter() - start
         for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
             grad.copy_(synced)
 
 
 def weighted_hook(sync: WeightedGradSync,
                   bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: weighted hierarchical sum of one bucket (blocking, see module)."""
-    result = sync.reduce_(bucket.buffer())
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(result)
-    return future
+    """DDP communication hook: weighted hierarchical sum of one bucket (see module docstring)."""
+    return sync.submit(bucket.buffer())

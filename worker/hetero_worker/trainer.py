@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hetero_worker import checkpoint, rendezvous, simulate
 from hetero_worker.contract import Contract
 from hetero_worker.groups import build_process_groups
-from hetero_worker.precision import PrecisionPolicy
+from hetero_worker.precision import PrecisionPolicy, agree_found_inf
 from hetero_worker.preflight import exit_on_setup_error, preflight
 from hetero_worker.sampler import HeteroBatchSampler
 from hetero_worker.simulate import simulate_compute
@@ -116,7 +116,9 @@ class Trainer:
         self.metrics = _make_metrics(contract)
         self.sync = WeightedGradSync(self.groups, self.local_batches,
                                      on_inter_group_bytes=self.metrics.add_inter_group_bytes)
-        self.scaler = self.precision.make_scaler()
+        # One fp16 rank makes every rank scale (same loss scale in the summed gradients).
+        self.scaler = self.precision.make_scaler(
+            job_has_fp16=_any_rank(contract.precision == "fp16"))
         self.sampler: HeteroBatchSampler | None = None
         self.model: torch.nn.Module | None = None
         self.module: torch.nn.Module | None = None
@@ -202,6 +204,7 @@ class Trainer:
         with self.precision.autocast():
             loss = loss_fn(self.model)
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        self.sync.end_of_backward()
         if self.sync_mode == "manual":
             self.sync.sync_after_backward(self.model.parameters())
         skipped = self._optimizer_step(optimizer)
@@ -209,7 +212,8 @@ class Trainer:
         return self._record(loss.detach().float().item(), skipped, step_s)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        if self.scaler is None:
+        """Step unless any rank's scaler found inf/NaN; True when skipped (on every rank)."""
+        if self.scaler is None:  # no fp16 rank in the job: nothing to agree on
             optimizer.step()
             return False
         start = time.perf_counter()
@@ -297,8 +301,14 @@ class Trainer:
         self.metrics.update_device()
         self.metrics.flush()
         self.metrics.stop_server()
+        self.sync.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _any_rank(value: bool) -> bool:
+    """True when ``value`` is True on any rank (collective; used once at start-up)."""
+    return agree_found_inf(value)
 
 
 def seed_everything(seed: int) -> None:
