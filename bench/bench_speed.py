@@ -125,6 +125,7 @@ def rebalance_scenario(contract) -> dict:
         "standalone": gathered, "proportional_split": prop, "proportional_split_slow": prop_slow,
         "equal": rebalance_run(contract, split=equal, dynamic=False, steps=15),
         "dynamic_from_equal": rebalance_run(contract, split=equal, dynamic=True, steps=40),
+        **({"stop": None} if os.environ.get("HTJ_SPEED_DEBUG") and sys.exit(0) else {}),
         "one_time_drift": rebalance_run(contract, split=prop, dynamic=False, steps=60, slow_at=10),
         "dynamic_drift": rebalance_run(contract, split=prop, dynamic=True, steps=60, slow_at=10),
     }
@@ -254,6 +255,8 @@ def launch(scenario: str, link=None, timeout_s: float = 420) -> list[dict]:
                 for p in procs:
                     p.kill()
                 raise RuntimeError(f"{scenario}: rank {rank} timed out") from None
+            if os.environ.get("HTJ_SPEED_DEBUG"):
+                print(log[-6000:])
             if proc.returncode != 0:
                 for p in procs:
                     p.kill()

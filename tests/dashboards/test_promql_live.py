@@ -16,6 +16,7 @@ real GPUs (NVML, CUDA allocator) or with NVIDIA's DCGM exporter; those still hav
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -23,6 +24,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -277,3 +280,33 @@ def test_healthy_run_fires_no_alert_but_the_pending_job(live: PrometheusServer) 
     assert {s["metric"]["heterotrain_io_job_name"] for s in live.query(missing)} == {JOB}
     pending = live.query(rules["HeteroTrainJobStuckPending"]["expr"])
     assert values_of(pending) == [1.0]  # the operator reports one Pending job ("for" not yet met)
+
+
+def rules_api(live: PrometheusServer) -> list[dict[str, Any]]:
+    """Every rule as Prometheus' /api/v1/rules reports it (health, state, lastError)."""
+    with urllib.request.urlopen(f"{live.url}/api/v1/rules", timeout=10) as response:
+        groups = json.loads(response.read())["data"]["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+def test_prometheus_loads_and_evaluates_every_rule(live: PrometheusServer) -> None:
+    """The rule file loaded into the real server: every rule evaluates cleanly on the run's data,
+    and the pending operator job makes HeteroTrainJobStuckPending pending (its `for` is 15 m)."""
+    live.set_rule_files(RULE_FILES)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            rules = rules_api(live)
+            evaluated = [r for r in rules if not r.get("lastEvaluation", "").startswith("0001-")]
+            if len(rules) == len(alert_rules()) and len(evaluated) == len(rules):
+                break
+            assert time.monotonic() < deadline, f"rules not evaluated: {rules}"
+            time.sleep(0.5)
+        assert {r["name"]: (r["health"], r.get("lastError", "")) for r in rules} == {
+            r["alert"]: ("ok", "") for r in alert_rules()}
+        states = {r["name"]: r["state"] for r in rules}
+        assert states["HeteroTrainJobStuckPending"] == "pending"
+        assert states["HeteroTrainWorkerMetricsMissing"] == "inactive"
+        assert states["HeteroTrainJobNoProgress"] == "inactive"
+    finally:
+        live.set_rule_files([])

@@ -118,7 +118,8 @@ class Cluster:
         return pods
 
     def events(self, name: str, namespace: str = "default") -> list[dict[str, Any]]:
-        return [e for e in self.api.objects(EVENTS, namespace) if e["involvedObject"]["name"] == name]
+        events = [e for e in self.api.objects(EVENTS, namespace) if e["involvedObject"]["name"] == name]
+        return sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"]))
 
     async def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str = "") -> Any:
         """Poll ``predicate`` every 50 ms until it returns a truthy value; raise on timeout."""
@@ -129,6 +130,15 @@ class Cluster:
                 return value
             await asyncio.sleep(0.05)
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
+
+    async def idle(self, timeout_s: float = 60) -> None:
+        """Wait until no pod anywhere holds a GPU (all finished or gone, none terminating)."""
+        def quiet() -> bool:
+            return all(p.get("status", {}).get("phase") in ("Succeeded", "Failed")
+                       and not p["metadata"].get("deletionTimestamp")
+                       for p in self.api.objects(PODS))
+        await self.wait_for(quiet, timeout_s, "an idle cluster")
+        await asyncio.sleep(0.3)  # the operator's pod index sees the last changes
 
     def phase(self, name: str, namespace: str = "default") -> str:
         job = self.job(name, namespace)

@@ -45,6 +45,12 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield cl
 
 
+@pytest_asyncio.fixture(loop_scope="module", autouse=True)
+async def idle_cluster(cluster: Cluster) -> None:
+    """Each test starts on an idle cluster (GPUs of earlier tests released)."""
+    await cluster.idle()
+
+
 def digits(name: str, tmp: Path, *, args: list[str], **spec: Any) -> dict[str, Any]:
     """examples/digits.yaml, renamed, with few steps, no simulated delay, a test checkpoint dir."""
     body = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
@@ -61,6 +67,7 @@ def script(name: str, code: str, **spec: Any) -> dict[str, Any]:
     """A job whose ranks run ``python -c code`` (lifecycle tests that need no training)."""
     body = digits(name, Path("/tmp"), args=[])
     body["spec"]["worker"]["command"] = ["python", "-c", code]
+    body["spec"]["gpus"]["minRanks"] = 4  # all or nothing: the same 3 pods every time
     body["spec"]["training"].pop("checkpoint")
     for section, values in spec.items():
         body["spec"].setdefault(section, {}).update(values)
@@ -100,8 +107,11 @@ async def test_digits_trains_on_the_mixed_cluster_and_succeeds_with_the_plan(
     assert (status["ranksWanted"], status["restarts"] if "restarts" in status else 0) == (4, 0)
     assert cond(job, "Succeeded")["status"] == "True" and cond(job, "Created")["status"] == "True"
     assert json.loads(result.read_text())["steps"] == 12
+    # cleanPodPolicy Running: pods still running when rank 0 succeeded are deleted, the rest stay
+    await cluster.wait_for(lambda: all(p["status"]["phase"] == "Succeeded" and not p["metadata"].get(
+        "deletionTimestamp") for p in cluster.pods("train", job="digits")), 30, "cleanup")
     pods = cluster.pods("train", job="digits")
-    assert {p["status"]["phase"] for p in pods} == {"Succeeded"}
+    assert "digits-g0" in {p["metadata"]["name"] for p in pods}
     envs = [{e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]} for p in pods]
     assert {e["MASTER_ADDR"] for e in envs} == {"digits-g0.digits.train.svc"}
     assert cluster.api.get(SERVICES, "train", "digits")["spec"]["clusterIP"] == "None"
@@ -134,11 +144,14 @@ async def test_killed_rank_restarts_all_pods_resumes_from_checkpoint_and_succeed
         cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     tmp = tmp_path_factory.mktemp("crash")
     await cluster.apply(digits("crash", tmp, args=["--max-steps", "400", "--checkpoint-every", "5"],
+                               gpus={"ranks": 4, "minRanks": 4},
                                training={"checkpoint": {"path": str(tmp / "ckpt"), "intervalSteps": 5}}),
                         namespace="crash")
     ckpt = tmp / "ckpt"
+    assert cluster.kubelet is not None
     await cluster.wait_for(lambda: cluster.phase("crash", "crash") == "Running" and ckpt.exists()
-                           and any(ckpt.iterdir()), TRAIN_TIMEOUT_S, "a checkpoint")
+                           and any(ckpt.iterdir()) and ("crash", "crash-g2") in cluster.kubelet.procs,
+                           TRAIN_TIMEOUT_S, "a checkpoint")
     first_uids = {p["metadata"]["uid"] for p in cluster.pods("crash")}
     assert cluster.kubelet is not None
     cluster.kubelet.kill("crash", "crash-g2")

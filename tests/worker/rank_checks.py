@@ -73,7 +73,7 @@ def reference_params(batches: list[int], steps: int) -> list[torch.Tensor]:
 
 
 def distributed_params(rank: int, batches: list[int], steps: int, *, sync: WeightedGradSync | None,
-                       manual: bool = False) -> list[torch.Tensor]:
+                       manual: bool = False, fast_flat: bool = True) -> list[torch.Tensor]:
     """Each rank trains on its slice; ``sync=None`` is plain DDP (the averaging bug)."""
     module = make_mlp()
     if manual:
@@ -81,7 +81,8 @@ def distributed_params(rank: int, batches: list[int], steps: int, *, sync: Weigh
     else:
         model = DistributedDataParallel(module)
         if sync is not None:
-            sync.register(model)
+            sync.register(model, fast_flat=fast_flat)
+    factor = sync.loss_factor if sync is not None else 1.0
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = make_data(batches, steps)
     big, off = sum(batches), sum(batches[:rank])
@@ -90,7 +91,7 @@ def distributed_params(rank: int, batches: list[int], steps: int, *, sync: Weigh
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x[lo:lo + batches[rank]]),
                                             y[lo:lo + batches[rank]])
-        loss.backward()
+        (loss * factor).backward()
         if manual:
             sync.sync_after_backward(model.parameters())
         opt.step()
@@ -111,6 +112,10 @@ def gradient_equivalence(t: ht.Trainer, steps: int = 2) -> dict:
                                       topology_group_of=topo_groups)
         sync = WeightedGradSync(groups, batches)
         out[f"hook/{mode}"] = max_diff(distributed_params(t.rank, batches, steps, sync=sync), ref)
+        if mode == "flat":  # the Python hook too, not only the built-in fast path
+            pyhook = WeightedGradSync(groups, batches)
+            out["pyhook/flat"] = max_diff(distributed_params(t.rank, batches, steps, sync=pyhook,
+                                                             fast_flat=False), ref)
         if mode == "group":
             out["manual/group"] = max_diff(
                 distributed_params(t.rank, batches, steps, sync=sync, manual=True), ref)
@@ -206,10 +211,12 @@ def case15_scenario(t: ht.Trainer) -> dict:
     out = {}
     for name, weighted in (("weighted", True), ("naive", False)):
         model = DistributedDataParallel(fresh())
+        factor = 1.0
         if weighted:
             t.sync.register(model)
+            factor = t.sync.loss_factor
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        torch.nn.functional.mse_loss(model(xs), ys).backward()
+        (torch.nn.functional.mse_loss(model(xs), ys) * factor).backward()
         opt.step()
         out[name] = max_diff(list(model.module.parameters()), list(ref.parameters()))
     return out

@@ -34,9 +34,10 @@ def load_case(name: str) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("key", ["hook/flat", "hook/group", "hook/node", "hook/arch",
-                                 "manual/group"],
-                         ids=["flat all-reduce", "hierarchical by topology group",
+@pytest.mark.parametrize("key", ["hook/flat", "pyhook/flat", "hook/group", "hook/node",
+                                 "hook/arch", "manual/group"],
+                         ids=["flat fast path (weight in loss, DDP all-reduce)",
+                              "flat through the Python hook", "hierarchical by topology group",
                               "hierarchical by node", "hierarchical by architecture",
                               "manual reduction after backward"])
 def test_weighted_sync_equals_single_process_full_batch(main_facts: list[dict], key: str) -> None:

@@ -20,7 +20,9 @@ compute time of step ``s`` is only known after its backward), so a decision take
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,9 +70,13 @@ class SpeedConfig:
 class CodecReducer:
     """Weighted hierarchical SUM with a codec on the leaders' link and stats piggyback.
 
+    Installed into the trainer's :class:`~hetero_worker.sync.WeightedGradSync` as its
+    ``reduce_`` (so the sync's communication thread, overlap and wait accounting stay as they
+    are) plus a DDP hook that records each bucket's parameter shapes before handing the bucket to
+    ``sync.submit`` (PowerSGD needs the matrices).
+
     Args:
-        sync: the trainer's :class:`~hetero_worker.sync.WeightedGradSync` (weight, groups,
-            byte counter and comm timer are shared with it).
+        sync: the trainer's ``WeightedGradSync`` (weight, groups, byte counter are shared).
         compression: codec choice; codecs are kept per DDP bucket (error feedback state).
     """
 
@@ -80,6 +86,8 @@ class CodecReducer:
         self.codecs: dict[int, InterGroupCodec] = {}
         self.pending: torch.Tensor | None = None
         self.merged: torch.Tensor | None = None
+        self.shapes: deque[tuple[int, list[torch.Size]]] = deque()
+        self._lock = threading.Lock()
 
     @property
     def codec_bytes_sent(self) -> int:
@@ -95,9 +103,16 @@ class CodecReducer:
         merged, self.merged = self.merged, None
         return merged
 
+    def reduce_(self, flat: torch.Tensor) -> torch.Tensor:
+        """Drop-in for ``WeightedGradSync.reduce_``: shapes come from the hook's queue."""
+        key, shapes = self.shapes.popleft() if self.shapes else (0, None)
+        return self.reduce_views_(flat, shapes, key)
+
     def reduce_views_(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None,
                       key: int = 0) -> torch.Tensor:
         """Weight ``flat`` and SUM it over all ranks in place; ``shapes`` split it for PowerSGD.
+
+        Blocking; does not touch ``sync.comm_s`` (the caller accounts for waiting).
 
         Args:
             flat: 1-D gradient buffer (CPU or CUDA), overwritten with the weighted sum.
@@ -105,7 +120,6 @@ class CodecReducer:
             key: codec slot (the DDP bucket index).
         """
         flat.mul_(self.sync.weight)
-        start = time.perf_counter()
         stats, self.pending = self.pending, None
         n = flat.numel()
         wire = flat if stats is None else torch.cat([flat, stats.to(flat.device, flat.dtype)])
@@ -113,9 +127,9 @@ class CodecReducer:
         if stats is not None:
             flat.copy_(wire[:n])
             self.merged = wire[n:].float().cpu()
-        self.sync.comm_s += time.perf_counter() - start
         if sent:
-            self.sync.inter_group_bytes += sent
+            with self._lock:
+                self.sync.inter_group_bytes += sent
             if self.sync.on_inter_group_bytes is not None:
                 self.sync.on_inter_group_bytes(sent)
         return flat
@@ -161,19 +175,28 @@ class CodecReducer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         flat = torch.cat([p.grad.reshape(-1) for p in params])
+        start = time.perf_counter()
         self.reduce_views_(flat, [p.shape for p in params], key=0)
+        self.sync.comm_s += time.perf_counter() - start
         offset = 0
         for p in params:
             p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 
-    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
-        """Install :func:`codec_hook` on a DDP model."""
+    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel, **_: Any) -> None:
+        """Install :func:`codec_hook` on a DDP model (also for flat layouts: no fast path)."""
+        self.sync.weight_in_loss = False
         ddp_model.register_comm_hook(self, codec_hook)
+
+    def install(self) -> None:
+        """Make the trainer's sync use this reducer (``reduce_``, ``register``, manual mode)."""
+        self.sync.reduce_ = self.reduce_
+        self.sync.register = self.register
+        self.sync.sync_after_backward = self.sync_after_backward
 
 
 def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
-    """DDP communication hook: the reducer's weighted hierarchical sum of one bucket (blocking).
+    """DDP communication hook: queue the bucket's shapes, hand it to ``sync.submit``.
 
     Unannotated on purpose: under ``from __future__ import annotations`` the annotations are
     strings and DDP's ``_check_comm_hook`` rejects anything but the ``dist.GradBucket`` class.
@@ -183,13 +206,11 @@ def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
         bucket: ``dist.GradBucket``.
 
     Returns:
-        ``torch.futures.Future[torch.Tensor]`` already holding the reduced buffer.
+        ``torch.futures.Future[torch.Tensor]`` of the reduced buffer (the sync's comm thread
+        completes it; buckets run in DDP's order, the same on every rank).
     """
-    shapes = [p.shape for p in bucket.parameters()]
-    result = reducer.reduce_views_(bucket.buffer(), shapes, key=bucket.index())
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(result)
-    return future
+    reducer.shapes.append((bucket.index(), [p.shape for p in bucket.parameters()]))
+    return reducer.sync.submit(bucket.buffer())
 
 
 class SpeedController:
@@ -267,8 +288,8 @@ def attach(trainer: Any, config: SpeedConfig | None = None) -> SpeedController:
         return original_wrap(model)
 
     trainer.wrap = wrap
-    trainer.sync.register = controller.reducer.register
-    trainer.sync.sync_after_backward = controller.reducer.sync_after_backward
+    if controller.rebalancer is not None or controller.config.compression.mode != "none":
+        controller.reducer.install()  # else the trainer's own sync (and its flat fast path) stays
     return controller
 
 

@@ -19,8 +19,16 @@ autograd thread keeps computing the next buckets' gradients meanwhile: DDP's ove
 With ``overlap=False`` the hook runs the collectives on the autograd thread and returns a
 completed future (simplest, no overlap).
 
-Communication wait: the time from the last bucket becoming ready (backward compute is done) to the
-end of backward is time spent only waiting for collectives, including waiting for slower ranks.
+Flat fast path: when the layout is a single group, :meth:`WeightedGradSync.register` installs no
+Python hook at all. The trainer multiplies the local loss by ``loss_factor = world_size * b_r / B``
+instead, and DDP's own C++ all-reduce with its ``1 / world_size`` average yields exactly
+``sum_r (b_r / B) * g_r`` (the case 15 workaround: scale the loss, keep the mean), at plain DDP's
+cost. The same identity, ``sum_r (W * b_r / B) * g_r / W``, holds bit for bit when ``W`` is a power
+of two and to rounding otherwise.
+
+Communication wait: the time from the last gradient becoming ready (backward compute is done; a
+post-accumulate-grad hook per parameter marks it) to the end of backward is time spent only
+waiting for collectives, including waiting for slower ranks.
 
 The split is pluggable: :meth:`WeightedGradSync.set_split` takes the list of local batches for the
 next step, so a rebalancer only passes new numbers at a step boundary.
@@ -79,6 +87,7 @@ class WeightedGradSync:
         self.inter_group_bytes = 0
         self._bytes_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self.weight_in_loss = False
         self.local_batches: tuple[int, ...] = ()
         self.weight = 1.0
         self.set_split(local_batches)
@@ -112,7 +121,7 @@ class WeightedGradSync:
 
         Buckets run strictly in submission order (one worker thread).
         """
-        self.last_ready_s = time.perf_counter()
+        self.mark_ready()
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         if not self.overlap:
             future.set_result(self.reduce_(flat))
@@ -130,9 +139,17 @@ class WeightedGradSync:
         self._executor.submit(run)
         return future
 
+    def mark_ready(self) -> None:
+        """Record that a gradient just became ready (a post-accumulate-grad hook calls this)."""
+        self.last_ready_s = time.perf_counter()
+
     def end_of_backward(self) -> None:
-        """Account the wait after the last bucket (call right after ``backward()`` returns)."""
-        if self.overlap and self.last_ready_s:
+        """Account the wait after the last gradient (call right after ``backward()`` returns).
+
+        On the threaded and the flat fast path, the time from the last gradient becoming ready to
+        the end of backward is spent only waiting for collectives (and for slower ranks).
+        """
+        if (self.overlap or self.weight_in_loss) and self.last_ready_s:
             self.comm_s += time.perf_counter() - self.last_ready_s
         self.last_ready_s = 0.0
 
@@ -142,8 +159,23 @@ class WeightedGradSync:
             self._executor.shutdown(wait=True)
             self._executor = None
 
-    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel) -> None:
-        """Install :func:`weighted_hook` on a DDP model (before its first backward)."""
+    @property
+    def loss_factor(self) -> float:
+        """Factor for the local mean loss: ``world_size * weight`` on the flat fast path, else 1."""
+        if not self.weight_in_loss:
+            return 1.0
+        return len(self.local_batches) * self.weight
+
+    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel, *,
+                 fast_flat: bool = True) -> None:
+        """Make ``ddp_model`` reduce with this sync (before its first backward).
+
+        Installs :func:`weighted_hook`; for a flat layout with ``fast_flat`` it keeps DDP's
+        built-in all-reduce and moves the weight into the loss (:attr:`loss_factor`).
+        """
+        if fast_flat and self.groups.layout.is_flat:
+            self.weight_in_loss = True
+            return
         ddp_model.register_comm_hook(self, weighted_hook)
 
     def sync_after_backward(self, parameters: Iterable[torch.nn.Parameter]) -> None:

@@ -154,6 +154,9 @@ class Trainer:
             return self.model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(self.module, device_ids=device_ids)
+        for param in self.module.parameters():  # marks "backward compute done" for wait timing
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(lambda _p: self.sync.mark_ready())
         self.sync.register(ddp)
         self.model = ddp
         return ddp
@@ -203,7 +206,9 @@ class Trainer:
         simulate_compute(self.contract.device, self.local_batch, self.delay_per_sample_s)
         with self.precision.autocast():
             loss = loss_fn(self.model)
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        # loss_factor is 1 unless the flat fast path moved the rank weight into the loss
+        weighted = loss * self.sync.loss_factor if self.sync.loss_factor != 1.0 else loss
+        (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
         self.sync.end_of_backward()
         if self.sync_mode == "manual":
             self.sync.sync_after_backward(self.model.parameters())
