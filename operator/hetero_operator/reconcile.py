@@ -12,7 +12,6 @@ holds the kopf peering lead (same rule as kopf: no live peer with a priority >= 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -142,7 +141,7 @@ class Reconciler:
             finally:
                 self.metrics.reconcile_duration.observe(time.perf_counter() - started)
         if requeue is not None:
-            self.kick(*key, delay_s=min(requeue, self.config.resync_s))
+            self.kick(*key, delay_s=requeue)
 
     async def is_leader(self) -> bool:
         """True when standalone, or when no live peer has a priority >= ours (kopf's rule)."""
@@ -192,7 +191,9 @@ class Reconciler:
         await self._record(job, status, decision, states, now, extra=extra)
         if decision.action in (lc.NOTHING, lc.CLEANUP) and decision.requeue_s is None:
             return None
-        return decision.requeue_s if decision.requeue_s is not None else self.config.resync_s
+        if decision.requeue_s is None:
+            return self.config.resync_s
+        return min(decision.requeue_s, self.config.resync_s)
 
     async def _start(self, job: Mapping[str, Any], spec: JobSpec, status: dict[str, Any],
                      now: float) -> float:

@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     config = OperatorConfig.from_env(**overrides)
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "verbose", False):
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)  # one line per watch event
     import hetero_operator.main  # noqa: F401 - registers the handlers
 
     memo = make_memo(config)

@@ -7,7 +7,7 @@ Progress comes from rank 0's Prometheus endpoint (worker metric names in docs/in
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,12 +93,6 @@ def gpu_types_text(groups: Iterable[Mapping[str, Any]]) -> str:
     for g in groups:
         counts[g["gpuType"]] = counts.get(g["gpuType"], 0) + int(g["ranks"])
     return ",".join(f"{k}:{v}" for k, v in counts.items())
-
-
-def ranks_running(groups: Sequence[Mapping[str, Any]], pods: Sequence[PodState],
-                  units: Mapping[str, int]) -> int:
-    """Ranks whose pods are Running; ``units`` maps pod name -> ranks it hosts."""
-    return sum(units.get(p.name, 0) for p in pods if p.phase == "Running" and not p.deleting)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -36,7 +36,6 @@ from typing import Any
 import attrs
 import jsonpatch
 import kmock
-from kmock._internal import k8s as kmock_k8s
 from kmock._internal import rendering
 
 from . import crdcheck

@@ -233,3 +233,20 @@ async def test_invalid_manifest_is_refused_by_the_schema_and_by_the_operator(clu
     assert failed["message"] == ("Invalid spec: spec.gpus.minRanks: 3 exceeds spec.gpus.ranks=2; "
                                  "lower minRanks or raise ranks")
     assert cluster.pods("invalid") == []
+
+
+async def test_lost_node_replans_onto_the_remaining_capacity(cluster: Cluster) -> None:
+    body = script("shrink", "import time; time.sleep(4)", gpus={"ranks": 4, "minRanks": 2})
+    await cluster.apply(body, namespace="shrink")
+    await cluster.wait_for(lambda: cluster.phase("shrink", "shrink") == "Running", 60, "Running")
+    t4 = cluster.api.get(("", "v1", "nodes"), None, "node-t4")
+    await cluster.api.delete(("", "v1", "nodes"), None, "node-t4")
+    try:
+        job = await finished(cluster, "shrink", "shrink", 60)
+    finally:
+        t4["metadata"] = {k: v for k, v in t4["metadata"].items() if k in ("name", "labels")}
+        await cluster.add_nodes([t4])
+    assert job["status"]["phase"] == "Succeeded"
+    assert job["status"]["replans"] == 1 and "restarts" not in job["status"]
+    assert [(g["node"], g["ranks"]) for g in job["status"]["plan"]["groups"]] == [("node-a100", 1), ("node-v100", 1)]
+    assert "NodeLost" in [e["reason"] for e in cluster.events("shrink", "shrink")]

@@ -32,6 +32,7 @@ class FakeApi:
         self.events: list[tuple[str, str, str]] = []
         self.deleted_pods: list[str] = []
         self.create_calls = 0
+        self.create_order: list[str] = []
         self.peering: dict[str, Any] | None = None
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -52,6 +53,7 @@ class FakeApi:
 
     async def create(self, obj: dict[str, Any]) -> bool:
         self.create_calls += 1
+        self.create_order.append(f"{obj['kind']}/{obj['metadata']['name']}")
         store = self.pods if obj["kind"] == "Pod" else self.services
         if obj["metadata"]["name"] in store:
             return False
@@ -139,6 +141,19 @@ async def test_new_job_is_planned_then_pods_and_service_created() -> None:
     assert st["gpuTypes"] == "NVIDIA-A100-SXM4-40GB:1,Tesla-V100-SXM2-16GB:1,Tesla-T4:2"
     assert set(st) <= STATUS_KEYS
     assert api.events[0][:2] == ("Normal", "Planned")
+
+
+async def test_service_exists_before_any_rank_pod_and_all_pods_come_in_one_pass() -> None:
+    """shared/cases/17: rank 0 is often the last pod up; its name must already resolve.
+
+    Our policy is "waiting", not "ordering": the headless Service (publishNotReadyAddresses) is
+    created first, every pod in the same pass, and the worker's rendezvous retries until rank 0
+    listens, so no rank crash-loops while rank 0's image is still pulling.
+    """
+    api = FakeApi(_job())
+    await _reconciler(api).reconcile("team-x", "digits")
+    assert api.create_order == ["Service/digits", "Pod/digits-g0", "Pod/digits-g1", "Pod/digits-g2"]
+    assert api.services["digits"]["spec"]["publishNotReadyAddresses"] is True
 
 
 async def test_a_second_operator_creates_no_duplicates() -> None:

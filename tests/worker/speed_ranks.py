@@ -107,10 +107,29 @@ def stealing_check(rank: int) -> dict:
     return {"steps": out, "params": [p.detach().reshape(-1).tolist() for p in model.parameters()]}
 
 
+def int8_pieces(groups) -> dict:
+    """Pipelined pieces give the same sum as one piece; the sum equals the decoded inputs' sum."""
+    from hetero_worker.compression import Int8Compression, dequantize_int8, quantize_int8
+    if groups.leaders is None:
+        return {}
+    g = torch.Generator().manual_seed(20 + groups.rank)
+    x = torch.randn(1000, generator=g)
+    one, many = x.clone(), x.clone()
+    Int8Compression(chunk=64, piece_chunks=10**6).allreduce_([one], groups.leaders)
+    exact = torch.tensor([float(groups.rank), 1.0])
+    Int8Compression(chunk=64, piece_chunks=2).allreduce_([many], groups.leaders, exact=exact)
+    q, s = quantize_int8(x, 64)
+    mine = dequantize_int8(q, s, 64)
+    dist.all_reduce(mine, group=groups.leaders)
+    return {"pieces_equal": bool(torch.equal(one, many)),
+            "sum_of_decoded": float((one - mine).abs().max()), "exact": exact.tolist()}
+
+
 def codecs_scenario(t: ht.Trainer) -> dict:
     layout = build_layout(t.contract.topology, "node")
     groups = build_process_groups(layout, t.rank, topology_group_of=[e.group for e in t.contract.topology])
     result = {mode: train_with_codec(t.rank, groups, mode) for mode in MODES}
+    result["int8_pieces"] = int8_pieces(groups)
     result["stealing"] = stealing_check(t.rank)
     return result
 

@@ -55,6 +55,15 @@ def test_stats_ride_through_every_codec_exactly(runs, mode):
         assert r[mode]["stats"] == [0.25, 1.25, 2.25, 3.25]
 
 
+def test_int8_pipelined_pieces_equal_one_piece(runs):
+    for rank in (0, 2):
+        r = runs[rank]["int8_pieces"]
+        assert r["pieces_equal"]
+        assert r["sum_of_decoded"] < 1e-6  # the result is exactly the sum of what was sent
+        assert r["exact"] == [2.0, 2.0]  # leaders 0 and 2 sent [rank, 1]
+    assert runs[1]["int8_pieces"] == {}
+
+
 def _reference_steal(steps: int = 3) -> list[list[torch.Tensor]]:
     torch.manual_seed(3)
     model = torch.nn.Linear(5, 2).double()

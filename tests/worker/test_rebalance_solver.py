@@ -105,5 +105,7 @@ def test_disabled_never_changes():
 
 def test_throughput_by_class():
     reb = Rebalancer(config=RebalanceConfig(interval_steps=5), split=[10, 10, 10])
-    reb.observe(0, [1.0, 2.0, 4.0], [10, 10, 10])
+    reb.observe(0, [9.0, 9.0, 9.0], [10, 10, 10])  # warm-up step: ignored
+    assert reb.throughput_by_class(["A100", "T4", "T4"]) == {}
+    reb.observe(2, [1.0, 2.0, 4.0], [10, 10, 10])
     assert reb.throughput_by_class(["A100", "T4", "T4"]) == pytest.approx({"A100": 10.0, "T4": 3.75})

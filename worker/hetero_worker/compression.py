@@ -130,18 +130,24 @@ class CastCompression:
 
 
 class Int8Compression:
-    """Per-chunk absmax int8 quantisation with error feedback.
+    """Per-chunk absmax int8 quantisation with error feedback, pipelined in pieces.
 
     Each leader quantises ``g + e`` (its gradient plus the error left from earlier steps) to int8
     with one fp32 scale per :data:`INT8_CHUNK` elements, keeps ``e = (g + e) - decode(q)``,
-    all-gathers ``q`` and the scales, and sums the decoded tensors of all leaders.
+    all-gathers ``q`` and the scales, and sums the decoded tensors of all leaders.  The vector is
+    cut into pieces of ``piece_chunks`` chunks; each piece's all-gather is started asynchronously
+    as soon as it is quantised and decoded as soon as it arrives, so quantisation and decoding
+    overlap the transfer on the slow link.  Per piece one int8 buffer carries
+    ``[exact (last piece only) | scales | q]`` (fp32 parts viewed as bytes).
 
     Args:
         chunk: elements per scale.
+        piece_chunks: chunks per pipelined piece.
     """
 
-    def __init__(self, chunk: int = INT8_CHUNK) -> None:
+    def __init__(self, chunk: int = INT8_CHUNK, piece_chunks: int = 64) -> None:
         self.chunk = chunk
+        self.piece = chunk * piece_chunks
         self.error: torch.Tensor | None = None
         self.bytes_sent = 0
 
@@ -151,25 +157,33 @@ class Int8Compression:
 
     def allreduce_(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None, *,
                    exact: torch.Tensor | None = None) -> None:
-        """SUM-reduce in place; two all-gathers (payload; scales with ``exact`` appended)."""
+        """SUM-reduce in place; one asynchronous all-gather per piece (``exact`` in the last)."""
         flat = _flat(tensors, torch.float32)
-        if self.error is None or self.error.numel() != flat.numel():
+        n = flat.numel()
+        if self.error is None or self.error.numel() != n:
             self.error = torch.zeros_like(flat)
-        q, scales = quantize_int8(flat + self.error, self.chunk)
-        self.error = flat + self.error - dequantize_int8(q, scales, self.chunk)
-        n_scales = scales.numel()
-        if exact is not None:
-            scales = torch.cat([scales, exact.to(torch.float32)])
+        value = flat.add_(self.error)  # flat is our own copy: g + e in place
         world = dist.get_world_size(group)
-        qs = [torch.empty_like(q) for _ in range(world)]
-        ss = [torch.empty_like(scales) for _ in range(world)]
-        dist.all_gather(qs, q, group=group)
-        dist.all_gather(ss, scales, group=group)
+        pieces = [(lo, min(lo + self.piece, n)) for lo in range(0, n, self.piece)]
+        inflight = []
+        for index, (lo, hi) in enumerate(pieces):
+            q, scales = quantize_int8(value[lo:hi], self.chunk)
+            self.error[lo:hi] = value[lo:hi] - dequantize_int8(q, scales, self.chunk)
+            head = [scales] if exact is None or index < len(pieces) - 1 else [exact.float(), scales]
+            buf = torch.cat([h.contiguous().view(torch.int8) for h in head] + [q])
+            outs = [torch.empty_like(buf) for _ in range(world)]
+            work = dist.all_gather(outs, buf, group=group, async_op=True)
+            inflight.append((work, outs, lo, hi, scales.numel(), 4 * (len(head) - 1) * (
+                exact.numel() if exact is not None else 0)))
         total = torch.zeros_like(flat)
-        for qi, si in zip(qs, ss):
-            total += dequantize_int8(qi, si[:n_scales], self.chunk)
-        _copy_exact(sum(si[n_scales:] for si in ss), exact)
-        self.bytes_sent += ring_allgather_bytes(self.payload_bytes(flat.numel()), world)
+        for work, outs, lo, hi, n_scales, exact_bytes in inflight:
+            work.wait()
+            for out in outs:
+                scales = out[exact_bytes:exact_bytes + 4 * n_scales].view(torch.float32)
+                total[lo:hi] += dequantize_int8(out[exact_bytes + 4 * n_scales:], scales, self.chunk)
+            if exact_bytes:
+                _copy_exact(sum(out[:exact_bytes].view(torch.float32) for out in outs), exact)
+        self.bytes_sent += ring_allgather_bytes(self.payload_bytes(n), world)
         _unflatten_into(total, tensors)
 
 

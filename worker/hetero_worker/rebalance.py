@@ -40,6 +40,9 @@ class RebalanceConfig:
             fraction (0.05 = 5 %).
         ema_alpha: weight of the newest measurement in the moving average of time per sample.
         min_batch: smallest local batch a rank keeps (>= 1, so every rank stays in the step).
+        warmup_steps: measurements of steps before this index are ignored (the first DDP
+            iterations rebuild buckets with a collective inside forward, which the compute timer
+            would charge to the fastest ranks).
     """
 
     interval_steps: int = 10
@@ -48,6 +51,7 @@ class RebalanceConfig:
     min_gain: float = 0.05
     ema_alpha: float = 0.5
     min_batch: int = 1
+    warmup_steps: int = 2
 
     def __post_init__(self) -> None:
         if self.interval_steps < 0:
@@ -220,7 +224,7 @@ class Rebalancer:
         Returns:
             The new split when it changed (applies from the next step), else None.
         """
-        if self.config.interval_steps == 0:
+        if self.config.interval_steps == 0 or step < self.config.warmup_steps:
             return None
         self.measure(compute_s, samples)
         if self.time_per_sample_s is None:

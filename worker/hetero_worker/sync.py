@@ -132,6 +132,8 @@ class WeightedGradSync:
 
         def run() -> None:
             try:
+                if flat.is_cuda:  # the thread's current device defaults to cuda:0
+                    torch.cuda.set_device(flat.device)
                 future.set_result(self.reduce_(flat))
             except BaseException as exc:  # surfaces in DDP's wait on the future
                 future.set_exception(exc)

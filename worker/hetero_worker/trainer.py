@@ -11,6 +11,7 @@ Example (the whole surface; see docs/worker.md)::
     while t.epoch < epochs:
         for x, y in loader:
             t.step(opt, lambda m: F.cross_entropy(m(t.to_device(x)), t.to_device(y)))
+            t.maybe_checkpoint(opt)                  # every HTJ_CHECKPOINT_INTERVAL_STEPS
     t.close()
 
 ``step`` runs forward and loss under the rank's autocast precision, backward (gradients are
@@ -258,6 +259,24 @@ class Trainer:
             optimizer=optimizer, scaler=self.scaler, sampler=self.sampler,
             extra={"local_batches": self.local_batches})
         return str(path)
+
+    def maybe_checkpoint(self, optimizer: torch.optim.Optimizer,
+                         every_steps: int | None = None) -> bool:
+        """Checkpoint when :attr:`global_step` is a multiple of the interval; True if saved.
+
+        Args:
+            optimizer: saved with the model.
+            every_steps: interval; None uses ``HTJ_CHECKPOINT_INTERVAL_STEPS`` (default 50) when
+                ``HTJ_CHECKPOINT_DIR`` is set, and never saves without a directory; 0 never saves.
+        """
+        if every_steps is None:
+            if not self.contract.checkpoint_dir:
+                return False
+            every_steps = getattr(self.contract, "checkpoint_interval_steps", 50)
+        if every_steps <= 0 or self.global_step % every_steps:
+            return False
+        self.save_checkpoint(optimizer)
+        return True
 
     def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
         """Restore the latest checkpoint if there is one; True when resumed.

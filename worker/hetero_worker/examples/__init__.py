@@ -20,8 +20,9 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs to train")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps")
     parser.add_argument("--seed", type=int, default=0, help="model-init and data-order seed")
-    parser.add_argument("--checkpoint-every", type=int, default=0,
-                        help="checkpoint every N steps to HTJ_CHECKPOINT_DIR (0: never)")
+    parser.add_argument("--checkpoint-every", type=int, default=None,
+                        help="checkpoint every N steps (0: never; default: "
+                             "HTJ_CHECKPOINT_INTERVAL_STEPS when HTJ_CHECKPOINT_DIR is set)")
     parser.add_argument("--result-json", default="", help="rank 0 writes the result here")
     parser.add_argument("--dump-params", default="",
                         help="rank 0 saves the final parameters here (torch.save; for tests)")

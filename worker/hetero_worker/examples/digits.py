@@ -65,10 +65,8 @@ def train(args: argparse.Namespace) -> int:
         for x, y in loader:
             result = t.step(optimizer, lambda m: F.cross_entropy(m(t.to_device(x)),
                                                                  t.to_device(y)))
-            if args.checkpoint_every and t.global_step % args.checkpoint_every == 0:
-                t.save_checkpoint(optimizer)
-                if t.rank == 0:
-                    print(f"checkpoint step={t.global_step}", flush=True)
+            if t.maybe_checkpoint(optimizer, args.checkpoint_every) and t.rank == 0:
+                print(f"checkpoint step={t.global_step}", flush=True)
             if t.rank == 0 and t.global_step % 50 == 0:
                 print(f"step {t.global_step} epoch {t.epoch} loss {result.loss:.4f}", flush=True)
             if _done(t, args):

@@ -100,8 +100,7 @@ def train(args: argparse.Namespace) -> int:
         for (batch,) in loader:
             result = t.step(optimizer, lambda m: lm_loss(m, t.to_device(batch)))
             first_loss = result.loss if first_loss is None else first_loss
-            if args.checkpoint_every and t.global_step % args.checkpoint_every == 0:
-                t.save_checkpoint(optimizer)
+            t.maybe_checkpoint(optimizer, args.checkpoint_every)
             if t.rank == 0 and t.global_step % 10 == 0:
                 print(f"step {t.global_step} loss {result.loss:.3f}", flush=True)
             if t.global_step >= args.max_steps:
