@@ -12,10 +12,8 @@ One spawn checks several facts (spawning costs seconds each). Scenarios:
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -29,7 +27,6 @@ from hetero_worker.precision import AgreeingGradScaler
 from hetero_worker.sync import WeightedGradSync
 from hetero_worker.topology import build_layout, layout_from_node_sizes
 
-TOL = 1e-6
 
 
 def case16(t: ht.Trainer) -> dict:

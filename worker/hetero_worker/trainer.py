@@ -282,7 +282,8 @@ class Trainer:
         """Restore the latest checkpoint if there is one; True when resumed.
 
         Restores model, optimizer, scaler, sampler position, split (if the world size is the
-        same) and RNG states; :attr:`global_step` continues from the saved step.
+        same) and RNG states; :attr:`global_step` continues from the saved step. Call it after
+        :meth:`wrap` and :meth:`loader` (the sampler position is part of the state).
         """
         assert self.module is not None, "wrap a model first"
         chosen = directory or self.contract.checkpoint_dir
