@@ -62,3 +62,13 @@ def test_compressed_leaders_make_hierarchy_cheaper():
     packed = predict_modes(TWO_NODES, 4e6, link, leader_bytes=1e6)
     assert packed["node"] < plain["node"] / 2
     assert packed["flat"] == plain["flat"]
+
+
+def test_measured_ring_bandwidth_replaces_the_flat_edge_model():
+    """A full ring measured slower than its edges (e.g. 4 ranks on 2 cores) makes flat lose."""
+    fast = dict(intra_bw_bytes_per_s=1e9, inter_bw_bytes_per_s=1e9)
+    edges = LinkModel(**fast)
+    measured = LinkModel(**fast, ring_bw_bytes_per_s=0.2e9, ring_latency_s=1e-4)
+    assert choose_hierarchy(TWO_NODES, 5e6, edges) == "flat"
+    assert choose_hierarchy(TWO_NODES, 5e6, measured) == "node"
+    assert predict_modes(TWO_NODES, 5e6, measured)["flat"] == pytest.approx(6 * (5e6 / 4 / 0.2e9 + 1e-4))

@@ -32,12 +32,19 @@ class LinkModel:
         inter_bw_bytes_per_s: egress bandwidth of one node towards the others, > 0.
         intra_latency_s: per-round latency inside a node, >= 0.
         inter_latency_s: per-round latency between nodes, >= 0.
+        ring_bw_bytes_per_s: optional measured bandwidth of one ring over *all* ranks (the flat
+            all-reduce); when set it replaces the per-edge model for ``flat``, which then also
+            accounts for effects the per-edge model misses (CPU contention of many ranks on few
+            cores, NIC sharing).  None: use the per-edge model.
+        ring_latency_s: per-round latency of that ring.
     """
 
     intra_bw_bytes_per_s: float
     inter_bw_bytes_per_s: float
     intra_latency_s: float = 20e-6
     inter_latency_s: float = 100e-6
+    ring_bw_bytes_per_s: float | None = None
+    ring_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.intra_bw_bytes_per_s <= 0 or self.inter_bw_bytes_per_s <= 0:
@@ -133,13 +140,20 @@ def sync_cost_s(groups: Sequence[Sequence[int]], nodes: Sequence[str], grad_byte
         leader_bytes: bytes on the leaders' all-reduce when compressed (default ``grad_bytes``).
     """
     if len(groups) == 1:
-        return collective_s(groups, nodes, grad_bytes, link, kind="allreduce")
-    leaders = [[g[0] for g in groups]]
+        return _allreduce_s(groups[0], nodes, grad_bytes, link)
+    leaders = [g[0] for g in groups]
     inner = [g for g in groups if len(g) > 1]
     return (collective_s(inner, nodes, grad_bytes, link, kind="reduce")
-            + collective_s(leaders, nodes, grad_bytes if leader_bytes is None else leader_bytes,
-                           link, kind="allreduce")
+            + _allreduce_s(leaders, nodes, grad_bytes if leader_bytes is None else leader_bytes, link)
             + collective_s(inner, nodes, grad_bytes, link, kind="broadcast"))
+
+
+def _allreduce_s(ranks: Sequence[int], nodes: Sequence[str], nbytes: float, link: LinkModel) -> float:
+    """One all-reduce; a ring over every rank uses the measured ring bandwidth when known."""
+    n = len(ranks)
+    if link.ring_bw_bytes_per_s and n == len(nodes) and n > 1:
+        return 2 * (n - 1) * (nbytes / n / link.ring_bw_bytes_per_s + link.ring_latency_s)
+    return collective_s([ranks], nodes, nbytes, link, kind="allreduce")
 
 
 def predict_modes(places: Sequence[RankPlace], grad_bytes: float, link: LinkModel, *,

@@ -137,6 +137,10 @@ class PowerSGDCompression:
             offset += q_local.numel()
             # Error feedback (paper, Alg. 2): keep what this leader's own projection P P^T M_k
             # missed; the leaders' errors then add up to the residual of the sum exactly.
-            self.errors[i] = mats[i] - (p @ q_local.T).view_as(mats[i])
-            tensors[i].copy_((p @ q_sum.T).view_as(tensors[i]))
+            local = mats[i].view(_matrix_shape(mats[i].shape))
+            self.errors[i] = torch.addmm(local, p, q_local.T, alpha=-1).view_as(mats[i])
+            if tensors[i].dtype == torch.float32 and tensors[i].is_contiguous():
+                torch.mm(p, q_sum.T, out=tensors[i].view(local.shape))
+            else:
+                tensors[i].copy_((p @ q_sum.T).view_as(tensors[i]))
             self.qs[i] = q_sum.clone()

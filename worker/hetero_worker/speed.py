@@ -314,9 +314,11 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
                        probe_bytes: int = 1 << 20) -> tuple[LinkModel, dict[str, float], str]:
     """Measure intra- and inter-node bandwidth once, then pick the cheapest hierarchy.
 
-    Collective on all ranks.  The probe builds the node layout's groups, times a ``probe_bytes``
-    all-reduce inside every node and one among the node leaders, and a 4-byte one for latency;
-    the times are MAX-reduced so every rank computes the same choice.
+    Collective on all ranks.  The probe builds the node layout's groups and times a
+    ``probe_bytes`` all-reduce (and a 4-byte one, for latency) inside every node at once, among
+    the node leaders, and over all ranks (the flat ring, whose measured bandwidth then stands in
+    for the per-edge model of ``flat``); the times are MAX-reduced so every rank computes the same
+    choice.
 
     Args:
         trainer: the trainer (contract topology, rank).
@@ -333,17 +335,19 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
     places = places_of(topology)
     layout = build_layout(topology, "node")
     groups = build_process_groups(layout, trainer.rank, topology_group_of=[e.group for e in topology])
-    times = torch.zeros(4, dtype=torch.float64)
-    inner = len(groups.intra_ranks) > 1 and not layout.is_flat
-    if inner:
+    times = torch.zeros(6, dtype=torch.float64)
+    if len(groups.intra_ranks) > 1 and not layout.is_flat:  # inside every node at once
         times[0], times[1] = _time_allreduce(probe_bytes, groups.intra), _time_allreduce(4, groups.intra)
     dist.barrier()
-    if groups.leaders is not None:
+    if groups.leaders is not None:  # the node leaders' ring
         times[2], times[3] = _time_allreduce(probe_bytes, groups.leaders), _time_allreduce(4, groups.leaders)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    link = _link_from_times(times.tolist(), probe_bytes, layout)
-    costs = predict_modes(places, grad_bytes or float(100 << 20), link)
-    return link, costs, choose_hierarchy(places, grad_bytes or float(100 << 20), link)
+    dist.barrier()
+    if dist.get_world_size() > 1:  # one ring over all ranks (what flat does)
+        times[4], times[5] = _time_allreduce(probe_bytes, None), _time_allreduce(4, None)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank decides on the same numbers
+    link = _link_from_times(times.tolist(), probe_bytes, layout, dist.get_world_size())
+    size = grad_bytes or float(100 << 20)
+    return link, predict_modes(places, size, link), choose_hierarchy(places, size, link)
 
 
 def _time_allreduce(nbytes: int, group: Any, repeats: int = 3) -> float:
@@ -357,17 +361,22 @@ def _time_allreduce(nbytes: int, group: Any, repeats: int = 3) -> float:
     return best
 
 
-def _link_from_times(times: Sequence[float], probe_bytes: int, layout: Any) -> LinkModel:
-    """Bandwidth = ring bytes per rank / (time - latency part); defaults where not measurable."""
+def _link_from_times(times: Sequence[float], probe_bytes: int, layout: Any, world: int) -> LinkModel:
+    """Bandwidth = ring bytes per rank / (time - latency part); defaults where not measurable.
+
+    ``times``: intra probe, intra 4-byte, leaders probe, leaders 4-byte, world probe, world 4-byte
+    (seconds, 0 when not measured).
+    """
     def model(total_s: float, small_s: float, n: int, default_bw: float) -> tuple[float, float]:
         if n < 2 or total_s <= 0:
             return default_bw, 20e-6
-        hops = 2 * (n - 1)
-        latency_s = small_s / hops
+        latency_s = small_s / (2 * (n - 1))
         transfer_s = max(total_s - small_s, 1e-9)
         return 2 * (n - 1) / n * probe_bytes / transfer_s, latency_s
     node_size = max(len(g) for g in layout.groups)
     intra_bw, intra_lat = model(times[0], times[1], node_size, 10e9)
     inter_bw, inter_lat = model(times[2], times[3], len(layout.groups), intra_bw)
+    ring_bw, ring_lat = model(times[4], times[5], world, 0.0)
     return LinkModel(intra_bw_bytes_per_s=intra_bw, inter_bw_bytes_per_s=inter_bw,
-                     intra_latency_s=intra_lat, inter_latency_s=inter_lat)
+                     intra_latency_s=intra_lat, inter_latency_s=inter_lat,
+                     ring_bw_bytes_per_s=ring_bw or None, ring_latency_s=ring_lat)

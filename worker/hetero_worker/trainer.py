@@ -104,7 +104,7 @@ class Trainer:
         self.seed = seed
         self.sync_mode = sync_mode
         use_cuda = torch.cuda.is_available() and not contract.device.simulated
-        self.device = torch.device(f"cuda:{contract.local_rank}" if use_cuda else "cpu")
+        self.device = torch.device(f"cuda:{cuda_index(contract)}" if use_cuda else "cpu")
         self.delay_per_sample_s = (delay_per_sample_s if delay_per_sample_s is not None
                                    else simulate.delay_per_sample_s())
         self.precision = PrecisionPolicy(precision=contract.precision,
@@ -371,7 +371,7 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
         rendezvous_timeout_s = rendezvous.timeout_from_env(env)
     use_cuda = torch.cuda.is_available() and not contract.device.simulated
     if use_cuda:
-        torch.cuda.set_device(contract.local_rank)
+        torch.cuda.set_device(cuda_index(contract))
     rendezvous.init_distributed(
         rank=contract.rank, world_size=contract.world_size, master_addr=contract.master_addr,
         master_port=contract.master_port,
@@ -379,3 +379,9 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     seed_everything(seed)
     return Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
                    sync_mode=sync_mode)
+
+
+def cuda_index(contract: Contract) -> int:
+    """CUDA device index of this rank: 0 when the launcher pinned one GPU per rank
+    (``CUDA_VISIBLE_DEVICES`` shows one device), else ``LOCAL_RANK``."""
+    return 0 if torch.cuda.device_count() == 1 else contract.local_rank
