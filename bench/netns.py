@@ -71,6 +71,9 @@ class VethLink:
             _run("ip", "netns", "add", ns)
             self.created.append(ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
+            # per-namespace sysctl: keep the congestion window of connections that sit idle
+            # between collectives (as tuned clusters do); otherwise every step restarts slow start
+            _run("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
         (ns_a, dev_a, ip_a), (ns_b, dev_b, ip_b) = NODES["A"], NODES["B"]
         _run("ip", "link", "add", dev_a, "netns", ns_a, "type", "veth", "peer", "name", dev_b,
              "netns", ns_b)

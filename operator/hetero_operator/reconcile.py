@@ -129,11 +129,11 @@ class Reconciler:
     async def _run(self, key: Key) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            if not await self.is_leader():
-                self.kick(*key, delay_s=self.config.resync_s)
-                return
             started = time.perf_counter()
             try:
+                if not await self.is_leader():
+                    self.kick(*key, delay_s=self.config.resync_s)
+                    return
                 requeue = await self.reconcile(*key)
             except Exception:  # noqa: BLE001 - API hiccups: log, retry after a resync period
                 log.exception("reconcile of %s/%s failed; retrying", *key)
@@ -174,7 +174,7 @@ class Reconciler:
         planned_nodes = {g["pod"]: g["node"] for g in (status.get("plan") or {}).get("groups") or ()}
         states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], "")) for p in pods]
         node_names = {n["metadata"]["name"] for n in self.nodes()}
-        decision = lc.decide(st.job_state(status), spec.run_policy, states, nodes=node_names,
+        decision = lc.decide(st.job_state(status), spec.run_policy, states, nodes=node_names or None,
                              now_s=now, timing=self.timing)
         log.debug("%s/%s: %s %s (%s) pods=%s", namespace, name, decision.action, decision.phase,
                   decision.reason, [(p.name, p.phase) for p in states])

@@ -125,11 +125,34 @@ def int8_pieces(groups) -> dict:
             "sum_of_decoded": float((one - mine).abs().max()), "exact": exact.tolist()}
 
 
+def trainer_stealing(t: ht.Trainer) -> dict:
+    """Two work-stealing steps through the trainer (sampler order, hierarchical reduction)."""
+    from hetero_worker.stealing import trainer_steal_step
+    torch.manual_seed(3)
+    model = t.wrap(torch.nn.Linear(5, 2).double())
+    g = torch.Generator().manual_seed(9)
+    data = torch.utils.data.TensorDataset(torch.randn(80, 5, generator=g, dtype=torch.float64),
+                                          torch.randn(80, 2, generator=g, dtype=torch.float64))
+    t.loader(data)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    disp = MicroBatchDispenser(store=default_store(), global_batch=sum(t.local_batches),
+                               micro_batch=5, prefix="test/tsteal")
+
+    def loss_sum(module, idx):
+        x, y = data[idx]
+        return ((module(x) - y) ** 2).sum()
+
+    taken = [list(trainer_steal_step(t, opt, disp, loss_sum).taken) for _ in range(2)]
+    return {"taken": taken, "params": [p.detach().reshape(-1).tolist() for p in t.module.parameters()],
+            "cursor": t.sampler.cursor}
+
+
 def codecs_scenario(t: ht.Trainer) -> dict:
     layout = build_layout(t.contract.topology, "node")
     groups = build_process_groups(layout, t.rank, topology_group_of=[e.group for e in t.contract.topology])
     result = {mode: train_with_codec(t.rank, groups, mode) for mode in MODES}
     result["int8_pieces"] = int8_pieces(groups)
+    result["trainer_stealing"] = trainer_stealing(t)
     result["stealing"] = stealing_check(t.rank)
     return result
 

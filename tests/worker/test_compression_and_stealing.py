@@ -98,3 +98,26 @@ def test_stealing_update_equals_full_batch_gradient(runs):
             got = torch.tensor([v for g in step["grad"] for v in g], dtype=torch.float64)
             want = torch.cat([g.reshape(-1) for g in ref[s]])
             assert torch.allclose(got, want, atol=1e-10, rtol=0), (s, (got - want).abs().max())
+
+
+def test_trainer_work_stealing_follows_the_sampler_and_matches_one_process(runs):
+    from hetero_worker.sampler import HeteroBatchSampler
+    for s in range(2):
+        assert sorted(i for r in runs for i in r["trainer_stealing"]["taken"][s]) == list(range(13))
+    order = HeteroBatchSampler(80, [16] * 4, 0, seed=0).permutation(0)
+    torch.manual_seed(3)
+    model = torch.nn.Linear(5, 2).double()
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(80, 5, generator=g, dtype=torch.float64)
+    y = torch.randn(80, 2, generator=g, dtype=torch.float64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for s in range(2):
+        idx = order[64 * s:64 * s + 64] if s == 0 else HeteroBatchSampler(80, [16] * 4, 0, seed=0).permutation(1)[:64]
+        opt.zero_grad()
+        (((model(x[idx]) - y[idx]) ** 2).sum() / 64).backward()
+        opt.step()
+    want = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    for r in runs:
+        got = torch.tensor([v for p in r["trainer_stealing"]["params"] for v in p], dtype=torch.float64)
+        assert torch.allclose(got, want, atol=1e-12, rtol=0), (got - want).abs().max()
+        assert r["trainer_stealing"]["cursor"] == 64

@@ -5,13 +5,14 @@ reduce inside every group to its leader (groups in parallel), a ring all-reduce 
 and a broadcast inside every group.  ``flat`` is one ring all-reduce over all ranks.
 
 A ring collective over ``n`` ranks moving ``B`` bytes takes ``2 (n - 1)`` rounds of ``B / n``
-bytes on every ring edge, i.e. ``B * 2 (n - 1) / n`` bytes per rank.  A round lasts as long as its slowest edge: an edge inside
-a node moves ``B / n`` at the intra-node bandwidth; an edge that leaves a node shares that node's
-egress bandwidth with every other ring edge leaving the same node at the same time (concurrent
-groups included), plus one hop latency.  Reduce and broadcast are modelled as ``2 (n - 1)`` rounds
-too (reduce-scatter + gather, scatter + all-gather).  This is the alpha-beta model of Thakur, Rabenseifner and
-Gropp, "Optimization of Collective Communication Operations in MPICH" (IJHPCA 2005), with
-per-node egress sharing added; gloo's CPU all-reduce is a ring (``gloo/allreduce.cc``).
+bytes on every ring edge, i.e. ``B * 2 (n - 1) / n`` bytes per rank.  A round lasts as long as
+its slowest edge: an edge inside a node moves ``B / n`` at the intra-node bandwidth; an edge that
+leaves a node shares that node's egress bandwidth with every other ring edge leaving the same node
+at the same time (concurrent groups included), plus one hop latency.  Reduce and broadcast are
+modelled as ``2 (n - 1)`` rounds too (reduce-scatter + gather, scatter + all-gather).  This is the
+alpha-beta model of Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication
+Operations in MPICH" (IJHPCA 2005), with per-node egress sharing added; gloo's CPU all-reduce is
+a ring (``gloo/allreduce.cc``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_worker.compression import CompressionConfig, InterGroupCodec, make_codec
-from hetero_worker.linkcost import LinkModel, RankPlace, choose_hierarchy, predict_modes
+from hetero_worker.linkcost import LinkModel, RankPlace, predict_modes
 from hetero_worker.rebalance import RebalanceConfig, Rebalancer, pack_stats, unpack_stats
 
 REBALANCE_INTERVAL_ENV = "HTJ_REBALANCE_INTERVAL_STEPS"
@@ -239,15 +239,26 @@ class SpeedController:
         """``Trainer.step`` plus the rebalancing bookkeeping; returns the trainer's result."""
         batch = self.trainer.local_batch
         result = self.trainer.step(optimizer, loss_fn)
+        self.after_step(result.compute_s, batch)
+        return result
+
+    def after_step(self, compute_s: float, batch: int) -> None:
+        """Bookkeeping after one trainer step (the hook point if ``Trainer.step`` calls it).
+
+        Args:
+            compute_s: this rank's compute seconds of the step (``StepResult.compute_s``).
+            batch: the local batch the step used (read before the step; a split change
+                decided here applies from the next step).
+        """
         merged = self.reducer.take_merged()
         if self.rebalancer is not None and merged is not None:
-            compute_s, samples = unpack_stats(merged.tolist())
-            new_split = self.rebalancer.observe(self.trainer.global_step - 1, compute_s, samples)
+            rank_compute_s, rank_samples = unpack_stats(merged.tolist())
+            new_split = self.rebalancer.observe(self.trainer.global_step - 1, rank_compute_s,
+                                                rank_samples)
             if new_split is not None:
                 self.trainer.set_split(new_split)
         if self.rebalancer is not None:
-            self.reducer.set_pending(pack_stats(self.trainer.rank, self.world, result.compute_s, batch))
-        return result
+            self.reducer.set_pending(pack_stats(self.trainer.rank, self.world, compute_s, batch))
 
     def throughput_by_class(self) -> dict[str, float]:
         """Measured samples/s of one device per GPU product (for job status and the planner)."""
@@ -347,7 +358,43 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
     dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank decides on the same numbers
     link = _link_from_times(times.tolist(), probe_bytes, layout, dist.get_world_size())
     size = grad_bytes or float(100 << 20)
-    return link, predict_modes(places, size, link), choose_hierarchy(places, size, link)
+    costs = predict_modes(places, size, link)
+    return link, costs, _settle_close_calls(trainer, costs, size)
+
+
+def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float, *,
+                        margin: float = 2.0, budget_s: float = 0.5, repeats: int = 3) -> str:
+    """The cost model's pick, or, when other modes are predicted within ``margin`` x of it and
+    cheap to try (predicted under ``budget_s``), the fastest of them timed on a real sync.
+
+    The link model ignores per-call software costs (a hierarchy runs three collectives per bucket
+    through Python, flat one in DDP's C++); a timed sync of a gradient-sized buffer sees them.
+    Collective; times are MAX-reduced so every rank picks the same mode.
+    """
+    from hetero_worker.groups import build_process_groups, hierarchical_all_reduce_
+    from hetero_worker.linkcost import FIXED_MODES
+    from hetero_worker.topology import build_layout
+    best = min(FIXED_MODES, key=lambda m: (round(costs[m], 9), FIXED_MODES.index(m)))
+    close = [m for m in ("flat", "node", "arch") if costs[m] <= margin * costs[best]
+             and costs[m] <= budget_s]
+    if len(close) < 2:
+        return best
+    topology = trainer.contract.topology
+    buf = torch.zeros(int(min(grad_bytes, 64 << 20) // 4))
+    timed = torch.zeros(len(close), dtype=torch.float64)
+    for i, mode in enumerate(close):
+        groups = build_process_groups(build_layout(topology, mode), trainer.rank,
+                                      topology_group_of=[e.group for e in topology])
+        hierarchical_all_reduce_(buf, groups)  # warm-up: connections
+        samples = []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            hierarchical_all_reduce_(buf, groups)
+            samples.append(time.perf_counter() - start)
+        timed[i] = sorted(samples)[len(samples) // 2]
+    dist.all_reduce(timed, op=dist.ReduceOp.MAX)
+    return close[int(torch.argmin(timed))]
 
 
 def _time_allreduce(nbytes: int, group: Any, repeats: int = 3) -> float:

@@ -17,16 +17,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-WORK_STEALING_ENV = "HTJ_WORK_STEALING"
-"""``1`` turns work-stealing mode on (no contract variable yet; see docs/speed.md)."""
-MICRO_BATCH_ENV = "HTJ_MICRO_BATCH_SIZE"
-"""Samples per stolen micro-batch (default: global batch / (4 * world size), at least 1)."""
-
 
 def default_store() -> dist.Store:
     """The store of the default process group (the rendezvous ``TCPStore``)."""
@@ -154,3 +149,54 @@ def _flat_allreduce(tensors: list[torch.Tensor]) -> None:
     for t in tensors:
         t.copy_(flat[offset:offset + t.numel()].view_as(t))
         offset += t.numel()
+
+
+def trainer_steal_step(trainer: Any, optimizer: torch.optim.Optimizer, dispenser: MicroBatchDispenser,
+                       loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]) -> StealResult:
+    """One work-stealing optimizer step of a :class:`hetero_worker.trainer.Trainer`.
+
+    The step's samples are the next ``global_batch`` positions of the trainer's sampler order
+    (so epochs stay covered exactly as with the fixed split); micro-batches are computed on the
+    unwrapped module (no DDP all-reduce per backward) and reduced once with the trainer's
+    hierarchical groups.  Call :meth:`Trainer.wrap` and :meth:`Trainer.loader` first.
+
+    Args:
+        trainer: the rank's trainer.
+        optimizer: over the model's parameters.
+        dispenser: shared counter; ``global_batch`` must equal the trainer's global batch.
+        loss_sum_fn: ``loss_sum_fn(module, dataset_indices)`` returns the *summed* loss of those
+            samples (scalar tensor).
+
+    Returns:
+        The :class:`StealResult` (the optimizer step is taken).
+
+    Raises:
+        RuntimeError: no model or loader yet.
+    """
+    from hetero_worker.groups import hierarchical_all_reduce_
+    sampler, module = trainer.sampler, trainer.module
+    if sampler is None or module is None:
+        raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
+    if sampler.num_samples - sampler.cursor < sampler.global_batch:
+        sampler.set_epoch(sampler.epoch + 1)
+    order = sampler.permutation(sampler.epoch)
+    base = sampler.cursor
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    def compute(lo: int, hi: int) -> torch.Tensor:
+        return loss_sum_fn(module, order[base + lo:base + hi].tolist())
+
+    def allreduce(tensors: list[torch.Tensor]) -> None:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        hierarchical_all_reduce_(flat, trainer.groups)
+        offset = 0
+        for t in tensors:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+    result = steal_step(step=trainer.global_step, dispenser=dispenser, params=params,
+                        compute=compute, allreduce=allreduce)
+    optimizer.step()
+    sampler.cursor += sampler.global_batch
+    trainer.global_step += 1
+    return result
