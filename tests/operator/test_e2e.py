@@ -182,12 +182,13 @@ async def test_exceeding_backoff_limit_fails_the_job_and_removes_all_pods(cluste
 async def test_operator_restart_mid_job_creates_no_duplicates(cluster: Cluster) -> None:
     await cluster.apply(script("steady", "import time; time.sleep(6)"), namespace="steady")
     await cluster.wait_for(lambda: cluster.phase("steady", "steady") == "Running", 60, "Running")
-    uids = {p["metadata"]["uid"] for p in cluster.pods("steady")}
     await cluster.stop_operator()
     await cluster.start_operator(CONFIG)
     job = await finished(cluster, "steady", "steady", 60)
-    assert job["status"]["phase"] == "Succeeded"
-    assert {p["metadata"]["uid"] for p in cluster.pods("steady")} == uids
+    assert job["status"]["phase"] == "Succeeded" and job["status"]["attempt"] == 1
+    created = [(name, labels["heterotrain.io/attempt"]) for res, ns, name, _, labels in cluster.api.created
+               if res == PODS and ns == "steady"]
+    assert sorted(created) == [("steady-g0", "1"), ("steady-g1", "1"), ("steady-g2", "1")]
     assert cluster.kubelet is not None
     assert len([k for k in cluster.kubelet.started if k[0] == "steady"]) == 3
 

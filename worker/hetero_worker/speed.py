@@ -363,16 +363,18 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
 
 
 def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float, *,
-                        margin: float = 2.0, budget_s: float = 0.5, repeats: int = 3) -> str:
+                        margin: float = 4.0, budget_s: float = 0.5, repeats: int = 3) -> str:
     """The cost model's pick, or, when other modes are predicted within ``margin`` x of it and
     cheap to try (predicted under ``budget_s``), the fastest of them timed on a real sync.
 
-    The link model ignores per-call software costs (a hierarchy runs three collectives per bucket
-    through Python, flat one in DDP's C++); a timed sync of a gradient-sized buffer sees them.
-    Collective; times are MAX-reduced so every rank picks the same mode.
+    The link model ignores per-call software costs (a hierarchy runs three collectives per DDP
+    bucket on the sync's Python thread, flat one all-reduce per bucket in DDP's C++), so the
+    trial runs exactly those paths on a gradient-sized buffer cut like DDP's buckets (1 MiB
+    first, then up to 25 MiB).  Collective; times are MAX-reduced so every rank picks the same.
     """
-    from hetero_worker.groups import build_process_groups, hierarchical_all_reduce_
+    from hetero_worker.groups import build_process_groups
     from hetero_worker.linkcost import FIXED_MODES
+    from hetero_worker.sync import WeightedGradSync
     from hetero_worker.topology import build_layout
     best = min(FIXED_MODES, key=lambda m: (round(costs[m], 9), FIXED_MODES.index(m)))
     close = [m for m in ("flat", "node", "arch") if costs[m] <= margin * costs[best]
@@ -380,19 +382,30 @@ def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float
     if len(close) < 2:
         return best
     topology = trainer.contract.topology
-    buf = torch.zeros(int(min(grad_bytes, 64 << 20) // 4))
+    numel = int(min(grad_bytes, 64 << 20) // 4)
+    first = min(numel, (1 << 20) // 4)
+    sizes = [first] + [min(25 << 18, numel - o) for o in range(first, numel, 25 << 18)]
     timed = torch.zeros(len(close), dtype=torch.float64)
     for i, mode in enumerate(close):
         groups = build_process_groups(build_layout(topology, mode), trainer.rank,
                                       topology_group_of=[e.group for e in topology])
-        hierarchical_all_reduce_(buf, groups)  # warm-up: connections
+        sync = WeightedGradSync(groups, [1] * len(topology))
         samples = []
-        for _ in range(repeats):
+        for _ in range(repeats + 1):  # the first one opens connections
+            pieces = [torch.zeros(n) for n in sizes if n > 0]
             dist.barrier()
             start = time.perf_counter()
-            hierarchical_all_reduce_(buf, groups)
+            if groups.layout.is_flat:
+                for piece in pieces:
+                    dist.all_reduce(piece)
+            else:
+                for future in [sync.submit(piece) for piece in pieces]:
+                    future.wait()
             samples.append(time.perf_counter() - start)
-        timed[i] = sorted(samples)[len(samples) // 2]
+        close_fn = getattr(sync, "close", None)
+        if callable(close_fn):
+            close_fn()
+        timed[i] = sorted(samples[1:])[len(samples[1:]) // 2]
     dist.all_reduce(timed, op=dist.ReduceOp.MAX)
     return close[int(torch.argmin(timed))]
 
