@@ -162,8 +162,10 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str],
     if unit.ranks[0] == 0:
         ports.append({"name": "rendezvous", "containerPort": int(env[contract.MASTER_PORT]),
                       "protocol": "TCP"})
-    if job.worker.metrics_port:
-        ports.append({"name": "metrics", "containerPort": job.worker.metrics_port, "protocol": "TCP"})
+    if job.worker.metrics_port:  # local rank i serves on metricsPort + i (heterotrain launch)
+        for i in range(len(unit.ranks)):
+            ports.append({"name": "metrics" if i == 0 else f"metrics-{i}",
+                          "containerPort": job.worker.metrics_port + i, "protocol": "TCP"})
     if ports:
         container["ports"] = ports
     if job.training.checkpoint_pvc:

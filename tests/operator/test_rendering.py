@@ -198,3 +198,14 @@ def test_rendered_objects_validate_against_kubernetes_schemas(kind: str) -> None
     objs = pods + mig_pods if kind == "pods" else [rendering.render_service(job, master_port=29500)]
     for obj in objs:
         kubernetes_validate.validate(json.loads(json.dumps(obj)), K8S_VERSION, strict=True)
+
+
+
+def test_every_local_rank_gets_a_named_metrics_port() -> None:
+    """The chart's PodMonitor keeps ports named ``metrics(-N)?``; the T4 pod hosts two ranks."""
+    job = _job()
+    _, pods = _render(job, _mixed_nodes())
+    ports = [[(p["name"], p["containerPort"]) for p in pod["spec"]["containers"][0]["ports"]
+              if p["name"].startswith("metrics")] for pod in pods]
+    base = job.worker.metrics_port
+    assert ports == [[("metrics", base)], [("metrics", base)], [("metrics", base), ("metrics-1", base + 1)]]
