@@ -356,6 +356,25 @@ def _check_rank_against_topology(c: Contract) -> None:
                             f"{members.index(c.rank)} of group {c.group}")
 
 
+def seconds_from_env(environ: Mapping[str, str], name: str, *, default_s: float,
+                     allow_zero: bool) -> float:
+    """A duration knob in seconds (``name`` unset or empty: ``default_s``).
+
+    Raises:
+        ContractError: set but not a number, or negative (or zero when ``allow_zero`` is False).
+    """
+    raw = environ.get(name, "")
+    if raw == "":
+        return default_s
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ContractError(name, f"must be a number of seconds, got {raw!r}") from None
+    if value < 0 or (value == 0 and not allow_zero) or value != value:
+        raise ContractError(name, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    return value
+
+
 def _get(environ: Mapping[str, str], name: str) -> str:
     value = environ.get(name)
     if value is None or value == "":

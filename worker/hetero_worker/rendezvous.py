@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from hetero_worker.contract import ContractError
+from hetero_worker.contract import seconds_from_env
 
 TIMEOUT_ENV = "HTJ_RENDEZVOUS_TIMEOUT_S"
 """Environment variable: seconds a rank waits for rank 0 before giving up."""
@@ -39,16 +39,8 @@ def timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
     Raises:
         ContractError: set but not a number > 0.
     """
-    raw = (os.environ if environ is None else environ).get(TIMEOUT_ENV, "")
-    if raw == "":
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ContractError(TIMEOUT_ENV, f"must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ContractError(TIMEOUT_ENV, f"must be > 0, got {value}")
-    return value
+    return seconds_from_env(os.environ if environ is None else environ, TIMEOUT_ENV,
+                            default_s=DEFAULT_TIMEOUT_S, allow_zero=False)
 
 
 def _tcp_probe(host: str, port: int, timeout_s: float) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from hetero_worker import contract as c
-from hetero_worker.contract import ContractError, DeviceProfile, RankEntry
+from hetero_worker.contract import DeviceProfile, RankEntry
 
 SIM_DELAY_ENV = "HTJ_SIM_DELAY_PER_SAMPLE_S"
 """Environment variable: simulated seconds per sample at relative speed 1.0."""
@@ -30,16 +30,8 @@ def delay_per_sample_s(environ: Mapping[str, str] | None = None) -> float:
     Raises:
         ContractError: the variable is set but is not a number >= 0.
     """
-    raw = (os.environ if environ is None else environ).get(SIM_DELAY_ENV, "")
-    if raw == "":
-        return DEFAULT_DELAY_PER_SAMPLE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ContractError(SIM_DELAY_ENV, f"must be a number of seconds, got {raw!r}") from None
-    if not value >= 0:
-        raise ContractError(SIM_DELAY_ENV, f"must be >= 0, got {value}")
-    return value
+    return c.seconds_from_env(os.environ if environ is None else environ, SIM_DELAY_ENV,
+                              default_s=DEFAULT_DELAY_PER_SAMPLE_S, allow_zero=True)
 
 
 def simulated_delay_s(profile: DeviceProfile, local_batch: int, per_sample_s: float) -> float:
