@@ -237,6 +237,8 @@ class SpeedController:
 
     def step(self, optimizer: torch.optim.Optimizer, loss_fn: Any) -> Any:
         """``Trainer.step`` plus the rebalancing bookkeeping; returns the trainer's result."""
+        if getattr(self.trainer, "speed", None) is self:  # Trainer.step calls after_step itself
+            return self.trainer.step(optimizer, loss_fn)
         batch = self.trainer.local_batch
         result = self.trainer.step(optimizer, loss_fn)
         self.after_step(result.compute_s, batch)
@@ -284,6 +286,8 @@ def attach(trainer: Any, config: SpeedConfig | None = None) -> SpeedController:
     Raises:
         RuntimeError: the trainer already wrapped a model.
     """
+    if getattr(trainer, "speed", None) is not None:  # init() attached already (job asked for it)
+        return trainer.speed
     if trainer.model is not None:
         raise RuntimeError("attach() must run before Trainer.wrap()")
     controller = SpeedController(trainer, config or SpeedConfig.from_env())

@@ -103,6 +103,7 @@ class Trainer:
         self.rank = contract.rank
         self.seed = seed
         self.sync_mode = sync_mode
+        self.speed: Any = None  # hetero_worker.speed.SpeedController when init() attached one
         use_cuda = torch.cuda.is_available() and not contract.device.simulated
         self.device = torch.device(f"cuda:{cuda_index(contract)}" if use_cuda else "cpu")
         self.delay_per_sample_s = (delay_per_sample_s if delay_per_sample_s is not None
@@ -202,6 +203,7 @@ class Trainer:
         """
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
+        batch = self.local_batch  # a split change decided after this step applies to the next
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         simulate_compute(self.contract.device, self.local_batch, self.delay_per_sample_s)
@@ -215,7 +217,10 @@ class Trainer:
             self.sync.sync_after_backward(self.model.parameters())
         skipped = self._optimizer_step(optimizer)
         step_s = time.perf_counter() - start
-        return self._record(loss.detach().float().item(), skipped, step_s)
+        result = self._record(loss.detach().float().item(), skipped, step_s)
+        if self.speed is not None:
+            self.speed.after_step(result.compute_s, batch)
+        return result
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Step unless any rank's scaler found inf/NaN; True when skipped (on every rank)."""
@@ -377,8 +382,18 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
         master_port=contract.master_port,
         backend="cpu:gloo,cuda:nccl" if use_cuda else "gloo", timeout_s=rendezvous_timeout_s)
     seed_everything(seed)
-    return Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
-                   sync_mode=sync_mode)
+    trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
+                      sync_mode=sync_mode)
+    if wants_speed_features(contract) and sync_mode == "hook":
+        from hetero_worker.speed import attach  # rebalancing, compression, link-aware hierarchy
+        trainer.speed = attach(trainer)
+    return trainer
+
+
+def wants_speed_features(contract: Contract) -> bool:
+    """True when the job asks for rebalancing, compression or the automatic hierarchy."""
+    return (contract.rebalance_interval_steps > 0 or contract.compression != "none"
+            or contract.hierarchy == "auto")
 
 
 def cuda_index(contract: Contract) -> int:

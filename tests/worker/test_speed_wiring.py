@@ -1,0 +1,28 @@
+"""init() attaches the speed features exactly when the job's contract asks for them."""
+
+import dataclasses
+
+import pytest
+
+from hetero_worker import contract as c
+from hetero_worker.trainer import wants_speed_features
+
+
+def _contract(**over):
+    topo = (c.RankEntry(rank=0, group=0, node="n", gpu_product="A100", compute_capability="8.0", local_batch=4),)
+    base = c.Contract(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1",
+                      master_port=29500, job_name="j", group=0, group_rank=0, group_size=1,
+                      local_batch_size=4, global_batch_size=4, precision="fp32", hierarchy="group",
+                      device=c.DeviceProfile(product="A100"), topology=topo)
+    return dataclasses.replace(base, **over)
+
+
+@pytest.mark.parametrize(
+    ("over", "expected"),
+    [({}, False), ({"rebalance_interval_steps": 10}, True), ({"compression": "int8"}, True),
+     ({"hierarchy": "auto"}, True), ({"hierarchy": "flat"}, False)],
+    ids=["static job keeps the plain trainer", "rebalancing", "compression", "auto hierarchy",
+         "flat hierarchy"],
+)
+def test_speed_features_follow_the_contract(over, expected):
+    assert wants_speed_features(_contract(**over)) is expected
