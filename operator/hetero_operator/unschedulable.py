@@ -88,13 +88,15 @@ def _allowed(job: JobSpec, gpu_type: str) -> bool:
 
 def _message(need: int, free: int, shortfalls: Sequence[Shortfall], other: list[str],
              denied: int) -> str:
-    parts = [f"{s.gpu_type}: need {s.need}, free {s.free}{_notes(s.reasons)}" for s in shortfalls]
+    several = len(shortfalls) > 1  # then a type's need assumes every other type is used fully
+    parts = [f"{s.gpu_type}: need {s.need}{' with all others used' if several else ''}, "
+             f"free {s.free}{_notes(s.reasons)}" for s in shortfalls]
     if not parts:
         parts = [f"no eligible GPUs (denied by spec.gpus on {denied} "
                  f"node{'s' if denied != 1 else ''})" if denied else "no eligible GPUs"]
     text = "; ".join(parts)
     if len(shortfalls) != 1:
-        text = f"need {need} ranks (spec.gpus.minRanks), {free} free: {text}"
+        text = f"need {need} ranks (spec.gpus.minRanks, default spec.gpus.ranks), {free} free: {text}"
     if other:
         text += f"; other nodes excluded{_notes(other)}"
     return text

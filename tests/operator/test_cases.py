@@ -127,7 +127,7 @@ def test_05_h100_state2_has_no_whole_gpus_and_56_mig_devices() -> None:
     assert {g.resource_name for g in plan.groups} == {"nvidia.com/mig-1g.10gb"}
     no_mig = plan_job(make_job(ranks=8, global_batch=64, gpus={"allowMig": False}), inv)
     assert isinstance(no_mig, model.Unschedulable)
-    assert no_mig.message == ("need 8 ranks (spec.gpus.minRanks), 0 free: no eligible GPUs "
+    assert no_mig.message == ("need 8 ranks (spec.gpus.minRanks, default spec.gpus.ranks), 0 free: no eligible GPUs "
                               "(denied by spec.gpus on 1 node)")
 
 

@@ -85,8 +85,9 @@ def test_unschedulable_over_several_types_counts_used_devices() -> None:
     result = plan_job(make_job(ranks=4), build_inventory(nodes, pods))
     assert isinstance(result, model.Unschedulable)
     assert result.message == (
-        f"need 4 ranks (spec.gpus.minRanks), 1 free: {A100}: need 4, free 1 (a100: 1 of 2 in use, "
-        "cordoned: cordoned); Tesla-T4: need 3, free 0 (t4: 2 of 2 in use)")
+        f"need 4 ranks (spec.gpus.minRanks, default spec.gpus.ranks), 1 free: {A100}: need 4 with "
+        "all others used, free 1 (a100: 1 of 2 in use, cordoned: cordoned); Tesla-T4: need 3 with "
+        "all others used, free 0 (t4: 2 of 2 in use)")
 
 
 def test_global_batch_below_min_ranks_is_unschedulable_and_above_ranks_caps_them() -> None:

@@ -333,6 +333,10 @@ class Trainer:
         self.metrics.stop_server()
         self.sync.close()
         if dist.is_initialized():
+            # Leave together: rank 0 hosts the TCPStore, and a rank still tearing down its Gloo
+            # pairs after rank 0 exited was seen to abort ("terminate called without an active
+            # exception") under load.
+            dist.barrier()
             dist.destroy_process_group()
 
 
