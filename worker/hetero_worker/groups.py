@@ -13,7 +13,7 @@ docs gpu-facts "Interconnect").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +97,9 @@ def build_process_groups(layout: GroupLayout, rank: int, *, topology_group_of: S
         leaders_cross=_crosses(layout.leaders, topology_group_of))
 
 
-def hierarchical_all_reduce_(tensor: torch.Tensor, groups: ProcessGroups) -> int:
+def hierarchical_all_reduce_(tensor: torch.Tensor, groups: ProcessGroups, *,
+                             leaders_reduce: Callable[[torch.Tensor], int] | None = None,
+                             payload_numel: int | None = None) -> int:
     """Sum ``tensor`` over all ranks in place: reduce in group, all-reduce leaders, broadcast.
 
     Blocking (every collective is waited for before the next starts), so it is safe to call from a
@@ -106,12 +108,17 @@ def hierarchical_all_reduce_(tensor: torch.Tensor, groups: ProcessGroups) -> int
     Args:
         tensor: any shape and dtype; on CPU or the rank's CUDA device. Overwritten with the sum.
         groups: from :func:`build_process_groups`.
+        leaders_reduce: replaces the leaders' plain all-reduce (e.g. a compressing codec); takes
+            the tensor, sums it in place over the leaders and returns the bytes it sent.
+        payload_numel: elements counted as payload in the byte count (default all; a caller
+            that appends bookkeeping elements counts only the gradient).
 
     Returns:
         Payload bytes this rank put into collectives that cross topology groups (for
         ``htj_inter_group_bytes_total``).
     """
-    nbytes = tensor.numel() * tensor.element_size()
+    numel = tensor.numel() if payload_numel is None else payload_numel
+    nbytes = numel * tensor.element_size()
     if groups.layout.is_flat:
         dist.all_reduce(tensor, group=groups.intra)
         return nbytes if groups.intra_crosses else 0
@@ -120,7 +127,9 @@ def hierarchical_all_reduce_(tensor: torch.Tensor, groups: ProcessGroups) -> int
     if multi:
         dist.reduce(tensor, dst=groups.leader, group=groups.intra)
         sent += nbytes if groups.intra_crosses else 0
-    if groups.leaders is not None:
+    if groups.leaders is not None and leaders_reduce is not None:
+        sent += leaders_reduce(tensor)
+    elif groups.leaders is not None:
         _leaders_all_reduce_(tensor, groups.leaders)
         sent += nbytes if groups.leaders_cross else 0
     if multi:

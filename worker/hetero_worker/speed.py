@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_worker.compression import CompressionConfig, InterGroupCodec, make_codec
+from hetero_worker.groups import hierarchical_all_reduce_
 from hetero_worker.linkcost import LinkModel, RankPlace, predict_modes
 from hetero_worker.rebalance import RebalanceConfig, Rebalancer, pack_stats, unpack_stats
 
@@ -136,21 +137,9 @@ class CodecReducer:
 
     def _reduce(self, wire: torch.Tensor, n: int, shapes: Sequence[torch.Size], key: int,
                 has_stats: bool) -> int:
-        groups = self.sync.groups
-        nbytes = n * wire.element_size()
-        if groups.layout.is_flat:
-            dist.all_reduce(wire, group=groups.intra)
-            return nbytes if groups.intra_crosses else 0
-        sent = 0
-        multi = len(groups.intra_ranks) > 1
-        if multi:
-            dist.reduce(wire, dst=groups.leader, group=groups.intra)
-            sent += nbytes if groups.intra_crosses else 0
-        if groups.leaders is not None:
-            sent += self._leaders(wire, n, shapes, key, has_stats)
-        if multi:
-            dist.broadcast(wire, src=groups.leader, group=groups.intra)
-        return sent
+        return hierarchical_all_reduce_(
+            wire, self.sync.groups, payload_numel=n,
+            leaders_reduce=lambda t: self._leaders(t, n, shapes, key, has_stats))
 
     def _leaders(self, wire: torch.Tensor, n: int, shapes: Sequence[torch.Size], key: int,
                  has_stats: bool) -> int:
