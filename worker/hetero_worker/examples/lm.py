@@ -94,6 +94,8 @@ def train(args: argparse.Namespace) -> int:
     model = t.wrap(make_model(args.context, args.width, args.layers, args.heads))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     loader = t.loader(torch.utils.data.TensorDataset(train_set))
+    steps_per_epoch = len(train_set) // sum(t.local_batches)
+    t.metrics.set_total_steps(min(args.max_steps, args.epochs * steps_per_epoch))
     t.resume(optimizer)
     first_loss = None
     while t.epoch < args.epochs and t.global_step < args.max_steps:
