@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 API_GROUP = "heterotrain.io"
@@ -181,7 +181,7 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
     labels = _map(meta, "labels", "metadata.labels", required=False)
     run_policy = _run_policy(_map(spec, "runPolicy", "spec.runPolicy", required=False))
     if labels.get("kueue.x-k8s.io/queue-name") and not run_policy.queue:
-        run_policy = _replace_queue(run_policy, str(labels["kueue.x-k8s.io/queue-name"]))
+        run_policy = replace(run_policy, queue=str(labels["kueue.x-k8s.io/queue-name"]))
     return JobSpec(
         name=_str(meta, "name", "metadata.name"),
         namespace=str(meta.get("namespace") or "default"),
@@ -191,11 +191,6 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
         training=_training(_map(spec, "training", "spec.training")),
         run_policy=run_policy,
     )
-
-
-def _replace_queue(policy: RunPolicy, queue: str) -> RunPolicy:
-    from dataclasses import replace
-    return replace(policy, queue=queue)
 
 
 def _worker(w: Mapping[str, Any]) -> WorkerTemplate:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -205,8 +204,7 @@ def spawn(scenario: str, out: Path, *, speeds: list[float], batches: list[int],
     Raises:
         AssertionError: a rank failed or timed out (its stderr tail in the message).
     """
-    import subprocess
-    import time
+    from rankproc import assert_ok, read_rank_json, run_ranks
 
     from hetero_worker.simulate import free_port, local_rank_envs, simulated_cluster
     products = [("NVIDIA-A100-SXM4-40GB" if s >= 1 else "Tesla-T4", "8.0" if s >= 1 else "7.5", s)
@@ -214,20 +212,6 @@ def spawn(scenario: str, out: Path, *, speeds: list[float], batches: list[int],
     entries, profiles = simulated_cluster(products=products, nodes=nodes, local_batches=batches)
     envs = local_rank_envs(entries=entries, profiles=profiles, hierarchy="node",
                            master_port=free_port())
-    procs = []
-    for env in envs:
-        full = dict(os.environ)
-        full.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                     "HTJ_SIM_DELAY_PER_SAMPLE_S": str(delay_per_sample_s)}, **env)
-        procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(out)], env=full,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    deadline = time.monotonic() + timeout_s
-    for rank, proc in enumerate(procs):
-        try:
-            _, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise AssertionError(f"rank {rank} timed out after {timeout_s} s") from None
-        assert proc.returncode == 0, f"rank {rank} exit {proc.returncode}:\n{err[-3000:]}"
-    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(len(envs))]
+    assert_ok(run_ranks([sys.executable, __file__, scenario, str(out)], envs, timeout_s=timeout_s,
+                        HTJ_SIM_DELAY_PER_SAMPLE_S=str(delay_per_sample_s)))
+    return read_rank_json(Path(out), len(envs))
