@@ -1,6 +1,6 @@
 """Benchmark: proportional vs equal batch split vs ideal, and our sync's overhead vs plain DDP.
 
-Run from the repository root (takes about a minute on 2 CPU cores)::
+Run from the repository root (takes about 4 minutes on 2 idle CPU cores)::
 
     .venv/bin/python bench/bench_balance.py [--steps 25] [--delays-per-sample-s 0.002,0.005]
 
@@ -14,11 +14,17 @@ Run from the repository root (takes about a minute on 2 CPU cores)::
    per sample: the fixed per-step cost (real compute, all-reduce, waking 4 processes on few
    cores) is a larger share of the shorter step.
 2. **Sync overhead.** Four ranks, equal batches (64), equal speeds, no simulated delay: median step
-   time of our full ``Trainer.step`` (weighted comm hook; the layout ``auto`` picks for one
-   machine, i.e. flat) vs plain ``DistributedDataParallel`` (its default all-reduce), interleaved
-   in ABBA blocks inside the same processes so machine noise hits both alike; the ratio is the
-   median over adjacent block pairs. Target: ours <= 1.05 x plain. Also reported: the three-stage hierarchical reduction on 2 simulated nodes x 2 ranks,
-   which on one machine only adds latency (it pays off when the leaders' link is the slow one).
+   time of our ``Trainer.step`` vs plain ``DistributedDataParallel`` (its default all-reduce),
+   interleaved in ABBA blocks inside the same processes so machine noise hits both alike; the
+   ratio is the median over adjacent block pairs. Target: ours <= 1.05 x plain. Three paths, each
+   really run: ``hook`` (our Python comm hook and sync thread forced on a flat layout: the same
+   single all-reduce as DDP, so the ratio is the hook's own cost), ``hierarchical`` (2 simulated
+   nodes x 2 ranks: the path of every job with more than one group; on one machine its three
+   collectives only add latency), ``fast_flat`` (one group: no hook, weight in the loss).
+
+Every comparison runs ``--repeats`` (3) times within the invocation; the results file carries the
+median, the spread and every run, the date and load average, and met/missed per target
+(:mod:`benchlib`). Out of time (``--timeout-s``): exit status 3, nothing written.
 
 Prints a table and writes ``bench/results/balance.json``.
 """
@@ -35,9 +41,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchlib
+
 HERE = Path(__file__).resolve().parent
 SPEEDS = [1.0, 1.0, 2.0, 4.0]
 GLOBAL_BATCH = 256
+WARMUP_STEPS = 2
 
 
 def proportional(global_batch: int, speeds: list[float]) -> list[int]:
@@ -63,6 +72,7 @@ def mlp(width: int = 128, depth: int = 1):
 
 # --- worker side (one process per rank) ---------------------------------------------------------
 def worker_balance(args: argparse.Namespace) -> None:
+    """Train ``args.steps`` measured steps; rank 0 writes samples/s and each rank's time budget."""
     import torch
     import torch.nn.functional as F
     from hetero_worker import trainer as ht
@@ -70,35 +80,55 @@ def worker_balance(args: argparse.Namespace) -> None:
     t = ht.init(seed=0)
     model = t.wrap(mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    n = GLOBAL_BATCH * (args.steps + 3)
+    n = GLOBAL_BATCH * (args.steps + WARMUP_STEPS + 1)
     data = torch.utils.data.TensorDataset(torch.randn(n, 64), torch.randint(0, 10, (n,)))
-    starts = []
-    for x, y in t.loader(data):
-        starts.append(time.perf_counter())
-        t.step(opt, lambda m: F.cross_entropy(m(x), y))
+    starts, parts = [], []
+    batches = iter(t.loader(data))
+    for _ in range(args.steps + WARMUP_STEPS + 1):
+        t0 = time.perf_counter()
+        x, y = next(batches)
+        t1 = time.perf_counter()
+        r = t.step(opt, lambda m: F.cross_entropy(m(x), y))
+        starts.append(t0)
+        parts.append((t1 - t0, r.compute_s, r.comm_wait_s))
     starts.append(time.perf_counter())
     summaries = t.gather_summaries()
+    measured = parts[WARMUP_STEPS:]
+    budget = {"load_s": statistics.mean(p[0] for p in measured),
+              "compute_s": statistics.mean(p[1] for p in measured),
+              "comm_wait_s": statistics.mean(p[2] for p in measured)}
+    budgets: list = [None] * t.contract.world_size
+    torch.distributed.all_gather_object(budgets, budget)
+    efficiency = getattr(t.metrics, "efficiency_ratio", None)
     if t.rank == 0:
-        measured = starts[3:]  # 2 warm-up steps
-        step_s = (measured[-1] - measured[0]) / (len(measured) - 1)
+        marks = starts[WARMUP_STEPS:]
+        step_s = (marks[-1] - marks[0]) / (len(marks) - 1)
         Path(args.out).write_text(json.dumps({
             "step_s": step_s, "samples_per_s": sum(t.local_batches) / step_s,
-            "per_rank": summaries}))
+            "per_rank": summaries, "per_rank_mean_step_parts_s": budgets,
+            "live_efficiency_ratio": efficiency() if callable(efficiency) else None}))
     t.close()
 
 
 def worker_overhead(args: argparse.Namespace) -> None:
+    """Plain DDP vs our sync in ABBA blocks; ``args.variant`` picks our path (see VARIANTS)."""
     import copy
+    import functools
 
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
     from hetero_worker import trainer as ht
+    from hetero_worker.sync import WeightedGradSync
 
     t = ht.init(seed=0, delay_per_sample_s=0.0)
+    if args.variant == "hook":  # the Python hook + comm thread even though the layout is flat
+        t.sync.register = functools.partial(WeightedGradSync.register, t.sync, fast_flat=False)
     base = mlp(width=512, depth=3)
     plain = DistributedDataParallel(copy.deepcopy(base))
     ours = t.wrap(base)
+    path = ("fast-flat (no hook, weight in the loss)" if t.sync.weight_in_loss
+            else "comm hook (weighted_hook on the sync thread)")
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.01)
     opt_ours = torch.optim.SGD(ours.parameters(), lr=0.01)
     x, y = torch.randn(t.local_batch, 64), torch.randint(0, 10, (t.local_batch,))
@@ -134,6 +164,7 @@ def worker_overhead(args: argparse.Namespace) -> None:
             pair = dict(medians[i:i + 2])
             ratios.append(pair["ours"] / pair["plain"])
         Path(args.out).write_text(json.dumps({
+            "path": path, "groups": len(t.layout.groups) if hasattr(t.layout, "groups") else None,
             "plain": statistics.median(m for n, m in medians if n == "plain"),
             "ours": statistics.median(m for n, m in medians if n == "ours"),
             "ratio": statistics.median(ratios), "pair_ratios": ratios}))
@@ -142,8 +173,14 @@ def worker_overhead(args: argparse.Namespace) -> None:
 
 # --- driver side ------------------------------------------------------------------------------
 def launch(mode: str, batches: list[int], speeds: list[float], nodes: list[str], *,
-           delay_s: float, args: argparse.Namespace, hierarchy: str = "auto") -> dict:
-    """Start one process per rank running this file in ``mode``; return rank 0's JSON."""
+           delay_s: float, args: argparse.Namespace, deadline: benchlib.Deadline,
+           hierarchy: str = "auto", variant: str = "") -> dict:
+    """Start one process per rank running this file in ``mode``; return rank 0's JSON.
+
+    Raises:
+        BenchTimeout: the ranks did not finish before ``deadline``.
+        RuntimeError: a rank failed.
+    """
     from hetero_worker.simulate import free_port, local_rank_envs, simulated_cluster
 
     products = [(f"sim-speed-{s:g}", "8.0", s) for s in speeds]
@@ -154,15 +191,16 @@ def launch(mode: str, batches: list[int], speeds: list[float], nodes: list[str],
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, __file__, "--worker", mode, "--out", str(out),
                "--steps", str(args.steps), "--blocks", str(args.blocks),
-               "--block-steps", str(args.block_steps)]
+               "--block-steps", str(args.block_steps), "--variant", variant]
         procs = []
         for env in envs:
             full = dict(os.environ, OMP_NUM_THREADS="1", HTJ_SIM_DELAY_PER_SAMPLE_S=str(delay_s),
                         **env)
+            full["HTJ_METRICS_PORT"] = "0"  # no HTTP server threads competing for the 2 cores
             procs.append(subprocess.Popen(cmd, env=full))
-        codes = [p.wait(timeout=600) for p in procs]
+        codes = benchlib.wait_procs(procs, deadline, f"{mode} {variant or batches}")
         if any(codes):
-            raise SystemExit(f"bench {mode} failed: exit codes {codes}")
+            raise RuntimeError(f"bench {mode} failed: exit codes {codes}")
         return json.loads(out.read_text())
 
 
@@ -180,83 +218,109 @@ def standalone_samples_per_s(batch: int, speed: float, *, delay_s: float, steps:
     profile = DeviceProfile(product="sim", relative_speed=speed, simulated=True)
     x, y = torch.randn(batch, 64), torch.randint(0, 10, (batch,))
     marks = []
-    for _ in range(steps + 3):
+    for _ in range(steps + WARMUP_STEPS + 1):
         marks.append(time.perf_counter())
         opt.zero_grad()
         simulate_compute(profile, batch, delay_s)
         F.cross_entropy(model(x), y).backward()
         opt.step()
     marks.append(time.perf_counter())
-    measured = marks[3:]
+    measured = marks[WARMUP_STEPS:]
     return batch * (len(measured) - 1) / (measured[-1] - measured[0])
 
 
-def balance_at(delay_s: float, args: argparse.Namespace) -> dict:
-    """Proportional vs equal vs ideal at one simulated seconds-per-sample."""
+def balance_once(delay_s: float, args: argparse.Namespace, deadline: benchlib.Deadline) -> dict:
+    """One repeat at one delay: proportional and equal splits really run, and the ideal."""
     nodes = ["localhost"] * 4  # one machine: hierarchy "auto" resolves to flat
     split = proportional(GLOBAL_BATCH, SPEEDS)
     equal = [GLOBAL_BATCH // len(SPEEDS)] * len(SPEEDS)
-    prop = launch("balance", split, SPEEDS, nodes, delay_s=delay_s, args=args)
-    eq = launch("balance", equal, SPEEDS, nodes, delay_s=delay_s, args=args)
+    prop = launch("balance", split, SPEEDS, nodes, delay_s=delay_s, args=args, deadline=deadline)
+    eq = launch("balance", equal, SPEEDS, nodes, delay_s=delay_s, args=args, deadline=deadline)
     standalone = [standalone_samples_per_s(b, s, delay_s=delay_s, steps=args.steps)
                   for b, s in zip(split, SPEEDS, strict=True)]
     ideal = sum(standalone)
-    return {"delay_per_sample_s": delay_s, "proportional_split": split, "equal_split": equal,
-            "proportional_samples_per_s": prop["samples_per_s"],
+    return {"proportional_samples_per_s": prop["samples_per_s"],
             "equal_samples_per_s": eq["samples_per_s"],
             "standalone_samples_per_s": standalone, "ideal_samples_per_s": ideal,
             "proportional_over_ideal": prop["samples_per_s"] / ideal,
             "proportional_over_equal": prop["samples_per_s"] / eq["samples_per_s"],
+            "live_efficiency_ratio": prop.get("live_efficiency_ratio"),
+            "per_rank_mean_step_parts_s": prop["per_rank_mean_step_parts_s"],
             "per_rank_proportional": prop["per_rank"], "per_rank_equal": eq["per_rank"]}
 
 
-def run_benchmark(args: argparse.Namespace) -> dict:
-    balances = [balance_at(d, args) for d in args.delays_per_sample_s]
+VARIANTS = {
+    # name: (nodes, hierarchy, variant flag, what it is)
+    "hook": (["localhost"] * 4, "flat", "hook",
+             "our comm hook (Python hook, sync thread, weighting) with the same single flat "
+             "all-reduce as plain DDP: the hook path's own overhead"),
+    "hierarchical": (["node-a", "node-a", "node-b", "node-b"], "group", "",
+                     "2 simulated nodes x 2 ranks: reduce, leaders' all-reduce, broadcast (the "
+                     "path every job with more than one group takes); on one machine it only adds "
+                     "latency"),
+    "fast_flat": (["localhost"] * 4, "auto", "",
+                  "one group: no hook at all, DDP's own all-reduce with the weight in the loss"),
+}
+
+
+def run_benchmark(args: argparse.Namespace, deadline: benchlib.Deadline) -> tuple[list, dict]:
+    """All repeats; returns (targets, details)."""
     equal = [GLOBAL_BATCH // len(SPEEDS)] * len(SPEEDS)
-    overhead = launch("overhead", equal, [1.0] * 4, ["localhost"] * 4, delay_s=0.0, args=args)
-    two_nodes = ["node-a", "node-a", "node-b", "node-b"]
-    overhead_hier = launch("overhead", equal, [1.0] * 4, two_nodes, delay_s=0.0, args=args,
-                           hierarchy="group")
-    return {
+    balance: dict[float, list[dict]] = {d: [] for d in args.delays_per_sample_s}
+    overhead: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    for repeat in range(args.repeats):  # repeats outermost: a load change hits every variant
+        for d in args.delays_per_sample_s:
+            balance[d].append(balance_once(d, args, deadline))
+            print(f"repeat {repeat}: {d * 1e3:g} ms/sample: proportional/ideal "
+                  f"{balance[d][-1]['proportional_over_ideal']:.3f}, proportional/equal "
+                  f"{balance[d][-1]['proportional_over_equal']:.2f}x", flush=True)
+        for name, (nodes, hierarchy, flag, _) in VARIANTS.items():
+            overhead[name].append(launch("overhead", equal, [1.0] * 4, nodes, delay_s=0.0, args=args,
+                                         deadline=deadline, hierarchy=hierarchy, variant=flag))
+            print(f"repeat {repeat}: sync {name}: ours/plain {overhead[name][-1]['ratio']:.3f}",
+                  flush=True)
+    targets = []
+    for d, runs in balance.items():
+        ms = f"{d * 1e3:g} ms/sample"
+        targets.append(benchlib.Target(
+            f"proportional / ideal at {ms}", ">=", 0.93, "",
+            [r["proportional_over_ideal"] for r in runs],
+            "ideal = sum of each rank's standalone samples/s (its batch, no communication)"))
+        targets.append(benchlib.Target(
+            f"proportional / equal split at {ms}", ">=", 1.85, "x",
+            [r["proportional_over_equal"] for r in runs], "both splits really run, same code"))
+    names = {"hook": "sync overhead: our hook path / plain DDP (flat, same all-reduce)",
+             "hierarchical": "sync overhead: hierarchical hook path, 2 groups / plain DDP",
+             "fast_flat": "sync overhead: flat fast path (no hook) / plain DDP"}
+    for name, runs in overhead.items():
+        targets.append(benchlib.Target(names[name], "<=", 1.05, "x", [r["ratio"] for r in runs],
+                                       VARIANTS[name][3]))
+    details = {
         "config": {"speeds": SPEEDS, "global_batch": GLOBAL_BATCH, "steps": args.steps,
-                   "cpu_count": os.cpu_count(), "load_average_1m": os.getloadavg()[0]},
-        "balance": balances,
-        "sync_overhead": {
-            "plain_ddp_step_s": overhead["plain"], "ours_step_s": overhead["ours"],
-            "ours_over_plain": overhead["ratio"], "pair_ratios": overhead["pair_ratios"],
-            "hierarchical_plain_ddp_step_s": overhead_hier["plain"],
-            "hierarchical_ours_step_s": overhead_hier["ours"],
-            "hierarchical_ours_over_plain": overhead_hier["ratio"],
-            "hierarchical_pair_ratios": overhead_hier["pair_ratios"],
-            "model": "MLP 64-512-512-512-10 (0.56M params), batch 64 per rank, 4 ranks; "
-                     "flat = one machine (auto); hierarchical = 2 simulated nodes x 2 ranks "
-                     "(reduce, leaders' all-reduce, broadcast)"},
-        "targets": {"proportional_over_ideal": 0.93, "proportional_over_equal": 1.85,
-                    "ours_over_plain_max": 1.05},
+                   "warmup_steps": WARMUP_STEPS, "repeats": args.repeats,
+                   "proportional_split": proportional(GLOBAL_BATCH, SPEEDS), "equal_split": equal,
+                   "overhead_model": "MLP 64-512-512-512-10 (0.56M params), batch 64 per rank, "
+                                     "4 ranks, equal speeds, no simulated delay",
+                   "overhead_blocks": args.blocks, "overhead_block_steps": args.block_steps},
+        "balance": {f"{d:g}": runs for d, runs in balance.items()},
+        "sync_overhead": {name: {"what": VARIANTS[name][3], "runs": runs}
+                          for name, runs in overhead.items()},
     }
+    return targets, details
 
 
-def print_table(result: dict) -> None:
-    o = result["sync_overhead"]
-    for b in result["balance"]:
-        print(f"--- simulated {b['delay_per_sample_s'] * 1e3:g} ms per sample at speed 1 ---")
-        print(f"{'configuration':<34} {'samples/s':>10}")
-        print(f"{'ideal (sum of standalone)':<34} {b['ideal_samples_per_s']:>10.1f}")
-        print(f"{'proportional ' + str(b['proportional_split']):<34} "
-              f"{b['proportional_samples_per_s']:>10.1f}")
-        print(f"{'equal ' + str(b['equal_split']):<34} {b['equal_samples_per_s']:>10.1f}")
-        print(f"proportional / ideal = {b['proportional_over_ideal']:.3f} (target >= 0.93)")
-        print(f"proportional / equal = {b['proportional_over_equal']:.2f}x (target >= 1.85x)")
-        print(f"{'rank':>4} {'speed':>5} {'batch':>5} {'wait (prop.)':>12} {'wait (equal)':>12}")
-        for p, e in zip(b["per_rank_proportional"], b["per_rank_equal"], strict=True):
+def print_table(details: dict) -> None:
+    """Per delay, the last repeat's per-rank split of a step (where the fixed cost goes)."""
+    for delay, runs in details["balance"].items():
+        last = runs[-1]
+        print(f"--- {float(delay) * 1e3:g} ms per sample, last repeat: mean per-step parts (ms) ---")
+        print(f"{'rank':>4} {'speed':>5} {'batch':>5} {'load':>7} {'compute':>8} {'wait':>7} "
+              f"{'standalone step':>15}")
+        for p, parts, alone in zip(last["per_rank_proportional"], last["per_rank_mean_step_parts_s"],
+                                   last["standalone_samples_per_s"], strict=True):
             print(f"{p['rank']:>4} {p['relative_speed']:>5g} {p['local_batch']:>5} "
-                  f"{p['wait_share']:>12.1%} {e['wait_share']:>12.1%}")
-    print(f"sync step time: ours {o['ours_step_s'] * 1e3:.2f} ms vs plain DDP "
-          f"{o['plain_ddp_step_s'] * 1e3:.2f} ms; median pair ratio {o['ours_over_plain']:.3f}x "
-          f"(target <= 1.05)")
-    print(f"hierarchical (2 simulated nodes): ours {o['hierarchical_ours_step_s'] * 1e3:.2f} ms vs "
-          f"plain DDP {o['hierarchical_plain_ddp_step_s'] * 1e3:.2f} ms; median pair ratio "
-          f"{o['hierarchical_ours_over_plain']:.3f}x")
+                  f"{parts['load_s'] * 1e3:>7.2f} {parts['compute_s'] * 1e3:>8.2f} "
+                  f"{parts['comm_wait_s'] * 1e3:>7.2f} {p['local_batch'] / alone * 1e3:>15.2f}")
 
 
 def main() -> int:
@@ -265,10 +329,14 @@ def main() -> int:
     parser.add_argument("--delays-per-sample-s", type=lambda v: [float(x) for x in v.split(",")],
                         default=[0.002, 0.005],
                         help="simulated seconds per sample at speed 1, comma-separated")
-    parser.add_argument("--blocks", type=int, default=16, help="overhead: blocks per variant")
+    parser.add_argument("--blocks", type=int, default=8, help="overhead: blocks per variant")
     parser.add_argument("--block-steps", type=int, default=6, help="overhead: steps per block")
+    parser.add_argument("--repeats", type=int, default=benchlib.REPEATS)
+    parser.add_argument("--timeout-s", type=float, default=900.0,
+                        help="whole benchmark; on expiry exit 3 and write nothing")
     parser.add_argument("--output", default=str(HERE / "results" / "balance.json"))
     parser.add_argument("--worker", choices=["balance", "overhead"], help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "balance":
@@ -277,13 +345,18 @@ def main() -> int:
     if args.worker == "overhead":
         worker_overhead(args)
         return 0
-    result = run_benchmark(args)
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(result, indent=2))
-    print_table(result)
+    deadline = benchlib.Deadline(args.timeout_s)
+    run_meta = benchlib.meta()
+    started = time.monotonic()
+    targets, details = run_benchmark(args, deadline)
+    run_meta["wall_s"] = round(time.monotonic() - started, 1)
+    doc = benchlib.write_results(Path(args.output), benchmark="balance", run_meta=run_meta,
+                                 targets=targets, details=details)
+    print_table(details)
+    benchlib.print_targets(doc)
     print(f"wrote {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.main_guard(main))

@@ -1,0 +1,107 @@
+"""Markdown tables of the benchmark results, generated from ``bench/results/*.json``.
+
+Every row is one target of issue 11: the median of the runs, their range, the target and whether
+the median met it.  Each table is headed by the run's date, the machine's load average at its
+start and end, and how long it took.  Run from the repository root::
+
+    .venv/bin/python bench/report.py                  # print the tables
+    .venv/bin/python bench/report.py --readme README.md
+        # replace the text between <!-- bench-report:begin --> and <!-- bench-report:end -->
+
+Only results files written by :func:`benchlib.write_results` (``"status": "finished"``) are read;
+any other file is named as missing or not finished, never shown as a pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
+BENCHMARKS = [  # (results file stem, title, command)
+    ("balance", "Batch split and sync overhead", "bench/bench_balance.py"),
+    ("speed", "Speed features", "bench/bench_speed.py (as root: network namespaces)"),
+    ("plan", "Planner", "bench/bench_plan.py"),
+    ("operator", "Operator", "bench/bench_operator.py"),
+]
+
+
+def _num(value: float, unit: str) -> str:
+    if unit in ("ms", "MiB", "s"):
+        return f"{value:.1f} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
+    if unit == "%":
+        return f"{value:+.2f} %"
+    text = f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return text + unit
+
+
+def table(doc: dict[str, Any]) -> str:
+    """One benchmark's markdown: a heading line and its targets table."""
+    m = doc["meta"]
+    load = m.get("load_average", {})
+    start, end = load.get("start"), load.get("end")
+    runs = max((len(t["runs"]) for t in doc["targets"]), default=0)
+    lines = [f"Run {m['date_utc']} at commit `{m.get('git_commit')}` on {m.get('cpus')} CPUs; "
+             f"load average (1, 5, 15 min) {', '.join(map(str, start or []))} at the start, "
+             f"{', '.join(map(str, end or []))} at the end; {runs} runs per comparison; "
+             f"{m.get('wall_s', 0):.0f} s in all.", "",
+             "| measured | median | range of the runs | target | result |", "|---|---|---|---|---|"]
+    for t in doc["targets"]:
+        lo, hi = t["spread"]
+        unit = t["unit"]
+        lines.append(f"| {t['name']} | {_num(t['median'], unit)} | {_num(lo, unit)} - {_num(hi, unit)} "
+                     f"| {t['op']} {_num(t['target'], unit)} | {'met' if t['met'] else '**missed**'} |")
+    return "\n".join(lines)
+
+
+def report(results: Path) -> str:
+    """All benchmarks' tables, in :data:`BENCHMARKS` order."""
+    parts = []
+    for stem, title, command in BENCHMARKS:
+        path = results / f"{stem}.json"
+        parts.append(f"**{title}** (`{command}`)")
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            parts.append(f"No results: `{path.name}` is missing or unreadable.")
+            continue
+        if doc.get("status") != "finished" or "targets" not in doc:
+            parts.append(f"`{path.name}` is not from a finished run of this version of the "
+                         "benchmark: nothing reported.")
+            continue
+        parts.append(table(doc))
+    return "\n\n".join(parts) + "\n"
+
+
+def replace_between_markers(text: str, new: str) -> str:
+    """``text`` with the part between :data:`BEGIN` and :data:`END` replaced by ``new``.
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    a, b = text.find(BEGIN), text.find(END)
+    if a < 0 or b < a:
+        raise ValueError(f"need {BEGIN} ... {END} in the file")
+    return text[:a + len(BEGIN)] + "\n" + new + text[b:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=HERE / "results")
+    parser.add_argument("--readme", type=Path, help="rewrite this file between the markers")
+    args = parser.parse_args()
+    text = report(args.results)
+    if args.readme:
+        args.readme.write_text(replace_between_markers(args.readme.read_text(), text))
+        print(f"updated {args.readme}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
