@@ -19,8 +19,10 @@ EXPECTED_UIDS = {"heterotrain-job.json": "heterotrain-job",
 DS = {"type": "prometheus", "uid": "${datasource}"}
 METRIC_RE = re.compile(r"\b((?:htj|DCGM)_[A-Za-z0-9_]+)\b")
 RANGE_RE = re.compile(r"\[([^\]]*)\]")
-DCGM_METRICS = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"}
-"""dcgm-exporter's default counters (https://github.com/NVIDIA/dcgm-exporter, default-counters.csv)."""
+DCGM_METRICS = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+                "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+"""dcgm-exporter's default counters (https://github.com/NVIDIA/dcgm-exporter,
+etc/default-counters.csv; the PROF one is a DCP metric: Volta and newer, the one that works on MIG)."""
 
 
 def internal_api_metrics() -> set[str]:
@@ -118,12 +120,15 @@ def test_cluster_view_has_the_promised_panels(needle: str) -> None:
     assert any(t.startswith(needle) for t in titles("heterotrain-cluster")), needle
 
 
-def test_dcgm_panels_join_on_pod_and_group_by_model_name() -> None:
+def test_dcgm_panels_join_on_device_identity_and_group_by_model_name() -> None:
+    """MIG series often lack dcgm-exporter's pod label (case 30): every join to our ranks goes
+    through htj_gpu_info's (UUID, GPU_I_ID); values per panel: tests/dashboards/test_dcgm_panels.py."""
     board = next(b for b in BOARDS.values() if b["uid"] == "heterotrain-cluster")
     dcgm = [q for q in queries(board) if "DCGM_" in q.expr]
     assert dcgm and all("modelName" in q.expr for q in dcgm)
     joined = [q for q in dcgm if "htj_" in q.expr]
-    assert joined and all("on (namespace, pod)" in q.expr for q in joined)
+    assert joined and all("on (UUID, GPU_I_ID)" in q.expr and "htj_gpu_info{" in q.expr
+                          for q in joined)
 
 
 def test_straggler_ratio_is_max_over_median_of_compute_per_step() -> None:

@@ -1,7 +1,8 @@
 """Prometheus metrics of one worker rank (names fixed in docs/internal-api.md).
 
 Every series carries exactly the labels ``job``, ``rank``, ``group`` and ``gpu_product`` (bounded:
-one series per rank and metric). Units are base units (seconds, bytes, ratios 0..1) and counters end
+one series per rank and metric); ``htj_gpu_info`` adds the device identity dcgm-exporter labels its
+series with (see :data:`GPU_INFO_LABELS`). Units are base units (seconds, bytes, ratios 0..1) and counters end
 in ``_total``, per https://prometheus.io/docs/practices/naming/. The metrics live in a dedicated
 :class:`prometheus_client.CollectorRegistry`, so a user's own default-registry metrics never mix in.
 
@@ -64,7 +65,13 @@ _DOCS: dict[str, tuple[type, str]] = {
                                              "caching allocator (reserved but unused share)."),
 }
 STEP_HISTOGRAM = "htj_step_duration_seconds"
-METRIC_NAMES = (*_DOCS, STEP_HISTOGRAM)
+GPU_INFO = "htj_gpu_info"
+GPU_INFO_LABELS = (*LABELS, "UUID", "gpu", "GPU_I_ID", "GPU_I_PROFILE")
+"""Labels of :data:`GPU_INFO`: the rank's labels plus the device identity spelled as dcgm-exporter
+spells it (parent GPU ``UUID``, NVML index ``gpu``, MIG ``GPU_I_ID``/``GPU_I_PROFILE``, ``""`` on a
+whole GPU), so ``DCGM_… * on (UUID, GPU_I_ID) group_right … htj_gpu_info`` attributes DCGM series
+to ranks without dcgm-exporter's ``pod`` label."""
+METRIC_NAMES = (*_DOCS, STEP_HISTOGRAM, GPU_INFO)
 """Every metric family a worker exports (histogram and counters by their exposed base name)."""
 
 
@@ -95,6 +102,11 @@ class WorkerMetrics:
         self._families[STEP_HISTOGRAM] = Histogram(
             STEP_HISTOGRAM, "Wall time of one optimizer step, seconds.", LABELS,
             buckets=STEP_BUCKETS_S, registry=self.registry)
+        self._families[GPU_INFO] = Gauge(
+            GPU_INFO, "1 for the device this rank runs on, identified as dcgm-exporter labels it "
+            "(UUID of the physical GPU, gpu index, GPU_I_ID/GPU_I_PROFILE of a MIG slice); "
+            "from NVML, absent on simulated devices.", GPU_INFO_LABELS, registry=self.registry)
+        self._identity_done = False
         self._lock = threading.Lock()
         self._server: Any = None
         self._stats_dir = rundir.run_dir(env)
@@ -234,14 +246,23 @@ class WorkerMetrics:
         self._last_device_s = time.monotonic()
         if self.contract.device.simulated:
             return
-        reading = nvml.sample(nvml.nvml_target(self._cuda_visible_devices,
-                                               self.contract.local_rank))
+        target = nvml.nvml_target(self._cuda_visible_devices, self.contract.local_rank)
+        reading, ident = nvml.read_device(target, identity=not self._identity_done)
+        if ident is not None:
+            self._export_identity(ident)
         if reading is not None:
             if reading.utilization_ratio is not None:
                 self._child("htj_gpu_utilization_ratio").set(reading.utilization_ratio)
             self._child("htj_gpu_memory_used_bytes").set(reading.memory_used_bytes)
             self._child("htj_gpu_memory_total_bytes").set(reading.memory_total_bytes)
         self._update_allocator()
+
+    def _export_identity(self, ident: nvml.DeviceIdentity) -> None:
+        """Set ``htj_gpu_info`` (once: a rank's device does not change)."""
+        self._identity_done = True
+        self._families[GPU_INFO].labels(
+            **self.labels, UUID=ident.uuid, gpu=ident.gpu_index, GPU_I_ID=ident.gi_id,
+            GPU_I_PROFILE=ident.gi_profile).set(1)
 
     def _update_allocator(self) -> None:
         torch = sys.modules.get("torch")

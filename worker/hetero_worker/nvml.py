@@ -8,6 +8,12 @@ Sources: NVML API reference (``nvmlDeviceGetUtilizationRates`` gives percent ove
 period; ``nvmlDeviceGetMemoryInfo`` gives bytes; utilisation is not supported on MIG devices and
 raises ``NVML_ERROR_NOT_SUPPORTED``). GFD writes ``nvidia.com/gpu.product`` as the NVML name with
 spaces turned into ``-`` (NVIDIA/k8s-device-plugin, docs/gpu-feature-discovery).
+
+:func:`device_identity` names a rank's device the way dcgm-exporter labels its series (parent GPU
+``UUID``, NVML index ``gpu``, MIG ``GPU_I_ID`` and ``GPU_I_PROFILE``), so dashboards can join DCGM
+series to ranks by device rather than by the ``pod`` label that MIG series often lack
+(NVIDIA/dcgm-exporter issues 272 and 577; its metrics template writes
+``gpu, UUID, pci_bus_id, device, modelName[, GPU_I_PROFILE, GPU_I_ID][, Hostname]``).
 """
 
 from __future__ import annotations
@@ -56,6 +62,27 @@ class GpuSample:
     utilization_ratio: float | None
     memory_used_bytes: int
     memory_total_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceIdentity:
+    """Which physical device a rank runs on, in dcgm-exporter's terms.
+
+    Attributes:
+        uuid: UUID of the physical GPU (``"GPU-…"``); for a MIG device its parent's UUID, which is
+            what dcgm-exporter writes into ``UUID`` on MIG series.
+        gpu_index: NVML index of the physical GPU (dcgm-exporter's ``gpu`` label), as a string.
+        gi_id: GPU instance id of a MIG device (``GPU_I_ID``) as a string; ``""`` for a whole GPU.
+        gi_profile: MIG profile (``GPU_I_PROFILE``, e.g. ``"1g.10gb"``); ``""`` for a whole GPU.
+        model_name: NVML name of the physical GPU (dcgm-exporter's ``modelName``, e.g.
+            ``"NVIDIA A100 80GB PCIe"``).
+    """
+
+    uuid: str
+    gpu_index: str
+    gi_id: str
+    gi_profile: str
+    model_name: str
 
 
 def _nvml() -> ModuleType | None:
@@ -151,16 +178,14 @@ def nvml_target(cuda_visible_devices: str | None, local_rank: int) -> int | str:
     return int(entry) if entry.isdigit() else entry
 
 
-def sample(target: int | str) -> GpuSample | None:
-    """Read utilisation and memory of one device; None without NVML or on any NVML error."""
-    nv = _nvml()
-    if nv is None:
-        return None
+def _handle(nv: Any, target: int | str) -> Any:
+    if isinstance(target, int):
+        return nv.nvmlDeviceGetHandleByIndex(target)
+    return nv.nvmlDeviceGetHandleByUUID(target)
+
+
+def _sample_of(nv: Any, handle: Any) -> GpuSample | None:
     try:
-        if isinstance(target, int):
-            handle = nv.nvmlDeviceGetHandleByIndex(target)
-        else:
-            handle = nv.nvmlDeviceGetHandleByUUID(target)
         mem = nv.nvmlDeviceGetMemoryInfo(handle)
     except Exception:
         return None
@@ -170,6 +195,89 @@ def sample(target: int | str) -> GpuSample | None:
         util = None
     return GpuSample(utilization_ratio=util, memory_used_bytes=int(mem.used),
                      memory_total_bytes=int(mem.total))
+
+
+def sample(target: int | str) -> GpuSample | None:
+    """Read utilisation and memory of one device; None without NVML or on any NVML error."""
+    return read_device(target, identity=False)[0]
+
+
+def read_device(target: int | str, *, identity: bool
+                ) -> tuple[GpuSample | None, DeviceIdentity | None]:
+    """One handle lookup, then the device's reading and (when asked) its identity.
+
+    Args:
+        target: an NVML index or a ``GPU-``/``MIG-`` UUID (:func:`nvml_target`).
+        identity: also resolve :class:`DeviceIdentity` (see :func:`device_identity`).
+
+    Returns:
+        ``(sample, identity)``; either is None without NVML or on an NVML error.
+    """
+    nv = _nvml()
+    if nv is None:
+        return None, None
+    try:
+        handle = _handle(nv, target)
+    except Exception:
+        return None, None
+    return _sample_of(nv, handle), (_identity_of(nv, handle) if identity else None)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def mig_profile_from_name(name: str | bytes) -> str:
+    """MIG profile from a MIG device's NVML name (``"NVIDIA A100-SXM4-40GB MIG 1g.5gb"`` -> ``"1g.5gb"``).
+
+    NVML names a MIG device ``<parent name> MIG <profile>`` (nvidia-smi -L prints the same); the
+    profile is the token after ``MIG``. Returns ``""`` when the name has no such token.
+    """
+    words = _text(name).split()
+    for i, word in enumerate(words[:-1]):
+        if word == "MIG":
+            return words[i + 1]
+    return ""
+
+
+def device_identity(target: int | str) -> DeviceIdentity | None:
+    """The dcgm-exporter identity of one device (an NVML index, a ``GPU-`` or a ``MIG-`` UUID).
+
+    A MIG device is resolved to its parent GPU (``nvmlDeviceGetDeviceHandleFromMigDeviceHandle``)
+    for ``UUID``/``gpu``/``modelName`` and to its GPU instance (``nvmlDeviceGetGpuInstanceId``) for
+    ``GPU_I_ID``; the profile comes from the MIG device's name (:func:`mig_profile_from_name`).
+
+    Args:
+        target: what :func:`nvml_target` returned for the rank.
+
+    Returns:
+        The identity, or None without NVML or on any NVML error (a CPU-only machine, a simulated
+        device: no identity is invented).
+    """
+    nv = _nvml()
+    if nv is None:
+        return None
+    try:
+        handle = _handle(nv, target)
+    except Exception:
+        return None
+    return _identity_of(nv, handle)
+
+
+def _identity_of(nv: Any, handle: Any) -> DeviceIdentity | None:
+    try:
+        if nv.nvmlDeviceIsMigDeviceHandle(handle):
+            parent = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle)
+            gi_id = str(int(nv.nvmlDeviceGetGpuInstanceId(handle)))
+            gi_profile = mig_profile_from_name(nv.nvmlDeviceGetName(handle))
+        else:
+            parent, gi_id, gi_profile = handle, "", ""
+        return DeviceIdentity(uuid=_text(nv.nvmlDeviceGetUUID(parent)),
+                              gpu_index=str(int(nv.nvmlDeviceGetIndex(parent))),
+                              gi_id=gi_id, gi_profile=gi_profile,
+                              model_name=_text(nv.nvmlDeviceGetName(parent)))
+    except Exception:  # NVMLError of any kind: no identity rather than a wrong one
+        return None
 
 
 def driver_versions() -> tuple[str, str] | None:
