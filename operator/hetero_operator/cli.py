@@ -12,7 +12,7 @@ import importlib
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("hetero_worker.embedded", "run a HeteroTrainingJob on this machine (the embedded default)"),
+    "run": ("hetero_operator.embedded", "run a HeteroTrainingJob on this machine (the embedded default)"),
     "plan": ("hetero_operator.plancli", "dry-run placement of a job over a node list"),
     "operator": ("hetero_operator.runner", "run the Kubernetes operator (kopf)"),
     "launch": ("hetero_worker.launch", "in a pod: start one process per local rank, like torchrun"),

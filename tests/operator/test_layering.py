@@ -1,4 +1,5 @@
-"""Layering: pure planning code never imports kopf or kubernetes; the contract never imports torch.
+"""Layering: pure planning code never imports kopf or kubernetes; the worker never imports the
+operator package; the contract never imports torch.
 
 The same rule as an import-linter contract, checked on the source (every import statement,
 including ones inside functions) so it needs no extra tool.
@@ -43,6 +44,18 @@ def test_the_adapter_is_where_kopf_lives() -> None:
 @pytest.mark.parametrize("module", sorted(str(p.relative_to(WORKER)) for p in WORKER.rglob("*.py")))
 def test_worker_never_imports_the_operator_framework(module: str) -> None:
     assert _imported_roots(WORKER / module) & {"kopf", "kubernetes"} == set()
+
+
+@pytest.mark.parametrize("module", sorted(str(p.relative_to(WORKER)) for p in WORKER.rglob("*.py")))
+def test_worker_never_imports_the_operator_package(module: str) -> None:
+    """The worker image carries no planner: planning and supervising (``heterotrain run``) live in
+    ``hetero_operator.embedded``; the worker only runs ranks."""
+    assert "hetero_operator" not in _imported_roots(WORKER / module)
+
+
+def test_the_embedded_runner_lives_on_the_operator_side() -> None:
+    assert {"embedded.py", "report.py", "localnodes.py"} <= {p.name for p in OPERATOR.glob("*.py")}
+    assert not {"embedded.py", "report.py", "localnodes.py"} & {p.name for p in WORKER.glob("*.py")}
 
 
 def test_contract_is_torch_free_and_the_operator_renders_through_it() -> None:

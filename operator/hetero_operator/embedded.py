@@ -26,14 +26,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from hetero_operator import report
 from hetero_worker import contract as c
-from hetero_worker import procs, report, rundir
+from hetero_worker import procs, rundir
 
 DEFAULT_NODES = Path("examples") / "clusters" / "mixed.yaml"
 STALL_WARN_S = 120.0
 """Warn when rank 0's step count has not moved for this many seconds."""
 EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 1, 2
 _REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this module lives in (operator/hetero_operator/embedded.py -> repo root)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -203,7 +205,8 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
 
 def _real_gpu_nodes() -> tuple[list[dict[str, Any]], dict[str, list[int]]] | None:
     """Node objects for this machine's GPUs (NVML), None when there are none."""
-    from hetero_worker import localnodes, nvml
+    from hetero_operator import localnodes
+    from hetero_worker import nvml
 
     gpus = nvml.list_gpus()
     versions = nvml.driver_versions()

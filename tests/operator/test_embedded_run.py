@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hetero_operator import embedded, localnodes
+from hetero_operator.report import RankRow, measured_speedup_over_equal
 from hetero_worker import contract as c
-from hetero_worker import procs
-from hetero_worker import embedded, localnodes, rundir
+from hetero_worker import procs, rundir
 from hetero_worker.nvml import GpuInfo
-from hetero_worker.report import RankRow, measured_speedup_over_equal
 
 RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
 
