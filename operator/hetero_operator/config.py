@@ -14,13 +14,15 @@ from typing import Any
 from hetero_operator.errors import ConfigError
 from hetero_operator.spec import ImageVariant
 
+DEFAULT_TORCH_VERSION = "2.13.0"
+"""The PyTorch release of every default worker image (scripts/build-images.sh builds one release)."""
 DEFAULT_IMAGES = (
-    ImageVariant(image="ghcr.io/heterotrain/worker:0.1.0-cu118", cuda_version=(11, 8),
-                 compute_capabilities=("3.7", "5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0")),
-    ImageVariant(image="ghcr.io/heterotrain/worker:0.1.0-cu124", cuda_version=(12, 4),
-                 compute_capabilities=("5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0")),
+    ImageVariant(image="ghcr.io/heterotrain/worker:0.1.0-cu126", cuda_version=(12, 6),
+                 compute_capabilities=("5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "8.9", "9.0"),
+                 torch_version=DEFAULT_TORCH_VERSION, cuda_minor_version_compatible=True),
     ImageVariant(image="ghcr.io/heterotrain/worker:0.1.0-cu128", cuda_version=(12, 8),
-                 compute_capabilities=("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0")),
+                 compute_capabilities=("7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"),
+                 torch_version=DEFAULT_TORCH_VERSION),
 )
 """Used when a job's ``spec.images`` is empty; same catalog as examples/digits.yaml."""
 
@@ -33,7 +35,7 @@ class OperatorConfig:
         namespaces: namespaces to watch (kopf patterns, e.g. ``team-*``); empty = cluster-wide.
             Env ``HTJ_NAMESPACES`` (comma-separated).
         default_images: image catalog for jobs without ``spec.images``. Env
-            ``HTJ_DEFAULT_IMAGES`` = ``image=cuda=cc1/cc2;image2=...``.
+            ``HTJ_DEFAULT_IMAGES`` = ``image=cuda=cc1/cc2[=torchVersion[=minor-compat]];image2=...``.
         metrics_port: Prometheus port of the operator (``HTJ_METRICS_PORT``, 8080; 0 = off).
         health_port: liveness port, serves ``/healthz`` (``HTJ_HEALTH_PORT``, 8081; 0 = off).
         master_port: rendezvous port of rank 0 (``HTJ_MASTER_PORT``, 29500).
@@ -130,18 +132,29 @@ def _parse(name: str, var: str, raw: str) -> Any:
 
 
 def parse_images(raw: str) -> tuple[ImageVariant, ...]:
-    """Parse ``image=12.4=8.0/9.0;image2=11.8=7.0`` into image variants.
+    """Parse ``image=12.6=8.0/9.0=2.13.0=minor-compat;image2=12.8=9.0=2.13.0`` into image variants.
+
+    Each entry is ``image=cudaMajor.minor=cc1/cc2`` plus optionally ``=torchVersion`` and then
+    ``=minor-compat`` (the variant's ``cudaMinorVersionCompatible``).
 
     Raises:
-        ValueError: an entry lacks one of the three parts or has a bad CUDA version.
+        ValueError: an entry lacks one of the first three parts, has a bad CUDA version or an
+            unknown fifth part.
     """
     out = []
     for entry in filter(None, (e.strip() for e in raw.split(";"))):
-        parts = entry.rsplit("=", 2)
-        if len(parts) != 3:
-            raise ValueError(f"entry {entry!r} must be image=cudaMajor.minor=cc1/cc2")
-        image, cuda, ccs = parts
+        parts = entry.split("=")
+        if not 3 <= len(parts) <= 5:
+            raise ValueError(f"entry {entry!r} must be image=cudaMajor.minor=cc1/cc2"
+                             "[=torchVersion[=minor-compat]]")
+        image, cuda, ccs = parts[:3]
+        torch_version = parts[3] if len(parts) > 3 else ""
+        flag = parts[4] if len(parts) > 4 else ""
+        if flag not in ("", "minor-compat"):
+            raise ValueError(f"entry {entry!r}: the fifth part may only be minor-compat, got {flag!r}")
         major, minor = cuda.split(".")
         out.append(ImageVariant(image=image, cuda_version=(int(major), int(minor)),
-                                compute_capabilities=tuple(ccs.split("/"))))
+                                compute_capabilities=tuple(ccs.split("/")),
+                                torch_version=torch_version,
+                                cuda_minor_version_compatible=flag == "minor-compat"))
     return tuple(out)

@@ -2,10 +2,11 @@
 
 Source: NVIDIA CUDA Toolkit release notes, table 3 ("CUDA Toolkit and Corresponding Driver
 Versions", minimum Linux x86_64 driver for each CUDA release; as collected in
-``shared/docs/gpu-facts.md``).  The rule is conservative: CUDA minor-version compatibility (an 11.x
-build on any 450+ driver with restrictions) is not assumed, because a container whose runtime is
-newer than the driver fails with "CUDA driver version is insufficient for CUDA runtime version"
-(NVIDIA/gpu-operator issues 176, 343, 1428).
+``shared/docs/gpu-facts.md``).  The rule is conservative: a container whose runtime is newer than
+the driver fails with "CUDA driver version is insufficient for CUDA runtime version"
+(NVIDIA/gpu-operator issues 176, 343, 1428), so CUDA minor-version compatibility is only assumed
+for an image variant that declares it (``cudaMinorVersionCompatible``, see
+:func:`minor_version_compatible`).
 """
 
 from __future__ import annotations
@@ -65,3 +66,53 @@ def min_driver_for(cuda: tuple[int, int]) -> str:
 def format_cuda(cuda: tuple[int, int] | None) -> str:
     """``(12, 4)`` -> ``"12.4"``; ``None`` -> ``"unknown"``."""
     return "unknown" if cuda is None else f"{cuda[0]}.{cuda[1]}"
+
+
+MINOR_VERSION_COMPAT_MIN_DRIVER: dict[int, tuple[int, int, int]] = {
+    11: (450, 80, 2),
+    12: (525, 60, 13),
+    13: (580, 0, 0),
+}
+"""CUDA major family -> minimum Linux driver ``(major, minor, revision)`` for CUDA minor-version
+compatibility.
+
+Source: NVIDIA "CUDA Compatibility" guide (docs.nvidia.com/deploy/cuda-compatibility/), section
+"Minor Version Compatibility", table "CUDA Toolkit / Minimum Required Driver Version for CUDA Minor
+Version Compatibility": 11.x >= 450.80.02, 12.x >= 525.60.13, 13.x >= 580.  An application built
+with any toolkit of a major family runs on a driver of that family's minimum, with two limits the
+guide names: the binary must carry SASS for the GPU (a driver cannot JIT PTX newer than itself)
+and features that need a newer driver are unavailable (``cudaErrorCallRequiresNewerDriver``)."""
+
+
+def parse_driver(driver_version: str) -> tuple[int, int, int] | None:
+    """``"550.107.02"`` -> ``(550, 107, 2)``; ``"550"`` -> ``(550, 0, 0)``; None when empty or
+    malformed."""
+    parts = driver_version.strip().split(".")
+    if not parts[0].isdigit():
+        return None
+    nums = [int(p) if p.isdigit() else 0 for p in parts[1:3]]
+    return (int(parts[0]), *nums, *[0] * (2 - len(nums)))  # type: ignore[return-value]
+
+
+def minor_version_compatible(cuda: tuple[int, int], *, driver_version: str,
+                             max_cuda: tuple[int, int] | None) -> bool:
+    """Whether a node may run a CUDA ``cuda`` runtime through minor-version compatibility.
+
+    Args:
+        cuda: the image's CUDA version, ``(12, 6)``.
+        driver_version: the node's driver label, ``"550.107.02"``; ``""`` when unlabelled.
+        max_cuda: highest CUDA the node runs natively; used when the driver is unlabelled (a
+            node that runs ``M.0`` natively has at least the ``M.0`` driver, which for 12.x and
+            13.x equals the family's compatibility minimum and for 11.x is 450.36 < 450.80: an
+            11.x variant then needs the driver label).
+
+    Returns:
+        True when the driver meets :data:`MINOR_VERSION_COMPAT_MIN_DRIVER` for ``cuda``'s major.
+    """
+    need = MINOR_VERSION_COMPAT_MIN_DRIVER.get(cuda[0])
+    if need is None:
+        return False
+    driver = parse_driver(driver_version)
+    if driver is not None:
+        return driver >= need
+    return cuda[0] >= 12 and max_cuda is not None and max_cuda >= (cuda[0], 0)

@@ -7,13 +7,19 @@ to the earlier catalog entry.  A wheel without kernels for the GPU's cc fails wi
 is available for execution on the device" (a V100 needs ``7.0``), and a runtime newer than the
 driver fails with "CUDA driver version is insufficient" (``shared/docs/gpu-facts.md``).  When the
 node's CUDA is unknown (no driver/runtime labels) only the compute capability is checked.
+
+CUDA minor-version compatibility is opt-in per variant (``cudaMinorVersionCompatible``): when no
+variant fits natively, a declaring variant whose CUDA major family the driver supports
+(:func:`~hetero_operator.cuda_table.minor_version_compatible`; NVIDIA's "CUDA Compatibility" guide)
+is chosen, the oldest such CUDA first (the smallest step beyond the driver), and the choice carries
+a warning for the plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cuda_table import format_cuda, min_driver_for
+from .cuda_table import format_cuda, min_driver_for, minor_version_compatible
 from .spec import ImageVariant
 
 
@@ -24,10 +30,15 @@ class ImageChoice:
     Attributes:
         image: chosen image reference, ``""`` when none fits (or the catalog is empty).
         message: for no fit, one sentence naming the driver and what would fit.
+        variant: the chosen catalog entry, None when nothing fits.
+        minor_compat_warning: non-empty when the variant runs only through CUDA minor-version
+            compatibility: one sentence for the plan's warnings.
     """
 
     image: str
     message: str = ""
+    variant: ImageVariant | None = None
+    minor_compat_warning: str = ""
 
     @property
     def ok(self) -> bool:
@@ -48,11 +59,21 @@ def choose_image(catalog: tuple[ImageVariant, ...], *, compute_capability: str,
     Returns:
         :class:`ImageChoice`; ``image == ""`` with a message when nothing fits.
     """
-    fitting = [v for v in catalog if compute_capability in v.compute_capabilities
-               and (max_cuda is None or v.cuda_version <= max_cuda)]
+    with_cc = [v for v in catalog if compute_capability in v.compute_capabilities]
+    fitting = [v for v in with_cc if max_cuda is None or v.cuda_version <= max_cuda]
     if fitting:
         best = max(fitting, key=lambda v: v.cuda_version)  # max keeps the first of equal keys
-        return ImageChoice(image=best.image)
+        return ImageChoice(image=best.image, variant=best)
+    compat = [v for v in with_cc if v.cuda_minor_version_compatible and minor_version_compatible(
+        v.cuda_version, driver_version=driver_version, max_cuda=max_cuda)]
+    if compat:
+        best = min(compat, key=lambda v: v.cuda_version)  # min keeps the first of equal keys
+        driver = f"driver {driver_version}" if driver_version else "the node's driver"
+        return ImageChoice(image=best.image, variant=best, minor_compat_warning=(
+            f"{best.image} (CUDA {format_cuda(best.cuda_version)}) runs on {driver} (CUDA <= "
+            f"{format_cuda(max_cuda)}) through CUDA minor-version compatibility: it needs cc "
+            f"{compute_capability} SASS in the image (no newer-PTX JIT) and features of newer "
+            "drivers fail; upgrade the driver to run it natively"))
     return ImageChoice(image="", message=_no_fit_message(catalog, compute_capability, max_cuda,
                                                          driver_version))
 

@@ -37,7 +37,7 @@ from .batching import split_global_batch, step_time
 from .eligibility import device_rejection, memory_cap, precision_for
 from .images import choose_image
 from .model import Device, ExcludedNode, GroupPlan, Inventory, NodeInventory, Plan, RankPlacement
-from .spec import JobSpec
+from .spec import ImageVariant, JobSpec
 from .speed import effective_speed
 from .unschedulable import batch_too_small, insufficient_gpus, insufficient_memory
 
@@ -56,6 +56,8 @@ class Pool:
         precision: ``"bf16"|"fp16"|"fp32"``.
         cap: largest local batch the memory holds (the global batch when uncapped).
         free: free devices.
+        variant: the chosen image variant (None without a catalog).
+        image_warning: non-empty when the image runs through CUDA minor-version compatibility.
     """
 
     device: Device
@@ -64,6 +66,8 @@ class Pool:
     precision: str
     cap: int
     free: int
+    variant: ImageVariant | None = None
+    image_warning: str = ""
 
     @property
     def node(self) -> str:
@@ -98,6 +102,10 @@ def plan_job(job: JobSpec, inventory: Inventory) -> Plan | model.Unschedulable:
         return insufficient_gpus(job, inventory, pools, excluded)
     n = min(job.gpus.ranks, global_batch, total_free)
     taken = select(pools, n)
+    mismatch = torch_version_mismatch(taken)
+    if mismatch:
+        return model.Unschedulable(shortfalls=(), excluded=excluded, message=mismatch,
+                                   reason=TORCH_VERSION_MISMATCH, warnings=inventory.warnings)
     groups_spec = _group_specs(taken)
     speeds = [p.speed for p, size in groups_spec for _ in range(size)]
     caps = [p.cap for p, size in groups_spec for _ in range(size)]
@@ -109,7 +117,52 @@ def plan_job(job: JobSpec, inventory: Inventory) -> Plan | model.Unschedulable:
     speedup = step_time(equal, speeds) / step_time(batches, speeds)
     ranks, groups = _placements(groups_spec, batches)
     return Plan(ranks=ranks, groups=groups, excluded=excluded,
-                expected_speedup_over_equal=round(speedup, 6), warnings=inventory.warnings)
+                expected_speedup_over_equal=round(speedup, 6),
+                warnings=(*inventory.warnings, *image_warnings(taken)))
+
+
+# --- one PyTorch per job ---------------------------------------------------------------------
+
+TORCH_VERSION_MISMATCH = "TorchVersionMismatch"
+"""Unschedulable reason: the chosen image variants carry different PyTorch releases."""
+CUDA_MINOR_VERSION_COMPAT = "CudaMinorVersionCompatibility"
+"""Plan warning reason: a node runs its image through CUDA minor-version compatibility."""
+
+
+def torch_version_mismatch(taken: Iterable[tuple[Pool, int]]) -> str:
+    """Refusal message when the chosen variants differ in ``torchVersion``, else ``""``.
+
+    Ranks of different PyTorch builds in one process group are unsupported (different NCCL/Gloo
+    versions, DDP internals and ``*_object`` pickling), so when any chosen variant declares a
+    ``torchVersion`` every chosen variant must declare the same one.
+
+    Returns:
+        e.g. ``"the chosen image variants carry different PyTorch releases: reg/w:cu118
+        (torchVersion 2.7.1) on node-v100; reg/w:cu128 (torchVersion 2.13.0) on node-t4; ..."``.
+    """
+    nodes: dict[ImageVariant, dict[str, None]] = {}
+    for pool, _ in taken:
+        if pool.variant is not None:
+            nodes.setdefault(pool.variant, {})[pool.node] = None
+    versions = {v.torch_version for v in nodes}
+    if len(versions) <= 1 or not any(versions):
+        return ""
+    parts = [f"{v.image} (torchVersion {v.torch_version or 'unset'}) on {', '.join(ns)}"
+             for v, ns in sorted(nodes.items(), key=lambda it: (it[0].torch_version, it[0].image))]
+    return ("the chosen image variants carry different PyTorch releases, and ranks of one job "
+            f"must run one PyTorch build: {'; '.join(parts)}; give every spec.images entry the "
+            "same torchVersion (build all variants from one release: scripts/build-images.sh), "
+            "or restrict spec.gpus.allowedProducts to nodes that pick one release")
+
+
+def image_warnings(taken: Iterable[tuple[Pool, int]]) -> tuple[model.InventoryWarning, ...]:
+    """One ``CudaMinorVersionCompatibility`` warning per chosen node and image that needs it."""
+    seen: dict[tuple[str, str], str] = {}
+    for pool, _ in taken:
+        if pool.image_warning:
+            seen.setdefault((pool.node, pool.image), pool.image_warning)
+    return tuple(model.InventoryWarning(node=node, reason=CUDA_MINOR_VERSION_COMPAT, message=msg)
+                 for (node, _), msg in seen.items())
 
 
 # --- eligibility -----------------------------------------------------------------------------
@@ -135,9 +188,9 @@ def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list
             if len(facts) == 2:  # (reason, message)
                 first_rejection = first_rejection or facts  # type: ignore[assignment]
                 continue
-            speed, precision, cap, image = facts
+            speed, precision, cap, image, variant, warning = facts
             pools.append(Pool(device=dev, speed=speed, image=image, precision=precision, cap=cap,
-                              free=dev.free))
+                              free=dev.free, variant=variant, image_warning=warning))
             found = True
         if not found and first_rejection is not None:
             reason, message = first_rejection
@@ -148,22 +201,23 @@ def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list
 
 def _class_facts(job: JobSpec, node: NodeInventory, dev: Device) -> tuple:
     """``(reason, message)`` when the job cannot use the device class on such a node, else
-    ``(speed after overrides, precision, memory cap, image)``."""
+    ``(speed after overrides, precision, memory cap, image, variant, image warning)``."""
     rejection = device_rejection(job, dev)
     if rejection is not None:
         return rejection
-    image = ""
+    image, variant, warning = "", None, ""
     if job.images:
         choice = choose_image(job.images, compute_capability=dev.compute_capability,
                               max_cuda=node.max_cuda, driver_version=node.driver_version)
         if not choice.ok:
             return model.NO_COMPATIBLE_IMAGE, choice.message
-        image = choice.image
+        image, variant, warning = choice.image, choice.variant, choice.minor_compat_warning
     speed = effective_speed(product=dev.product, mig_profile=dev.mig_profile,
                             table_speed=dev.relative_speed, compute_slices=dev.compute_slices,
                             overrides=job.gpus.speed_overrides)
     return (speed, precision_for(job.training.precision, dev.compute_capability),
-            min(memory_cap(job, dev.memory_mib), job.training.global_batch_size), image)
+            min(memory_cap(job, dev.memory_mib), job.training.global_batch_size), image, variant,
+            warning)
 
 
 # --- selection -------------------------------------------------------------------------------

@@ -23,8 +23,14 @@ PRECISIONS = ("Auto", "BF16", "FP16", "FP32")
 HIERARCHIES = ("Auto", "Flat", "Group", "PerNode", "PerArchitecture")
 COMPRESSIONS = ("None", "FP16", "BF16", "Int8", "PowerSGD")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
+SELECTIONS = ("Throughput", "All")
+_PROFILE_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,251}[a-z0-9])?$")
+_GENERATED_SUFFIX_RE = re.compile(r"^(?=.*[0-9])[bcdfghjklmnpqrstvwxz2456789]{5}$")
+"""Kubernetes ``generateName`` appends 5 characters of this alphabet (apimachinery's
+``utilrand.String``: consonants and digits without vowels, 0, 1, 3)."""
 _CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 _CC_RE = re.compile(r"^\d{1,2}\.\d$")
+_TORCH_RE = re.compile(r"^\d{1,2}\.\d{1,3}(\.\d{1,3})?([+.-][0-9A-Za-z.]{1,24})?$")
 
 
 class SpecError(ValueError):
@@ -47,11 +53,19 @@ class ImageVariant:
         image: image reference, e.g. ``"ghcr.io/heterotrain/worker:0.1.0-cu124"``.
         cuda_version: CUDA runtime inside the image, ``(major, minor)``.
         compute_capabilities: compute capabilities it has kernels for, e.g. ``("7.0", "8.0")``.
+        torch_version: PyTorch release inside the image, e.g. ``"2.13.0"``; ``""`` when not
+            declared.  When any variant declares one, a plan whose chosen variants differ is
+            refused (ranks of one job must run one PyTorch build).
+        cuda_minor_version_compatible: the image relies on CUDA minor-version compatibility, so a
+            driver of the same CUDA major family (>= 450 for 11.x, >= 525 for 12.x, >= 580 for
+            13.x) may run it even below the release's own minimum driver.
     """
 
     image: str
     cuda_version: tuple[int, int]
     compute_capabilities: tuple[str, ...]
+    torch_version: str = ""
+    cuda_minor_version_compatible: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,6 +82,10 @@ class GpuRequest:
         min_memory_mib: minimum device memory in MiB.
         speed_overrides: product or MIG profile -> relative speed in percent of the reference
             device (A100 = 100), replacing the built-in table.
+        selection: ``"Throughput"`` (leave out GPU types whose predicted gain is below
+            ``min_gain_percent`` once their communication is counted) or ``"All"``.
+        min_gain_percent: smallest predicted throughput gain, percent, for which a GPU type is
+            kept under ``Throughput``.
     """
 
     ranks: int
@@ -79,6 +97,8 @@ class GpuRequest:
     allow_mig: bool = True
     min_memory_mib: int = 0
     speed_overrides: Mapping[str, int] = field(default_factory=dict)
+    selection: str = "Throughput"
+    min_gain_percent: int = 5
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,6 +118,8 @@ class TrainingSpec:
         rebalance_interval_steps: steps between split re-solves; 0 disables rebalancing.
         compression: inter-group gradient compression (see ``COMPRESSIONS``).
         powersgd_rank: matrix rank for PowerSGD compression.
+        profile_key: what counts as "the same model" for learned speeds; ``""`` means the job
+            name without suffixes (see :func:`default_profile_key`).
     """
 
     global_batch_size: int
@@ -112,6 +134,7 @@ class TrainingSpec:
     rebalance_interval_steps: int = 0
     compression: str = "None"
     powersgd_rank: int = 4
+    profile_key: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -180,6 +203,7 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
     spec = _map(body, "spec", "spec")
     labels = _map(meta, "labels", "metadata.labels", required=False)
     run_policy = _run_policy(_map(spec, "runPolicy", "spec.runPolicy", required=False))
+    _refuse_unknown_fields(body)
     if labels.get("kueue.x-k8s.io/queue-name") and not run_policy.queue:
         run_policy = replace(run_policy, queue=str(labels["kueue.x-k8s.io/queue-name"]))
     return JobSpec(
@@ -197,6 +221,17 @@ def _worker(w: Mapping[str, Any]) -> WorkerTemplate:
     command = _str_list(w, "command", "spec.worker.command", required=True)
     if not command:
         raise SpecError("spec.worker.command", "must name the program each rank runs, "
+def _refuse_unknown_fields(body: Mapping[str, Any]) -> None:
+    """Strict like ``kubectl apply``: a field the CRD does not define is an error (first one
+    named with the nearest known name, the others listed); see :mod:`hetero_operator.knownfields`."""
+    from .knownfields import unknown_fields
+
+    unknown = unknown_fields(body)
+    if unknown:
+        more = f" (also unknown: {', '.join(u.path for u in unknown[1:])})" if unknown[1:] else ""
+        raise SpecError(unknown[0].path, unknown[0].message() + more)
+
+
                         "e.g. [python, -m, hetero_worker.examples.digits]")
     return WorkerTemplate(
         command=command, args=_str_list(w, "args", "spec.worker.args"),
@@ -222,9 +257,17 @@ def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
                 raise SpecError(f"{p}.computeCapabilities", f"entries look like \"8.0\", got {cc!r}")
         major, minor = cuda.split(".")
         out.append(ImageVariant(image=_str(item, "image", f"{p}.image"),
-                                cuda_version=(int(major), int(minor)), compute_capabilities=ccs))
+                                cuda_version=(int(major), int(minor)), compute_capabilities=ccs,
+                                torch_version=torch_version,
+                                cuda_minor_version_compatible=_bool(
+                                    item, "cudaMinorVersionCompatible",
+                                    f"{p}.cudaMinorVersionCompatible", False)))
     return tuple(out)
 
+        torch_version = str(item.get("torchVersion") or "")
+        if torch_version and not _TORCH_RE.match(torch_version):
+            raise SpecError(f"{p}.torchVersion", "must look like \"2.13.0\" (a quoted PyTorch "
+                            f"release), got {torch_version!r}")
 
 def _gpus(g: Mapping[str, Any]) -> GpuRequest:
     ranks = _int(g, "ranks", "spec.gpus.ranks", None, 1, 65536)
@@ -250,6 +293,8 @@ def _gpus(g: Mapping[str, Any]) -> GpuRequest:
 
 
 def _training(t: Mapping[str, Any]) -> TrainingSpec:
+        selection=_enum(g, "selection", "spec.gpus.selection", SELECTIONS),
+        min_gain_percent=_int(g, "minGainPercent", "spec.gpus.minGainPercent", 5, 0, 100),
     p = "spec.training"
     ckpt = _map(t, "checkpoint", f"{p}.checkpoint", required=False)
     rebalance = _map(t, "rebalance", f"{p}.rebalance", required=False)
@@ -271,9 +316,39 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
 
 
 def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
+        profile_key=_profile_key(t, f"{p}.profileKey"),
     p = "spec.runPolicy"
     sched = _map(r, "schedulingPolicy", f"{p}.schedulingPolicy", required=False)
     return RunPolicy(
+def _profile_key(t: Mapping[str, Any], path: str) -> str:
+    value = t.get("profileKey")
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not _PROFILE_KEY_RE.match(value):
+        raise SpecError(path, "must be 1-253 characters of a-z, 0-9, '-', '.', '_' starting and "
+                        f"ending with a letter or digit, got {value!r}")
+    return value
+
+
+def default_profile_key(job_name: str) -> str:
+    """The job name without run suffixes: trailing ``-<digits>`` segments and a trailing
+    five-character ``generateName`` suffix that contains a digit are removed
+    (``digits-2`` -> ``digits``, ``lm-x7k2q`` -> ``lm``, ``lm-20261201-3`` -> ``lm``).
+
+    Returns:
+        The key; the name itself when nothing is left after stripping.
+    """
+    parts = job_name.split("-")
+    while len(parts) > 1 and (parts[-1].isdigit() or _GENERATED_SUFFIX_RE.match(parts[-1])):
+        parts.pop()
+    return "-".join(parts) or job_name
+
+
+def profile_key(job: JobSpec) -> str:
+    """``spec.training.profileKey``, or :func:`default_profile_key` of the job name."""
+    return job.training.profile_key or default_profile_key(job.name)
+
+
         backoff_limit=_int(r, "backoffLimit", f"{p}.backoffLimit", 3, 0, 1000),
         active_deadline_seconds=_opt_int(r, "activeDeadlineSeconds", f"{p}.activeDeadlineSeconds"),
         ttl_seconds_after_finished=_opt_int(r, "ttlSecondsAfterFinished", f"{p}.ttlSecondsAfterFinished"),

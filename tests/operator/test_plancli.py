@@ -25,11 +25,15 @@ def test_table_on_the_mixed_example(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
     assert rows == [
-        ["0", "0", "node-a100", "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu124", "bf16", "70", "55.0%"],
-        ["1", "1", "node-v100", "Tesla-V100-SXM2-16GB", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu118", "fp16", "28", "22.0%"],
+        ["0", "0", "node-a100", "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu126", "bf16", "70", "55.0%"],
+        ["1", "1", "node-v100", "Tesla-V100-SXM2-16GB", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu126", "fp16", "28", "22.0%"],
         ["2", "2", "node-t4", "Tesla-T4", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu128", "fp16", "15", "11.5%"],
         ["3", "2", "node-t4", "Tesla-T4", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu128", "fp16", "15", "11.5%"]]
     assert "Expected speed-up over an equal split: 2.13x" in out
+    # driver 550 (CUDA 12.4) and 535 (12.2) run the cu126 image only by minor-version compatibility
+    warned = sorted(line.split()[1] for line in out.splitlines()
+                    if line.startswith("Warning") and "CudaMinorVersionCompatibility" in line)
+    assert warned == ["node-a100", "node-v100"]
 
 
 def test_fleet_lists_every_excluded_node_with_its_reason(capsys: pytest.CaptureFixture[str]) -> None:
@@ -110,3 +114,16 @@ def test_module_entry_point_as_a_subprocess() -> None:
                            "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["world_size"] == 4
+
+
+def test_two_torch_versions_exit_2_naming_the_variants(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = yaml.safe_load(Path(DIGITS).read_text())
+    manifest["spec"]["images"][1]["torchVersion"] = "2.12.1"  # cu128 (the T4s) on another release
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(manifest))
+    assert main(["plan", str(job), "--nodes", MIXED]) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Unschedulable (TorchVersionMismatch):" in out
+    assert ("ghcr.io/heterotrain/worker:0.1.0-cu128 (torchVersion 2.12.1) on node-t4; "
+            "ghcr.io/heterotrain/worker:0.1.0-cu126 (torchVersion 2.13.0) on node-a100, node-v100") in out

@@ -68,8 +68,8 @@ def test_each_pod_runs_the_launcher_with_the_image_chosen_for_its_node() -> None
     c = [p["spec"]["containers"][0] for p in pods]
     assert c[0]["command"] == ["heterotrain", "launch", "--"]
     assert c[0]["args"] == ["python", "-m", "hetero_worker.examples.digits", "--epochs", "12"]
-    assert [x["image"] for x in c] == ["ghcr.io/heterotrain/worker:0.1.0-cu124",
-                                       "ghcr.io/heterotrain/worker:0.1.0-cu118",
+    assert [x["image"] for x in c] == ["ghcr.io/heterotrain/worker:0.1.0-cu126",
+                                       "ghcr.io/heterotrain/worker:0.1.0-cu126",
                                        "ghcr.io/heterotrain/worker:0.1.0-cu128"]
 
 
