@@ -247,11 +247,12 @@ class Reconciler:
         be held once per job being started at the same time (the operator's peak RSS grew by
         ~1 MiB per job that way).
         """
-        from hetero_operator.inventory import build_inventory
+        from hetero_operator.nodeindex import build_indexed_inventory
         from hetero_operator.planning import plan_job
 
-        inventory = build_inventory(self.nodes(), [p for p in self.gpu_pods()
-                                                   if not _owned_by(p, spec.name, spec.namespace)])
+        # Index values remember their parse: only nodes changed since the last start are re-read.
+        inventory = build_indexed_inventory(self.nodes(), [p for p in self.gpu_pods()
+                                                           if not _owned_by(p, spec.name, spec.namespace)])
         result = plan_job(spec, inventory)
         log.info("%s/%s: planned over %d usable node(s), %d GPU pod(s) bound: %s", spec.namespace,
                  spec.name, len(inventory.nodes), len(self.gpu_pods()),

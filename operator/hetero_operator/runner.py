@@ -20,6 +20,7 @@ import kopf
 
 from hetero_operator.config import OperatorConfig
 from hetero_operator.k8s import Api, load_configuration
+from hetero_operator.nodeindex import IndexedNode
 from hetero_operator.opmetrics import OperatorMetrics
 from hetero_operator.reconcile import MetricsUrlFn, Reconciler, default_metrics_url
 
@@ -142,15 +143,19 @@ def reconciler(memo: kopf.Memo, nodes_idx: kopf.Index[str, Any],
     return rec
 
 
-def trim_node(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What the planner reads of a Node: name, labels, taints, unschedulable, capacity, conditions."""
+def trim_node(body: Mapping[str, Any]) -> IndexedNode:
+    """What the planner reads of a Node: name, labels, taints, unschedulable, capacity, conditions.
+
+    An :class:`~hetero_operator.nodeindex.IndexedNode`: the index value also keeps the node's
+    parse, so a start re-reads only nodes that changed (issue 11).
+    """
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
-    return {
+    return IndexedNode({
         "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
                      "annotations": dict(meta.get("annotations") or {})},
         "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
         "status": {k: status[k] for k in ("capacity", "allocatable", "conditions") if k in status},
-    }
+    })
 
 
 def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:

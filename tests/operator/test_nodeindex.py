@@ -1,0 +1,57 @@
+"""The node index's memoised parse: same inventory as a full parse, re-reads only what changed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from hetero_operator import nodeindex
+from hetero_operator.inventory import build_inventory
+from hetero_operator.runner import trim_node
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from bench_plan import synthetic_cluster  # noqa: E402
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the nodes read_node parsed through the index."""
+    calls: list[str] = []
+    real = nodeindex.read_node
+
+    def read_node(node, used, **kw):  # type: ignore[no-untyped-def]
+        calls.append(node["metadata"]["name"])
+        return real(node, used, **kw)
+
+    monkeypatch.setattr(nodeindex, "read_node", read_node)
+    return calls
+
+
+def test_indexed_inventory_equals_full_parse_and_rereads_only_changes(counted: list[str]) -> None:
+    raw_nodes, pods = synthetic_cluster(300, seed=3)
+    index = {n["metadata"]["name"]: trim_node(n) for n in raw_nodes}
+    first = nodeindex.build_indexed_inventory(index.values(), pods)
+    assert first == build_inventory(list(index.values()), pods)
+    assert len(counted) == 300 and first.nodes
+    counted.clear()
+    assert nodeindex.build_indexed_inventory(index.values(), pods) == first
+    assert counted == []  # nothing changed: nothing parsed
+    # One node relabelled (kopf stores a new value), one node's GPU pod gone.
+    changed = raw_nodes[7]
+    changed["metadata"]["labels"]["nvidia.com/gpu.count"] = "1"
+    index[changed["metadata"]["name"]] = trim_node(changed)
+    freed = pods[0]["spec"]["nodeName"]
+    again = nodeindex.build_indexed_inventory(index.values(), pods[1:])
+    assert sorted(counted) == sorted({changed["metadata"]["name"], freed})
+    assert again == build_inventory(list(index.values()), pods[1:])
+
+
+def test_unchanged_node_keeps_its_value_in_a_kopf_store() -> None:
+    # kopf's Store keeps the old value when the new one compares equal (indexing.Store._replace):
+    # equality must be the dict's, so the memo survives a re-list.
+    raw_nodes, _ = synthetic_cluster(1, seed=0)
+    a, b = trim_node(raw_nodes[0]), trim_node(raw_nodes[0])
+    a.parsed({}, ())
+    assert a == b and isinstance(a, dict) and a._memo is not None and b._memo is None
