@@ -10,7 +10,7 @@ into a ``MalformedLabels`` exclusion, never an exception out of ``build_inventor
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 P = "nvidia.com/"
@@ -27,6 +27,11 @@ MIG_STRATEGY = P + "mig.strategy"
 MIG_CONFIG = P + "mig.config"
 MIG_STATE = P + "mig.config.state"
 GPU_PRESENT = P + "gpu.present"
+DEPLOY_PREFIX = P + "gpu.deploy."
+PAUSED_FOR_MIG_CHANGE = "paused-for-mig-change"
+"""Value the GPU Operator's MIG manager writes into ``nvidia.com/gpu.deploy.<component>`` while it
+has stopped that component (device plugin, GFD, DCGM) to change the MIG layout (GPU Operator,
+``mig-manager`` ``reconfigure-mig.sh``): the node is mid reconfiguration."""
 DRIVER_FULL = (P + "cuda.driver-version.full",)
 DRIVER_MAJOR = (P + "cuda.driver-version.major", P + "cuda.driver.major")
 DRIVER_MINOR = (P + "cuda.driver-version.minor", P + "cuda.driver.minor")
@@ -203,6 +208,91 @@ def profile_slices(profile: str) -> int:
     if not match:
         raise LabelError(f"{MIG_RESOURCE_PREFIX}{profile}", "is not a MIG profile like 3g.40gb")
     return int(match.group("ci") or match.group("gi"))
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileIdentity:
+    """What a MIG profile *is*, without the memory string that drivers print differently.
+
+    The device plugin names a resource from one driver query and GFD names its label family from
+    another, so the same instance can be ``3g.20gb`` in allocatable and ``3g.21gb`` in the labels
+    (issue 10).  Slices and the media-engine suffix do not vary.
+
+    Attributes:
+        compute_slices: compute-instance slices (``c`` part), equal to ``gi_slices`` without it.
+        gi_slices: GPU-instance slices (``g`` part).
+        media_extensions: the ``+me``/``.me`` suffix.
+    """
+
+    compute_slices: int
+    gi_slices: int
+    media_extensions: bool
+
+
+def profile_identity(profile: str) -> ProfileIdentity:
+    """``"1c.3g.20gb"`` -> ``ProfileIdentity(1, 3, False)``.
+
+    Raises:
+        LabelError: not a MIG profile name.
+    """
+    match = _PROFILE.match(profile)
+    if not match:
+        raise LabelError(f"{MIG_RESOURCE_PREFIX}{profile}", "is not a MIG profile like 3g.40gb")
+    gi = int(match.group("gi"))
+    return ProfileIdentity(int(match.group("ci") or gi), gi, profile.endswith("me"))
+
+
+def join_mig_profiles(resources: Iterable[str], families: Iterable[str],
+                      ) -> tuple[dict[str, str | None], tuple[str, ...]]:
+    """Pair allocatable MIG profiles with GFD label families by profile identity.
+
+    An exact name match wins; otherwise a family with the same :class:`ProfileIdentity` is taken,
+    the one whose nominal memory is nearest (``1g.10gb`` and ``1g.20gb`` share slices on an
+    A100-80GB, so memory still breaks ties).  Families whose name is not a MIG profile never match.
+
+    Args:
+        resources: profiles named by ``nvidia.com/mig-<profile>`` resources, e.g. ``["3g.20gb"]``.
+        families: profiles named by ``nvidia.com/mig-<profile>.*`` labels, e.g. ``["3g.21gb"]``.
+
+    Returns:
+        ``({resource profile: family profile or None}, unmatched families)``, both in sorted order.
+
+    Raises:
+        LabelError: a resource profile is not a MIG profile name.
+    """
+    free = sorted(set(families))
+    pairs: dict[str, str | None] = {}
+    resources = sorted(set(resources))
+    for profile in resources:
+        profile_identity(profile)  # a malformed resource name is an error, not a silent skip
+        if profile in free:
+            pairs[profile] = profile
+            free.remove(profile)
+    for profile in resources:
+        if profile in pairs:
+            continue
+        wanted = profile_identity(profile)
+        candidates = [f for f in free if _identity_or_none(f) == wanted]
+        if not candidates:
+            pairs[profile] = None
+            continue
+        best = min(candidates, key=lambda f: (abs(profile_memory_mib(f) - profile_memory_mib(profile)), f))
+        pairs[profile] = best
+        free.remove(best)
+    return dict(sorted(pairs.items())), tuple(free)
+
+
+def _identity_or_none(profile: str) -> ProfileIdentity | None:
+    try:
+        return profile_identity(profile)
+    except LabelError:
+        return None
+
+
+def paused_for_mig_change(labels: Mapping[str, str]) -> tuple[str, ...]:
+    """``nvidia.com/gpu.deploy.*`` labels set to ``paused-for-mig-change``, sorted."""
+    return tuple(sorted(k for k, v in labels.items()
+                        if k.startswith(DEPLOY_PREFIX) and str(v).strip() == PAUSED_FOR_MIG_CHANGE))
 
 
 def profile_memory_mib(profile: str) -> int:

@@ -28,7 +28,7 @@ from typing import Any
 from . import gfd, model
 from .cuda_table import cuda_for_driver, format_cuda
 from .model import Device, ExcludedNode, Inventory, InventoryWarning, NodeInventory
-from .speed import base_speed, lookup_model, memory_from_name, mig_speed
+from .speed import GPU_MODELS, GpuModel, base_speed, lookup_model, memory_from_name, mig_speed
 
 DEFAULT_TOLERATED_TAINT_KEYS: tuple[str, ...] = ("nvidia.com/gpu",)
 """Taint keys our worker pods tolerate (the usual ``nvidia.com/gpu:NoSchedule`` on GPU pools)."""
@@ -156,6 +156,11 @@ def _check_health(node: Mapping[str, Any], labels: Mapping[str, str], tolerated:
     if state == "failed":
         raise _Excluded(model.MIG_FAILED, f"MIG reconfiguration to {target or 'a new layout'} failed "
                         "(nvidia.com/mig.config.state=failed); check the MIG manager logs")
+    paused = gfd.paused_for_mig_change(labels)
+    if paused:
+        raise _Excluded(model.MIG_PENDING, f"MIG reconfiguration to {target or 'a new layout'} is in "
+                        f"progress: the MIG manager paused {', '.join(paused)} "
+                        f"({gfd.PAUSED_FOR_MIG_CHANGE}); wait until it restores them")
 
 
 # --- devices ---------------------------------------------------------------------------------
@@ -165,28 +170,37 @@ def _read_devices(name: str, node: Mapping[str, Any], labels: Mapping[str, str],
     warnings: list[InventoryWarning] = []
     alloc = _allocatable(node)
     product_raw = str(labels.get(gfd.PRODUCT, "") or "").strip()
-    if not product_raw:
-        if _has_gpu_signals(labels, alloc):
-            raise _Excluded(model.MALFORMED_LABELS, f"label {gfd.PRODUCT} is missing although the node "
-                            "advertises NVIDIA GPUs; check that GPU Feature Discovery runs there")
+    if not product_raw and not _has_gpu_signals(labels, alloc):
         raise _Excluded(model.NO_GPUS, "no NVIDIA GPU labels or nvidia.com/* resources")
-    product = gfd.split_product(product_raw)
-    if product.mig_invalid:
+    product = gfd.split_product(product_raw) if product_raw else None
+    if product is not None and product.mig_invalid:
         raise _Excluded(model.MIG_FAILED, f"product {product_raw}: GFD reports an invalid MIG layout; "
                         "apply a valid nvidia.com/mig.config")
-    cc, arch = _cc_and_arch(name, labels, product.base, warnings)
-    speed, known = base_speed(product.base, arch)
+    cc, arch = _cc_and_arch(name, labels, product.base if product else "", warnings)
+    inferred: GpuModel | None = None
+    if product is None:
+        product, inferred = _unlabelled_product(name, labels, cc, arch, warnings)
+    speed, known = (inferred.relative_speed, True) if inferred else base_speed(product.base, arch)
     if not known:
         warnings.append(InventoryWarning(
             node=name, reason=model.UNKNOWN_GPU_SPEED,
             message=f"{product.base} is not in the speed table; using the {arch} default {speed:.2f} "
                     "(set spec.gpus.speedOverrides to correct it)"))
     common = {"node": name, "product": product.base, "compute_capability": cc, "architecture": arch}
-    devices = _whole_or_single(labels, alloc, used, product, speed, common)
-    devices += _mixed_mig(labels, alloc, used, speed, common)
+    mixed = _mixed_mig(name, labels, alloc, used, speed, common, warnings)
+    mig_gpus = _gpus_taken_by_mig(mixed, product.base)
+    count_label = gfd.read_int(labels, gfd.COUNT)
+    if count_label is not None and mig_gpus > count_label:
+        warnings.append(InventoryWarning(
+            node=name, reason=model.GPU_COUNT_MISMATCH,
+            message=f"{name}: the MIG slices need at least {mig_gpus} GPUs but {gfd.COUNT}="
+                    f"{count_label}; the slices are offered as allocatable lists them (restart GPU "
+                    "Feature Discovery and the device plugin on the node)"))
+    devices = _whole_or_single(name, labels, alloc, used, product, speed, common, mig_gpus, warnings)
+    devices += mixed
     if not devices:
-        raise _Excluded(model.NO_GPUS, f"{product_raw}: no allocatable nvidia.com/gpu or "
-                        "nvidia.com/mig-* devices")
+        raise _Excluded(model.NO_GPUS, f"{product_raw or product.base}: no allocatable nvidia.com/gpu "
+                        "or nvidia.com/mig-* devices")
     driver_text, max_cuda, driver_cuda = _cuda(name, labels, warnings)
     return NodeInventory(name=name, driver_version=driver_text, max_cuda=max_cuda,
                          devices=tuple(devices), driver_cuda=driver_cuda), warnings
@@ -197,12 +211,13 @@ def _cc_and_arch(name: str, labels: Mapping[str, str], base: str,
     family = gfd.family_label(labels)
     cc = gfd.compute_capability(labels)
     if cc is None:
-        table = lookup_model(base)
+        table = lookup_model(base) if base else None
         cc = table.compute_capability if table else gfd.FAMILY_CC.get(family)
     if cc is None:
+        what = f"{base} is not in the product table" if base else f"{gfd.PRODUCT} is missing too"
         raise _Excluded(model.MALFORMED_LABELS, f"no compute capability: {gfd.CC_MAJOR} is missing, "
-                        f"{base} is not in the product table and {gfd.FAMILY} is "
-                        f"{family or 'missing'}")
+                        f"{what} and {gfd.FAMILY} is {family or 'missing'}; check that GPU Feature "
+                        "Discovery runs on the node")
     arch = gfd.architecture(cc)
     if family and family != arch:
         warnings.append(InventoryWarning(
@@ -212,10 +227,59 @@ def _cc_and_arch(name: str, labels: Mapping[str, str], base: str,
     return cc, arch
 
 
-def _whole_or_single(labels: Mapping[str, str], alloc: Mapping[str, int] | None,
+INFER_MEMORY_TOLERANCE = 0.06
+"""Relative memory difference within which a table GPU matches an unlabelled one: drivers report a
+little less than the nominal size (an A100-40GB reports 40536 of 40960 MiB, 1 %; an H100 SXM 81559
+of 81920, 0.4 %)."""
+
+
+def _unlabelled_product(name: str, labels: Mapping[str, str], cc: str, arch: str,
+                        warnings: list[InventoryWarning]) -> tuple[gfd.ProductName, GpuModel | None]:
+    """A node without ``gpu.product`` but with compute capability (or family) and memory labels.
+
+    Everything the planner needs is known: compute capability picks the image and precision,
+    ``gpu.memory`` the memory cap, allocatable the count.  The product is named
+    ``unlabelled-cc<cc>-<memory>MiB``; its speed is the table GPU's when exactly one table GPU has
+    that compute capability and a memory within :data:`INFER_MEMORY_TOLERANCE`, else the
+    architecture default (with ``UnknownGpuSpeed``).
+    """
+    memory = gfd.read_int(labels, gfd.MEMORY)
+    base = f"unlabelled-cc{cc}" + (f"-{memory}MiB" if memory else "")
+    matches = [m for m in GPU_MODELS if m.compute_capability == cc and memory
+               and abs(m.memory_mib - memory) <= INFER_MEMORY_TOLERANCE * m.memory_mib]
+    inferred = matches[0] if len({m.tflops for m in matches}) == 1 else None
+    speed_text = (f"; speed of the {inferred.name} (the only table GPU with cc {cc} and about "
+                  f"{memory} MiB)" if inferred else "")
+    warnings.append(InventoryWarning(
+        node=name, reason=model.GPU_PRODUCT_LABEL_MISSING,
+        message=f"{gfd.PRODUCT} is missing; classified from compute capability {cc} ({arch})"
+                + (f" and {gfd.MEMORY}={memory} MiB" if memory else "")
+                + f" as {base}{speed_text}; restart GPU Feature Discovery on {name} to restore the label"))
+    return gfd.ProductName(base=base), inferred
+
+
+def _gpus_taken_by_mig(mixed: list[Device], base: str) -> int:
+    """Fewest physical GPUs the MIG slices can occupy: compute slices / slices per GPU, rounded up.
+
+    A MIG-enabled GPU has 7 compute slices (4 on an A30; NVIDIA MIG user guide, "Supported
+    Profiles"), and a GPU is offered either whole or as its slices, never both.
+    """
+    if not mixed:
+        return 0
+    table = lookup_model(base)
+    per_gpu = 4 if table is not None and table.name == "A30" else 7
+    return -(-sum(d.total * d.compute_slices for d in mixed) // per_gpu)
+
+
+def _whole_or_single(name: str, labels: Mapping[str, str], alloc: Mapping[str, int] | None,
                      used: Mapping[str, int], product: gfd.ProductName, speed: float,
-                     common: dict[str, Any]) -> list[Device]:
-    """Devices behind ``nvidia.com/gpu``: whole GPUs, or MIG slices under the single strategy."""
+                     common: dict[str, Any], mig_gpus: int,
+                     warnings: list[InventoryWarning]) -> list[Device]:
+    """Devices behind ``nvidia.com/gpu``: whole GPUs, or MIG slices under the single strategy.
+
+    Whole GPUs are capped at ``gpu.count`` minus ``mig_gpus`` (the GPUs the mixed-strategy slices
+    occupy), so a stale whole-GPU allocatable next to MIG slices never offers a GPU twice.
+    """
     count_label = gfd.read_int(labels, gfd.COUNT)
     advertised = alloc.get(gfd.GPU_RESOURCE, 0) if alloc is not None else (count_label or 0)
     if advertised <= 0:
@@ -236,14 +300,40 @@ def _whole_or_single(labels: Mapping[str, str], alloc: Mapping[str, int] | None,
     if not mem:
         raise _Excluded(model.MALFORMED_LABELS, f"label {gfd.MEMORY} is missing and {product.base} is "
                         "not in the product table")
+    cap = _whole_gpu_cap(name, count_label, mig_gpus, advertised, alloc is not None, warnings)
     total, free, replicas = advertised, max(0, advertised - in_use), 1
     if _is_shared(labels, product, advertised, count_label):
         physical = count_label or max(1, advertised // max(1, gfd.read_int(labels, gfd.REPLICAS) or 1))
         replicas = max(gfd.read_int(labels, gfd.REPLICAS) or 1, -(-advertised // physical))
-        total = min(physical, advertised)
+        total = min(physical, advertised, cap)
         free = min(total, max(0, advertised - in_use))
+    elif cap < total:
+        total, free = cap, max(0, cap - in_use)
+    if total <= 0:
+        return []
     return [Device(**common, memory_mib=mem, resource_name=gfd.GPU_RESOURCE, total=total, free=free,
                    relative_speed=speed, time_sliced_replicas=replicas)]
+
+
+def _whole_gpu_cap(name: str, count_label: int | None, mig_gpus: int, advertised: int,
+                   from_allocatable: bool, warnings: list[InventoryWarning]) -> int:
+    """Most whole GPUs the node can have next to its MIG slices (``advertised`` without slices)."""
+    if not mig_gpus:
+        return advertised
+    if count_label is None:
+        cap, why = 0, (f"{gfd.COUNT} is missing, so which GPUs are still whole cannot be told; "
+                       "offering none")
+    else:
+        cap = max(0, count_label - mig_gpus)
+        why = (f"the slices occupy at least {mig_gpus} of the {count_label} GPUs ({gfd.COUNT}); "
+               f"offering {cap} whole")
+    if from_allocatable and advertised > cap:
+        warnings.append(InventoryWarning(
+            node=name, reason=model.GPU_OFFERED_TWICE,
+            message=f"{name}: allocatable offers {advertised} whole {gfd.GPU_RESOURCE} next to MIG "
+                    f"slices; {why} (a GPU is used whole or as its slices, never both: the device "
+                    "plugin has not caught up with the MIG change)"))
+    return cap
 
 
 def _single_strategy_without_suffix(labels: Mapping[str, str], product: gfd.ProductName,
@@ -272,26 +362,56 @@ def _single_strategy_without_suffix(labels: Mapping[str, str], product: gfd.Prod
     return gfd.ProductName(base=product.base, mig_profile=profile, shared=product.shared)
 
 
-def _mixed_mig(labels: Mapping[str, str], alloc: Mapping[str, int] | None, used: Mapping[str, int],
-               speed: float, common: dict[str, Any]) -> list[Device]:
-    """Devices behind ``nvidia.com/mig-<profile>`` (mixed strategy)."""
+def _mixed_mig(name: str, labels: Mapping[str, str], alloc: Mapping[str, int] | None,
+               used: Mapping[str, int], speed: float, common: dict[str, Any],
+               warnings: list[InventoryWarning]) -> list[Device]:
+    """Devices behind ``nvidia.com/mig-<profile>`` (mixed strategy).
+
+    Allocatable says which resources exist and how many (its spelling is what a pod requests);
+    the GFD label family of the same profile identity gives memory and multiprocessors
+    (:func:`gfd.join_mig_profiles`).  Without an allocatable map (trimmed fixtures) the label
+    families are the devices.
+    """
     label_info = gfd.mig_profile_labels(labels)
-    from_alloc = {r[len(gfd.MIG_RESOURCE_PREFIX):]: n for r, n in (alloc or {}).items()
-                  if gfd.is_mig_resource(r)}
+    if alloc is None:
+        counts = {p: info.get("count", 0) for p, info in label_info.items()}
+        pairs: dict[str, str | None] = {p: p for p, n in counts.items() if n > 0}
+        unmatched: tuple[str, ...] = ()
+    else:
+        counts = {r[len(gfd.MIG_RESOURCE_PREFIX):]: n for r, n in alloc.items()
+                  if gfd.is_mig_resource(r) and n > 0}
+        pairs, unmatched = gfd.join_mig_profiles(counts, label_info)
     devices = []
-    for profile in sorted(label_info.keys() | from_alloc.keys()):
-        info = label_info.get(profile, {})
-        total = from_alloc.get(profile, 0) if alloc is not None else info.get("count", 0)
-        if total <= 0:
-            continue
+    for profile, family in pairs.items():
+        info = label_info.get(family, {}) if family else {}
         resource = gfd.MIG_RESOURCE_PREFIX + profile
+        if family is None:
+            warnings.append(InventoryWarning(
+                node=name, reason=model.MIG_LABELS_MISSING,
+                message=f"{name}: allocatable {resource} has no nvidia.com/mig-<profile>.* labels of "
+                        f"the same slices; memory taken from the name ({gfd.profile_memory_mib(profile)} "
+                        "MiB), multiprocessors unknown"))
+        elif family != profile:
+            warnings.append(InventoryWarning(
+                node=name, reason=model.MIG_PROFILE_NAME_MISMATCH,
+                message=f"{name}: resource {resource} and labels nvidia.com/mig-{family}.* name the "
+                        f"same MIG profile differently; requesting {resource}, memory and "
+                        "multiprocessors from the labels"))
         slices = gfd.profile_slices(profile)
+        total = counts[profile]
         devices.append(Device(
             **common, mig_profile=profile,
             memory_mib=info.get("memory") or gfd.profile_memory_mib(profile),
             resource_name=resource, total=total, free=max(0, total - used.get(resource, 0)),
             relative_speed=mig_speed(speed, slices), compute_slices=slices,
             multiprocessors=info.get("multiprocessors", 0)))
+    for family in unmatched:
+        if label_info[family].get("count", 0) > 0:
+            warnings.append(InventoryWarning(
+                node=name, reason=model.MIG_LABELS_UNMATCHED,
+                message=f"{name}: labels nvidia.com/mig-{family}.* count "
+                        f"{label_info[family]['count']} devices but no allocatable nvidia.com/mig-* "
+                        "resource has those slices; not offered (is the device plugin restarting?)"))
     return devices
 
 

@@ -46,6 +46,22 @@ GPU_FAMILY_LABEL_MISMATCH = "GpuFamilyLabelMismatch"
 CUDA_LABEL_EXCEEDS_DRIVER = "CudaLabelExceedsDriver"
 CUDA_VERSION_UNKNOWN = "CudaVersionUnknown"
 UNKNOWN_GPU_SPEED = "UnknownGpuSpeed"
+GPU_OFFERED_TWICE = "GpuOfferedTwice"
+"""Allocatable offers whole ``nvidia.com/gpu`` that are already carved into MIG slices (stale
+device-plugin state after a MIG change); the whole GPUs are capped to ``gpu.count`` minus the GPUs
+the slices occupy."""
+GPU_COUNT_MISMATCH = "GpuCountMismatch"
+"""The MIG slices need more GPUs than ``gpu.count`` says the node has."""
+MIG_PROFILE_NAME_MISMATCH = "MigProfileNameMismatch"
+"""A ``nvidia.com/mig-<profile>`` resource and its GFD label family spell the memory differently
+(``3g.20gb`` vs ``3g.21gb``); joined by slices, the resource name is requested as allocatable
+spells it and memory/multiprocessors come from the labels."""
+MIG_LABELS_UNMATCHED = "MigLabelsUnmatched"
+"""A GFD ``nvidia.com/mig-<profile>.*`` family with a count but no allocatable resource."""
+MIG_LABELS_MISSING = "MigLabelsMissing"
+"""An allocatable MIG resource without GFD labels: memory from the profile name, SMs unknown."""
+GPU_PRODUCT_LABEL_MISSING = "GpuProductLabelMissing"
+"""``gpu.product`` is missing; the node was classified from compute capability and memory."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from builders import CATALOG_118_124_128, make_job, make_node, make_pod
 
-from hetero_operator import model
+from hetero_operator import gfd, model
 from hetero_operator.images import choose_image
 from hetero_operator.inventory import build_inventory, used_resources
 from hetero_operator.planning import plan_job
@@ -86,11 +86,30 @@ def test_v100_on_470_is_excluded_for_the_job_naming_the_driver() -> None:
     assert plan.message == ("Tesla-V100-SXM2-16GB: need 1, free 0 (v100-0: no compatible image)")
 
 
-def test_missing_product_label_excludes_with_malformed_labels() -> None:
+def test_missing_product_label_is_classified_from_compute_capability_and_memory() -> None:
+    """cc 7.5 and 15360 MiB: everything needed to plan is labelled; only T4 matches for speed."""
     inv = build_inventory(load("missing-product"))
-    assert inv.nodes == ()
-    assert [(e.node, e.reason) for e in inv.excluded] == [("noproduct-0", "MalformedLabels")]
-    assert "nvidia.com/gpu.product is missing" in inv.excluded[0].message
+    assert inv.excluded == ()
+    assert devices(inv) == [("noproduct-0", "unlabelled-cc7.5-15360MiB", "", "7.5", "turing", 15360,
+                             "nvidia.com/gpu", 2, 2, 1)]
+    assert inv.devices()[0].relative_speed == pytest.approx(65 / 312)
+    (warning,) = inv.warnings
+    assert (warning.node, warning.reason) == ("noproduct-0", "GpuProductLabelMissing")
+    assert "classified from compute capability 7.5 (turing) and nvidia.com/gpu.memory=15360 MiB" in (
+        warning.message)
+    assert "speed of the T4" in warning.message
+
+
+def test_missing_product_without_a_table_match_uses_the_architecture_speed() -> None:
+    inv = build_inventory([make_node(product=None, cc="8.6", memory_mib=12000)])
+    assert devices(inv)[0][1:6] == ("unlabelled-cc8.6-12000MiB", "", "8.6", "ampere", 12000)
+    assert [w.reason for w in inv.warnings] == ["GpuProductLabelMissing", "UnknownGpuSpeed"]
+
+
+def test_missing_product_and_compute_capability_is_still_malformed() -> None:
+    inv = build_inventory([make_node(product=None, cc=None)])
+    assert [(e.node, e.reason) for e in inv.excluded] == [("node-a", "MalformedLabels")]
+    assert "nvidia.com/gpu.product is missing too" in inv.excluded[0].message
 
 
 def test_wrong_family_label_produces_exactly_one_warning() -> None:
@@ -243,3 +262,173 @@ def test_single_strategy_slice_without_the_mig_suffix_is_read_from_mig_config() 
     assert build_inventory([unknown]).excluded[0].reason == "MalformedLabels"
     whole = make_node(product="NVIDIA-A100-PCIE-40GB", memory_mib=40536, labels=labels)
     assert build_inventory([whole]).devices()[0].mig_profile == ""
+
+
+# --- labels and resources that disagree (issue 10) ----------------------------------------------
+
+A100_40 = "NVIDIA-A100-PCIE-40GB"
+
+
+def test_stale_whole_gpus_next_to_mig_slices_are_not_offered() -> None:
+    """Both GPUs carved into 3g.40gb x2, allocatable still says nvidia.com/gpu: 2 (issue 10)."""
+    node = make_node(product=A100_80, count=2, memory_mib=81920,
+                     mig_mixed={"3g.40gb": (4, 40192)}, whole_allocatable=2)
+    inv = build_inventory([node])
+    assert [(d.resource_name, d.total, d.free) for d in inv.devices()] == [("nvidia.com/mig-3g.40gb", 4, 4)]
+    (warning,) = inv.warnings
+    assert warning.reason == "GpuOfferedTwice"
+    assert "offers 2 whole nvidia.com/gpu" in warning.message
+    assert "occupy at least 2 of the 2 GPUs" in warning.message
+
+
+def test_a_partly_carved_node_offers_its_uncarved_gpus_whole() -> None:
+    """4 GPUs, one of them carved (7 x 1g.10gb): at most 3 whole, although allocatable says 4."""
+    node = make_node(product=A100_80, count=4, memory_mib=81920,
+                     mig_mixed={"1g.10gb": (7, 9728)}, whole_allocatable=4)
+    inv = build_inventory([node], [make_pod("node-a", {"nvidia.com/gpu": 1})])
+    assert [(d.resource_name, d.total, d.free) for d in inv.devices()] == [
+        ("nvidia.com/gpu", 3, 2), ("nvidia.com/mig-1g.10gb", 7, 7)]
+    assert [w.reason for w in inv.warnings] == ["GpuOfferedTwice"]
+    consistent = make_node(product=A100_80, count=4, memory_mib=81920,
+                           mig_mixed={"1g.10gb": (7, 9728)}, whole_allocatable=3)
+    assert build_inventory([consistent]).warnings == ()
+
+
+def test_whole_gpus_next_to_slices_without_a_gpu_count_are_not_offered() -> None:
+    node = make_node(product=A100_80, memory_mib=81920, mig_mixed={"1g.10gb": (7, 9728)},
+                     whole_allocatable=1)
+    del node["metadata"]["labels"]["nvidia.com/gpu.count"]
+    inv = build_inventory([node])
+    assert [d.resource_name for d in inv.devices()] == ["nvidia.com/mig-1g.10gb"]
+    assert "nvidia.com/gpu.count is missing" in inv.warnings[0].message
+
+
+def test_slices_needing_more_gpus_than_gpu_count_warn() -> None:
+    node = make_node(product=A100_80, count=1, memory_mib=81920, mig_mixed={"3g.40gb": (4, 40192)})
+    inv = build_inventory([node])
+    assert [(d.resource_name, d.total) for d in inv.devices()] == [("nvidia.com/mig-3g.40gb", 4)]
+    assert [w.reason for w in inv.warnings] == ["GpuCountMismatch"]
+
+
+def test_mig_resource_and_labels_are_joined_by_slices_not_the_memory_string() -> None:
+    """``3g.20gb`` resource next to ``3g.21gb`` labels: request the resource, read the labels."""
+    node = make_node(product=A100_40, count=1, memory_mib=40536, whole_allocatable=0,
+                     labels={"nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-3g.21gb.count": "2",
+                             "nvidia.com/mig-3g.21gb.memory": "20096",
+                             "nvidia.com/mig-3g.21gb.multiprocessors": "42"},
+                     allocatable={"nvidia.com/mig-3g.20gb": "2"})
+    inv = build_inventory([node])
+    (dev,) = inv.devices()
+    assert (dev.mig_profile, dev.resource_name, dev.memory_mib, dev.multiprocessors, dev.total,
+            dev.compute_slices) == ("3g.20gb", "nvidia.com/mig-3g.20gb", 20096, 42, 2, 3)
+    assert [w.reason for w in inv.warnings] == ["MigProfileNameMismatch"]
+    plan = plan_job(make_job(ranks=2), inv)
+    assert {g.resource_name for g in plan.groups} == {"nvidia.com/mig-3g.20gb"}
+    assert {r.memory_mib for r in plan.ranks} == {20096}
+
+
+def test_join_prefers_exact_names_then_the_nearest_memory_of_the_same_slices() -> None:
+    pairs, unmatched = gfd.join_mig_profiles(["1g.10gb", "1g.20gb", "7g.80gb"],
+                                             ["1g.11gb", "1g.20gb", "2g.20gb", "zz"])
+    assert pairs == {"1g.10gb": "1g.11gb", "1g.20gb": "1g.20gb", "7g.80gb": None}
+    assert unmatched == ("2g.20gb", "zz")
+    assert gfd.profile_identity("1c.3g.20gb") == gfd.ProfileIdentity(1, 3, False)
+    assert gfd.profile_identity("1g.10gb+me") == gfd.ProfileIdentity(1, 1, True)
+    with pytest.raises(gfd.LabelError):
+        gfd.join_mig_profiles(["bogus"], [])
+
+
+def test_label_families_nothing_matches_warn_and_are_not_offered() -> None:
+    node = make_node(product=A100_40, count=1, memory_mib=40536, whole_allocatable=0,
+                     mig_mixed={"1g.5gb": (2, 4864)},
+                     labels={"nvidia.com/mig-2g.10gb.count": "2", "nvidia.com/mig-2g.10gb.memory": "9728"})
+    inv = build_inventory([node])
+    assert [d.resource_name for d in inv.devices()] == ["nvidia.com/mig-1g.5gb"]
+    (warning,) = inv.warnings
+    assert warning.reason == "MigLabelsUnmatched"
+    assert "nvidia.com/mig-2g.10gb.* count 2 devices" in warning.message
+
+
+def test_mig_resource_without_labels_takes_memory_from_its_name_with_a_warning() -> None:
+    node = make_node(product=A100_40, count=1, memory_mib=40536, whole_allocatable=0,
+                     allocatable={"nvidia.com/mig-2g.10gb": "3"})
+    inv = build_inventory([node])
+    assert [(d.resource_name, d.memory_mib, d.multiprocessors) for d in inv.devices()] == [
+        ("nvidia.com/mig-2g.10gb", 10240, 0)]
+    assert [w.reason for w in inv.warnings] == ["MigLabelsMissing"]
+
+
+def test_paused_for_mig_change_means_mid_reconfiguration() -> None:
+    node = make_node(labels={"nvidia.com/gpu.deploy.device-plugin": "paused-for-mig-change",
+                             "nvidia.com/gpu.deploy.dcgm-exporter": "paused-for-mig-change",
+                             "nvidia.com/gpu.deploy.mig-manager": "true",
+                             "nvidia.com/mig.config": "all-3g.40gb"})
+    inv = build_inventory([node])
+    assert [(e.node, e.reason) for e in inv.excluded] == [("node-a", "MigReconfigurationPending")]
+    assert inv.excluded[0].message == (
+        "MIG reconfiguration to all-3g.40gb is in progress: the MIG manager paused "
+        "nvidia.com/gpu.deploy.dcgm-exporter, nvidia.com/gpu.deploy.device-plugin "
+        "(paused-for-mig-change); wait until it restores them")
+
+
+# A100-80GB MIG layouts of one GPU (NVIDIA MIG user guide, A100 80GB profiles): each sums to <= 7
+# compute slices.
+LAYOUTS = [{"1g.10gb": 7}, {"2g.20gb": 3}, {"3g.40gb": 2}, {"7g.80gb": 1}, {"4g.40gb": 1, "3g.40gb": 1},
+           {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}]
+MEMORY = {"1g.10gb": 9728, "2g.20gb": 19968, "3g.40gb": 40192, "4g.40gb": 40192, "7g.80gb": 80896}
+
+
+@st.composite
+def faulty_nodes(draw: st.DrawFn) -> tuple[list[dict], dict[str, dict[str, int]]]:
+    """Nodes whose true layout is known, rendered with the label faults of issue 10.
+
+    Returns:
+        ``(nodes, truth)``; truth is ``{node: {resource: devices that exist}}``.
+    """
+    nodes, truth = [], {}
+    for i in range(draw(st.integers(1, 4))):
+        name = f"n{i}"
+        gpus = draw(st.integers(1, 8))
+        carved = [draw(st.sampled_from(LAYOUTS)) for _ in range(draw(st.integers(0, gpus)))]
+        slices: dict[str, int] = {}
+        for layout in carved:
+            for profile, n in layout.items():
+                slices[profile] = slices.get(profile, 0) + n
+        truth[name] = {"nvidia.com/gpu": gpus - len(carved),
+                       **{f"nvidia.com/mig-{p}": n for p, n in slices.items()}}
+        stale_whole = draw(st.booleans())     # allocatable still advertises every GPU whole
+        drift = draw(st.booleans())           # GFD spells the memory 1 GB higher than the resource
+        labels = {"nvidia.com/mig.strategy": "mixed"} if slices else {}
+        for profile, n in slices.items():
+            ci, mem = profile.split("g.")
+            family = f"{ci}g.{int(mem[:-2]) + 1}gb" if drift else profile
+            labels.update({f"nvidia.com/mig-{family}.count": str(n),
+                           f"nvidia.com/mig-{family}.memory": str(MEMORY[profile])})
+        node = make_node(name, product=A100_80, count=gpus, memory_mib=81920, labels=labels,
+                         whole_allocatable=gpus if stale_whole else gpus - len(carved),
+                         allocatable={f"nvidia.com/mig-{p}": str(n) for p, n in slices.items()})
+        if draw(st.booleans()):
+            del node["metadata"]["labels"]["nvidia.com/gpu.product"]
+        nodes.append(node)
+    return nodes, truth
+
+
+@settings(max_examples=200, deadline=None)
+@given(faulty_nodes(), st.integers(1, 80))
+def test_no_plan_requests_a_device_that_does_not_exist(cluster: tuple, ranks: int) -> None:
+    nodes, truth = cluster
+    inv = build_inventory(nodes)
+    for d in inv.devices():
+        assert d.total <= truth[d.node].get(d.resource_name, 0), d
+    plan = plan_job(make_job(ranks=ranks, min_ranks=1, global_batch=4 * ranks), inv)
+    if isinstance(plan, model.Unschedulable):
+        assert not any(d.free for d in inv.devices())
+        return
+    requested: dict[tuple[str, str], int] = {}
+    for g in plan.groups:
+        key = (g.node, g.resource_name)
+        requested[key] = requested.get(key, 0) + g.gpu_count
+    for (node, resource), n in requested.items():
+        assert n <= truth[node].get(resource, 0), (node, resource, n, truth[node])
+    # every device that exists is found: the plan takes min(ranks, all devices)
+    assert plan.world_size == min(ranks, sum(sum(t.values()) for t in truth.values()))
