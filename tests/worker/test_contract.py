@@ -66,3 +66,76 @@ def test_malformed_variable_names_itself(variable, value, needle):
     named = "HTJ_TOPOLOGY" if variable == "WORLD_SIZE" else variable
     assert err.value.variable == named
     assert needle in str(err.value)
+
+
+# --- every HTJ_* name and its parsing lives here; init(environ=...) is honoured everywhere ------
+
+def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
+    knobs = _contract(sim_delay_per_sample_s=0.0125, rendezvous_timeout_s=42.0, run_dir="/runs/x",
+                      compression="int8", powersgd_rank=8, rebalance_interval_steps=3)
+    env = c.render_rank_env(knobs)
+    assert {k: env[k] for k in c.KNOB_VARS} == {"HTJ_SIM_DELAY_PER_SAMPLE_S": "0.0125",
+                                                "HTJ_RENDEZVOUS_TIMEOUT_S": "42.0",
+                                                "HTJ_RUN_DIR": "/runs/x"}
+    assert c.parse_contract(env) == knobs
+    # defaults are not rendered (the operator's pods carry exactly the contract)
+    assert not set(c.render_rank_env(_contract())) & set(c.KNOB_VARS)
+
+
+@pytest.mark.parametrize(("variable", "value", "needle"), [
+    ("HTJ_SIM_DELAY_PER_SAMPLE_S", "-1", "must be >= 0"),
+    ("HTJ_RENDEZVOUS_TIMEOUT_S", "0", "must be > 0"),
+    ("HTJ_COMPRESSION", "zip", "must be one of none, fp16, bf16, int8, powersgd; got 'zip'"),
+    ("HTJ_REBALANCE_INTERVAL_STEPS", "x", "must be an integer"),
+])
+def test_malformed_knob_names_itself(variable, value, needle):
+    env = dict(c.render_rank_env(_contract()), **{variable: value})
+    with pytest.raises(c.ContractError, match=needle) as err:
+        c.parse_contract(env)
+    assert err.value.variable == variable
+
+
+def test_spec_spelling_of_compression_is_accepted():
+    env = dict(c.render_rank_env(_contract()), HTJ_COMPRESSION="PowerSGD")
+    assert c.parse_contract(env).compression == "powersgd"
+
+
+def test_no_worker_module_spells_an_htj_name_outside_the_contract():
+    import re
+    from pathlib import Path
+
+    import hetero_worker
+    root = Path(hetero_worker.__file__).parent
+    literal = re.compile(r"""["'](HTJ_[A-Z0-9_]+)["']""")
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "contract.py":
+            continue
+        names = literal.findall(path.read_text())
+        if names:
+            found[str(path.relative_to(root))] = names
+    assert found == {}, "define HTJ_* names (and their parsing) in hetero_worker/contract.py"
+
+
+def test_modules_read_their_knobs_from_the_parsed_contract_not_os_environ(monkeypatch, tmp_path):
+    """What init(environ=...) parsed wins over the process environment everywhere."""
+    from hetero_worker.compression import CompressionConfig
+    from hetero_worker.metrics import WorkerMetrics
+    from hetero_worker.speed import SpeedConfig
+
+    for var, value in (("HTJ_COMPRESSION", "fp16"), ("HTJ_POWERSGD_RANK", "2"),
+                       ("HTJ_REBALANCE_INTERVAL_STEPS", "9"), ("HTJ_RUN_DIR", "/elsewhere")):
+        monkeypatch.setenv(var, value)
+    parsed = c.parse_contract(c.render_rank_env(_contract(
+        compression="powersgd", powersgd_rank=6, rebalance_interval_steps=4, run_dir=str(tmp_path))))
+    speed = SpeedConfig.from_contract(parsed)
+    assert (speed.rebalance.interval_steps, speed.compression) == (
+        4, CompressionConfig(mode="powersgd", powersgd_rank=6))
+    metrics = WorkerMetrics(parsed)
+    metrics.observe_step(0.5, 0.4, 0.1, 5, 1.0)
+    metrics.flush()
+    assert (tmp_path / "rank-1.json").is_file()
+    # the module-level readers take an explicit mapping too and parse through the contract
+    assert SpeedConfig.from_env({"HTJ_REBALANCE_INTERVAL_STEPS": "7"}).rebalance.interval_steps == 7
+    with pytest.raises(c.ContractError, match="HTJ_POWERSGD_RANK"):
+        CompressionConfig.from_env({"HTJ_POWERSGD_RANK": "0"})

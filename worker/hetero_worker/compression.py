@@ -31,11 +31,15 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-COMPRESSION_ENV = "HTJ_COMPRESSION"
-"""Per-job codec, spec ``training.compression.mode``: None, FP16, BF16, Int8 or PowerSGD."""
-POWERSGD_RANK_ENV = "HTJ_POWERSGD_RANK"
+from hetero_worker import contract
+
+from hetero_worker.flatbuf import copy_back_, flatten
+
+COMPRESSION_ENV = contract.COMPRESSION
+"""Per-job codec, spec ``training.compression.mode`` (name and parsing: :mod:`hetero_worker.contract`)."""
+POWERSGD_RANK_ENV = contract.POWERSGD_RANK
 """Spec ``training.compression.powerSGDRank`` (default 4)."""
-MODES: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "powersgd")
+MODES: tuple[str, ...] = contract.COMPRESSIONS
 INT8_CHUNK = 4096
 """Elements per int8 scale; 4 bytes of scale per 4096 bytes of payload (0.1 %)."""
 
@@ -68,15 +72,11 @@ def _flat(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = None) -> 
     """Concatenate as 1-D in ``dtype`` (default: float64 if any tensor is float64, else float32)."""
     if dtype is None:
         dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-    return torch.cat([t.detach().reshape(-1).to(dtype) for t in tensors])
+    return flatten(tensors, dtype)
 
 
 def _unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset:offset + n].view_as(t).to(t.dtype))
-        offset += n
+    copy_back_(flat, tensors)
 
 
 def _copy_exact(summed: torch.Tensor, exact: torch.Tensor | None) -> None:
@@ -241,13 +241,12 @@ class CompressionConfig:
             ValueError: unknown mode or a rank that is not a positive integer.
         """
         env = os.environ if environ is None else environ
-        mode = env.get(COMPRESSION_ENV, "") or "none"
-        rank_text = env.get(POWERSGD_RANK_ENV, "") or "4"
-        try:
-            rank = int(rank_text)
-        except ValueError:
-            raise ValueError(f"{POWERSGD_RANK_ENV} must be an integer, got {rank_text!r}") from None
-        return cls(mode=mode.lower(), powersgd_rank=rank)
+        return cls(mode=contract.compression_mode(env), powersgd_rank=contract.powersgd_rank(env))
+
+    @classmethod
+    def from_contract(cls, parsed: contract.Contract) -> CompressionConfig:
+        """The codec settings of a parsed contract (what ``init(environ=...)`` read)."""
+        return cls(mode=parsed.compression, powersgd_rank=parsed.powersgd_rank)
 
 
 def make_codec(config: CompressionConfig, *, seed: int = 0) -> InterGroupCodec:

@@ -63,13 +63,33 @@ COMPRESSION = "HTJ_COMPRESSION"
 """One of :data:`COMPRESSIONS`: codec for gradients crossing the inter-group link (default none)."""
 POWERSGD_RANK = "HTJ_POWERSGD_RANK"
 """Matrix rank for ``powersgd`` compression (default 4)."""
+RESTART_GENERATION = "HTJ_RESTART_GENERATION"
+"""Job-wide restart generation: 0 for the first start, +1 for every whole-gang restart of any
+cause.  Identical on every rank of one generation, so anything that must agree across ranks
+(store key prefixes, per-attempt scratch paths, per-attempt seeds) derives from it; a
+torchrun-style per-agent counter does not agree (shared/cases/34)."""
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+"""torchrun's name, set to the same job-wide value so code written for torchrun agrees too."""
+
+# --- worker knobs beside the contract (set by `heterotrain run`, tests and benchmarks) ----------
+SIM_DELAY_PER_SAMPLE_S = "HTJ_SIM_DELAY_PER_SAMPLE_S"
+"""Simulated seconds per sample at relative speed 1.0 (default
+:data:`DEFAULT_SIM_DELAY_PER_SAMPLE_S`); only simulated devices sleep."""
+RENDEZVOUS_TIMEOUT_S = "HTJ_RENDEZVOUS_TIMEOUT_S"
+"""Seconds a rank waits for rank 0 before giving up (default :data:`DEFAULT_RENDEZVOUS_TIMEOUT_S`)."""
+RUN_DIR = "HTJ_RUN_DIR"
+"""Directory for the per-rank statistics and the result of ``heterotrain run``; unset in a pod."""
+DEFAULT_SIM_DELAY_PER_SAMPLE_S = 0.002
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0
 
 TORCHRUN_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 RANK_ONLY_VARS = (RANK, LOCAL_RANK, LOCAL_BATCH_SIZE, GROUP_RANK)
 REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, LOCAL_BATCH_SIZE,
                  GLOBAL_BATCH_SIZE, PRECISION, HIERARCHY, DEVICE_PROFILE, TOPOLOGY)
 OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
-                 COMPRESSION, POWERSGD_RANK)
+                 COMPRESSION, POWERSGD_RANK, RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT)
+KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR)
+"""Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
 
 Precision = Literal["bf16", "fp16", "fp32"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
@@ -182,6 +202,10 @@ class Contract:
     rebalance_interval_steps: int = 0
     compression: str = "none"
     powersgd_rank: int = 4
+    restart_generation: int = 0
+    sim_delay_per_sample_s: float = DEFAULT_SIM_DELAY_PER_SAMPLE_S
+    rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
+    run_dir: str = ""
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -230,7 +254,15 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         CHECKPOINT_INTERVAL_STEPS: str(contract.checkpoint_interval_steps),
         REBALANCE_INTERVAL_STEPS: str(contract.rebalance_interval_steps),
         COMPRESSION: contract.compression, POWERSGD_RANK: str(contract.powersgd_rank),
+        RESTART_GENERATION: str(contract.restart_generation),
+        TORCHELASTIC_RESTART_COUNT: str(contract.restart_generation),
     }
+    if contract.sim_delay_per_sample_s != DEFAULT_SIM_DELAY_PER_SAMPLE_S:
+        env[SIM_DELAY_PER_SAMPLE_S] = repr(contract.sim_delay_per_sample_s)
+    if contract.rendezvous_timeout_s != DEFAULT_RENDEZVOUS_TIMEOUT_S:
+        env[RENDEZVOUS_TIMEOUT_S] = repr(contract.rendezvous_timeout_s)
+    if contract.run_dir:
+        env[RUN_DIR] = contract.run_dir
     env.update(contract.extra)
     return env
 
@@ -306,13 +338,14 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         metrics_port=_int(environ, METRICS_PORT, minimum=0, maximum=65535, default=0),
         checkpoint_dir=environ.get(CHECKPOINT_DIR, ""),
         checkpoint_interval_steps=_int(environ, CHECKPOINT_INTERVAL_STEPS, minimum=1, default=50),
-        rebalance_interval_steps=_int(environ, REBALANCE_INTERVAL_STEPS, minimum=0, default=0),
-        compression=environ.get(COMPRESSION) or "none",
-        powersgd_rank=_int(environ, POWERSGD_RANK, minimum=1, maximum=64, default=4),
+        rebalance_interval_steps=rebalance_interval_steps(environ),
+        compression=compression_mode(environ),
+        powersgd_rank=powersgd_rank(environ),
+        sim_delay_per_sample_s=sim_delay_per_sample_s(environ),
+        rendezvous_timeout_s=rendezvous_timeout_s(environ),
+        run_dir=run_dir(environ),
+        restart_generation=_int(environ, RESTART_GENERATION, minimum=0, default=0),
     )
-    if contract.compression not in COMPRESSIONS:
-        raise ContractError(COMPRESSION, f"must be one of {', '.join(COMPRESSIONS)}; "
-                            f"got {contract.compression!r}")
     _check_rank_against_topology(contract)
     return contract
 
@@ -354,6 +387,62 @@ def _check_rank_against_topology(c: Contract) -> None:
     if members.index(c.rank) != c.group_rank:
         raise ContractError(GROUP_RANK, f"{c.group_rank} but rank {c.rank} is member "
                             f"{members.index(c.rank)} of group {c.group}")
+
+
+def rebalance_interval_steps(environ: Mapping[str, str]) -> int:
+    """``HTJ_REBALANCE_INTERVAL_STEPS`` (unset or empty: 0 = static split).
+
+    Raises:
+        ContractError: not an integer >= 0.
+    """
+    return _int(environ, REBALANCE_INTERVAL_STEPS, minimum=0, default=0)
+
+
+def compression_mode(environ: Mapping[str, str]) -> str:
+    """``HTJ_COMPRESSION`` in lower case (the spec's spelling ``Int8`` is accepted; unset: none).
+
+    Raises:
+        ContractError: not one of :data:`COMPRESSIONS`.
+    """
+    mode = (environ.get(COMPRESSION) or "none").lower()
+    if mode not in COMPRESSIONS:
+        raise ContractError(COMPRESSION, f"must be one of {', '.join(COMPRESSIONS)}; "
+                            f"got {environ.get(COMPRESSION)!r}")
+    return mode
+
+
+def powersgd_rank(environ: Mapping[str, str]) -> int:
+    """``HTJ_POWERSGD_RANK`` (default 4).
+
+    Raises:
+        ContractError: not an integer in 1..64.
+    """
+    return _int(environ, POWERSGD_RANK, minimum=1, maximum=64, default=4)
+
+
+def sim_delay_per_sample_s(environ: Mapping[str, str]) -> float:
+    """``HTJ_SIM_DELAY_PER_SAMPLE_S`` in seconds (default :data:`DEFAULT_SIM_DELAY_PER_SAMPLE_S`).
+
+    Raises:
+        ContractError: set but not a number >= 0.
+    """
+    return seconds_from_env(environ, SIM_DELAY_PER_SAMPLE_S,
+                            default_s=DEFAULT_SIM_DELAY_PER_SAMPLE_S, allow_zero=True)
+
+
+def rendezvous_timeout_s(environ: Mapping[str, str]) -> float:
+    """``HTJ_RENDEZVOUS_TIMEOUT_S`` in seconds (default :data:`DEFAULT_RENDEZVOUS_TIMEOUT_S`).
+
+    Raises:
+        ContractError: set but not a number > 0.
+    """
+    return seconds_from_env(environ, RENDEZVOUS_TIMEOUT_S,
+                            default_s=DEFAULT_RENDEZVOUS_TIMEOUT_S, allow_zero=False)
+
+
+def run_dir(environ: Mapping[str, str]) -> str:
+    """``HTJ_RUN_DIR``, ``""`` when unset (a pod)."""
+    return environ.get(RUN_DIR, "")
 
 
 def seconds_from_env(environ: Mapping[str, str], name: str, *, default_s: float,

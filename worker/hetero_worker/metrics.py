@@ -21,6 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -84,8 +85,9 @@ class WorkerMetrics:
     Args:
         contract: the rank's parsed contract (labels, metrics port, device profile).
         registry: registry to use; a fresh :class:`CollectorRegistry` by default.
-        environ: where ``HTJ_RUN_DIR`` and ``CUDA_VISIBLE_DEVICES`` are read; ``os.environ``
-            by default.
+        environ: where ``HTJ_RUN_DIR`` and ``CUDA_VISIBLE_DEVICES`` are read; by default the
+            contract's ``run_dir`` (what ``init(environ=...)`` parsed) and ``os.environ``'s
+            ``CUDA_VISIBLE_DEVICES``.
     """
 
     def __init__(self, contract: Contract, *, registry: CollectorRegistry | None = None,
@@ -109,7 +111,8 @@ class WorkerMetrics:
         self._identity_done = False
         self._lock = threading.Lock()
         self._server: Any = None
-        self._stats_dir = rundir.run_dir(env)
+        self._stats_dir = (rundir.run_dir(environ) if environ is not None
+                           else Path(contract.run_dir) if contract.run_dir else None)
         self._totals = {"steps": 0, "samples": 0, "skipped_steps": 0, "rebalances": 0,
                         "step_seconds": 0.0, "compute_seconds": 0.0, "comm_wait_seconds": 0.0}
         self._last: dict[str, Any] = {"loss": None, "throughput_samples_per_second": None,

@@ -20,11 +20,12 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from hetero_worker.contract import seconds_from_env
+from hetero_worker import contract
 
-TIMEOUT_ENV = "HTJ_RENDEZVOUS_TIMEOUT_S"
-"""Environment variable: seconds a rank waits for rank 0 before giving up."""
-DEFAULT_TIMEOUT_S = 600.0
+TIMEOUT_ENV = contract.RENDEZVOUS_TIMEOUT_S
+"""Environment variable: seconds a rank waits for rank 0 before giving up (defined and parsed in
+:mod:`hetero_worker.contract`; a parsed contract carries it as ``rendezvous_timeout_s``)."""
+DEFAULT_TIMEOUT_S = contract.DEFAULT_RENDEZVOUS_TIMEOUT_S
 COLLECTIVE_TIMEOUT_S = 600.0
 """Timeout of a single collective once the group is up (torch's ``timeout`` argument)."""
 
@@ -39,8 +40,7 @@ def timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
     Raises:
         ContractError: set but not a number > 0.
     """
-    return seconds_from_env(os.environ if environ is None else environ, TIMEOUT_ENV,
-                            default_s=DEFAULT_TIMEOUT_S, allow_zero=False)
+    return contract.rendezvous_timeout_s(os.environ if environ is None else environ)
 
 
 def _tcp_probe(host: str, port: int, timeout_s: float) -> None:

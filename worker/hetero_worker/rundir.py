@@ -21,14 +21,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-RUN_DIR = "HTJ_RUN_DIR"
-"""Environment variable: directory for the files of this module; unset disables them."""
+from hetero_worker import contract
+
+RUN_DIR = contract.RUN_DIR
+"""Environment variable: directory for the files of this module; unset disables them (defined and
+parsed in :mod:`hetero_worker.contract`; a parsed contract carries it as ``run_dir``)."""
 RESULT_FILE = "result.json"
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     """The run directory from the environment, None when unset or empty."""
-    value = (os.environ if environ is None else environ).get(RUN_DIR, "")
+    value = contract.run_dir(os.environ if environ is None else environ)
     return Path(value) if value else None
 
 

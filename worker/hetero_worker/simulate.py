@@ -19,9 +19,10 @@ from collections.abc import Mapping, Sequence
 from hetero_worker import contract as c
 from hetero_worker.contract import DeviceProfile, RankEntry
 
-SIM_DELAY_ENV = "HTJ_SIM_DELAY_PER_SAMPLE_S"
-"""Environment variable: simulated seconds per sample at relative speed 1.0."""
-DEFAULT_DELAY_PER_SAMPLE_S = 0.002
+SIM_DELAY_ENV = c.SIM_DELAY_PER_SAMPLE_S
+"""Environment variable: simulated seconds per sample at relative speed 1.0 (defined and parsed in
+:mod:`hetero_worker.contract`; a parsed contract carries it as ``sim_delay_per_sample_s``)."""
+DEFAULT_DELAY_PER_SAMPLE_S = c.DEFAULT_SIM_DELAY_PER_SAMPLE_S
 
 
 def delay_per_sample_s(environ: Mapping[str, str] | None = None) -> float:
@@ -30,8 +31,7 @@ def delay_per_sample_s(environ: Mapping[str, str] | None = None) -> float:
     Raises:
         ContractError: the variable is set but is not a number >= 0.
     """
-    return c.seconds_from_env(os.environ if environ is None else environ, SIM_DELAY_ENV,
-                              default_s=DEFAULT_DELAY_PER_SAMPLE_S, allow_zero=True)
+    return c.sim_delay_per_sample_s(os.environ if environ is None else environ)
 
 
 def simulated_delay_s(profile: DeviceProfile, local_batch: int, per_sample_s: float) -> float:

@@ -30,12 +30,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_worker import contract
 from hetero_worker.compression import CompressionConfig, InterGroupCodec, make_codec
 from hetero_worker.groups import hierarchical_all_reduce_
 from hetero_worker.linkcost import LinkModel, RankPlace, predict_modes
 from hetero_worker.rebalance import RebalanceConfig, Rebalancer, pack_stats, unpack_stats
 
-REBALANCE_INTERVAL_ENV = "HTJ_REBALANCE_INTERVAL_STEPS"
+REBALANCE_INTERVAL_ENV = contract.REBALANCE_INTERVAL_STEPS
 """Spec ``training.rebalance.intervalSteps``; 0 or unset disables rebalancing."""
 
 
@@ -59,13 +60,14 @@ class SpeedConfig:
             ValueError: a malformed value (the message names the variable).
         """
         env = os.environ if environ is None else environ
-        raw = env.get(REBALANCE_INTERVAL_ENV, "") or "0"
-        try:
-            interval = int(raw)
-        except ValueError:
-            raise ValueError(f"{REBALANCE_INTERVAL_ENV} must be an integer, got {raw!r}") from None
-        return cls(rebalance=RebalanceConfig(interval_steps=interval),
+        return cls(rebalance=RebalanceConfig(interval_steps=contract.rebalance_interval_steps(env)),
                    compression=CompressionConfig.from_env(env))
+
+    @classmethod
+    def from_contract(cls, parsed: contract.Contract) -> SpeedConfig:
+        """The speed settings of a parsed contract (what ``init(environ=...)`` read)."""
+        return cls(rebalance=RebalanceConfig(interval_steps=parsed.rebalance_interval_steps),
+                   compression=CompressionConfig.from_contract(parsed))
 
 
 class CodecReducer:
@@ -266,7 +268,7 @@ def attach(trainer: Any, config: SpeedConfig | None = None) -> SpeedController:
 
     Args:
         trainer: a :class:`hetero_worker.trainer.Trainer` not yet wrapped around a model.
-        config: default :meth:`SpeedConfig.from_env`.
+        config: default :meth:`SpeedConfig.from_contract` of the trainer's contract.
 
     Returns:
         The :class:`SpeedController`; call its :meth:`~SpeedController.step` instead of
@@ -279,7 +281,7 @@ def attach(trainer: Any, config: SpeedConfig | None = None) -> SpeedController:
         return trainer.speed
     if trainer.model is not None:
         raise RuntimeError("attach() must run before Trainer.wrap()")
-    controller = SpeedController(trainer, config or SpeedConfig.from_env())
+    controller = SpeedController(trainer, config or SpeedConfig.from_contract(trainer.contract))
     original_wrap = trainer.wrap
 
     def wrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_worker import checkpoint, rendezvous, simulate
+from hetero_worker import checkpoint, rendezvous
 from hetero_worker.contract import Contract
 from hetero_worker.groups import build_process_groups
 from hetero_worker.precision import PrecisionPolicy, agree_found_inf
@@ -107,7 +107,7 @@ class Trainer:
         use_cuda = torch.cuda.is_available() and not contract.device.simulated
         self.device = torch.device(f"cuda:{cuda_index(contract)}" if use_cuda else "cpu")
         self.delay_per_sample_s = (delay_per_sample_s if delay_per_sample_s is not None
-                                   else simulate.delay_per_sample_s())
+                                   else contract.sim_delay_per_sample_s)
         self.precision = PrecisionPolicy(precision=contract.precision,
                                          device_type=self.device.type)
         self.local_batches = list(contract.local_batches)
@@ -375,9 +375,9 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     env = os.environ if environ is None else environ
     contract = preflight(env)
     if delay_per_sample_s is None:
-        delay_per_sample_s = simulate.delay_per_sample_s(env)
+        delay_per_sample_s = contract.sim_delay_per_sample_s
     if rendezvous_timeout_s is None:
-        rendezvous_timeout_s = rendezvous.timeout_from_env(env)
+        rendezvous_timeout_s = contract.rendezvous_timeout_s
     use_cuda = torch.cuda.is_available() and not contract.device.simulated
     if use_cuda:
         torch.cuda.set_device(cuda_index(contract))
