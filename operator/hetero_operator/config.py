@@ -57,6 +57,12 @@ class OperatorConfig:
             ``heterotrain launch --``).
         service_domain: suffix of ``MASTER_ADDR`` after the namespace (``HTJ_SERVICE_DOMAIN``,
             ``svc``; ``svc.cluster.local`` also works).
+        api_connect_timeout_s / api_read_timeout_s: bounds of every API call of the reconciler
+            (``HTJ_API_CONNECT_TIMEOUT_S`` 5, ``HTJ_API_READ_TIMEOUT_S`` 30; shared/cases/25).
+        api_retries: retries of a call that timed out or got 429/5xx (``HTJ_API_RETRIES``, 3).
+        waiting_event_interval_s: a job that keeps waiting (unschedulable, node not ready)
+            re-posts its unchanged Warning after this long (``HTJ_WAITING_EVENT_INTERVAL_S``,
+            300; Events aggregate: the count grows, no new objects).
     """
 
     namespaces: tuple[str, ...] = ()
@@ -75,6 +81,10 @@ class OperatorConfig:
     simulate_devices: bool = False
     launcher: tuple[str, ...] = ("heterotrain", "launch", "--")
     service_domain: str = "svc"
+    api_connect_timeout_s: float = 5.0
+    api_read_timeout_s: float = 30.0
+    api_retries: int = 3
+    waiting_event_interval_s: float = 300.0
 
     def __post_init__(self) -> None:
         for name in ("metrics_port", "health_port", "master_port"):
@@ -82,11 +92,14 @@ class OperatorConfig:
             if not 0 <= port <= 65535 or (name == "master_port" and port == 0):
                 raise ConfigError(f"{name} must be a TCP port in 1..65535 (0 turns metrics/health off), got {port}")
         for name in ("pending_timeout_s", "unschedulable_retry_s", "backoff_base_s", "backoff_max_s",
-                     "resync_s", "progress_interval_s"):
+                     "resync_s", "progress_interval_s", "api_connect_timeout_s",
+                     "api_read_timeout_s", "waiting_event_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.backoff_max_s < self.backoff_base_s:
             raise ConfigError(f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})")
+        if not 0 <= self.api_retries <= 10:
+            raise ConfigError(f"api_retries must be in 0..10, got {self.api_retries}")
         if not self.launcher:
             raise ConfigError("launcher must not be empty")
 

@@ -22,7 +22,8 @@ HIERARCHY_TO_CONTRACT: dict[str, str] = {
 
 def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port: int,
                      simulated: bool, metrics_port_base: int | None = None,
-                     checkpoint_dir: str | None = None) -> list[dict[str, str]]:
+                     checkpoint_dir: str | None = None,
+                     restart_generation: int = 0) -> list[dict[str, str]]:
     """The rank-form environment of every rank of ``plan``.
 
     Args:
@@ -35,6 +36,8 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
             ``metrics_port_base + r``; otherwise ``spec.worker.metricsPort + LOCAL_RANK``
             (0 stays 0 = off).
         checkpoint_dir: overrides ``spec.training.checkpoint.path``.
+        restart_generation: the job-wide restart generation (``HTJ_RESTART_GENERATION`` and
+            ``TORCHELASTIC_RESTART_COUNT``, equal on every rank; shared/cases/34).
 
     Returns:
         One ``dict[str, str]`` per rank, ordered by rank; each parses with
@@ -67,6 +70,7 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
             checkpoint_dir=ckpt, extra=dict(group.extra_env),
             checkpoint_interval_steps=job.training.checkpoint_interval_steps,
             rebalance_interval_steps=job.training.rebalance_interval_steps,
-            compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank)
+            compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank,
+            restart_generation=restart_generation)
         envs.append(render_rank_env(contract))
     return envs

@@ -2,23 +2,36 @@
 
 Every call returns plain JSON dicts (``_preload_content=False``), tolerates the harmless cases
 (409 on create: the deterministic name exists already; 404 on delete: already gone) and lets
-everything else raise :class:`kubernetes.client.ApiException` for kopf's retry to handle.
+everything else raise for the reconciler's retry to handle.
+
+Every call is bounded (shared/cases/25): a connect and a read timeout on the request itself
+(urllib3 closes a connection that stays silent), an asyncio deadline around the worker thread
+as a second guard, and a few retries with exponential backoff for what is worth retrying
+(timeouts, dropped connections, 429 and 5xx).  A reconcile therefore never holds its job's
+lock on a dead pooled connection: at worst it gives up after ``(retries + 1)`` timeouts and the
+job is looked at again after the resync period.  Retrying a create is safe (names are
+deterministic: a create that reached the server answers 409 the second time); patches are merge
+patches and deletes tolerate 404.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
-import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from hetero_operator.spec import API_GROUP, PLURAL
 
 VERSION = "v1alpha1"
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+log = logging.getLogger("heterotrain.operator.api")
 
 
 def load_configuration() -> kubernetes.client.Configuration:
@@ -41,18 +54,80 @@ def selector_text(labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
-class Api:
-    """The calls the reconciler makes; one instance per operator."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CallLimits:
+    """Bounds of every API call.
 
-    def __init__(self, configuration: kubernetes.client.Configuration) -> None:
+    Attributes:
+        connect_timeout_s: TCP/TLS connect timeout, seconds.
+        read_timeout_s: longest silence while waiting for the response, seconds.
+        retries: further attempts after a retryable failure (0 = one attempt).
+        backoff_s: delay before the first retry, doubled for each next one, seconds.
+    """
+
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 30.0
+    retries: int = 3
+    backoff_s: float = 0.2
+
+    @property
+    def worst_case_s(self) -> float:
+        """Upper bound of one call with all its retries, seconds."""
+        per_try = self.connect_timeout_s + self.read_timeout_s + 1.0
+        return (self.retries + 1) * per_try + sum(self.backoff_s * 2 ** i for i in range(self.retries))
+
+
+def retryable(exc: BaseException) -> bool:
+    """True for timeouts, dropped connections, 429 and 5xx answers."""
+    if isinstance(exc, kubernetes.client.ApiException):
+        return exc.status in RETRY_STATUSES or exc.status == 0
+    return isinstance(exc, (urllib3.exceptions.HTTPError, asyncio.TimeoutError, TimeoutError,
+                            ConnectionError))
+
+
+class Api:
+    """The calls the reconciler makes; one instance per operator.
+
+    Args:
+        configuration: the client configuration (:func:`load_configuration`).
+        limits: timeouts and retries of every call.
+    """
+
+    def __init__(self, configuration: kubernetes.client.Configuration,
+                 limits: CallLimits = CallLimits()) -> None:
+        if configuration.retries is None:
+            configuration.retries = False  # our loop retries (urllib3's would multiply the waits)
+        self.limits = limits
         self.client = kubernetes.client.ApiClient(configuration)
         self.core = kubernetes.client.CoreV1Api(self.client)
         self.custom = kubernetes.client.CustomObjectsApi(self.client)
+        self.networking = kubernetes.client.NetworkingV1Api(self.client)
+        self.apiextensions = kubernetes.client.ApiextensionsV1Api(self.client)
+        self.retried = 0
+        """Retries so far (all calls), for tests and logs."""
 
-    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        resp = await asyncio.to_thread(fn, *args, _preload_content=False, **kwargs)
-        data = resp.data
-        return json.loads(data) if data else {}
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        lim = self.limits
+        timeout = (lim.connect_timeout_s, lim.read_timeout_s)
+
+        def blocking() -> bytes:
+            resp = fn(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
+            return resp.data  # the body is read here, in the worker thread, under the read timeout
+
+        for attempt in range(lim.retries + 1):
+            try:
+                data = await asyncio.wait_for(asyncio.to_thread(blocking),
+                                              lim.connect_timeout_s + lim.read_timeout_s + 1.0)
+                return json.loads(data) if data else {}
+            except Exception as exc:  # noqa: BLE001 - classified right below
+                if attempt >= lim.retries or not retryable(exc):
+                    raise
+                delay = lim.backoff_s * 2 ** attempt
+                log.warning("%s failed (%s: %s); retry %d of %d in %.1f s", getattr(fn, "__name__", fn),
+                            type(exc).__name__, str(exc)[:200], attempt + 1, lim.retries, delay)
+                self.retried += 1
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The job, or ``None`` when it is gone."""
@@ -83,9 +158,10 @@ class Api:
                 raise
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create a Pod or Service; ``False`` when it already exists (409)."""
+        """Create a Pod, Service or NetworkPolicy; ``False`` when it already exists (409)."""
         fn = {"Pod": self.core.create_namespaced_pod,
-              "Service": self.core.create_namespaced_service}[obj["kind"]]
+              "Service": self.core.create_namespaced_service,
+              "NetworkPolicy": self.networking.create_namespaced_network_policy}[obj["kind"]]
         try:
             await self._call(fn, obj["metadata"]["namespace"], dict(obj))
             return True
@@ -100,13 +176,30 @@ class Api:
                                 label_selector=selector_text(labels))
         return list(data.get("items") or [])
 
-    async def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod (404 ignored)."""
+    async def delete_pod(self, namespace: str, name: str, *, grace_s: int | None = None) -> None:
+        """Delete a pod (404 ignored).
+
+        Args:
+            namespace: its namespace.
+            name: its name.
+            grace_s: ``gracePeriodSeconds``; ``0`` force-deletes (the object goes at once, no
+                kubelet confirmation: only for pods on a lost node); ``None`` = the pod's own.
+        """
+        kwargs = {} if grace_s is None else {"grace_period_seconds": grace_s}
         try:
-            await self._call(self.core.delete_namespaced_pod, name, namespace)
+            await self._call(self.core.delete_namespaced_pod, name, namespace, **kwargs)
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
                 raise
+
+    async def get_crd(self, name: str) -> dict[str, Any] | None:
+        """The CustomResourceDefinition ``name``, or ``None`` when it is not installed."""
+        try:
+            return await self._call(self.apiextensions.read_custom_resource_definition, name)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     async def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """The kopf peering object (``ClusterKopfPeering`` when ``namespace`` is None)."""
@@ -121,22 +214,28 @@ class Api:
                 return None
             raise
 
-    async def post_event(self, job: Mapping[str, Any], *, type_: str, reason: str, message: str,
-                         now_iso: str) -> None:
-        """Record a ``v1/Event`` on the job (failures are logged by the caller, never fatal)."""
-        meta = job["metadata"]
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}",
-                         "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": job.get("apiVersion", f"{API_GROUP}/{VERSION}"),
-                               "kind": job.get("kind", "HeteroTrainingJob"), "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta.get("uid", "")},
-            "type": type_, "reason": reason, "message": message[:1024],
-            "source": {"component": "heterotrain-operator"}, "reportingComponent": "heterotrain-operator",
-            "firstTimestamp": now_iso, "lastTimestamp": now_iso, "count": 1,
-        }
-        await self._call(self.core.create_namespaced_event, meta["namespace"], event)
+    async def create_event(self, namespace: str, event: Mapping[str, Any]) -> bool:
+        """Create a ``v1/Event``; ``False`` when one of that name exists (409)."""
+        try:
+            await self._call(self.core.create_namespaced_event, namespace, dict(event))
+            return True
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    async def get_event(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A ``v1/Event``, ``None`` when gone (events expire, by default after one hour)."""
+        try:
+            return await self._call(self.core.read_namespaced_event, name, namespace)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+        """Patch a ``v1/Event`` (its count and lastTimestamp when it repeats)."""
+        await self._call(self.core.patch_namespaced_event, name, namespace, dict(patch))
 
     def close(self) -> None:
         """Release the connection pool."""

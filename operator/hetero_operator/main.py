@@ -62,6 +62,6 @@ async def pod_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo,
 
 
 @kopf.on.event("nodes")
-async def node_event(memo: kopf.Memo, nodes_idx: kopf.Index[str, Any],
+async def node_event(name: str, memo: kopf.Memo, nodes_idx: kopf.Index[str, Any],
                      gpu_pods_idx: kopf.Index[str, Any], **_: Any) -> None:
-    runner.reconciler(memo, nodes_idx, gpu_pods_idx).kick_pending()
+    runner.reconciler(memo, nodes_idx, gpu_pods_idx).node_changed(name)

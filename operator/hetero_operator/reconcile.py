@@ -2,11 +2,14 @@
 
 Level-based: every kick re-reads the job and its pods from the API, so a restarted operator
 continues from ``status`` alone (restarts, attempt, plan) and never creates duplicates
-(deterministic names, 409 tolerated).  Kicks come from kopf watch events (jobs, owned pods,
-nodes) and from the reconciler's own delayed re-checks (backoff, pending timeout, resync).
-No kopf timer or daemon is used: those need a finalizer on the job, which blocks namespace
-deletion when the operator is gone (shared/cases/23).  Re-checks act only while this replica
-holds the kopf peering lead (same rule as kopf: no live peer with a priority >= ours).
+(deterministic names, 409 tolerated).  A decision's status is written before any pod is deleted,
+so a restart is counted exactly once even when the operator dies in between.
+
+The concerns around it each live in one module: when a job is looked at next
+(:mod:`hetero_operator.requeue`), which replica acts (:mod:`hetero_operator.leadership`), rank 0's
+progress (:mod:`hetero_operator.progress`), Events (:mod:`hetero_operator.events`), node health
+(:mod:`hetero_operator.nodehealth`), pods and status (:mod:`hetero_operator.status`), bounded API
+calls (:mod:`hetero_operator.k8s`).
 """
 
 from __future__ import annotations
@@ -18,27 +21,28 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-import aiohttp
 import kopf
 
 from hetero_operator import conditions as c
 from hetero_operator import lifecycle as lc
 from hetero_operator import rendering, status as st
 from hetero_operator.config import OperatorConfig
+from hetero_operator.events import EventRecorder
 from hetero_operator.k8s import Api
+from hetero_operator.leadership import Leadership
 from hetero_operator.model import Plan, Unschedulable
+from hetero_operator.nodehealth import NodeHealth, node_health
 from hetero_operator.opmetrics import OperatorMetrics
+from hetero_operator.progress import MetricsUrlFn, ProgressReader, default_metrics_url
+from hetero_operator.requeue import Requeue, next_look_s
 from hetero_operator.spec import JobSpec, SpecError, parse_job
 
 log = logging.getLogger("heterotrain.operator")
 Key = tuple[str, str]
-MetricsUrlFn = Callable[[Mapping[str, Any], int], "str | None"]
+WARNING_WAITS = frozenset({"NodeNotReady"})
+"""Wait reasons that are Warnings (re-posted while the job keeps waiting)."""
 
-
-def default_metrics_url(pod: Mapping[str, Any], port: int) -> str | None:
-    """``http://<podIP>:<port>/metrics`` of a running pod, ``None`` before it has an IP."""
-    ip = (pod.get("status") or {}).get("podIP")
-    return f"http://{ip}:{port}/metrics" if ip and port else None
+__all__ = ["MetricsUrlFn", "Reconciler", "default_metrics_url", "with_default_images"]
 
 
 def with_default_images(job: JobSpec, config: OperatorConfig) -> JobSpec:
@@ -68,31 +72,24 @@ class Reconciler:
                  metrics_url: MetricsUrlFn = default_metrics_url,
                  clock: Callable[[], float] = time.time) -> None:
         self.config, self.api, self.metrics = config, api, metrics
-        self.nodes, self.gpu_pods = nodes, gpu_pods
-        self.identity, self.peering_namespace = identity, peering_namespace
-        self.metrics_url, self.clock = metrics_url, clock
+        self.nodes, self.gpu_pods, self.clock = nodes, gpu_pods, clock
         self.timing = lc.Timing(pending_timeout_s=config.pending_timeout_s,
                                 backoff_base_s=config.backoff_base_s,
                                 backoff_max_s=config.backoff_max_s)
-        self._due: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
-        self._locks: dict[Key, asyncio.Lock] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.requeue = Requeue(self._work, retry_s=config.resync_s)
+        self.leadership = Leadership(get_peering=api.get_peering, identity=identity,
+                                     peering=config.peering, namespace=peering_namespace,
+                                     priority=config.peering_priority, clock=clock)
+        self.events = EventRecorder(api, repeat_s=config.waiting_event_interval_s)
+        self.progress = ProgressReader(metrics_url, config.progress_interval_s)
         self._phases: dict[Key, str] = {}
-        self._progress_at: dict[Key, float] = {}
-        self._leader_cache: tuple[float, bool] = (-1e9, True)
+        self._job_nodes: dict[Key, frozenset[str]] = {}
 
-    # --- scheduling ----------------------------------------------------------------------
+    # --- kicks -----------------------------------------------------------------------------
 
     def kick(self, namespace: str, name: str, delay_s: float = 0.0) -> None:
         """Reconcile ``namespace/name`` after ``delay_s`` (an earlier pending kick wins)."""
-        loop = asyncio.get_running_loop()
-        key, when = (namespace, name), loop.time() + max(delay_s, 0.0)
-        current = self._due.get(key)
-        if current is not None:
-            if current[0] <= when:
-                return
-            current[1].cancel()
-        self._due[key] = (when, loop.call_at(when, self._fire, key))
+        self.requeue.kick(namespace, name, delay_s)
 
     def kick_pending(self, delay_s: float = 0.2) -> None:
         """Kick every job that waits for capacity (a node was added or changed)."""
@@ -100,60 +97,39 @@ class Reconciler:
             if phase == c.PENDING:
                 self.kick(*key, delay_s=delay_s)
 
+    def node_changed(self, node: str, delay_s: float = 0.2) -> None:
+        """A Node changed or went: kick the jobs waiting for capacity and those with pods on it."""
+        self.kick_pending(delay_s)
+        for key, nodes in list(self._job_nodes.items()):
+            if node in nodes:
+                self.kick(*key, delay_s=delay_s)
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted job's timers and memory."""
         key = (namespace, name)
-        due = self._due.pop(key, None)
-        if due is not None:
-            due[1].cancel()
+        self.requeue.forget(namespace, name)
+        self.events.forget(namespace, name)
+        self.progress.forget(namespace, name)
         self._phases.pop(key, None)
-        self._progress_at.pop(key, None)
-        self._locks.pop(key, None)
+        self._job_nodes.pop(key, None)
         self.metrics.set_phases(self._phases.values())
 
     async def stop(self) -> None:
         """Cancel pending kicks and running reconciles."""
-        for _, handle in self._due.values():
-            handle.cancel()
-        self._due.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _fire(self, key: Key) -> None:
-        self._due.pop(key, None)
-        task = asyncio.get_running_loop().create_task(self._run(key))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _run(self, key: Key) -> None:
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            started = time.perf_counter()
-            try:
-                if not await self.is_leader():
-                    self.kick(*key, delay_s=self.config.resync_s)
-                    return
-                requeue = await self.reconcile(*key)
-            except Exception:  # noqa: BLE001 - API hiccups: log, retry after a resync period
-                log.exception("reconcile of %s/%s failed; retrying", *key)
-                requeue = self.config.resync_s
-            finally:
-                self.metrics.reconcile_duration.observe(time.perf_counter() - started)
-        if requeue is not None:
-            self.kick(*key, delay_s=requeue)
+        await self.requeue.stop()
 
     async def is_leader(self) -> bool:
-        """True when standalone, or when no live peer has a priority >= ours (kopf's rule)."""
-        if self.identity is None:
-            return True
-        now = self.clock()
-        if now - self._leader_cache[0] < 2.0:
-            return self._leader_cache[1]
-        body = await self.api.get_peering(self.config.peering, self.peering_namespace)
-        leader = peering_leader(body, self.identity, self.config.peering_priority, now)
-        self._leader_cache = (now, leader)
-        return leader
+        """True when this replica may act (see :mod:`hetero_operator.leadership`)."""
+        return await self.leadership.is_leader()
+
+    async def _work(self, namespace: str, name: str) -> float | None:
+        started = time.perf_counter()
+        try:
+            if not await self.leadership.is_leader():
+                return self.config.resync_s
+            return await self.reconcile(namespace, name)
+        finally:
+            self.metrics.reconcile_duration.observe(time.perf_counter() - started)
 
     # --- one reconcile ---------------------------------------------------------------------
 
@@ -173,29 +149,45 @@ class Reconciler:
         pods = await self.api.list_pods(namespace, rendering.selector(name))
         planned_nodes = {g["pod"]: g["node"] for g in (status.get("plan") or {}).get("groups") or ()}
         states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], "")) for p in pods]
-        # the node-name set is a temporary of this call: a reconcile suspended at an await below
-        # must not keep a set of every node name alive (one per in-flight job adds up)
+        used = frozenset(p.node for p in states if p.node)
+        self._job_nodes[(namespace, name)] = used
         decision = lc.decide(st.job_state(status), spec.run_policy, states,
-                             nodes={n["metadata"]["name"] for n in self.nodes()} or None,
-                             now_s=now, timing=self.timing)
+                             nodes=self._node_health(used, now), now_s=now, timing=self.timing)
         log.debug("%s/%s: %s %s (%s) pods=%s", namespace, name, decision.action, decision.phase,
-                  decision.reason, [(p.name, p.phase) for p in states])
-        if decision.delete_pods:
-            await asyncio.gather(*(self.api.delete_pod(namespace, p) for p in decision.delete_pods))
+                  decision.reason, [(p.name, p.phase, p.deleting) for p in states])
         if decision.action == lc.START:
             return await self._start(job, spec, status, now)
         if decision.action == lc.DELETE_JOB:
-            await self._event(job, "Normal", decision.reason, decision.message, now)
+            await self.events.post(job, "Normal", decision.reason, decision.message, now)
             await self.api.delete_job(namespace, name)
             self.forget(namespace, name)
             return None
-        extra = await self._progress(spec, pods, now) if decision.action == lc.RUNNING else {}
+        extra: dict[str, Any] = {}
+        if decision.action == lc.RUNNING:
+            extra = await self.progress.read(namespace, name, pods, metrics_port=spec.worker.metrics_port,
+                                             global_batch=spec.training.global_batch_size, now_s=now)
         await self._record(job, status, decision, states, now, extra=extra)
-        if decision.action in (lc.NOTHING, lc.CLEANUP) and decision.requeue_s is None:
+        await self._delete_pods(namespace, decision)  # after the status: a restart counts once
+        return next_look_s(decision, self.config.resync_s)
+
+    def _node_health(self, used: Iterable[str], now: float) -> dict[str, NodeHealth] | None:
+        """Health of the job's nodes that exist; ``None`` before the node index has any node.
+
+        A node of ``used`` missing from the result is gone.  The name -> node map is a temporary
+        of this call (one per in-flight reconcile would add up at 2,000 nodes).
+        """
+        nodes = self.nodes()
+        if not nodes:
             return None
-        if decision.requeue_s is None:
-            return self.config.resync_s
-        return min(decision.requeue_s, self.config.resync_s)
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        return {name: node_health(by_name[name], now) for name in used if name in by_name}
+
+    async def _delete_pods(self, namespace: str, d: lc.Decision) -> None:
+        if d.force_delete_pods:
+            log.warning("%s: force-deleting pod(s) %s (grace 0: %s)", namespace,
+                        ", ".join(d.force_delete_pods), d.reason)
+        await asyncio.gather(*(self.api.delete_pod(namespace, p) for p in d.delete_pods),
+                             *(self.api.delete_pod(namespace, p, grace_s=0) for p in d.force_delete_pods))
 
     async def _start(self, job: Mapping[str, Any], spec: JobSpec, status: dict[str, Any],
                      now: float) -> float:
@@ -214,7 +206,8 @@ class Reconciler:
         attempt = int(status.get("attempt") or 0) + 1
         maddr = rendering.master_addr(spec.name, spec.namespace, result, self.config.service_domain)
         envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.master_port,
-                                simulated=self.config.simulate_devices)
+                                simulated=self.config.simulate_devices,
+                                restart_generation=attempt - 1)
         pods = rendering.render_pods(spec, result, envs, launcher=self.config.launcher, attempt=attempt)
         service = rendering.render_service(spec, master_port=self.config.master_port)
         kopf.append_owner_reference([service, *pods], owner=job)
@@ -236,7 +229,8 @@ class Reconciler:
         created = await asyncio.gather(*(self.api.create(p) for p in pods))
         self.metrics.pods_created.inc(sum(created))
         self._set_phase(job, c.CREATED)
-        await self._event(job, "Normal", "Planned", message, now)
+        self._job_nodes[(spec.namespace, spec.name)] = frozenset(result.nodes)
+        await self.events.post(job, "Normal", "Planned", message, now)
         return self.config.resync_s
 
     def _plan(self, spec: JobSpec) -> Plan | Unschedulable:
@@ -273,6 +267,12 @@ class Reconciler:
             new["restarts"] = int(status.get("restarts") or 0) + 1
             new["lastFailure"] = d.message.split(";")[0]
             self.metrics.restarts.inc()
+        if d.count_infrastructure_restart:
+            new["infrastructureRestarts"] = int(status.get("infrastructureRestarts") or 0) + 1
+        if d.disruption:
+            new["lastDisruption"] = d.disruption
+        if d.node_loss is not None:
+            new["lastNodeLoss"] = st.node_loss_status(d.node_loss)
         if d.restart_not_before_s is not None:
             new["restartNotBefore"] = c.now_iso(d.restart_not_before_s)
         if d.action == lc.REPLAN:
@@ -282,43 +282,27 @@ class Reconciler:
         if d.phase in c.FINISHED_PHASES and not status.get("completionTime"):
             new["completionTime"] = c.now_iso(now)
         plan = status.get("plan") or {}
-        units = _ranks_per_pod(plan)
         wanted = int(plan.get("worldSize") or status.get("ranksWanted") or 0)
-        running = sum(units.get(p.name, 0) for p in states if p.phase == "Running" and not p.deleting)
+        running = st.ranks_running(states)
         new.update(ranksRunning=running, ranksSummary=f"{running}/{wanted}")
         if wanted:
             new["ranksWanted"] = wanted
         await self._patch(job, status, new)
         self._set_phase(job, d.phase)
-        if d.message and d.message != status.get("message"):
-            kind = event_type or ("Warning" if d.action in (lc.FAIL, lc.RESTART, lc.REPLAN) else "Normal")
-            await self._event(job, kind, d.reason, d.message, now)
+        if not d.message:
+            return
+        kind = event_type or ("Warning" if d.action in (lc.FAIL, lc.RESTART, lc.REPLAN)
+                              or d.reason in WARNING_WAITS else "Normal")
+        waiting = kind == "Warning" and d.action == lc.WAIT
+        if d.message != status.get("message") or (
+                waiting and self.events.due(job, kind, d.reason, d.message, now)):
+            await self.events.post(job, kind, d.reason, d.message, now)
 
     async def _invalid(self, job: Mapping[str, Any], status: dict[str, Any], exc: SpecError,
                        now: float) -> None:
         message = f"Invalid spec: {exc}"
         d = lc.Decision(action=lc.FAIL, phase=c.FAILED, reason="InvalidSpec", message=message)
         await self._record(job, status, d, [], now, event_type="Warning")
-
-    async def _progress(self, spec: JobSpec, pods: list[dict[str, Any]], now: float) -> dict[str, Any]:
-        """``{"progress": ...}`` from rank 0's metrics when due and readable, else ``{}``."""
-        key = (spec.namespace, spec.name)
-        if now - self._progress_at.get(key, -1e9) < self.config.progress_interval_s:
-            return {}
-        rank0 = next((p for p in pods if p["metadata"].get("labels", {}).get(rendering.LABEL_RANK) == "0"), None)
-        url = self.metrics_url(rank0, spec.worker.metrics_port) if rank0 else None
-        if url is None:
-            return {}
-        self._progress_at[key] = now
-        try:
-            timeout = aiohttp.ClientTimeout(total=2.0)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.get(url) as resp:
-                    text = await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return {}
-        progress = st.parse_progress(text, spec.training.global_batch_size)
-        return {} if progress is None else {"progress": st.progress_status(progress, now)}
 
     async def _patch(self, job: Mapping[str, Any], old: Mapping[str, Any], new: dict[str, Any]) -> None:
         changed = {k: v for k, v in new.items() if old.get(k) != v}
@@ -327,53 +311,12 @@ class Reconciler:
             meta = job["metadata"]
             await self.api.patch_job_status(meta["namespace"], meta["name"], {**changed, **removed})
 
-    async def _event(self, job: Mapping[str, Any], type_: str, reason: str, message: str,
-                     now: float) -> None:
-        try:
-            await self.api.post_event(job, type_=type_, reason=reason, message=message,
-                                      now_iso=c.now_iso(now))
-        except Exception:  # noqa: BLE001 - events are best effort
-            log.warning("could not post event %s for %s", reason, job["metadata"]["name"])
-
     def _set_phase(self, job: Mapping[str, Any], phase: str) -> None:
         meta = job["metadata"]
         self._phases[(meta["namespace"], meta["name"])] = phase
         self.metrics.set_phases(self._phases.values())
 
 
-def _ranks_per_pod(plan: Mapping[str, Any]) -> dict[str, int]:
-    groups = {g["index"]: g for g in plan.get("groups") or ()}
-    out: dict[str, int] = {}
-    for name in plan.get("pods") or ():
-        group = groups.get(_group_of(name))
-        if group is not None:
-            out[name] = 1 if "-m" in name.rsplit("-g", 1)[-1] else int(group["ranks"])
-    return out
-
-
-def _group_of(pod_name: str) -> int:
-    tail = pod_name.rsplit("-g", 1)[-1]
-    return int(tail.split("-m")[0])
-
-
 def _owned_by(pod: Mapping[str, Any], job: str, namespace: str) -> bool:
     meta = pod.get("metadata") or {}
     return meta.get("namespace") == namespace and (meta.get("labels") or {}).get(rendering.LABEL_JOB) == job
-
-
-def peering_leader(body: Mapping[str, Any] | None, identity: str, priority: int, now_s: float) -> bool:
-    """kopf's peering rule: act unless another live peer has a priority >= ``priority``.
-
-    A peer is live while ``lastseen + lifetime`` is in the future (kopf's ``Peer.is_dead``).
-    A missing peering object means kopf runs standalone: act.
-    """
-    if body is None:
-        return True
-    for peer_id, info in (body.get("status") or {}).items():
-        if peer_id == identity or not isinstance(info, Mapping):
-            continue
-        seen = c.parse_iso(str(info.get("lastseen", "")).replace(" ", "T")) if info.get("lastseen") else None
-        alive = seen is not None and seen + float(info.get("lifetime", 60)) > now_s
-        if alive and int(info.get("priority", 0)) >= priority:
-            return False
-    return True

@@ -19,7 +19,7 @@ from typing import Any
 import kopf
 
 from hetero_operator.config import OperatorConfig
-from hetero_operator.k8s import Api, load_configuration
+from hetero_operator.k8s import Api, CallLimits, load_configuration
 from hetero_operator.nodeindex import IndexedNode
 from hetero_operator.opmetrics import OperatorMetrics
 from hetero_operator.reconcile import MetricsUrlFn, Reconciler, default_metrics_url
@@ -102,7 +102,9 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     """Apply settings, connect to the API, start the metrics endpoint and the reconciler."""
     config: OperatorConfig = memo.config
     apply_settings(settings, config)
-    api = Api(await asyncio.to_thread(load_configuration))
+    api = Api(await asyncio.to_thread(load_configuration), CallLimits(
+        connect_timeout_s=config.api_connect_timeout_s, read_timeout_s=config.api_read_timeout_s,
+        retries=config.api_retries))
     memo.metrics.serve(config.metrics_port)
     memo.state["reconciler"] = Reconciler(
         config=config, api=api, metrics=memo.metrics, nodes=list, gpu_pods=list,

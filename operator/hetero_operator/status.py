@@ -2,24 +2,23 @@
 
 Every key written here is declared in the CRD's status schema (shared/cases/24: a structural
 schema silently prunes undeclared status fields); ``STATUS_KEYS`` lists them for that test.
-Progress comes from rank 0's Prometheus endpoint (worker metric names in docs/internal-api.md).
+``status.progress`` is written by :mod:`hetero_operator.progress` (rank 0's metrics).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from hetero_operator import conditions as c
-from hetero_operator.lifecycle import JobState, PodState
+from hetero_operator.lifecycle import SHUTDOWN_REASONS, JobState, NodeLoss, PodState
 from hetero_operator.model import Plan
-from hetero_operator.rendering import (ANNOTATION_GPU_TYPE, LABEL_ATTEMPT, LABEL_RANK, pod_units)
+from hetero_operator.rendering import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ATTEMPT,
+                                       LABEL_RANK, pod_units)
 
 STATUS_KEYS = frozenset({
     "phase", "message", "observedGeneration", "conditions", "restarts", "replans", "attempt",
+    "infrastructureRestarts", "lastDisruption", "lastNodeLoss",
     "ranksWanted", "ranksRunning", "ranksSummary", "gpuTypes", "startTime", "lastStartTime",
     "completionTime", "restartNotBefore", "lastFailure", "plan", "progress",
 })
@@ -28,6 +27,7 @@ PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedup
 GROUP_KEYS = frozenset({"index", "pod", "node", "gpuType", "architecture", "resourceName", "image",
                         "precision", "firstRank", "ranks", "localBatches"})
 PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "updateTime"})
+NODE_LOSS_KEYS = frozenset({"node", "reason", "notReadySince", "lostTime", "pods"})
 
 
 def job_state(status: Mapping[str, Any]) -> JobState:
@@ -35,6 +35,7 @@ def job_state(status: Mapping[str, Any]) -> JobState:
     plan = status.get("plan") or {}
     return JobState(
         phase=str(status.get("phase") or ""), restarts=int(status.get("restarts") or 0),
+        infrastructure_restarts=int(status.get("infrastructureRestarts") or 0),
         attempt=int(status.get("attempt") or 0), start_s=c.parse_iso(status.get("startTime")),
         completion_s=c.parse_iso(status.get("completionTime")),
         restart_not_before_s=c.parse_iso(status.get("restartNotBefore")),
@@ -47,16 +48,49 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "") -> PodState:
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     st = pod.get("status") or {}
+    annotations = meta.get("annotations") or {}
     return PodState(
         name=meta.get("name", ""), first_rank=int(labels.get(LABEL_RANK, "0")),
         phase=st.get("phase") or "Pending",
         node=(pod.get("spec") or {}).get("nodeName") or planned_node,
         deleting=bool(meta.get("deletionTimestamp")),
+        deletion_s=c.parse_iso(meta.get("deletionTimestamp")),
         created_s=c.parse_iso(meta.get("creationTimestamp")),
         attempt=int(labels.get(LABEL_ATTEMPT, "0")),
-        gpu_type=(meta.get("annotations") or {}).get(ANNOTATION_GPU_TYPE, ""),
+        gpu_type=annotations.get(ANNOTATION_GPU_TYPE, ""),
+        ranks=ranks_of(annotations.get(ANNOTATION_RANKS, "")),
         failure=_failure(st),
+        disruption=disruption(st),
     )
+
+
+def ranks_of(text: str) -> int:
+    """Number of ranks in a ``heterotrain.io/ranks`` annotation (``"3"`` -> 1, ``"2-5"`` -> 4).
+
+    The annotation, not the pod name, says how many ranks a pod runs (one place; MIG pods run
+    one rank each, a whole-GPU group pod runs the group).  Missing or malformed -> 1.
+    """
+    first, _, last = text.partition("-")
+    try:
+        return int(last) - int(first) + 1 if last else 1
+    except ValueError:
+        return 1
+
+
+def disruption(st: Mapping[str, Any]) -> str:
+    """Why the cluster stopped the pod (:attr:`PodState.disruption`), ``""`` when it did not.
+
+    ``status.reason`` of a node shutdown (``Shutdown``, ``NodeShutdown``, ``Terminated``) or a
+    kubelet eviction (``Evicted``) wins; otherwise the reason of a ``DisruptionTarget``
+    condition with status True (Kubernetes 1.26+, https://kubernetes.io/docs/concepts/workloads/pods/disruptions/#pod-disruption-conditions).
+    """
+    reason = str(st.get("reason") or "")
+    if reason in SHUTDOWN_REASONS or reason == "Evicted":
+        return reason
+    for cond in st.get("conditions") or ():
+        if cond.get("type") == "DisruptionTarget" and str(cond.get("status")) == "True":
+            return str(cond.get("reason") or "DisruptionTarget")
+    return ""
 
 
 def _failure(st: Mapping[str, Any]) -> str:
@@ -87,52 +121,20 @@ def plan_status(job_name: str, plan: Plan, *, master_addr: str, master_port: int
     }
 
 
+def node_loss_status(loss: NodeLoss) -> dict[str, Any]:
+    """``status.lastNodeLoss``: which node, why, since when, when it counted as lost, its pods."""
+    return {"node": loss.node, "reason": loss.why, "notReadySince": c.now_iso(loss.since_s),
+            "lostTime": c.now_iso(loss.lost_s), "pods": list(loss.pods)}
+
+
+def ranks_running(states: Iterable[PodState]) -> int:
+    """Ranks whose pods are Running and not terminating."""
+    return sum(p.ranks for p in states if p.phase == "Running" and not p.deleting)
+
+
 def gpu_types_text(groups: Iterable[Mapping[str, Any]]) -> str:
     """``"NVIDIA-A100-SXM4-40GB:1,Tesla-T4:2"``: ranks per GPU type in first-seen order."""
     counts: dict[str, int] = {}
     for g in groups:
         counts[g["gpuType"]] = counts.get(g["gpuType"], 0) + int(g["ranks"])
     return ",".join(f"{k}:{v}" for k, v in counts.items())
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Progress:
-    """Rank 0's training progress.
-
-    Attributes:
-        step: optimizer steps completed (``htj_steps_total``).
-        samples_per_s: global throughput, samples/s: rank 0's last-step throughput
-            (``htj_throughput_samples_per_second``) scaled by global / local batch (ranks step
-            together, so every rank's step time is the global step time).
-        loss: last loss (``htj_loss``), ``None`` when absent.
-    """
-
-    step: int
-    samples_per_s: float
-    loss: float | None = None
-
-
-def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
-    """Read rank 0's ``/metrics`` text; ``None`` when it has no ``htj_steps_total`` yet."""
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name in ("htj_steps_total", "htj_throughput_samples_per_second",
-                               "htj_local_batch_size", "htj_loss"):
-                values[sample.name] = sample.value
-    if "htj_steps_total" not in values:
-        return None
-    local = values.get("htj_local_batch_size") or 0
-    rate = values.get("htj_throughput_samples_per_second", 0.0)
-    scale = global_batch / local if local > 0 else 1.0
-    return Progress(step=int(values["htj_steps_total"]), samples_per_s=rate * scale,
-                    loss=values.get("htj_loss"))
-
-
-def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:
-    """``status.progress`` (decimals as strings: no floats in the API object)."""
-    out: dict[str, Any] = {"step": progress.step, "samplesPerSecond": f"{progress.samples_per_s:.1f}",
-                           "updateTime": c.now_iso(now_s)}
-    if progress.loss is not None:
-        out["loss"] = f"{progress.loss:.4f}"
-    return out
