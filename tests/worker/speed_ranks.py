@@ -56,8 +56,9 @@ def eval_loss(model: torch.nn.Module) -> float:
 
 def train_with_codec(rank: int, groups, mode: str) -> dict:
     model = codec_model()
-    reducer = CodecReducer(WeightedGradSync(groups, [CODEC_BATCH] * 4),
-                           CompressionConfig(mode=mode, powersgd_rank=4))
+    sync = WeightedGradSync(groups, [CODEC_BATCH] * 4)
+    reducer = CodecReducer(sync, CompressionConfig(mode=mode, powersgd_rank=4))
+    reducer.install()
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     x, y = codec_data(rank)
     for step in range(CODEC_STEPS):
@@ -65,7 +66,7 @@ def train_with_codec(rank: int, groups, mode: str) -> dict:
         sl = slice(step * CODEC_BATCH, (step + 1) * CODEC_BATCH)
         torch.nn.functional.cross_entropy(model(x[sl]), y[sl]).backward()
         reducer.set_pending([float(rank == r) * (r + 0.25) for r in range(4)])
-        reducer.sync_after_backward(model.parameters())
+        sync.sync_after_backward(model.parameters())
         merged = reducer.take_merged().tolist()
         opt.step()
     shapes = [p.shape for p in model.parameters()]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hetero_worker import contract as c
-from hetero_worker import procs
-from hetero_worker.launch import LaunchError, child_envs
+from hetero_worker import nvml, procs
+from hetero_worker.launch import LaunchError, _visible_gpus, child_envs
 
 LAUNCH = [sys.executable, "-m", "hetero_operator.cli", "launch"]
 
@@ -67,8 +67,27 @@ def test_each_local_rank_gets_exactly_its_rank_form_and_metrics_port():
 def test_cuda_visible_devices_only_for_real_whole_gpus(pod_kwargs, visible, expected):
     envs = child_envs(_pod(**pod_kwargs), visible_gpus=visible)
     assert [e.get("CUDA_VISIBLE_DEVICES") for e in envs] == expected
-    pinned = expected[0] is not None
-    assert [e.get("CUDA_DEVICE_ORDER") for e in envs] == ["PCI_BUS_ID" if pinned else None] * 2
+    assert [e.get("CUDA_DEVICE_ORDER") for e in envs] == [None, None]  # never forced
+
+
+def test_preset_cuda_visible_devices_kept_as_given_in_cuda_order():
+    """Indices given in CUDA's own (fastest-first) order stay as they are: the launcher does not
+    force PCI_BUS_ID over them, which would make "1" name another GPU."""
+    pod = _pod(simulated=False, CUDA_VISIBLE_DEVICES="1,0", CUDA_DEVICE_ORDER="FASTEST_FIRST")
+    envs = child_envs(pod, visible_gpus=_visible_gpus(pod))
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["1", "0"]
+    assert [e["CUDA_DEVICE_ORDER"] for e in envs] == ["FASTEST_FIRST"] * 2
+
+
+def test_without_preset_gpus_come_from_nvml_as_uuids(monkeypatch):
+    gpus = [nvml.GpuInfo(index=i, uuid=f"GPU-{i}", product="Tesla-T4", compute_capability="7.5",
+                         memory_mib=15360, mig_enabled=False) for i in (0, 1)]
+    monkeypatch.setattr(nvml, "list_gpus", lambda: gpus)
+    pod = _pod(simulated=False)
+    assert _visible_gpus(pod) == ["GPU-0", "GPU-1"]
+    envs = child_envs(pod, visible_gpus=_visible_gpus(pod))
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["GPU-0", "GPU-1"]
+    assert "CUDA_DEVICE_ORDER" not in envs[0]
 
 
 def test_fewer_gpus_than_local_ranks_fails_fast_naming_both():

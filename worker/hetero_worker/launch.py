@@ -5,8 +5,11 @@ The operator gives a pod the *pod form* of the contract (see :mod:`hetero_worker
 this starts ``CMD`` with :func:`contract.expand_pod_env` (``RANK``, ``LOCAL_RANK``,
 ``HTJ_LOCAL_BATCH_SIZE``, ``HTJ_GROUP_RANK``), ``HTJ_METRICS_PORT`` = pod port + ``i`` (the
 operator's port convention, ``spec.worker.metricsPort``), and on whole real GPUs
-``CUDA_VISIBLE_DEVICES`` = the ``i``-th visible GPU (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML's
-numbering; the rank then sees one device, ``cuda:0``). A MIG slice is never remapped: one process
+``CUDA_VISIBLE_DEVICES`` = the ``i``-th visible GPU (the rank then sees one device, ``cuda:0``).
+A preset ``CUDA_VISIBLE_DEVICES`` is kept as given: rank ``i`` gets its ``i``-th entry verbatim and
+``CUDA_DEVICE_ORDER`` stays whatever the pod had (the entries may be indices in CUDA's own
+order). Without one, the GPUs come from NVML as UUIDs, which mean the same device under any
+``CUDA_DEVICE_ORDER``, so the launcher never sets that variable. A MIG slice is never remapped: one process
 can use only one MIG device, and the device plugin already exposes exactly that one
 (pytorch/pytorch#130181). Signals are forwarded; when one rank fails, the others are stopped and
 the launcher exits with that rank's code.
@@ -48,12 +51,13 @@ def _uses_whole_gpus(device: c.DeviceProfile) -> bool:
 
 
 def _visible_gpus(pod: Mapping[str, str]) -> list[str] | None:
-    """GPU ids this pod may use: ``CUDA_VISIBLE_DEVICES`` entries, else NVML indices, else None."""
+    """GPU ids this pod may use: ``CUDA_VISIBLE_DEVICES`` entries as given, else NVML UUIDs
+    (order-independent), else None."""
     preset = pod.get(CUDA_VISIBLE_DEVICES)
     if preset is not None:
         return [e.strip() for e in preset.split(",") if e.strip()]
     gpus = nvml.list_gpus()
-    return [str(g.index) for g in gpus if not g.mig_enabled] if gpus else None
+    return [g.uuid for g in gpus if not g.mig_enabled] if gpus else None
 
 
 def _local_world_size(pod: Mapping[str, str]) -> int:
@@ -94,10 +98,8 @@ def child_envs(pod: Mapping[str, str], *, visible_gpus: list[str] | None) -> lis
                 raise c.ContractError(c.METRICS_PORT, f"{contract.metrics_port} + local rank {i} "
                                       "exceeds 65535")
             env[c.METRICS_PORT] = str(port)
-        if gpus:
+        if gpus:  # an entry as given (index in the pod's CUDA order, or a UUID); order untouched
             env[CUDA_VISIBLE_DEVICES] = (visible_gpus or [])[i]
-            # NVML numbers GPUs in PCI bus order, CUDA by default fastest first: make them agree.
-            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         if local_world > 1 and "OMP_NUM_THREADS" not in pod:
             env["OMP_NUM_THREADS"] = str(procs.threads_per_rank(local_world))
     return envs

@@ -78,13 +78,13 @@ class PowerSGDCompression:
 
     def _init_state(self, tensors: Sequence[torch.Tensor]) -> None:
         gen = torch.Generator().manual_seed(self.seed)
-        self.errors = [torch.zeros(t.shape, dtype=torch.float32) for t in tensors]
+        self.errors = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in tensors]
         self.qs = []
         for t in tensors:
             if compressible(t.shape, self.rank):
                 n, m = _matrix_shape(t.shape)
-                q = torch.randn(m, min(self.rank, n, m), generator=gen)
-                self.qs.append(orthonormalize_(q))
+                q = torch.randn(m, min(self.rank, n, m), generator=gen)  # same on every leader
+                self.qs.append(orthonormalize_(q).to(t.device))
             else:
                 self.qs.append(None)
 
@@ -104,8 +104,9 @@ class PowerSGDCompression:
         plain = [i for i, q in enumerate(self.qs) if q is None]
         ps = [mats[i].reshape(_matrix_shape(mats[i].shape)) @ self.qs[i] for i in comp]  # type: ignore[operator]
         extra = [] if exact is None else [exact.to(torch.float32).reshape(-1)]
-        buf = torch.cat([p.reshape(-1) for p in ps] + [mats[i].reshape(-1) for i in plain] + extra
-                        + [torch.zeros(0)])
+        device = tensors[0].device if tensors else torch.device("cpu")
+        buf = torch.cat([p.reshape(-1) for p in ps] + [mats[i].reshape(-1) for i in plain]
+                        + [e.to(device) for e in extra] + [torch.zeros(0, device=device)])
         dist.all_reduce(buf, group=group)
         self.bytes_sent += ring_allreduce_bytes(4 * (buf.numel() - sum(e.numel() for e in extra)), world)
         offset = 0

@@ -1,16 +1,21 @@
 """Speed features on top of :class:`hetero_worker.trainer.Trainer`: rebalancing, inter-group
 compression, the measured ``auto`` hierarchy.
 
-:func:`attach` wires them into an existing trainer without changing the trainer's code:
+:func:`attach` composes them with a trainer through its explicit seams (nothing replaces a
+method of the trainer or of its sync at runtime):
 
-* the gradient reduction of :class:`~hetero_worker.sync.WeightedGradSync` is replaced by
-  :class:`CodecReducer` (same weighting, same groups; the leaders' all-reduce goes through the
-  job's codec, and the rebalancer's per-rank stats ride along in the first reduction of each step);
-* :meth:`SpeedController.step` wraps ``Trainer.step``: after each step it merges the stats that
-  travelled with the step's gradients, runs the :class:`~hetero_worker.rebalance.Rebalancer` and
-  applies a new split with ``Trainer.set_split`` (sampler and weights change at the step boundary);
-* with ``HTJ_HIERARCHY=auto`` the link bandwidths are measured once at start-up and the layout is
-  the one :func:`hetero_worker.linkcost.choose_hierarchy` predicts fastest.
+* the trainer's :class:`~hetero_worker.sync.WeightedGradSync` hands its reductions to
+  :class:`CodecReducer` (``sync.use_reducer``; same weighting, same groups; the leaders'
+  all-reduce goes through the job's codec, and the rebalancer's per-rank stats ride along in the
+  first reduction of each step);
+* ``Trainer.step`` calls :meth:`SpeedController.after_step`: it merges the stats that travelled
+  with the step's gradients, runs the :class:`~hetero_worker.rebalance.Rebalancer` and applies a
+  new split with ``Trainer.set_split`` (sampler and weights change at the step boundary);
+* with ``HTJ_HIERARCHY=auto`` ``Trainer.wrap`` calls :meth:`SpeedController.before_wrap`: the links
+  are measured once with the training backends on the training device (the groups the chosen
+  layout would use, per the communicator rule), the probe groups are destroyed, and the trainer
+  switches to the layout :func:`hetero_worker.linkcost.choose_hierarchy` predicts fastest
+  (``Trainer.use_layout``).
 
 Stats lag one step: the stats of step ``s`` ride in step ``s + 1``'s first gradient reduction (the
 compute time of step ``s`` is only known after its backward), so a decision taken after step
@@ -22,8 +27,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,10 +77,10 @@ class SpeedConfig:
 class CodecReducer:
     """Weighted hierarchical SUM with a codec on the leaders' link and stats piggyback.
 
-    Installed into the trainer's :class:`~hetero_worker.sync.WeightedGradSync` as its
-    ``reduce_`` (so the sync's communication thread, overlap and wait accounting stay as they
-    are) plus a DDP hook that records each bucket's parameter shapes before handing the bucket to
-    ``sync.submit`` (PowerSGD needs the matrices).
+    The trainer's :class:`~hetero_worker.sync.WeightedGradSync` hands its reductions to it
+    (:meth:`install` calls ``sync.use_reducer``), so the sync's communication thread, overlap and
+    wait accounting stay as they are; its DDP hook passes each bucket's parameter shapes along
+    (PowerSGD needs the matrices).
 
     Args:
         sync: the trainer's ``WeightedGradSync`` (weight, groups, byte counter are shared).
@@ -89,13 +93,17 @@ class CodecReducer:
         self.codecs: dict[int, InterGroupCodec] = {}
         self.pending: torch.Tensor | None = None
         self.merged: torch.Tensor | None = None
-        self.shapes: deque[tuple[int, list[torch.Size]]] = deque()
+        self.hook = codec_hook
         self._lock = threading.Lock()
 
     @property
     def codec_bytes_sent(self) -> int:
         """Bytes this leader's codecs put on the leaders' link so far."""
         return sum(c.bytes_sent for c in self.codecs.values())
+
+    def install(self) -> None:
+        """Make the sync reduce through this reducer (``sync.use_reducer``; composition)."""
+        self.sync.use_reducer(self)
 
     def set_pending(self, stats: Sequence[float]) -> None:
         """Stats to append to the next reduction (one float per slot, this rank's slots only)."""
@@ -105,11 +113,6 @@ class CodecReducer:
         """The SUM of every rank's stats from the last reduction that carried them."""
         merged, self.merged = self.merged, None
         return merged
-
-    def reduce_(self, flat: torch.Tensor) -> torch.Tensor:
-        """Drop-in for ``WeightedGradSync.reduce_``: shapes come from the hook's queue."""
-        key, shapes = self.shapes.popleft() if self.shapes else (0, None)
-        return self.reduce_views_(flat, shapes, key)
 
     def reduce_views_(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None,
                       key: int = 0) -> torch.Tensor:
@@ -145,6 +148,8 @@ class CodecReducer:
 
     def _leaders(self, wire: torch.Tensor, n: int, shapes: Sequence[torch.Size], key: int,
                  has_stats: bool) -> int:
+        """The codec's SUM over the leaders' Gloo group; CUDA buffers go through one host copy
+        (the codecs compute on the host, where Gloo's collectives run)."""
         codec = self.codecs.get(key)
         if codec is None:
             codec = self.codecs[key] = make_codec(self.compression, seed=key)
@@ -159,35 +164,9 @@ class CodecReducer:
             wire.copy_(host)
         return codec.bytes_sent - before if self.sync.groups.leaders_cross else 0
 
-    def sync_after_backward(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Manual mode (no DDP): reduce all gradients at once, shapes known for PowerSGD."""
-        params = [p for p in parameters if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        start = time.perf_counter()
-        self.reduce_views_(flat, [p.shape for p in params], key=0)
-        self.sync.comm_s += time.perf_counter() - start
-        offset = 0
-        for p in params:
-            p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
-
-    def register(self, ddp_model: torch.nn.parallel.DistributedDataParallel, **_: Any) -> None:
-        """Install :func:`codec_hook` on a DDP model (also for flat layouts: no fast path)."""
-        self.sync.weight_in_loss = False
-        ddp_model.register_comm_hook(self, codec_hook)
-
-    def install(self) -> None:
-        """Make the trainer's sync use this reducer (``reduce_``, ``register``, manual mode)."""
-        self.sync.reduce_ = self.reduce_
-        self.sync.register = self.register
-        self.sync.sync_after_backward = self.sync_after_backward
-
 
 def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
-    """DDP communication hook: queue the bucket's shapes, hand it to ``sync.submit``.
+    """DDP communication hook: hand the bucket and its shapes to ``sync.submit``.
 
     Unannotated on purpose: under ``from __future__ import annotations`` the annotations are
     strings and DDP's ``_check_comm_hook`` rejects anything but the ``dist.GradBucket`` class.
@@ -200,8 +179,8 @@ def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
         ``torch.futures.Future[torch.Tensor]`` of the reduced buffer (the sync's comm thread
         completes it; buckets run in DDP's order, the same on every rank).
     """
-    reducer.shapes.append((bucket.index(), [p.shape for p in bucket.parameters()]))
-    return reducer.sync.submit(bucket.buffer())
+    return reducer.sync.submit(bucket.buffer(), [p.shape for p in bucket.parameters()],
+                               bucket.index())
 
 
 class SpeedController:
@@ -227,16 +206,21 @@ class SpeedController:
         self.world = dist.get_world_size()
 
     def step(self, optimizer: torch.optim.Optimizer, loss_fn: Any) -> Any:
-        """``Trainer.step`` plus the rebalancing bookkeeping; returns the trainer's result."""
-        if getattr(self.trainer, "speed", None) is self:  # Trainer.step calls after_step itself
-            return self.trainer.step(optimizer, loss_fn)
-        batch = self.trainer.local_batch
-        result = self.trainer.step(optimizer, loss_fn)
-        self.after_step(result.compute_s, batch)
-        return result
+        """``Trainer.step`` (which calls :meth:`after_step` itself); returns its result."""
+        return self.trainer.step(optimizer, loss_fn)
+
+    def before_wrap(self, model: torch.nn.Module) -> None:
+        """Called by ``Trainer.wrap`` before DDP is built: with ``auto``, measure the links, pick
+        the layout and switch the trainer to it (collective)."""
+        if self.trainer.contract.hierarchy != "auto":
+            return
+        grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+        link, costs, mode = measure_and_choose(self.trainer, grad_bytes=grad_bytes)
+        self.trainer.use_layout(mode)
+        self.link, self.predicted_sync_s, self.chosen_hierarchy = link, costs, mode
 
     def after_step(self, compute_s: float, batch: int) -> None:
-        """Bookkeeping after one trainer step (the hook point if ``Trainer.step`` calls it).
+        """Bookkeeping after one trainer step (``Trainer.step`` calls it).
 
         Args:
             compute_s: this rank's compute seconds of the step (``StepResult.compute_s``).
@@ -257,58 +241,36 @@ class SpeedController:
         """Measured samples/s of one device per GPU product (for job status and the planner)."""
         if self.rebalancer is None:
             return {}
-        return self.rebalancer.throughput_by_class([e.gpu_product for e in self.trainer.contract.topology])
+        return self.rebalancer.throughput_by_class(
+            [e.gpu_product for e in self.trainer.contract.topology])
 
 
 def attach(trainer: Any, config: SpeedConfig | None = None) -> SpeedController:
-    """Install the speed features on ``trainer`` (call on every rank, before ``trainer.wrap``).
+    """Compose the speed features with ``trainer`` (call on every rank, before ``trainer.wrap``).
 
     ``trainer.wrap`` then first measures the links and re-lays the groups when the contract says
-    ``auto`` (collective; the gradient size is known there), and installs :class:`CodecReducer`.
+    ``auto`` (collective; the gradient size is known there), and the sync reduces through
+    :class:`CodecReducer` when rebalancing or compression is on.
 
     Args:
         trainer: a :class:`hetero_worker.trainer.Trainer` not yet wrapped around a model.
         config: default :meth:`SpeedConfig.from_contract` of the trainer's contract.
 
     Returns:
-        The :class:`SpeedController`; call its :meth:`~SpeedController.step` instead of
-        ``trainer.step``.
+        The :class:`SpeedController` (``trainer.step`` drives it).
 
     Raises:
         RuntimeError: the trainer already wrapped a model.
     """
-    if getattr(trainer, "speed", None) is not None:  # init() attached already (job asked for it)
+    if trainer.speed is not None:  # init() attached already (job asked for it)
         return trainer.speed
     if trainer.model is not None:
         raise RuntimeError("attach() must run before Trainer.wrap()")
     controller = SpeedController(trainer, config or SpeedConfig.from_contract(trainer.contract))
-    original_wrap = trainer.wrap
-
-    def wrap(model: torch.nn.Module) -> torch.nn.Module:
-        if trainer.contract.hierarchy == "auto":
-            grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
-            link, costs, mode = measure_and_choose(trainer, grad_bytes=grad_bytes)
-            _relayout(trainer, mode)
-            controller.link, controller.predicted_sync_s = link, costs
-            controller.chosen_hierarchy = mode
-        return original_wrap(model)
-
-    trainer.wrap = wrap
     if controller.rebalancer is not None or controller.config.compression.mode != "none":
         controller.reducer.install()  # else the trainer's own sync (and its flat fast path) stays
+    trainer.use_speed(controller)
     return controller
-
-
-def _relayout(trainer: Any, mode: str) -> None:
-    from hetero_worker.groups import build_process_groups
-    from hetero_worker.topology import build_layout
-    if mode == trainer.layout.mode:
-        return
-    trainer.layout = build_layout(trainer.contract.topology, mode)
-    trainer.groups = build_process_groups(
-        trainer.layout, trainer.rank, topology_group_of=[e.group for e in trainer.contract.topology],
-        intra_backend="nccl" if trainer.device.type == "cuda" else "gloo")
-    trainer.sync.groups = trainer.groups
 
 
 def places_of(topology: Sequence[Any]) -> list[RankPlace]:
@@ -320,14 +282,16 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
                        probe_bytes: int = 1 << 20) -> tuple[LinkModel, dict[str, float], str]:
     """Measure intra- and inter-node bandwidth once, then pick the cheapest hierarchy.
 
-    Collective on all ranks.  The probe builds the node layout's groups and times a
-    ``probe_bytes`` all-reduce (and a 4-byte one, for latency) inside every node at once, among
-    the node leaders, and over all ranks (the flat ring, whose measured bandwidth then stands in
-    for the per-edge model of ``flat``); the times are MAX-reduced so every rank computes the same
-    choice.
+    Collective on all ranks.  The probe builds the groups the ``node`` and ``flat`` layouts would
+    train with (``trainer.build_groups``: the communicator rule's backends, NCCL inside a node of
+    one GPU type, Gloo elsewhere) and times a ``probe_bytes`` all-reduce (and a 4-byte one, for
+    latency) of tensors on the training device inside every node at once, among the node leaders,
+    and over all ranks (the flat ring, whose measured bandwidth then stands in for the per-edge
+    model of ``flat``); the times are MAX-reduced so every rank computes the same choice.  Every
+    probe group is destroyed afterwards.
 
     Args:
-        trainer: the trainer (contract topology, rank).
+        trainer: the trainer (contract topology, rank, device, ``build_groups``).
         grad_bytes: fp32 gradient bytes per rank (default: 100 MiB; only the ratio between modes
             matters once bandwidth dominates).
         probe_bytes: bytes per probe all-reduce.
@@ -335,23 +299,29 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
     Returns:
         ``(link model, predicted seconds per mode, chosen mode)``.
     """
-    from hetero_worker.groups import build_process_groups
-    from hetero_worker.topology import build_layout
     topology = trainer.contract.topology
     places = places_of(topology)
-    layout = build_layout(topology, "node")
-    groups = build_process_groups(layout, trainer.rank, topology_group_of=[e.group for e in topology])
-    times = torch.zeros(6, dtype=torch.float64)
-    if len(groups.intra_ranks) > 1 and not layout.is_flat:  # inside every node at once
-        times[0], times[1] = _time_allreduce(probe_bytes, groups.intra), _time_allreduce(4, groups.intra)
-    dist.barrier()
-    if groups.leaders is not None:  # the node leaders' ring
-        times[2], times[3] = _time_allreduce(probe_bytes, groups.leaders), _time_allreduce(4, groups.leaders)
-    dist.barrier()
-    if dist.get_world_size() > 1:  # one ring over all ranks (what flat does)
-        times[4], times[5] = _time_allreduce(probe_bytes, None), _time_allreduce(4, None)
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank decides on the same numbers
-    link = _link_from_times(times.tolist(), probe_bytes, layout, dist.get_world_size())
+    device = trainer.device
+    node = trainer.build_groups("node")
+    flat = trainer.build_groups("flat")
+    try:
+        times = torch.zeros(6, dtype=torch.float64)
+        if len(node.intra_ranks) > 1 and not node.layout.is_flat:  # inside every node at once
+            times[0] = _time_allreduce(probe_bytes, node.intra, node.intra_backend, device)
+            times[1] = _time_allreduce(4, node.intra, node.intra_backend, device)
+        dist.barrier()
+        if node.leaders is not None:  # the node leaders' ring (Gloo, as in training)
+            times[2] = _time_allreduce(probe_bytes, node.leaders, "gloo", device)
+            times[3] = _time_allreduce(4, node.leaders, "gloo", device)
+        dist.barrier()
+        if dist.get_world_size() > 1:  # one ring over all ranks (what flat trains with)
+            times[4] = _time_allreduce(probe_bytes, flat.intra, flat.intra_backend, device)
+            times[5] = _time_allreduce(4, flat.intra, flat.intra_backend, device)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # every rank decides on the same numbers
+    finally:
+        node.destroy()
+        flat.destroy()
+    link = _link_from_times(times.tolist(), probe_bytes, node.layout, dist.get_world_size())
     size = grad_bytes or float(100 << 20)
     costs = predict_modes(places, size, link)
     return link, costs, _settle_close_calls(trainer, costs, size)
@@ -364,54 +334,68 @@ def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float
 
     The link model ignores per-call software costs (a hierarchy runs three collectives per DDP
     bucket on the sync's Python thread, flat one all-reduce per bucket in DDP's C++), so the
-    trial runs exactly those paths on a gradient-sized buffer cut like DDP's buckets (1 MiB
-    first, then up to 25 MiB).  Collective; times are MAX-reduced so every rank picks the same.
+    trial runs exactly those paths, with the training backends on the training device, on a
+    gradient-sized buffer cut like DDP's buckets (1 MiB first, then up to 25 MiB).  Collective;
+    times are MAX-reduced so every rank picks the same.  The trial groups are destroyed.
     """
-    from hetero_worker.groups import build_process_groups
     from hetero_worker.linkcost import FIXED_MODES
     from hetero_worker.sync import WeightedGradSync
-    from hetero_worker.topology import build_layout
     best = min(FIXED_MODES, key=lambda m: (round(costs[m], 9), FIXED_MODES.index(m)))
     close = [m for m in ("flat", "node", "arch") if costs[m] <= margin * costs[best]
              and costs[m] <= budget_s]
     if len(close) < 2:
         return best
-    topology = trainer.contract.topology
     numel = int(min(grad_bytes, 64 << 20) // 4)
     first = min(numel, (1 << 20) // 4)
     sizes = [first] + [min(25 << 18, numel - o) for o in range(first, numel, 25 << 18)]
     timed = torch.zeros(len(close), dtype=torch.float64)
     for i, mode in enumerate(close):
-        groups = build_process_groups(build_layout(topology, mode), trainer.rank,
-                                      topology_group_of=[e.group for e in topology])
-        sync = WeightedGradSync(groups, [1] * len(topology))
+        groups = trainer.build_groups(mode)
+        sync = WeightedGradSync(groups, [1] * len(trainer.contract.topology))
         samples = []
-        for _ in range(repeats + 1):  # the first one opens connections
-            pieces = [torch.zeros(n) for n in sizes if n > 0]
-            dist.barrier()
-            start = time.perf_counter()
-            if groups.layout.is_flat:
-                for piece in pieces:
-                    dist.all_reduce(piece)
-            else:
-                for future in [sync.submit(piece) for piece in pieces]:
-                    future.wait()
-            samples.append(time.perf_counter() - start)
-        close_fn = getattr(sync, "close", None)
-        if callable(close_fn):
-            close_fn()
+        try:
+            for _ in range(repeats + 1):  # the first one opens connections
+                pieces = [torch.zeros(n, device=trainer.device) for n in sizes if n > 0]
+                dist.barrier()
+                start = time.perf_counter()
+                if groups.layout.is_flat:  # DDP's own all-reduce per bucket, no Python thread
+                    for piece in pieces:
+                        hierarchical_all_reduce_(piece, groups)
+                else:
+                    for future in [sync.submit(piece) for piece in pieces]:
+                        future.wait()
+                if trainer.device.type == "cuda":
+                    torch.cuda.synchronize(trainer.device)
+                samples.append(time.perf_counter() - start)
+        finally:
+            sync.close()
+            groups.destroy()
         timed[i] = sorted(samples[1:])[len(samples[1:]) // 2]
     dist.all_reduce(timed, op=dist.ReduceOp.MAX)
     return close[int(torch.argmin(timed))]
 
 
-def _time_allreduce(nbytes: int, group: Any, repeats: int = 3) -> float:
-    t = torch.zeros(max(nbytes // 4, 1))
-    dist.all_reduce(t, group=group)  # warm-up (connections)
+def _time_allreduce(nbytes: int, group: Any, backend: str, device: torch.device,
+                    repeats: int = 3) -> float:
+    """Best of ``repeats`` SUM all-reduces of ``nbytes`` on ``device`` over ``group`` (seconds),
+    the way training runs them (a Gloo group with CUDA tensors goes through a host copy)."""
+    t = torch.zeros(max(nbytes // 4, 1), device=device)
+
+    def once() -> None:
+        if backend == "gloo" and t.is_cuda:
+            host = t.cpu()
+            dist.all_reduce(host, group=group)
+            t.copy_(host)
+        else:
+            dist.all_reduce(t, group=group)
+        if t.is_cuda:
+            torch.cuda.synchronize(t.device)
+
+    once()  # warm-up (connections, NCCL communicator)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        dist.all_reduce(t, group=group)
+        once()
         best = min(best, time.perf_counter() - start)
     return best
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from hetero_worker.flatbuf import flat_reduce_
 
 def default_store() -> dist.Store:
     """The store of the default process group (the rendezvous ``TCPStore``)."""
@@ -94,43 +97,56 @@ def steal_step(*, step: int, dispenser: MicroBatchDispenser, params: Sequence[to
                compute: Callable[[int, int], torch.Tensor],
                allreduce: Callable[[list[torch.Tensor]], None] | None = None,
                on_take: Callable[[int], None] | None = None,
-               on_drained: Callable[[], None] | None = None) -> StealResult:
+               on_drained: Callable[[], None] | None = None,
+               autocast: Callable[[], AbstractContextManager[Any]] | None = None,
+               scale: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StealResult:
     """Run one work-stealing step: take micro-batches until none are left, then synchronise.
+
+    Everything is computed on the parameters' device: the loss sum and the sample count travel
+    in the same buffer as the gradients (one collective), so they live where the gradients live.
 
     Args:
         step: global step index (same on all ranks).
         dispenser: the shared micro-batch counter.
-        params: parameters whose ``.grad`` accumulates; zeroed here first.
+        params: parameters whose ``.grad`` accumulates; zeroed here first. All on one device.
         compute: ``compute(start, end)`` runs forward on step positions ``[start, end)`` and returns
             the *summed* (not mean) loss, a scalar tensor; this function calls ``backward``.
         allreduce: SUM all-reduce over all ranks of a list of tensors in place (default: one flat
             ``dist.all_reduce``; pass a hierarchical sync to use groups).
         on_take: called with each taken index before it is computed (tests use it to stall).
         on_drained: called once this rank found no micro-batch left (before the all-reduce).
+        autocast: context manager factory the forward runs under (the rank's precision; default
+            none).
+        scale: applied to each loss before ``backward`` (a ``GradScaler.scale``; the gradients
+            then stay scaled, and the caller unscales before the optimizer step).
 
     Returns:
         :class:`StealResult`; afterwards every ``p.grad`` holds the mean gradient over the samples
-        processed by all ranks (identical on every rank).
+        processed by all ranks (identical on every rank; times the loss scale under ``scale``).
     """
+    device = params[0].device if params else torch.device("cpu")
     for p in params:
         p.grad = torch.zeros_like(p)
     taken: list[int] = []
     local = 0
-    loss_sum = torch.zeros(())
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     start_s = time.perf_counter()
     while (index := dispenser.take(step)) is not None:
         if on_take is not None:
             on_take(index)
         lo, hi = dispenser.bounds(index)
-        loss = compute(lo, hi)
-        loss.backward()
-        loss_sum += loss.detach()
+        with autocast() if autocast is not None else nullcontext():
+            loss = compute(lo, hi)
+        (scale(loss) if scale is not None else loss).backward()
+        loss_sum += loss.detach().to(torch.float64)
         taken.append(index)
         local += hi - lo
     compute_s = time.perf_counter() - start_s
     if on_drained is not None:
         on_drained()
-    counts = torch.tensor([float(local), float(loss_sum)])
+    wire = params[0].dtype if params else torch.float64  # counts ride with the gradients
+    counts = torch.stack([torch.tensor(float(local), dtype=torch.float64, device=device),
+                          loss_sum]).to(wire)
     tensors = [p.grad for p in params] + [counts]
     (allreduce or _flat_allreduce)(tensors)  # SUM: gradients of summed losses, samples, loss
     total = round(float(counts[0]))
@@ -143,60 +159,28 @@ def steal_step(*, step: int, dispenser: MicroBatchDispenser, params: Sequence[to
 
 
 def _flat_allreduce(tensors: list[torch.Tensor]) -> None:
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat)
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
+    """One SUM all-reduce over the default (Gloo) group, in the widest dtype of ``tensors``."""
+    flat_reduce_(tensors, dist.all_reduce, dtype=_wire_dtype(tensors))
 
 
-def trainer_steal_step(trainer: Any, optimizer: torch.optim.Optimizer, dispenser: MicroBatchDispenser,
-                       loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]) -> StealResult:
-    """One work-stealing optimizer step of a :class:`hetero_worker.trainer.Trainer`.
+def _wire_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
-    The step's samples are the next ``global_batch`` positions of the trainer's sampler order
-    (so epochs stay covered exactly as with the fixed split); micro-batches are computed on the
-    unwrapped module (no DDP all-reduce per backward) and reduced once with the trainer's
-    hierarchical groups.  Call :meth:`Trainer.wrap` and :meth:`Trainer.loader` first.
 
-    Args:
-        trainer: the rank's trainer.
-        optimizer: over the model's parameters.
-        dispenser: shared counter; ``global_batch`` must equal the trainer's global batch.
-        loss_sum_fn: ``loss_sum_fn(module, dataset_indices)`` returns the *summed* loss of those
-            samples (scalar tensor).
-
-    Returns:
-        The :class:`StealResult` (the optimizer step is taken).
-
-    Raises:
-        RuntimeError: no model or loader yet.
-    """
+def hierarchical_allreduce(groups: Any) -> Callable[[list[torch.Tensor]], None]:
+    """An ``allreduce`` for :func:`steal_step` over the job's hierarchical groups."""
     from hetero_worker.groups import hierarchical_all_reduce_
-    sampler, module = trainer.sampler, trainer.module
-    if sampler is None or module is None:
-        raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
-    if sampler.num_samples - sampler.cursor < sampler.global_batch:
-        sampler.set_epoch(sampler.epoch + 1)
-    order = sampler.permutation(sampler.epoch)
-    base = sampler.cursor
-    params = [p for p in module.parameters() if p.requires_grad]
-
-    def compute(lo: int, hi: int) -> torch.Tensor:
-        return loss_sum_fn(module, order[base + lo:base + hi].tolist())
 
     def allreduce(tensors: list[torch.Tensor]) -> None:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        hierarchical_all_reduce_(flat, trainer.groups)
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        flat_reduce_(tensors, lambda flat: hierarchical_all_reduce_(flat, groups),
+                     dtype=_wire_dtype(tensors))
+    return allreduce
 
-    result = steal_step(step=trainer.global_step, dispenser=dispenser, params=params,
-                        compute=compute, allreduce=allreduce)
-    optimizer.step()
-    sampler.cursor += sampler.global_batch
-    trainer.global_step += 1
-    return result
+
+def trainer_steal_step(trainer: Any, optimizer: torch.optim.Optimizer,
+                       dispenser: MicroBatchDispenser,
+                       loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]
+                       ) -> StealResult:
+    """One work-stealing optimizer step of a trainer: ``trainer.steal_step(...)`` (see
+    :meth:`hetero_worker.trainer.Trainer.steal_step`)."""
+    return trainer.steal_step(optimizer, dispenser, loss_sum_fn)

@@ -31,7 +31,15 @@ post-accumulate-grad hook per parameter marks it) to the end of backward is time
 waiting for collectives, including waiting for slower ranks.
 
 The split is pluggable: :meth:`WeightedGradSync.set_split` takes the list of local batches for the
-next step, so a rebalancer only passes new numbers at a step boundary.
+next step, so a rebalancer only passes new numbers at a step boundary. So is the reduction itself:
+:meth:`WeightedGradSync.use_reducer` hands every reduction to a collaborator (the speed features'
+codec reducer) by composition; nothing replaces the sync's methods at runtime.
+
+Futures completed on the communication thread are created with their device
+(``torch.futures.Future(devices=[device])``): only then does torch record a CUDA event when the
+thread sets the result and make DDP's stream wait for it (a future without devices skips that
+synchronisation; see the FIXME in torch/csrc/distributed/c10d/reducer.cpp and the ``devices``
+argument of ``torch.futures.Future``).
 """
 
 # No `from __future__ import annotations`: DDP checks the hook's annotations as real objects.
@@ -40,11 +48,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
+from hetero_worker.flatbuf import flat_reduce_
 from hetero_worker.groups import ProcessGroups, hierarchical_all_reduce_
 
 
@@ -90,7 +98,23 @@ class WeightedGradSync:
         self.weight_in_loss = False
         self.local_batches: tuple[int, ...] = ()
         self.weight = 1.0
+        self.reducer: Any = None
         self.set_split(local_batches)
+
+    def use_reducer(self, reducer: Any) -> None:
+        """Hand every reduction to ``reducer`` from now on (call before :meth:`register`).
+
+        ``reducer`` provides ``reduce_views_(flat, shapes, key) -> flat`` (weighting included) and
+        ``hook`` (a DDP comm hook taking ``(reducer, bucket)``); see
+        :class:`hetero_worker.speed.CodecReducer`.
+        """
+        self.reducer = reducer
+
+    def set_groups(self, groups: ProcessGroups) -> None:
+        """Reduce over ``groups`` from the next reduction on (same rank; at a step boundary)."""
+        if groups.rank != self.groups.rank:
+            raise ValueError(f"groups of rank {groups.rank} given to rank {self.groups.rank}")
+        self.groups = groups
 
     def set_split(self, local_batches: Sequence[int]) -> None:
         """Use a new batch split from the next reduction on (call at a step boundary)."""
@@ -102,11 +126,19 @@ class WeightedGradSync:
         value, self.comm_s = self.comm_s, 0.0
         return value
 
-    def reduce_(self, flat: torch.Tensor) -> torch.Tensor:
+    def reduce_(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None = None,
+                key: int = 0) -> torch.Tensor:
         """Weight ``flat`` (1-D gradient buffer) by ``weight`` and sum it over all ranks in place.
 
         Blocking; returns ``flat``. Does not touch :attr:`comm_s` (callers account for waiting).
+
+        Args:
+            flat: 1-D buffer on CPU or the rank's CUDA device.
+            shapes: the gradient shapes laid out in ``flat`` (the reducer's codec may need them).
+            key: codec slot (DDP bucket index).
         """
+        if self.reducer is not None:
+            return self.reducer.reduce_views_(flat, shapes, key)
         flat.mul_(self.weight)
         sent = hierarchical_all_reduce_(flat, self.groups)
         if sent:
@@ -116,15 +148,17 @@ class WeightedGradSync:
                 self.on_inter_group_bytes(sent)
         return flat
 
-    def submit(self, flat: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    def submit(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None = None,
+               key: int = 0) -> torch.futures.Future[torch.Tensor]:
         """Queue :meth:`reduce_` of ``flat`` on the communication thread; a future of the result.
 
-        Buckets run strictly in submission order (one worker thread).
+        Buckets run strictly in submission order (one worker thread). The future carries
+        ``flat``'s device, so completing it from the thread synchronises CUDA streams.
         """
         self.mark_ready()
-        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future = device_future(flat.device)
         if not self.overlap:
-            future.set_result(self.reduce_(flat))
+            future.set_result(self.reduce_(flat, shapes, key))
             self.comm_s += time.perf_counter() - self.last_ready_s
             return future
         if self._executor is None:
@@ -134,7 +168,7 @@ class WeightedGradSync:
             try:
                 if flat.is_cuda:  # the thread's current device defaults to cuda:0
                     torch.cuda.set_device(flat.device)
-                future.set_result(self.reduce_(flat))
+                future.set_result(self.reduce_(flat, shapes, key))
             except BaseException as exc:  # surfaces in DDP's wait on the future
                 future.set_exception(exc)
 
@@ -172,9 +206,14 @@ class WeightedGradSync:
                  fast_flat: bool = True) -> None:
         """Make ``ddp_model`` reduce with this sync (before its first backward).
 
-        Installs :func:`weighted_hook`; for a flat layout with ``fast_flat`` it keeps DDP's
-        built-in all-reduce and moves the weight into the loss (:attr:`loss_factor`).
+        Installs :func:`weighted_hook` (or the reducer's hook, see :meth:`use_reducer`); for a
+        flat layout with ``fast_flat`` and no reducer it keeps DDP's built-in all-reduce and moves
+        the weight into the loss (:attr:`loss_factor`).
         """
+        if self.reducer is not None:
+            self.weight_in_loss = False
+            ddp_model.register_comm_hook(self.reducer, self.reducer.hook)
+            return
         if fast_flat and self.groups.layout.is_flat:
             self.weight_in_loss = True
             return
@@ -192,10 +231,15 @@ class WeightedGradSync:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params]
         start = time.perf_counter()
-        flat = self.reduce_(_flatten_dense_tensors(grads))
+        flat_reduce_(grads, lambda flat: self.reduce_(flat, [g.shape for g in grads]))
         self.comm_s += time.perf_counter() - start
-        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            grad.copy_(synced)
+
+
+def device_future(device: torch.device) -> torch.futures.Future:
+    """A future that synchronises ``device``'s streams when completed (CPU: a plain future)."""
+    if device.type == "cuda":
+        return torch.futures.Future(devices=[device])
+    return torch.futures.Future()
 
 
 def weighted_hook(sync: WeightedGradSync,

@@ -18,6 +18,11 @@ Example (the whole surface; see docs/worker.md)::
 weighted by ``local_batch / global_batch`` and summed hierarchically inside backward), the
 fp16 scaler with cross-rank skip agreement, the optimizer step, and records step / compute /
 communication-wait time, samples and loss to the rank's metrics.
+
+Process groups follow the communicator rule (:mod:`hetero_worker.commplan`): the default group
+is Gloo only; NCCL only inside a group of one GPU type and PyTorch build; DDP is built on the
+plan's DDP group. Speed features compose through :meth:`Trainer.use_speed` (the controller's
+``before_wrap`` / ``after_step``), never by replacing the trainer's methods.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +40,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_worker import checkpoint, rendezvous
+from hetero_worker.commplan import CommRank, plan_communicators
 from hetero_worker.contract import Contract
-from hetero_worker.groups import build_process_groups
+from hetero_worker.groups import ProcessGroups, build_process_groups, gather_comm_ranks
 from hetero_worker.precision import PrecisionPolicy, agree_found_inf
 from hetero_worker.preflight import exit_on_setup_error, preflight
 from hetero_worker.sampler import HeteroBatchSampler
@@ -111,10 +118,13 @@ class Trainer:
         self.precision = PrecisionPolicy(precision=contract.precision,
                                          device_type=self.device.type)
         self.local_batches = list(contract.local_batches)
-        self.layout = build_layout(contract.topology, contract.hierarchy)
-        self.groups = build_process_groups(
-            self.layout, self.rank, topology_group_of=[e.group for e in contract.topology],
-            intra_backend="nccl" if use_cuda else "gloo")
+        self.comm_ranks: list[CommRank] = gather_comm_ranks(contract.topology, self.device)
+        builds = sorted({r.torch_build for r in self.comm_ranks})
+        if len(builds) > 1:
+            warnings.warn(f"ranks run different PyTorch builds ({', '.join(builds)}); groups that "
+                          "would cross them use Gloo (plan one build per job)", stacklevel=2)
+        self.groups = self.build_groups(contract.hierarchy)
+        self.layout = self.groups.layout
         self.metrics = _make_metrics(contract)
         self.sync = WeightedGradSync(self.groups, self.local_batches,
                                      on_inter_group_bytes=self.metrics.add_inter_group_bytes)
@@ -131,6 +141,36 @@ class Trainer:
         self.metrics.set_local_batch(self.local_batches[self.rank])
 
     # --- setup ------------------------------------------------------------------------------
+    def build_groups(self, mode: str) -> ProcessGroups:
+        """Create the process groups of hierarchy ``mode`` under the communicator rule.
+
+        Collective: every rank calls it with the same ``mode``. The caller owns the result
+        (``ProcessGroups.destroy`` when it was only a probe).
+        """
+        layout = build_layout(self.contract.topology, mode)
+        plan = plan_communicators(self.comm_ranks, layout)
+        return build_process_groups(plan, self.rank,
+                                    topology_group_of=[e.group for e in self.contract.topology])
+
+    def use_layout(self, mode: str) -> None:
+        """Switch to hierarchy ``mode`` before :meth:`wrap` (collective); the old groups are
+        destroyed."""
+        if self.model is not None:
+            raise RuntimeError("use_layout() must run before wrap()")
+        if mode == self.layout.mode:
+            return
+        old, self.groups = self.groups, self.build_groups(mode)
+        self.layout = self.groups.layout
+        self.sync.set_groups(self.groups)
+        old.destroy()
+
+    def use_speed(self, controller: Any) -> None:
+        """Compose a speed controller (``before_wrap(model)``, ``after_step(compute_s, batch)``;
+        :func:`hetero_worker.speed.attach` calls this)."""
+        if self.model is not None:
+            raise RuntimeError("use_speed() must run before wrap()")
+        self.speed = controller
+
     @property
     def local_batch(self) -> int:
         """This rank's samples per step."""
@@ -148,14 +188,19 @@ class Trainer:
         weighted hierarchical sum (:mod:`hetero_worker.sync`); in ``manual`` mode returns the
         model itself after broadcasting rank 0's parameters.
         """
+        if self.speed is not None:
+            self.speed.before_wrap(model)  # e.g. hierarchy auto: measure, then use_layout
         self.module = model.to(self.device)
         if self.sync_mode == "manual":
-            for tensor in self.module.state_dict().values():
-                dist.broadcast(tensor, src=0)
+            for tensor in self.module.state_dict().values():  # over the Gloo world group
+                broadcast_from_rank0_(tensor)
             self.model = self.module
             return self.model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = DistributedDataParallel(self.module, device_ids=device_ids)
+        # DDP's start-up check and broadcast (and the flat fast path) run on a group that obeys
+        # the communicator rule: the flat NCCL group of a one-type job, else the Gloo world.
+        ddp = DistributedDataParallel(self.module, device_ids=device_ids,
+                                      process_group=self.groups.ddp_group)
         for param in self.module.parameters():  # marks "backward compute done" for wait timing
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(lambda _p: self.sync.mark_ready())
@@ -220,6 +265,52 @@ class Trainer:
         result = self._record(loss.detach().float().item(), skipped, step_s)
         if self.speed is not None:
             self.speed.after_step(result.compute_s, batch)
+        return result
+
+    def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: Any,
+                   loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]) -> Any:
+        """One work-stealing optimizer step (:mod:`hetero_worker.stealing`).
+
+        The step's samples are the next ``global_batch`` positions of the sampler's order (epochs
+        stay covered exactly as with the fixed split); micro-batches run on the unwrapped module
+        on this rank's device, under its autocast and loss scaler, and are reduced once with the
+        hierarchical groups. Call :meth:`wrap` and :meth:`loader` first.
+
+        Args:
+            optimizer: over the model's parameters.
+            dispenser: a :class:`~hetero_worker.stealing.MicroBatchDispenser` whose
+                ``global_batch`` equals the trainer's global batch.
+            loss_sum_fn: ``loss_sum_fn(module, dataset_indices)`` returns the *summed* loss of
+                those samples (scalar tensor).
+
+        Returns:
+            The :class:`~hetero_worker.stealing.StealResult` (the optimizer step is taken, or
+            skipped on every rank when the fp16 scaler found inf/NaN).
+
+        Raises:
+            RuntimeError: no model or loader yet.
+        """
+        from hetero_worker.stealing import hierarchical_allreduce, steal_step
+        sampler, module = self.sampler, self.module
+        if sampler is None or module is None:
+            raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
+        if sampler.num_samples - sampler.cursor < sampler.global_batch:
+            sampler.set_epoch(sampler.epoch + 1)
+        order = sampler.permutation(sampler.epoch)
+        base = sampler.cursor
+        optimizer.zero_grad(set_to_none=True)
+
+        def compute(lo: int, hi: int) -> torch.Tensor:
+            return loss_sum_fn(module, order[base + lo:base + hi].tolist())
+
+        result = steal_step(step=self.global_step, dispenser=dispenser,
+                            params=[p for p in module.parameters() if p.requires_grad],
+                            compute=compute, allreduce=hierarchical_allreduce(self.groups),
+                            autocast=self.precision.autocast,
+                            scale=self.scaler.scale if self.scaler is not None else None)
+        self._optimizer_step(optimizer)
+        sampler.cursor += sampler.global_batch
+        self.global_step += 1
         return result
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -381,17 +472,26 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     use_cuda = torch.cuda.is_available() and not contract.device.simulated
     if use_cuda:
         torch.cuda.set_device(cuda_index(contract))
-    rendezvous.init_distributed(
+    rendezvous.init_distributed(  # Gloo only: never a world-wide NCCL communicator
         rank=contract.rank, world_size=contract.world_size, master_addr=contract.master_addr,
-        master_port=contract.master_port,
-        backend="cpu:gloo,cuda:nccl" if use_cuda else "gloo", timeout_s=rendezvous_timeout_s)
+        master_port=contract.master_port, backend="gloo", timeout_s=rendezvous_timeout_s)
     seed_everything(seed)
     trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
                       sync_mode=sync_mode)
     if wants_speed_features(contract) and sync_mode == "hook":
         from hetero_worker.speed import attach  # rebalancing, compression, link-aware hierarchy
-        trainer.speed = attach(trainer)
+        attach(trainer)
     return trainer
+
+
+def broadcast_from_rank0_(tensor: torch.Tensor) -> None:
+    """Broadcast ``tensor`` from rank 0 over the (Gloo) default group; CUDA through the host."""
+    if tensor.device.type == "cpu":
+        dist.broadcast(tensor, src=0)
+        return
+    host = tensor.cpu()
+    dist.broadcast(host, src=0)
+    tensor.copy_(host)
 
 
 def wants_speed_features(contract: Contract) -> bool:
