@@ -167,9 +167,6 @@ class RunPolicy:
         suspend: True keeps no pods running (Kueue admission un-suspends).
         queue: Kueue/Volcano queue name, ``""`` for none.
         priority_class: PriorityClass of the pods, ``""`` for none.
-        node_loss_grace_seconds: how long a node may be NotReady/Unknown or unreachable before
-            the job's pods on it are force-deleted and the gang restarts elsewhere (default
-            300 s, Kubernetes' default ``tolerationSeconds`` for the unreachable taint).
     """
 
     backoff_limit: int = 3
@@ -179,7 +176,6 @@ class RunPolicy:
     suspend: bool = False
     queue: str = ""
     priority_class: str = ""
-    node_loss_grace_seconds: int = 300
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -207,7 +203,6 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
     spec = _map(body, "spec", "spec")
     labels = _map(meta, "labels", "metadata.labels", required=False)
     run_policy = _run_policy(_map(spec, "runPolicy", "spec.runPolicy", required=False))
-    _refuse_unknown_fields(body)
     if labels.get("kueue.x-k8s.io/queue-name") and not run_policy.queue:
         run_policy = replace(run_policy, queue=str(labels["kueue.x-k8s.io/queue-name"]))
     return JobSpec(
@@ -225,17 +220,6 @@ def _worker(w: Mapping[str, Any]) -> WorkerTemplate:
     command = _str_list(w, "command", "spec.worker.command", required=True)
     if not command:
         raise SpecError("spec.worker.command", "must name the program each rank runs, "
-def _refuse_unknown_fields(body: Mapping[str, Any]) -> None:
-    """Strict like ``kubectl apply``: a field the CRD does not define is an error (first one
-    named with the nearest known name, the others listed); see :mod:`hetero_operator.knownfields`."""
-    from .knownfields import unknown_fields
-
-    unknown = unknown_fields(body)
-    if unknown:
-        more = f" (also unknown: {', '.join(u.path for u in unknown[1:])})" if unknown[1:] else ""
-        raise SpecError(unknown[0].path, unknown[0].message() + more)
-
-
                         "e.g. [python, -m, hetero_worker.examples.digits]")
     return WorkerTemplate(
         command=command, args=_str_list(w, "args", "spec.worker.args"),
@@ -260,6 +244,10 @@ def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
             if not _CC_RE.match(cc):
                 raise SpecError(f"{p}.computeCapabilities", f"entries look like \"8.0\", got {cc!r}")
         major, minor = cuda.split(".")
+        torch_version = str(item.get("torchVersion") or "")
+        if torch_version and not _TORCH_RE.match(torch_version):
+            raise SpecError(f"{p}.torchVersion", "must look like \"2.13.0\" (a quoted PyTorch "
+                            f"release), got {torch_version!r}")
         out.append(ImageVariant(image=_str(item, "image", f"{p}.image"),
                                 cuda_version=(int(major), int(minor)), compute_capabilities=ccs,
                                 torch_version=torch_version,
@@ -268,10 +256,6 @@ def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
                                     f"{p}.cudaMinorVersionCompatible", False)))
     return tuple(out)
 
-        torch_version = str(item.get("torchVersion") or "")
-        if torch_version and not _TORCH_RE.match(torch_version):
-            raise SpecError(f"{p}.torchVersion", "must look like \"2.13.0\" (a quoted PyTorch "
-                            f"release), got {torch_version!r}")
 
 def _gpus(g: Mapping[str, Any]) -> GpuRequest:
     ranks = _int(g, "ranks", "spec.gpus.ranks", None, 1, 65536)
@@ -293,12 +277,12 @@ def _gpus(g: Mapping[str, Any]) -> GpuRequest:
         allow_mig=_bool(g, "allowMig", "spec.gpus.allowMig", True),
         min_memory_mib=_int(g, "minMemoryMiB", "spec.gpus.minMemoryMiB", 0, 0, 10**7),
         speed_overrides=overrides,
+        selection=_enum(g, "selection", "spec.gpus.selection", SELECTIONS),
+        min_gain_percent=_int(g, "minGainPercent", "spec.gpus.minGainPercent", 5, 0, 100),
     )
 
 
 def _training(t: Mapping[str, Any]) -> TrainingSpec:
-        selection=_enum(g, "selection", "spec.gpus.selection", SELECTIONS),
-        min_gain_percent=_int(g, "minGainPercent", "spec.gpus.minGainPercent", 5, 0, 100),
     p = "spec.training"
     ckpt = _map(t, "checkpoint", f"{p}.checkpoint", required=False)
     rebalance = _map(t, "rebalance", f"{p}.rebalance", required=False)
@@ -316,14 +300,10 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         rebalance_interval_steps=_int(rebalance, "intervalSteps", f"{p}.rebalance.intervalSteps", 0, 0, 10**6),
         compression=_enum(compression, "mode", f"{p}.compression.mode", COMPRESSIONS),
         powersgd_rank=_int(compression, "powerSGDRank", f"{p}.compression.powerSGDRank", 4, 1, 64),
+        profile_key=_profile_key(t, f"{p}.profileKey"),
     )
 
 
-def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
-        profile_key=_profile_key(t, f"{p}.profileKey"),
-    p = "spec.runPolicy"
-    sched = _map(r, "schedulingPolicy", f"{p}.schedulingPolicy", required=False)
-    return RunPolicy(
 def _profile_key(t: Mapping[str, Any], path: str) -> str:
     value = t.get("profileKey")
     if value is None or value == "":
@@ -353,14 +333,16 @@ def profile_key(job: JobSpec) -> str:
     return job.training.profile_key or default_profile_key(job.name)
 
 
+def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
+    p = "spec.runPolicy"
+    sched = _map(r, "schedulingPolicy", f"{p}.schedulingPolicy", required=False)
+    return RunPolicy(
         backoff_limit=_int(r, "backoffLimit", f"{p}.backoffLimit", 3, 0, 1000),
         active_deadline_seconds=_opt_int(r, "activeDeadlineSeconds", f"{p}.activeDeadlineSeconds"),
         ttl_seconds_after_finished=_opt_int(r, "ttlSecondsAfterFinished", f"{p}.ttlSecondsAfterFinished"),
         clean_pod_policy=_enum(r, "cleanPodPolicy", f"{p}.cleanPodPolicy", CLEAN_POD_POLICIES, "Running"),
         suspend=_bool(r, "suspend", f"{p}.suspend", False),
         queue=str(sched.get("queue", "")), priority_class=str(sched.get("priorityClass", "")),
-        node_loss_grace_seconds=_int(r, "nodeLossGraceSeconds", f"{p}.nodeLossGraceSeconds",
-                                     300, 0, 86400),
     )
 
 
