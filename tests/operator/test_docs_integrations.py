@@ -1,0 +1,38 @@
+"""The manifests shown in docs/dra.md and docs/kueue.md validate: built-in kinds strictly with
+kubernetes-validate for Kubernetes 1.34, Kueue kinds against Kueue's own CRD schemas
+(tests/fixtures/kueue/), HeteroTrainingJobs against our CRD."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.34.0"
+BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
+
+
+def doc_manifests(name: str) -> list[dict[str, Any]]:
+    text = (REPO / "docs" / name).read_text()
+    return [d for block in BLOCK.findall(text) for d in yaml.safe_load_all(block)
+            if isinstance(d, dict) and "kind" in d]
+
+
+def test_dra_doc_manifests_validate_for_kubernetes_134() -> None:
+    docs = doc_manifests("dra.md")
+    assert [d["kind"] for d in docs] == ["ResourceClaimTemplate", "Pod"]
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_dra_doc_template_is_what_the_operator_renders() -> None:
+    """The documented template is the rendered one of tests/operator/test_dra.py's MIG group."""
+    from test_dra import rendered
+
+    _plan, _pods, templates = rendered()
+    assert doc_manifests("dra.md")[0] == templates[1]
