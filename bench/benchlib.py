@@ -116,7 +116,8 @@ class Target:
 
     Attributes:
         name: what is measured, e.g. ``"proportional / ideal at 2 ms per sample"``.
-        op: ``">="`` or ``"<="``.
+        op: ``">="`` or ``"<="``; ``"info"`` for a figure reported without a target (``met``
+            is then None).
         target: the threshold (same unit as the runs).
         unit: shown after numbers (``"x"``, ``"ms"``, ``"MiB"``, ``""`` for a ratio).
         runs: one value per repeat.
@@ -136,12 +137,13 @@ class Target:
         Raises:
             ValueError: no runs or a NaN among them.
         """
-        if self.op not in (">=", "<="):
-            raise ValueError(f"op must be '>=' or '<=', got {self.op!r}")
+        if self.op not in (">=", "<=", "info"):
+            raise ValueError(f"op must be '>=', '<=' or 'info', got {self.op!r}")
         s = spread(self.runs)
-        met = s["median"] >= self.target if self.op == ">=" else s["median"] <= self.target
+        met = (None if self.op == "info" else
+               bool(s["median"] >= self.target if self.op == ">=" else s["median"] <= self.target))
         return {"name": self.name, "op": self.op, "target": self.target, "unit": self.unit,
-                **s, "met": bool(met), "note": self.note}
+                **s, "met": met, "note": self.note}
 
 
 def finite(value: Any, path: str = "$") -> None:
@@ -184,9 +186,10 @@ def print_targets(doc: dict[str, Any]) -> None:
     """One line per target: met/MISSED, median, spread."""
     for t in doc["targets"]:
         lo, hi = t["spread"]
-        print(f"{'met   ' if t['met'] else 'MISSED'} {t['name']}: median {t['median']:.4g}{t['unit']} "
+        verdict = "info  " if t["met"] is None else "met   " if t["met"] else "MISSED"
+        print(f"{verdict} {t['name']}: median {t['median']:.4g}{t['unit']} "
               f"(runs {', '.join(f'{v:.4g}' for v in t['runs'])}; range {lo:.4g}-{hi:.4g}) "
-              f"target {t['op']} {t['target']:g}{t['unit']}")
+              + ("" if t["met"] is None else f" target {t['op']} {t['target']:g}{t['unit']}"))
 
 
 def main_guard(fn: Callable[[], int]) -> int:

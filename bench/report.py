@@ -31,8 +31,9 @@ BENCHMARKS = [  # (results file stem, title, command)
 
 
 def _num(value: float, unit: str) -> str:
-    if unit in ("ms", "MiB", "s"):
-        return f"{value:.1f} {unit}" if abs(value) < 1000 else f"{value:,.0f} {unit}"
+    if unit.strip() in ("ms", "MiB", "s"):
+        u = unit.strip()
+        return f"{value:.1f} {u}" if abs(value) < 1000 else f"{value:,.0f} {u}"
     if unit == "%":
         return f"{value:+.2f} %"
     text = f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
@@ -53,8 +54,10 @@ def table(doc: dict[str, Any]) -> str:
     for t in doc["targets"]:
         lo, hi = t["spread"]
         unit = t["unit"]
+        target, result = ((f"{t['op']} {_num(t['target'], unit)}", "met" if t["met"] else "**missed**")
+                          if t["op"] != "info" else ("(no target)", "-"))
         lines.append(f"| {t['name']} | {_num(t['median'], unit)} | {_num(lo, unit)} - {_num(hi, unit)} "
-                     f"| {t['op']} {_num(t['target'], unit)} | {'met' if t['met'] else '**missed**'} |")
+                     f"| {target} | {result} |")
     return "\n".join(lines)
 
 

@@ -18,9 +18,10 @@ from typing import Any
 
 import kopf
 
+from hetero_operator import schemacheck
 from hetero_operator.config import OperatorConfig
 from hetero_operator.k8s import Api, CallLimits, load_configuration
-from hetero_operator.nodeindex import IndexedNode
+from hetero_operator.nodeindex import IndexedNode, IndexedPod
 from hetero_operator.opmetrics import OperatorMetrics
 from hetero_operator.reconcile import MetricsUrlFn, Reconciler, default_metrics_url
 
@@ -105,12 +106,28 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     api = Api(await asyncio.to_thread(load_configuration), CallLimits(
         connect_timeout_s=config.api_connect_timeout_s, read_timeout_s=config.api_read_timeout_s,
         retries=config.api_retries))
+    await check_crd(api)
     memo.metrics.serve(config.metrics_port)
     memo.state["reconciler"] = Reconciler(
         config=config, api=api, metrics=memo.metrics, nodes=list, gpu_pods=list,
         identity=memo.identity if config.peering else None,
         peering_namespace=None if not config.namespaces else config.namespaces[0],
         metrics_url=memo.metrics_url)
+
+
+async def check_crd(api: Api) -> None:
+    """Refuse to start against a missing or stale HeteroTrainingJob CRD (shared/cases/27).
+
+    Raises:
+        kopf.PermanentError: naming the missing fields; kopf then stops the operator (a failed
+            startup handler ends ``kopf.run``), so it never runs with silently pruned settings.
+    """
+    try:
+        schemacheck.check_installed_crd(await api.get_crd(schemacheck.CRD_NAME))
+    except schemacheck.StaleCrdError as exc:
+        logging.getLogger("heterotrain.operator").error("refusing to start: %s", exc)
+        api.close()
+        raise kopf.PermanentError(str(exc)) from exc
 
 
 async def on_cleanup(memo: kopf.Memo) -> None:
@@ -175,7 +192,7 @@ def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
     if not wants_gpu:
         return None
     meta = body.get("metadata") or {}
-    return {node: {"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                                "labels": dict(meta.get("labels") or {})},
-                   "spec": {"nodeName": node, "containers": containers},
-                   "status": {"phase": status.get("phase")}}}
+    return {node: IndexedPod({"metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
+                                           "labels": dict(meta.get("labels") or {})},
+                              "spec": {"nodeName": node, "containers": containers},
+                              "status": {"phase": status.get("phase")}})}
