@@ -34,6 +34,8 @@ DEFAULT_NODES = Path("examples") / "clusters" / "mixed.yaml"
 STALL_WARN_S = 120.0
 """Warn when rank 0's step count has not moved for this many seconds."""
 EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 1, 2
+ATTEMPT_MARK = "--- attempt "
+"""Each attempt's output in ``rank-<r>.log`` starts with ``--- attempt N ---``."""
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 """The checkout this module lives in (operator/hetero_operator/embedded.py -> repo root)."""
 
@@ -219,11 +221,11 @@ def _real_gpu_nodes() -> tuple[list[dict[str, Any]], dict[str, list[int]]] | Non
 
 def run(args: argparse.Namespace) -> int:
     """Plan, start, supervise, report; returns the job's exit code."""
-    from rich.console import Console
+    from hetero_operator.plancli import make_console
 
-    console = Console(highlight=False)
+    console = make_console(highlight=False)
     if not console.is_terminal:  # logs and CI: wide enough for the plan table
-        console = Console(highlight=False, width=140)
+        console = make_console(highlight=False, width=140)
     planned = _plan(args, console)
     if isinstance(planned, int):
         return planned
@@ -256,14 +258,21 @@ def run(args: argparse.Namespace) -> int:
 
 def _supervise(planned: _Planned, argv: list[str], *, workdir: Path, port_base: int, console: Any,
                grace_s: float) -> procs.Outcome:
-    """Run attempts until success, a signal, the deadline, or no restart left (like the operator)."""
+    """Run attempts until success, a signal, the deadline, or no restart left (like the operator).
+
+    A failure that repeats (same exit code and last log line of the failing rank) on two attempts in
+    a row before any step completed is not retried further: the failure is deterministic (a wrong
+    module name, a bad argument) and every restart up to ``backoffLimit`` would repeat it.
+    """
     job = planned.job
     checkpoint_dir = str((workdir / "checkpoints").resolve()) if job.training.checkpoint_path else ""
     limit_s = job.run_policy.active_deadline_seconds
     deadline_s = None if limit_s is None else time.monotonic() + limit_s
     attempt = 0
+    last_failure: tuple[int, str] | None = None
     while True:
         envs = _render(planned, port_base=port_base, checkpoint_dir=checkpoint_dir, workdir=workdir)
+        started_s = time.time()
         outcome = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
                            grace_s=grace_s, deadline_s=deadline_s)
         if outcome.deadline_exceeded:
@@ -272,14 +281,57 @@ def _supervise(planned: _Planned, argv: list[str], *, workdir: Path, port_base: 
             return outcome
         if outcome.exit_code == 0 or outcome.signal_received is not None:
             return outcome
+        progressed = _stepped_since(workdir, len(envs), started_s)
+        failure = _failure_signature(workdir, outcome)
+        if not progressed and failure is not None and failure == last_failure:
+            console.print(f"[red]Job failed[/]: rank {outcome.failed_index} failed the same way twice "
+                          f"before any step completed (exit code {failure[0]}: "
+                          f"{failure[1] or 'no output'}); "
+                          "a restart would fail again, so the run stops here instead of retrying up "
+                          f"to backoffLimit {job.run_policy.backoff_limit}", highlight=False)
+            return outcome
+        last_failure = None if progressed else failure
         if not checkpoint_dir or attempt >= job.run_policy.backoff_limit:
             reason = ("no checkpointing (spec.training.checkpoint.path)" if not checkpoint_dir
                       else f"backoffLimit {job.run_policy.backoff_limit} reached")
             console.print(f"[red]Job failed[/]: {reason}")
             return outcome
         attempt += 1
-        console.print(f"[yellow]Restarting all ranks from the last checkpoint[/] "
+        source = ("the last checkpoint" if _has_checkpoint(Path(checkpoint_dir))
+                  else "the start (no checkpoint saved yet)")
+        console.print(f"[yellow]Restarting all ranks from {source}[/] "
                       f"(restart {attempt} of {job.run_policy.backoff_limit})")
+
+
+def _stepped_since(workdir: Path, world: int, since_s: float) -> bool:
+    """True when some rank's ``rank-<r>.json``, written since ``since_s`` (``time.time()``),
+    reports a completed step."""
+    for r in range(world):
+        path = rundir.rank_stats_path(workdir, r)
+        try:
+            fresh = path.stat().st_mtime >= since_s
+        except OSError:
+            continue
+        if fresh and int((rundir.read_json(path) or {}).get("steps") or 0) > 0:
+            return True
+    return False
+
+
+def _failure_signature(workdir: Path, outcome: procs.Outcome) -> tuple[int, str] | None:
+    """(exit code, last non-empty line the failed rank printed in this attempt); None when no
+    rank failed. The rank is left out: when every rank fails alike, which one is seen first varies."""
+    r = outcome.failed_index
+    if r is None:
+        return None
+    text = procs.tail(workdir / f"rank-{r}.log", lines=200)
+    attempt_lines = text.rsplit(ATTEMPT_MARK, 1)[-1].splitlines()[1:]
+    last = next((line.strip() for line in reversed(attempt_lines) if line.strip()), "")
+    return (outcome.exit_code, last)
+
+
+def _has_checkpoint(directory: Path) -> bool:
+    """True when ``directory`` holds any file (a checkpoint was saved)."""
+    return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
 
 
 def _render(planned: _Planned, *, port_base: int, checkpoint_dir: str, workdir: Path) -> list[dict[str, str]]:
@@ -323,7 +375,7 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
     logs = [workdir / f"rank-{r}.log" for r in range(len(envs))]
     files = [procs.open_log(p) for p in logs]
     for f in files:
-        f.write(f"--- attempt {attempt} ---\n".encode())
+        f.write(f"{ATTEMPT_MARK}{attempt} ---\n".encode())
     try:
         gang = procs.Gang(argv, envs, stdouts=[subprocess.PIPE] + files[1:],
                           stderrs=[subprocess.STDOUT] + files[1:], cwd=os.getcwd())

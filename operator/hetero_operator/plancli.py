@@ -1,8 +1,10 @@
 """``heterotrain plan JOB.yaml --nodes NODES.yaml [--pods PODS.yaml] [-o table|json]``: dry-run placement.
 
 Prints every rank (node, device, image, precision, local batch, expected share of throughput), the
-expected speed-up over an equal split, every excluded node with its reason and label warnings.
-Exit codes: 0 planned, 2 unschedulable, 1 bad input (one line on stderr naming the file or field).
+expected speed-up over an equal split, every excluded node with its reason and label warnings, and
+notes on what the plan did that the manifest did not say (default images, fewer ranks than asked).
+Exit codes: 0 planned, 2 unschedulable, 1 bad input (one line on stderr naming the file or field),
+64 usage error (see :mod:`hetero_operator.cli`).
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .config import DEFAULT_IMAGES
 from .inventory import build_inventory
 from .model import Plan, Unschedulable, to_dict
 from .planning import plan_job
@@ -49,32 +53,87 @@ def run(args: argparse.Namespace) -> int:
     except InputError as exc:
         print(f"heterotrain plan: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    job, notes = with_default_images(job)
     result = plan_job(job, build_inventory(nodes, pods))
+    notes = [*notes, *plan_notes(result, job)]
     if args.output == "json":
-        print(json.dumps(to_dict(result), indent=2, sort_keys=True))
+        print(json.dumps({**to_dict(result), "notes": notes}, indent=2, sort_keys=True))
     else:
-        print_result(result, job)
+        print_result(result, job, notes=notes)
     return EXIT_PLANNED if isinstance(result, Plan) else EXIT_UNSCHEDULABLE
+
+
+def with_default_images(job: JobSpec) -> tuple[JobSpec, list[str]]:
+    """The job with the operator's default images when ``spec.images`` is empty, and a note naming
+    them (the operator does the same; its ``HTJ_DEFAULT_IMAGES`` setting may name others)."""
+    if job.images:
+        return job, []
+    names = ", ".join(v.image for v in DEFAULT_IMAGES)
+    return replace(job, images=DEFAULT_IMAGES), [
+        f"spec.images is empty: planned with the operator's default images ({names}); an operator "
+        "started with HTJ_DEFAULT_IMAGES uses those instead"]
+
+
+def plan_notes(result: Plan | Unschedulable, job: JobSpec) -> list[str]:
+    """Sentences on a plan that differs from what the manifest asked (fewer ranks), with the reason."""
+    if not isinstance(result, Plan) or result.world_size >= job.gpus.ranks:
+        return []
+    asked, got, batch = job.gpus.ranks, result.world_size, job.training.global_batch_size
+    if got == batch and batch < asked:
+        why = f"spec.training.globalBatchSize is {batch}, and every rank needs at least one sample"
+    else:
+        why = (f"only {got} eligible GPU{'s are' if got != 1 else ' is'} free (the excluded nodes "
+               "and devices in use are listed below)")
+    return [f"{got} of {asked} ranks asked (spec.gpus.ranks): {why}; it plans {got} because "
+            f"spec.gpus.minRanks is {job.gpus.min_ranks} (the fewest it may start with). Set "
+            f"minRanks to {asked} to wait for all of them instead"]
 
 
 # --- input -----------------------------------------------------------------------------------
 
-def _documents(path: Path) -> list[Any]:
+def read_text(path: Path) -> str:
+    """The file's text (UTF-8).
+
+    Raises:
+        InputError: in plain words: missing, a directory, not readable, not UTF-8 text.
+    """
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read ({exc})") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a YAML file") from None
+    except PermissionError:
+        raise InputError(f"{path}: permission denied (cannot read the file)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
+                         "save it as UTF-8") from None
+
+
+def _documents(path: Path) -> list[Any]:
+    text = read_text(path)
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise InputError(f"{path}: not valid YAML{where}") from None
+        raise InputError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
     if not docs or not all(isinstance(d, Mapping) for d in docs):
         raise InputError(f"{path}: expected a YAML mapping (a Kubernetes object)")
     return docs
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """The parser's own words with the place, e.g. ``line 3, column 5: mapping values are not
+    allowed here``."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def load_job(path: Path) -> JobSpec:
@@ -112,12 +171,26 @@ def load_objects(path: Path, kind: str) -> list[dict[str, Any]]:
 
 # --- output ----------------------------------------------------------------------------------
 
-def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None) -> None:
-    """Rich tables for a plan or an unschedulable result."""
+def make_console(**kwargs: Any) -> Any:
+    """A rich ``Console`` that raises ``BrokenPipeError`` when its reader went away (rich's own
+    handler exits 1), so :func:`hetero_operator.cli.main` ends every subcommand the same way."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(**kwargs)
+
+
+def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None, *,
+                 notes: Sequence[str] = ()) -> None:
+    """Rich tables for a plan or an unschedulable result, then ``notes`` (one ``Note`` line each)."""
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(width=max(140, Console().width))
+    console = console or make_console(width=max(140, Console().width))
     if isinstance(result, Plan):
         total_speed = sum(r.relative_speed for r in result.ranks)
         table = Table(title=f"Plan for {job.name}: {_n(result.world_size, 'rank')} on "
@@ -139,12 +212,16 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
     else:
         console.print(f"[bold red]Unschedulable ({result.reason}):[/] {result.message}", highlight=False)
         if result.shortfalls:
-            table = Table(title="Per GPU type")
-            for col in ("GPU type", "need", "free", "why"):
+            several = len(result.shortfalls) > 1
+            table = Table(title="Per GPU type" + (" (need: if every other type were used fully)"
+                                                  if several else ""))
+            for col in ("GPU type", "need", "free", "why (where its devices are)"):
                 table.add_column(col, overflow="fold")
             for s in result.shortfalls:
                 table.add_row(s.gpu_type, str(s.need), str(s.free), "; ".join(s.reasons))
             console.print(table)
+    for note in notes:
+        console.print(f"[bold]Note[/]: {note}", highlight=False)
     _print_excluded(result, console)
 
 

@@ -199,6 +199,7 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
     """
     if body.get("kind") != KIND:
         raise SpecError("kind", f"must be {KIND}, got {body.get('kind')!r}")
+    _refuse_unknown_fields(body)
     meta = _map(body, "metadata", "metadata")
     spec = _map(body, "spec", "spec")
     labels = _map(meta, "labels", "metadata.labels", required=False)
@@ -214,6 +215,17 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
         training=_training(_map(spec, "training", "spec.training")),
         run_policy=run_policy,
     )
+
+
+def _refuse_unknown_fields(body: Mapping[str, Any]) -> None:
+    """Strict like ``kubectl apply``: a field the CRD does not define is an error (first one
+    named with the nearest known name, the others listed); see :mod:`hetero_operator.knownfields`."""
+    from .knownfields import unknown_fields
+
+    unknown = unknown_fields(body)
+    if unknown:
+        more = f" (also unknown: {', '.join(u.path for u in unknown[1:])})" if unknown[1:] else ""
+        raise SpecError(unknown[0].path, unknown[0].message() + more)
 
 
 def _worker(w: Mapping[str, Any]) -> WorkerTemplate:

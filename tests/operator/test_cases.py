@@ -128,7 +128,24 @@ def test_05_h100_state2_has_no_whole_gpus_and_56_mig_devices() -> None:
     no_mig = plan_job(make_job(ranks=8, global_batch=64, gpus={"allowMig": False}), inv)
     assert isinstance(no_mig, model.Unschedulable)
     assert no_mig.message == ("need 8 ranks (spec.gpus.minRanks, default spec.gpus.ranks), 0 free: no eligible GPUs "
-                              "(denied by spec.gpus on 1 node)")
+                              "(denied by spec.gpus on 1 node). To plan: add 8 GPUs of a type spec.gpus "
+                              "allows; or allow NVIDIA-H100-80GB-HBM3-MIG-1g.10gb in spec.gpus "
+                              "(NVIDIA-H100-80GB-HBM3-MIG-1g.10gb is a MIG device and spec.gpus.allowMig is false)")
+
+
+def test_05_state2_with_stale_whole_gpus_in_allocatable_never_requests_nvidia_gpu() -> None:
+    """Issue 10's variant of case 05: after the MIG switch allocatable still advertises the 8
+    whole GPUs.  ``gpu.count`` = 8 and 56 x 1g slices occupy all 8, so none is offered whole and a
+    ``GpuOfferedTwice`` warning says why."""
+    (node,) = _h100_state2()
+    node["status"] = {"allocatable": {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "56"}}
+    inv = build_inventory([node])
+    assert [(d.resource_name, d.total) for d in inv.devices()] == [("nvidia.com/mig-1g.10gb", 56)]
+    assert [w.reason for w in inv.warnings] == ["GpuOfferedTwice"]
+    plan = planned(make_job(ranks=8, global_batch=64), [node])
+    assert {g.resource_name for g in plan.groups} == {"nvidia.com/mig-1g.10gb"}
+    whole_only = plan_job(make_job(ranks=8, global_batch=64, gpus={"allowMig": False}), inv)
+    assert isinstance(whole_only, model.Unschedulable)
 
 
 # --- 08 --------------------------------------------------------------------------------------
@@ -175,7 +192,10 @@ def test_09_two_ranks_go_one_per_node_and_three_are_unschedulable() -> None:
     assert [(r.node, r.local_batch) for r in plan.ranks] == [("node-a", 16), ("node-b", 16)]
     three = plan_job(make_job(ranks=3, global_batch=32), build_inventory(case_nodes("09")))
     assert isinstance(three, model.Unschedulable)
-    assert (three.reason, three.message) == ("InsufficientGPUs", "NVIDIA-A10G: need 3, free 2")
+    assert (three.reason, three.message) == (
+        "InsufficientGPUs", "NVIDIA-A10G: need 3, free 2 (node-a: 1 free, node-b: 1 free). To plan: "
+        "set spec.gpus.minRanks to 2 or less (it defaults to spec.gpus.ranks); or add 1 more "
+        "NVIDIA-A10G GPU (a node, or free used ones)")
 
 
 # --- 11 --------------------------------------------------------------------------------------

@@ -83,7 +83,10 @@ def test_v100_on_470_is_excluded_for_the_job_naming_the_driver() -> None:
     (excluded,) = plan.excluded
     assert (excluded.node, excluded.reason) == ("v100-0", "NoCompatibleImage")
     assert "driver 470.239.06 supports CUDA <= 11.4" in excluded.message
-    assert plan.message == ("Tesla-V100-SXM2-16GB: need 1, free 0 (v100-0: no compatible image)")
+    assert plan.message.startswith("Tesla-V100-SXM2-16GB: need 1, free 0 (v100-0: no compatible "
+                                   "image). To plan: add 1 more Tesla-V100-SXM2-16GB GPU (a node, or "
+                                   "free used ones); or add a spec.images variant that fits v100-0 "
+                                   "(driver 470.239.06 supports CUDA <= 11.4;")
 
 
 def test_missing_product_label_is_classified_from_compute_capability_and_memory() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from builders import job_manifest
+from builders import job_manifest, make_node
 
 from hetero_operator.cli import main
 
@@ -58,11 +59,18 @@ def test_unschedulable_exits_2_with_the_message(tmp_path: Path, capsys: pytest.C
     job.write_text(yaml.safe_dump(job_manifest(ranks=8, gpus={"allowedProducts": ["Tesla-T4"]})))
     assert main(["plan", str(job), "--nodes", FLEET]) == 2
     out = capsys.readouterr().out
-    assert "Unschedulable (InsufficientGPUs): Tesla-T4: need 8, free 2 (t4-1: cordoned)" in out
+    flat = " ".join(out.split())
+    assert "Unschedulable (InsufficientGPUs): Tesla-T4: need 8, free 2 (t4-0: 2 free, t4-1: cordoned)" in flat
+    # ends with what to change: lower minRanks, add capacity, allow a denied product, fix a node
+    assert ("To plan: set spec.gpus.minRanks to 2 or less (it defaults to spec.gpus.ranks); or add 6 "
+            "more Tesla-T4 GPUs (a node, or free used ones); or allow ") in flat
+    assert "or uncordon t4-1 (kubectl uncordon t4-1)" in flat
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    assert ["Tesla-T4", "8", "2", "t4-0: 2 free; t4-1: cordoned"] in rows  # the why column is filled
     assert main(["plan", str(job), "--nodes", FLEET, "-o", "json"]) == 2
     data = json.loads(capsys.readouterr().out)
     assert (data["result"], data["shortfalls"]) == ("unschedulable", [
-        {"gpu_type": "Tesla-T4", "need": 8, "free": 2, "reasons": ["t4-1: cordoned"]}])
+        {"gpu_type": "Tesla-T4", "need": 8, "free": 2, "reasons": ["t4-0: 2 free", "t4-1: cordoned"]}])
 
 
 def test_pods_file_marks_gpus_used(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -86,16 +94,37 @@ def test_multi_document_node_files(tmp_path: Path, capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize(("job_text", "nodes", "expected"), [
     (None, MIXED, "missing.yaml: no such file"),
-    ("kind: [unclosed", MIXED, "job.yaml: not valid YAML (line 1)"),
+    ("kind: [unclosed", MIXED, "job.yaml: not valid YAML: line 1, column 16: expected ',' or ']', "
+                               "but got '<stream end>' (while parsing a flow sequence)"),
+    ("kind: a\n  bad: indent: here", MIXED, "job.yaml: not valid YAML: line 2, column 6: mapping "
+                                           "values are not allowed here"),
+    (b"kind: HeteroTrainingJob\nmetadata: {name: caf\xe9}\n", MIXED,
+     "job.yaml: not UTF-8 text (byte 0xe9 on line 2); save it as UTF-8"),
+    ("directory", MIXED, ": is a directory, not a YAML file"),
+    ("misspelled", MIXED, "spec.gpus.minRank: unknown field; did you mean minRanks?"),
+    ("misspelled-batch", MIXED, "spec.training.globalBatchSze: unknown field; did you mean globalBatchSize?"),
     ("no-globalBatchSize", MIXED, "spec.training.globalBatchSize: is required"),
     ("ok", "/nonexistent/nodes.yaml", "/nonexistent/nodes.yaml: no such file"),
     ("ok", DIGITS, "items: no Node objects"),
-], ids=["missing job file", "job is not YAML", "job without a batch size", "missing node file",
-        "node file without nodes"])
+], ids=["missing job file", "job is not YAML", "YAML indentation", "job not UTF-8", "job is a directory",
+        "misspelled minRanks", "misspelled globalBatchSize", "job without a batch size",
+        "missing node file", "node file without nodes"])
 def test_bad_input_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          job_text: str | None, nodes: str, expected: str) -> None:
+                                          job_text: str | bytes | None, nodes: str, expected: str) -> None:
     job = tmp_path / ("missing.yaml" if job_text is None else "job.yaml")
-    if job_text == "no-globalBatchSize":
+    if isinstance(job_text, bytes):
+        job.write_bytes(job_text)
+    elif job_text == "directory":
+        job.mkdir()
+    elif job_text == "misspelled":  # the issue's case: ran as if no minimum was set
+        manifest = yaml.safe_load(Path(DIGITS).read_text())
+        manifest["spec"]["gpus"] = {"ranks": 4, "minRank": 2}
+        job.write_text(yaml.safe_dump(manifest))
+    elif job_text == "misspelled-batch":
+        manifest = yaml.safe_load(Path(DIGITS).read_text())
+        manifest["spec"]["training"]["globalBatchSze"] = manifest["spec"]["training"].pop("globalBatchSize")
+        job.write_text(yaml.safe_dump(manifest))
+    elif job_text == "no-globalBatchSize":
         job.write_text(yaml.safe_dump(job_manifest(global_batch=None)))
     elif job_text == "ok":
         job.write_text(yaml.safe_dump(job_manifest()))
@@ -127,3 +156,81 @@ def test_two_torch_versions_exit_2_naming_the_variants(tmp_path: Path,
     assert "Unschedulable (TorchVersionMismatch):" in out
     assert ("ghcr.io/heterotrain/worker:0.1.0-cu128 (torchVersion 2.12.1) on node-t4; "
             "ghcr.io/heterotrain/worker:0.1.0-cu126 (torchVersion 2.13.0) on node-a100, node-v100") in out
+
+
+def test_usage_errors_exit_64_never_the_unschedulable_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as no_nodes:
+        main(["plan", DIGITS])
+    assert no_nodes.value.code == 64
+    assert "the following arguments are required: --nodes" in capsys.readouterr().err
+    for argv in (["plan", DIGITS, "--nodes", MIXED, "--no-such-flag"], ["no-such-command"],
+                 ["run", DIGITS, "--max-steps", "many"], []):
+        with pytest.raises(SystemExit) as usage:
+            main(argv)
+        assert usage.value.code == 64, argv
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("output", ["json", "table"])
+def test_a_closed_pipe_ends_quietly_with_141(output: str, tmp_path: Path) -> None:
+    """``heterotrain plan -o json | head -c 1``: the reader goes away after one byte; the output
+    (300 excluded nodes) is far above a pipe's buffer, so writing it must meet the closed pipe."""
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
+        make_node(f"cordoned-node-with-a-long-name-{i}", product="Tesla-T4", cc="7.5", unschedulable=True)
+        for i in range(300)] + [make_node("a100")]}))
+    proc = subprocess.Popen([sys.executable, "-m", "hetero_operator.cli", "plan", DIGITS, "--nodes", str(nodes),
+                             "-o", output], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.read(1)
+    proc.stdout.close()  # before the plan is written: the whole output is far above one byte
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert err == ""  # no BrokenPipeError traceback
+
+
+def test_unknown_fields_come_from_the_crd_schema() -> None:
+    from hetero_operator.knownfields import crd_schema, unknown_fields
+
+    schema = yaml.safe_load((ROOT / "crds" / "heterotrainingjobs.heterotrain.io.yaml").read_text())
+    assert crd_schema() == schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    manifest = yaml.safe_load(Path(DIGITS).read_text())
+    manifest["spec"]["images"][0]["torchVerison"] = "2.13.0"
+    manifest["spec"]["worker"]["env"] = [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]
+    manifest["spec"]["worker"]["resources"] = {"limits": {"memory": "4Gi", "cpu": 2}}
+    manifest["spec"]["training"]["rebalance"] = {"intervalStep": 10}
+    manifest["spec"]["whatever"] = 1
+    found = [(u.path, u.suggestion) for u in unknown_fields(manifest)]
+    # valueFrom (preserve-unknown-fields) and resource names (additionalProperties) are allowed
+    assert found == [("spec.images[0].torchVerison", "torchVersion"),
+                     ("spec.training.rebalance.intervalStep", "intervalSteps"), ("spec.whatever", "")]
+    # a field that exists only in a schema (as one another helper adds to the CRD) is known at once
+    extra = copy.deepcopy(schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    extra["properties"]["spec"]["properties"]["whatever"] = {"type": "integer"}
+    assert [u.path for u in unknown_fields(manifest, extra)] == [
+        "spec.images[0].torchVerison", "spec.training.rebalance.intervalStep"]
+
+
+def test_empty_images_name_the_default_images_and_a_short_plan_says_why(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    manifest = yaml.safe_load(Path(DIGITS).read_text())
+    manifest["spec"]["images"] = []
+    manifest["spec"]["gpus"] = {"ranks": 10, "minRanks": 2}
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(manifest))
+    assert main(["plan", str(job), "--nodes", MIXED]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "│ ghcr.io/heterotrain/worker:0.1.0-cu126 │" in out  # not "-"
+    assert ("Note: spec.images is empty: planned with the operator's default images "
+            "(ghcr.io/heterotrain/worker:0.1.0-cu126, ghcr.io/heterotrain/worker:0.1.0-cu128)") in out
+    assert ("Note: 4 of 10 ranks asked (spec.gpus.ranks): only 4 eligible GPUs are free (the excluded "
+            "nodes and devices in use are listed below); it plans 4 because spec.gpus.minRanks is 2 "
+            "(the fewest it may start with). Set minRanks to 10 to wait for all of them instead") in out
+    assert main(["plan", str(job), "--nodes", MIXED, "-o", "json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert len(notes) == 2 and notes[1].startswith("4 of 10 ranks asked")
+    manifest["spec"]["training"]["globalBatchSize"] = 3
+    job.write_text(yaml.safe_dump(manifest))
+    assert main(["plan", str(job), "--nodes", MIXED, "-o", "json"]) == 0
+    assert ("3 of 10 ranks asked (spec.gpus.ranks): spec.training.globalBatchSize is 3, and every rank "
+            "needs at least one sample") in json.loads(capsys.readouterr().out)["notes"][1]

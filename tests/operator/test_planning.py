@@ -71,9 +71,14 @@ def test_all_or_nothing_message_names_type_need_free_and_reasons() -> None:
     job = make_job(ranks=2, gpus={"allowedProducts": ["Tesla-T4"]})
     result = plan_job(job, build_inventory(nodes))
     assert isinstance(result, model.Unschedulable)
-    assert result.message == "Tesla-T4: need 2, free 1 (node-c: MIG reconfiguration pending)"
+    assert result.message == (
+        "Tesla-T4: need 2, free 1 (node-a: 1 free, node-c: MIG reconfiguration pending). To plan: "
+        "set spec.gpus.minRanks to 1 or less (it defaults to spec.gpus.ranks); or add 1 more "
+        "Tesla-T4 GPU (a node, or free used ones); or allow NVIDIA-A100-SXM4-80GB in spec.gpus "
+        "(NVIDIA-A100-SXM4-80GB is not in spec.gpus.allowedProducts); or wait for the MIG "
+        "reconfiguration on node-c to finish")
     assert [(s.gpu_type, s.need, s.free, s.reasons) for s in result.shortfalls] == [
-        ("Tesla-T4", 2, 1, ("node-c: MIG reconfiguration pending",))]
+        ("Tesla-T4", 2, 1, ("node-a: 1 free", "node-c: MIG reconfiguration pending"))]
     assert [(e.node, e.reason) for e in result.excluded] == [
         ("node-c", "MigReconfigurationPending"), ("node-z", "DeniedBySpec")]
 
@@ -85,9 +90,11 @@ def test_unschedulable_over_several_types_counts_used_devices() -> None:
     result = plan_job(make_job(ranks=4), build_inventory(nodes, pods))
     assert isinstance(result, model.Unschedulable)
     assert result.message == (
-        f"need 4 ranks (spec.gpus.minRanks, default spec.gpus.ranks), 1 free: {A100}: need 4 with "
-        "all others used, free 1 (a100: 1 of 2 in use, cordoned: cordoned); Tesla-T4: need 3 with "
-        "all others used, free 0 (t4: 2 of 2 in use)")
+        f"need 4 ranks (spec.gpus.minRanks, default spec.gpus.ranks), 1 free: {A100}: free 1 "
+        "(a100: 1 of 2 in use, cordoned: cordoned); Tesla-T4: free 0 (t4: 2 of 2 in use). To plan: "
+        "set spec.gpus.minRanks to 1 or less (it defaults to spec.gpus.ranks); or add 3 more "
+        f"{A100} or Tesla-T4 GPUs (a node, or free used ones); or uncordon cordoned (kubectl "
+        "uncordon cordoned)")
 
 
 def test_global_batch_below_min_ranks_is_unschedulable_and_above_ranks_caps_them() -> None:
