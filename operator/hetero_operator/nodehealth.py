@@ -91,7 +91,8 @@ def node_health(node: Mapping[str, Any], now_s: float) -> NodeHealth:
     for taint in (node.get("spec") or {}).get("taints") or ():
         key = taint.get("key")
         if key in UNHEALTHY_TAINTS:
-            why.append(f"taint {key}")
+            if f"taint {key}" not in why:  # NoSchedule and NoExecute come in pairs
+                why.append(f"taint {key}")
             since.append(_time(taint.get("timeAdded"), now_s))
             out_of_service = out_of_service or key == OUT_OF_SERVICE
     if not since:

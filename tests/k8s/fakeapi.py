@@ -16,8 +16,14 @@ kmock's ``KubernetesEmulator`` keeps objects as plain dicts; this subclass of it
 * the ``status`` subresource: a status PATCH changes only ``status``, a main PATCH never does;
 * merge-patch (RFC 7386) and JSON-patch (RFC 6902);
 * deletion: finalizers hold an object (``deletionTimestamp``); pods bound to a node with a
-  kubelet attached terminate gracefully (the kubelet finishes them); owner-reference cascade
-  (background garbage collection) when an owner goes.
+  kubelet attached terminate gracefully: ``deletionTimestamp`` is the request time plus the
+  grace period (``gracePeriodSeconds``, else the pod's ``terminationGracePeriodSeconds``, 30)
+  and ``deletionGracePeriodSeconds`` is set, like the real API server; the kubelet finishes
+  them, and a pod whose kubelet is gone stays Terminating until a force delete
+  (``gracePeriodSeconds=0``) removes it at once; pods already terminated go at once;
+  owner-reference cascade (background garbage collection) when an owner goes;
+* fault injection: :meth:`FakeApiServer.stall` makes the next matching requests hang without
+  an answer (a silently dropped connection, shared/cases/25).
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from kmock._internal import rendering
 from . import crdcheck
 
 HTJ = ("heterotrain.io", "v1alpha1", "heterotrainingjobs")
+CRDS = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
     ("", "v1", "pods"): dict(kind="Pod", namespaced=True, subresources=["status"]),
     ("", "v1", "services"): dict(kind="Service", namespaced=True),
@@ -49,6 +56,8 @@ RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
     ("", "v1", "namespaces"): dict(kind="Namespace", namespaced=False),
     HTJ: dict(kind="HeteroTrainingJob", namespaced=True, subresources=["status"],
               shortnames=["htj"], singular="heterotrainingjob"),
+    ("networking.k8s.io", "v1", "networkpolicies"): dict(kind="NetworkPolicy", namespaced=True),
+    CRDS: dict(kind="CustomResourceDefinition", namespaced=False),
 }
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 HISTORY = 20000
@@ -62,8 +71,10 @@ def _err(status: int, reason: str, message: str) -> ApiError:
     return ApiError(status=status, reason=reason, message=message, details={})
 
 
-def now_iso() -> str:
-    return dt.datetime.now(tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def now_iso(after_s: float = 0.0) -> str:
+    """RFC 3339 UTC time, seconds precision, ``after_s`` from now."""
+    when = dt.datetime.now(tz=dt.UTC) + dt.timedelta(seconds=after_s)
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @attrs.define(kw_only=True)
@@ -87,6 +98,12 @@ class FakeApiServer(kmock.KubernetesScaffold):
     _crd: dict[str, Any] = attrs.field(factory=crdcheck.load_crd)
     listeners: list[Any] = attrs.field(factory=list)
     created: list[tuple[Any, ...]] = attrs.field(factory=list)
+    deletions: list[tuple[Any, ...]] = attrs.field(factory=list)
+    """Every DELETE: ``(resource, namespace, name, gracePeriodSeconds or None)``."""
+    _stalls: list[list[Any]] = attrs.field(factory=list)
+    _unstall: asyncio.Event | None = None
+    stalled: int = 0
+    """Requests that were held without an answer so far."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -179,6 +196,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
                      grace_s: int | None = None) -> dict[str, Any]:
         """DELETE; finalizers and graceful pods only mark ``deletionTimestamp``."""
         key = (resource, namespace, name)
+        self.deletions.append((resource, namespace, name, grace_s))
         obj = self.store.get(key)
         if obj is None:
             raise _err(404, "NotFound", f'{resource[2]} "{name}" not found')
@@ -188,17 +206,51 @@ class FakeApiServer(kmock.KubernetesScaffold):
         if obj["metadata"].get("finalizers") or graceful:
             if not obj["metadata"].get("deletionTimestamp"):
                 obj = copy.deepcopy(obj)
-                obj["metadata"]["deletionTimestamp"] = now_iso()
+                grace = 0 if not graceful else (
+                    grace_s if grace_s is not None
+                    else int(obj.get("spec", {}).get("terminationGracePeriodSeconds", 30)))
+                obj["metadata"]["deletionTimestamp"] = now_iso(grace)
+                if graceful:
+                    obj["metadata"]["deletionGracePeriodSeconds"] = grace
                 self._stamp(obj)
                 self.store[key] = obj
                 await self._notify(resource, "MODIFIED", obj)
             return copy.deepcopy(obj)
         return await self._remove(key)
 
+    # --- fault injection --------------------------------------------------------------------
+
+    def stall(self, verb: str, plural: str, count: int = 1) -> None:
+        """Hold the next ``count`` HTTP requests ``verb`` (``get``, ``list``, ``create``,
+        ``patch``, ``delete``) on ``plural`` without ever answering, like a connection that a
+        proxy dropped silently; :meth:`release_stalls` (or the server's exit) lets them go."""
+        self._stalls.append([verb, plural, count])
+
+    def release_stalls(self) -> None:
+        """Answer every held request now and hold no more."""
+        self._stalls.clear()
+        if self._unstall is not None:
+            self._unstall.set()
+
+    async def _maybe_stall(self, verb: str, resource: tuple[str, str, str]) -> None:
+        for entry in self._stalls:
+            if entry[0] == verb and entry[1] == resource[2] and entry[2] > 0:
+                entry[2] -= 1
+                self.stalled += 1
+                if self._unstall is None:
+                    self._unstall = asyncio.Event()
+                await self._unstall.wait()
+                return
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.release_stalls()
+        await super().__aexit__(*exc)
+
     # --- HTTP handlers ----------------------------------------------------------------------
 
     async def _serve_list(self, request: rendering.Request) -> dict[str, Any]:
         resource = self._resource(request)
+        await self._maybe_stall("list", resource)
         items = [o for o in self._select(resource, request.namespace, request.params)]
         return {"apiVersion": "v1", "kind": RESOURCES[resource]["kind"] + "List",
                 "metadata": {"resourceVersion": str(self._last_rv)}, "items": items}
@@ -240,6 +292,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
 
     async def _serve_fetch(self, request: rendering.Request) -> dict[str, Any]:
         resource = self._resource(request)
+        await self._maybe_stall("get", resource)
         obj = self.get(resource, request.namespace, request.name)
         if obj is None:
             raise _err(404, "NotFound", f'{resource[2]} "{request.name}" not found')
@@ -247,6 +300,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
 
     async def _serve_create(self, request: rendering.Request) -> dict[str, Any]:
         resource = self._resource(request)
+        await self._maybe_stall("create", resource)
         if not isinstance(request.data, dict):
             raise _err(400, "BadRequest", "the body must be a JSON object")
         namespace = request.namespace if RESOURCES[resource]["namespaced"] else None
@@ -254,11 +308,13 @@ class FakeApiServer(kmock.KubernetesScaffold):
 
     async def _serve_patch(self, request: rendering.Request) -> dict[str, Any]:
         resource = self._resource(request)
+        await self._maybe_stall("patch", resource)
         return await self.patch(resource, request.namespace, request.name, request.data,
                                 subresource=request.subresource)
 
     async def _serve_delete(self, request: rendering.Request) -> dict[str, Any]:
         resource = self._resource(request)
+        await self._maybe_stall("delete", resource)
         grace = request.params.get("gracePeriodSeconds")
         if grace is None and isinstance(request.data, dict):
             grace = request.data.get("gracePeriodSeconds")

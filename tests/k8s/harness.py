@@ -19,7 +19,8 @@ from typing import Any
 import kmock
 import yaml
 
-from .fakeapi import HTJ, FakeApiServer, kubeconfig
+from . import crdcheck
+from .fakeapi import CRDS, HTJ, FakeApiServer, kubeconfig, now_iso
 from .kubelet import LocalKubelet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +50,7 @@ class Cluster:
     async def __aenter__(self) -> Cluster:
         await self.api.__aenter__()
         await self.server.__aenter__()
+        await self.api.create(CRDS, None, crdcheck.load_crd())  # the operator checks it at start-up
         cfg = self.workdir / "kubeconfig.json"
         cfg.write_text(kubeconfig(str(self.server.url).rstrip("/")))
         self._old_env = os.environ.get("KUBECONFIG")
@@ -58,6 +60,7 @@ class Cluster:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self.api.release_stalls()
         await self.stop_operator()
         if self.kubelet is not None:
             await self.kubelet.__aexit__(*exc)
@@ -138,7 +141,51 @@ class Cluster:
                        and not p["metadata"].get("deletionTimestamp")
                        for p in self.api.objects(PODS))
         await self.wait_for(quiet, timeout_s, "an idle cluster")
-        await asyncio.sleep(0.3)  # the operator's pod index sees the last changes
+        rec = getattr(self, "memo", None) and self.memo.state.get("reconciler")
+        if rec is not None:  # the operator's GPU-pod index has seen the last changes
+            await self.wait_for(lambda: rec.gpu_pods() == [], timeout_s, "the operator's pod index to empty")
+
+    # --- node faults, as the node lifecycle controller and the taint manager write them ----------
+
+    async def node_unreachable(self, name: str) -> None:
+        """The node lifecycle controller's view of a silent kubelet: ``Ready=Unknown``
+        (``NodeStatusUnknown``) and the ``node.kubernetes.io/unreachable`` taints."""
+        now = now_iso()
+        await self.api.patch(NODES, None, name, {"status": {"conditions": [
+            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+             "message": "Kubelet stopped posting node status.", "lastTransitionTime": now}]}},
+            subresource="status")
+        node = self.api.get(NODES, None, name) or {}
+        taints = [t for t in (node.get("spec") or {}).get("taints") or ()
+                  if t.get("key") != "node.kubernetes.io/unreachable"]
+        taints += [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now},
+                   {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": now}]
+        await self.api.patch(NODES, None, name, {"spec": {"taints": taints}})
+
+    async def node_healthy(self, name: str) -> None:
+        """The node is back: ``Ready=True``, no unreachable/not-ready taints, a live kubelet."""
+        node = self.api.get(NODES, None, name) or {}
+        taints = [t for t in (node.get("spec") or {}).get("taints") or ()
+                  if t.get("key") not in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
+        await self.api.patch(NODES, None, name, {"spec": {"taints": taints or None}})
+        await self.api.patch(NODES, None, name, {"status": {"conditions": [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady", "lastTransitionTime": now_iso()}]}},
+            subresource="status")
+        if self.kubelet is not None:
+            self.kubelet.revive_node(name)
+
+    async def evict(self, namespace: str, name: str, reason: str = "DeletionByTaintManager") -> None:
+        """Evict a pod as the taint manager does: a ``DisruptionTarget`` condition, then a
+        graceful delete (which stays Terminating when the pod's kubelet is gone)."""
+        pod = self.api.get(PODS, namespace, name) or {}
+        conditions = [c for c in (pod.get("status") or {}).get("conditions") or ()
+                      if c.get("type") != "DisruptionTarget"]
+        conditions.append({"type": "DisruptionTarget", "status": "True", "reason": reason,
+                           "message": "Taint manager: deleting due to NoExecute taint",
+                           "lastTransitionTime": now_iso()})
+        await self.api.patch(PODS, namespace, name, {"status": {"conditions": conditions}},
+                             subresource="status")
+        await self.api.delete(PODS, namespace, name)
 
     def phase(self, name: str, namespace: str = "default") -> str:
         job = self.job(name, namespace)

@@ -9,6 +9,13 @@ Service name in ``MASTER_ADDR`` is rewritten to 127.0.0.1 and ports are remapped
 (``MASTER_PORT`` per job attempt, ``HTJ_METRICS_PORT`` per pod), like a port-forward;
 :meth:`LocalKubelet.metrics_url` tells the operator where rank 0's metrics really are.
 Deleting a pod sends SIGTERM (SIGKILL after a grace period) and then removes it.
+
+Node faults: :meth:`LocalKubelet.kill_node` is a node whose machine died (its pods' processes
+end, but nobody reports it: the pods keep saying Running, and a deletion there never completes);
+:meth:`LocalKubelet.shutdown_node` is the kubelet's graceful node shutdown (pods stopped and
+marked ``Failed`` with reason ``Terminated`` and a ``DisruptionTarget`` condition, then the node
+turns NotReady).  The scheduler part leaves pods Pending on a dead node or one tainted
+unreachable/not-ready.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from typing import Any
 from .fakeapi import FakeApiServer, now_iso
 
 PODS = ("", "v1", "pods")
+UNHEALTHY_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready",
+                    "node.kubernetes.io/out-of-service")
 NODES = ("", "v1", "nodes")
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,6 +74,8 @@ class LocalKubelet:
         self.metrics_ports: dict[tuple[str, str], int] = {}
         self.master_ports: dict[tuple[str, str, str], int] = {}
         self.started: list[tuple[str, str]] = []
+        self.dead_nodes: set[str] = set()
+        self.pod_nodes: dict[tuple[str, str], str] = {}
         self._queue: asyncio.Queue = asyncio.Queue()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._runner: asyncio.Task[Any] | None = None
@@ -98,6 +109,51 @@ class LocalKubelet:
         """Kill the pod's processes (a crashing rank)."""
         _killpg(self.procs[(namespace, name)], sig)
 
+    def kill_node(self, node: str) -> None:
+        """The node's machine dies: its pods' processes end and nothing reports it any more."""
+        self.dead_nodes.add(node)
+        for key, on in list(self.pod_nodes.items()):
+            proc = self.procs.pop(key, None) if on == node else None
+            if proc is not None:
+                _killpg(proc, signal.SIGKILL)
+
+    def revive_node(self, node: str) -> None:
+        """A new kubelet on ``node`` (its old pods are gone with the old machine)."""
+        self.dead_nodes.discard(node)
+
+    async def shutdown_node(self, node: str) -> None:
+        """Graceful node shutdown, as the kubelet's shutdown manager does it (Kubernetes 1.26+):
+        every pod gets a ``DisruptionTarget`` condition (``TerminationByKubelet``), its
+        processes are stopped, it is marked ``Failed`` with reason ``Terminated``; then the Node
+        reports ``Ready=False`` and the kubelet is gone."""
+        for key, on in list(self.pod_nodes.items()):
+            if on != node:
+                continue
+            proc = self.procs.pop(key, None)
+            if proc is not None:
+                _killpg(proc, signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), self.grace_s)
+                except asyncio.TimeoutError:
+                    _killpg(proc, signal.SIGKILL)
+            pod = self.api.get(PODS, *key)
+            if pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            conditions = [c for c in (pod.get("status") or {}).get("conditions") or ()
+                          if c.get("type") != "DisruptionTarget"]
+            conditions.append({"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                               "message": "Pod was terminated in response to imminent node shutdown.",
+                               "lastTransitionTime": now_iso()})
+            await self.api.patch(PODS, *key, {"status": {
+                "phase": "Failed", "reason": "Terminated", "conditions": conditions,
+                "message": "Pod was terminated in response to imminent node shutdown."}},
+                subresource="status")
+        self.dead_nodes.add(node)
+        await self.api.patch(NODES, None, node, {"status": {"conditions": [
+            {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+             "message": "node is shutting down", "lastTransitionTime": now_iso(),
+             "lastHeartbeatTime": now_iso()}]}}, subresource="status")
+
     def log(self, namespace: str, name: str) -> str:
         path = self.log_dir / f"{namespace}_{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -127,14 +183,17 @@ class LocalKubelet:
             proc = self.procs.pop(key, None)
             if proc is not None:
                 _killpg(proc, signal.SIGKILL)
+            self.pod_nodes.pop(key, None)
             return
+        if self.pod_nodes.get(key) in self.dead_nodes:
+            return  # nobody on that node reports or finishes anything
         if meta.get("deletionTimestamp"):
             self._spawn(self._terminate(key))
             return
         if key in self.procs or pod.get("spec", {}).get("nodeName") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             return
         node = _required_node(pod)
-        if node is None or self.api.get(NODES, None, node) is None:
+        if node is None or not self._schedulable(node):
             if not (pod.get("status") or {}).get("phase"):
                 await self.api.patch(PODS, *key, {"status": {"phase": "Pending", "conditions": [
                     {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}},
@@ -144,13 +203,24 @@ class LocalKubelet:
         if current is None or current["metadata"].get("deletionTimestamp"):
             return
         pod = await self.api.patch(PODS, *key, {"spec": {"nodeName": node}})
+        self.pod_nodes[key] = node
         await self._start(key, pod)
+
+    def _schedulable(self, node: str) -> bool:
+        """The Node exists, its kubelet lives, no unreachable/not-ready/out-of-service taint."""
+        obj = self.api.get(NODES, None, node)
+        if obj is None or node in self.dead_nodes:
+            return False
+        return not any(t.get("key") in UNHEALTHY_TAINTS for t in (obj.get("spec") or {}).get("taints") or ())
 
     async def _start(self, key: tuple[str, str], pod: Mapping[str, Any]) -> None:
         container = pod["spec"]["containers"][0]
         env = self._env(key, pod, container)
         argv = [*container.get("command", []), *container.get("args", [])]
-        log = open(self.log_dir / f"{key[0]}_{key[1]}.log", "wb")
+        log = open(self.log_dir / f"{key[0]}_{key[1]}.log", "ab")  # every attempt's output kept
+        attempt = (pod["metadata"].get("labels") or {}).get("heterotrain.io/attempt", "?")
+        log.write(f"--- {key[1]} attempt {attempt} on {pod['spec'].get('nodeName')} ---\n".encode())
+        log.flush()
         proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=str(REPO), stdout=log,
                                                     stderr=asyncio.subprocess.STDOUT,
                                                     start_new_session=True)

@@ -319,3 +319,74 @@ def test_node_index_keeps_what_the_planner_reads_and_gpu_pod_index_skips_finishe
     cpu = copy.deepcopy(pod)
     cpu["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     assert runner.gpu_pod_entry(cpu) is None
+
+
+async def test_case_34_one_restart_generation_on_every_pod_and_backoff_limit_per_job() -> None:
+    """shared/cases/34: after two gang restarts every pod says generation 2 (torchrun-style
+    per-agent counters would say 0/0/2); a third failure with backoffLimit 2 fails the job
+    whichever rank failed; restarts are the operator's, not a per-pod agent's."""
+    from hetero_worker.contract import (RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT, expand_pod_env,
+                                        parse_contract)
+
+    case = list(yaml.safe_load_all((REPO / "tests" / "fixtures" / "cases" / "34-restart-count-not-global.yaml").read_text()))
+    assert case[0]["job"]["spec"]["backoffLimit"] == 2 and case[1]["expected"]["store_prefix_allgather"] == ["gen-2"] * 3
+    api = FakeApi(_job(runPolicy={"backoffLimit": 2}))
+    clock = NOW
+    await _reconciler(api, clock=clock).reconcile("team-x", "digits")
+    for failing in ("digits-g2", "digits-g2"):  # the T4 rank fails twice (case: rank-2, exit 137)
+        _set_phase(api, **{p: ("Failed" if p == failing else "Running") for p in api.pods})
+        clock += 1
+        await _reconciler(api, clock=clock).reconcile("team-x", "digits")
+        clock += 100  # past the backoff
+        await _reconciler(api, clock=clock).reconcile("team-x", "digits")
+    st = _status(api)
+    assert (st["restarts"], st["attempt"]) == (2, 3)
+    pod_envs = {name: {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"] if "value" in e}
+                for name, p in api.pods.items()}
+    assert {n: (e[RESTART_GENERATION], e[TORCHELASTIC_RESTART_COUNT]) for n, e in pod_envs.items()} == {
+        "digits-g0": ("2", "2"), "digits-g1": ("2", "2"), "digits-g2": ("2", "2")}
+    # the worker reads one value on every rank, whatever a local agent's counter says
+    ranks = [expand_pod_env(pod_envs["digits-g0"], 0), expand_pod_env(pod_envs["digits-g1"], 0),
+             expand_pod_env(pod_envs["digits-g2"], 1)]
+    local_counters = ["0", "0", "2"]
+    for env, local in zip(ranks, local_counters):
+        env[TORCHELASTIC_RESTART_COUNT] = local  # as if a torchrun agent inside restarted alone
+    assert [f"gen-{parse_contract(env).restart_generation}" for env in ranks] == ["gen-2"] * 3
+    assert [f"gen-{env[TORCHELASTIC_RESTART_COUNT]}" for env in ranks] == ["gen-0", "gen-0", "gen-2"]
+    # third failure, on another rank this time: the job-level limit holds
+    _set_phase(api, **{p: ("Failed" if p == "digits-g0" else "Running") for p in api.pods})
+    await _reconciler(api, clock=clock + 1).reconcile("team-x", "digits")
+    st = _status(api)
+    assert (st["phase"], st["restarts"]) == ("Failed", 2)
+    assert [c["reason"] for c in st["conditions"] if c["type"] == "Failed"] == ["BackoffLimitExceeded"]
+
+
+async def test_a_lost_node_is_recorded_before_its_pods_are_force_deleted() -> None:
+    """The restart is in status before any pod goes: an operator dying in between cannot count
+    it twice or lose it; the pod on the silent node goes with grace 0, its peers gracefully."""
+    api = FakeApi(_job(runPolicy={"backoffLimit": 0, "nodeLossGraceSeconds": 60}))
+    await _reconciler(api).reconcile("team-x", "digits")
+    _set_phase(api, **{"digits-g0": "Running", "digits-g1": "Running", "digits-g2": "Running"})
+    nodes = _nodes()
+    t4 = next(n for n in nodes if n["metadata"]["name"] == "node-t4")
+    t4["status"]["conditions"] = [{"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                                   "lastTransitionTime": "2027-01-15T08:00:00Z"}]
+    seen: list[tuple[str, Any]] = []
+    delete = api.delete_pod
+
+    async def recording_delete(namespace: str, name: str, *, grace_s: int | None = None) -> None:
+        seen.append((name, _status(api).get("infrastructureRestarts")))
+        await delete(namespace, name, grace_s=grace_s)
+
+    api.delete_pod = recording_delete  # type: ignore[method-assign]
+    assert await _reconciler(api, nodes, clock=NOW + 59).reconcile("team-x", "digits") == pytest.approx(1.05)
+    assert _status(api)["phase"] == "Created" and api.events[-1][:2] == ("Warning", "NodeNotReady")
+    await _reconciler(api, nodes, clock=NOW + 60).reconcile("team-x", "digits")
+    st = _status(api)
+    assert (st["phase"], st["infrastructureRestarts"], st.get("restarts", 0)) == ("Restarting", 1, 0)
+    assert st["lastNodeLoss"] == {"node": "node-t4", "reason": "Ready=Unknown (NodeStatusUnknown)",
+                                  "notReadySince": "2027-01-15T08:00:00Z", "lostTime": "2027-01-15T08:01:00Z",
+                                  "pods": ["digits-g2"]}
+    assert (api.force_deleted_pods, sorted(api.deleted_pods)) == (["digits-g2"], ["digits-g0", "digits-g1"])
+    assert {infra for _, infra in seen} == {1}
+    assert api.events[-1][:2] == ("Warning", "NodeLost")
