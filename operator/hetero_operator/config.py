@@ -63,6 +63,22 @@ class OperatorConfig:
         waiting_event_interval_s: a job that keeps waiting (unschedulable, node not ready)
             re-posts its unchanged Warning after this long (``HTJ_WAITING_EVENT_INTERVAL_S``,
             300; Events aggregate: the count grows, no new objects).
+        watch_server_timeout_s: kopf watch requests ask the API server to end the stream after
+            this long, so every watch is re-established at least this often
+            (``HTJ_WATCH_SERVER_TIMEOUT_S``, 300; shared/cases/25).
+        watch_client_timeout_s: the client gives up on a watch request after this long, for a
+            connection that went silent without a reset (``HTJ_WATCH_CLIENT_TIMEOUT_S``, 301;
+            must exceed the server timeout, so a healthy stream ends server-side first).
+        watch_connect_timeout_s: connecting a watch (``HTJ_WATCH_CONNECT_TIMEOUT_S``, 30).
+        watch_inactivity_timeout_s: a watch stream with no data for this long is reconnected
+            (kopf's ``inactivity_timeout``; ``HTJ_WATCH_INACTIVITY_TIMEOUT_S``, 70, kopf's default).
+        network_policy: create a NetworkPolicy per job that admits only the job's pods and the
+            metrics namespaces (``HTJ_NETWORK_POLICY``, true).
+        metrics_namespaces: namespaces whose pods may scrape the workers' metrics ports: the
+            monitoring stack's and the operator's own (it reads rank 0's progress)
+            (``HTJ_METRICS_NAMESPACES``, comma-separated; default ``monitoring``).
+        worker_run_as_non_root: set ``runAsNonRoot`` on worker pods (``HTJ_WORKER_RUN_AS_NON_ROOT``,
+            true; false only for worker images that must run as root).
     """
 
     namespaces: tuple[str, ...] = ()
@@ -85,6 +101,13 @@ class OperatorConfig:
     api_read_timeout_s: float = 30.0
     api_retries: int = 3
     waiting_event_interval_s: float = 300.0
+    watch_server_timeout_s: float = 300.0
+    watch_client_timeout_s: float = 301.0
+    watch_connect_timeout_s: float = 30.0
+    watch_inactivity_timeout_s: float = 70.0
+    network_policy: bool = True
+    metrics_namespaces: tuple[str, ...] = ("monitoring",)
+    worker_run_as_non_root: bool = True
 
     def __post_init__(self) -> None:
         for name in ("metrics_port", "health_port", "master_port"):
@@ -93,13 +116,22 @@ class OperatorConfig:
                 raise ConfigError(f"{name} must be a TCP port in 1..65535 (0 turns metrics/health off), got {port}")
         for name in ("pending_timeout_s", "unschedulable_retry_s", "backoff_base_s", "backoff_max_s",
                      "resync_s", "progress_interval_s", "api_connect_timeout_s",
-                     "api_read_timeout_s", "waiting_event_interval_s"):
+                     "api_read_timeout_s", "waiting_event_interval_s", "watch_server_timeout_s",
+                     "watch_client_timeout_s", "watch_connect_timeout_s",
+                     "watch_inactivity_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if self.backoff_max_s < self.backoff_base_s:
             raise ConfigError(f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})")
         if not 0 <= self.api_retries <= 10:
             raise ConfigError(f"api_retries must be in 0..10, got {self.api_retries}")
+        if self.watch_client_timeout_s <= self.watch_server_timeout_s:
+            raise ConfigError(f"watch_client_timeout_s ({self.watch_client_timeout_s}) must exceed "
+                              f"watch_server_timeout_s ({self.watch_server_timeout_s}): the server "
+                              "ends a healthy watch, the client only a silent one")
+        if self.watch_inactivity_timeout_s > self.watch_server_timeout_s:
+            raise ConfigError(f"watch_inactivity_timeout_s ({self.watch_inactivity_timeout_s}) must "
+                              f"not exceed watch_server_timeout_s ({self.watch_server_timeout_s})")
         if not self.launcher:
             raise ConfigError("launcher must not be empty")
 
@@ -126,12 +158,12 @@ class OperatorConfig:
 
 def _parse(name: str, var: str, raw: str) -> Any:
     try:
-        if name in ("namespaces", "launcher"):
-            sep = "," if name == "namespaces" else " "
+        if name in ("namespaces", "launcher", "metrics_namespaces"):
+            sep = " " if name == "launcher" else ","
             return tuple(p.strip() for p in raw.split(sep) if p.strip())
         if name == "default_images":
             return parse_images(raw)
-        if name == "simulate_devices":
+        if name in ("simulate_devices", "network_policy", "worker_run_as_non_root"):
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
                 raise ValueError("use true or false")
             return raw.lower() in ("1", "true", "yes")

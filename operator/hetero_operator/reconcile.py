@@ -208,9 +208,13 @@ class Reconciler:
         envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.master_port,
                                 simulated=self.config.simulate_devices,
                                 restart_generation=attempt - 1)
-        pods = rendering.render_pods(spec, result, envs, launcher=self.config.launcher, attempt=attempt)
-        service = rendering.render_service(spec, master_port=self.config.master_port)
-        kopf.append_owner_reference([service, *pods], owner=job)
+        pods = rendering.render_pods(spec, result, envs, launcher=self.config.launcher, attempt=attempt,
+                                     run_as_non_root=self.config.worker_run_as_non_root)
+        children = [rendering.render_service(spec, master_port=self.config.master_port)]
+        if self.config.network_policy:  # before any pod exists: no window with open ports
+            children.append(rendering.render_network_policy(
+                spec, result, metrics_namespaces=self.config.metrics_namespaces))
+        kopf.append_owner_reference([*children, *pods], owner=job)
         plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.master_port)
         message = (f"Placed {result.world_size} ranks on {len(result.nodes)} node(s) "
                    f"({st.gpu_types_text(plan['groups'])}); expected speedup over an equal split "
@@ -225,12 +229,16 @@ class Reconciler:
                                           reason="PodsCreated", message=message, now_s=now,
                                           generation=gen)
         await self._patch(job, status, new)  # the plan is recorded before any pod exists
-        await self.api.create(service)
+        for child in children:
+            await self.api.create(child)
         created = await asyncio.gather(*(self.api.create(p) for p in pods))
         self.metrics.pods_created.inc(sum(created))
         self._set_phase(job, c.CREATED)
         self._job_nodes[(spec.namespace, spec.name)] = frozenset(result.nodes)
         await self.events.post(job, "Normal", "Planned", message, now)
+        for warning in result.warnings:  # label inconsistencies of the nodes this job runs on
+            if warning.node in result.nodes:
+                await self.events.post(job, "Warning", warning.reason, warning.message, now)
         return self.config.resync_s
 
     def _plan(self, spec: JobSpec) -> Plan | Unschedulable:

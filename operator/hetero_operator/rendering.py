@@ -7,6 +7,13 @@ Names are deterministic (``<job>-g<group>``; ``<job>-g<group>-m<k>`` for the k-t
 retry after an operator crash hits a 409, never a duplicate.  Every pod has ``hostname`` and
 ``subdomain: <job>``, so ``MASTER_ADDR = <rank-0 pod>.<job>.<namespace>.svc`` resolves the same
 on every rank through the headless Service (shared/cases/18).
+
+Pods are hardened (issue 10): no privilege escalation, every capability dropped, seccomp
+``RuntimeDefault``, ``runAsNonRoot`` (our worker images run as UID 10001; the operator setting
+``HTJ_WORKER_RUN_AS_NON_ROOT=false`` is for images that need root), and no service-account token.
+A NetworkPolicy per job (:func:`render_network_policy`) admits only the job's own pods (the
+rendezvous store, Gloo and NCCL listen on their ports) and the metrics namespaces (to the metrics
+ports): the ``*_object`` collectives unpickle what they receive, so nothing else may connect.
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ ANNOTATION_RANKS = "heterotrain.io/ranks"
 CONTAINER = "worker"
 CHECKPOINT_VOLUME = "checkpoint"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+WORKER_FS_GROUP = 10001
+"""Group of the worker images' user (Dockerfile.worker); a checkpoint volume is made writable to it."""
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+"""Container-level hardening of every worker (the Pod Security Standards' "restricted" level)."""
+METRICS_NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+"""Namespace label set by the API server on every namespace (Kubernetes >= 1.22)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -90,7 +104,8 @@ def render_service(job: JobSpec, *, master_port: int) -> dict[str, Any]:
 
 
 def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]], *,
-                launcher: Sequence[str], attempt: int = 0) -> list[dict[str, Any]]:
+                launcher: Sequence[str], attempt: int = 0,
+                run_as_non_root: bool = True) -> list[dict[str, Any]]:
     """One pod per :class:`PodUnit`.
 
     Args:
@@ -100,6 +115,8 @@ def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]]
             ``len == plan.world_size``.
         launcher: argv prefix of the container, e.g. ``["heterotrain", "launch", "--"]``.
         attempt: restart generation, stored in the ``heterotrain.io/attempt`` label.
+        run_as_non_root: set ``runAsNonRoot`` (the kubelet then refuses an image whose user is
+            root); False only for images that need root.
 
     Returns:
         Pod manifests (``v1/Pod`` dicts) without owner references.
@@ -109,12 +126,12 @@ def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]]
     """
     if len(rank_envs) != plan.world_size:
         raise ValueError(f"rank_envs has {len(rank_envs)} entries, plan has {plan.world_size} ranks")
-    return [_pod(job, unit, rank_envs, launcher=launcher, attempt=attempt)
-            for unit in pod_units(job.name, plan)]
+    return [_pod(job, unit, rank_envs, launcher=launcher, attempt=attempt,
+                 run_as_non_root=run_as_non_root) for unit in pod_units(job.name, plan)]
 
 
 def _pod(job: JobSpec, unit: PodUnit, rank_envs: Sequence[Mapping[str, str]], *,
-         launcher: Sequence[str], attempt: int) -> dict[str, Any]:
+         launcher: Sequence[str], attempt: int, run_as_non_root: bool) -> dict[str, Any]:
     g = unit.group
     env = contract.pod_env(rank_envs[unit.ranks[0]])
     env[contract.LOCAL_WORLD_SIZE] = str(len(unit.ranks))
@@ -123,6 +140,8 @@ def _pod(job: JobSpec, unit: PodUnit, rank_envs: Sequence[Mapping[str, str]], *,
               LABEL_ARCH: (g.architecture or "unknown").lower(), LABEL_ATTEMPT: str(attempt)}
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # workers never talk to the API server
+        "securityContext": _pod_security_context(job, run_as_non_root=run_as_non_root),
         "hostname": unit.name,
         "subdomain": job.name,
         "enableServiceLinks": False,
@@ -157,6 +176,7 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str],
         "command": list(launcher), "args": [*job.worker.command, *job.worker.args],
         "env": user_env + [{"name": k, "value": v} for k, v in sorted(env.items())],
         "resources": resources,
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     ports = []
     if unit.ranks[0] == 0:
@@ -172,6 +192,56 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str],
         container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME,
                                       "mountPath": job.training.checkpoint_path}]
     return container
+
+
+def _pod_security_context(job: JobSpec, *, run_as_non_root: bool) -> dict[str, Any]:
+    ctx: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if run_as_non_root:
+        ctx["runAsNonRoot"] = True
+    if job.training.checkpoint_pvc:  # the image's group may write the volume; chown only once
+        ctx.update(fsGroup=WORKER_FS_GROUP, fsGroupChangePolicy="OnRootMismatch")
+    return ctx
+
+
+def render_network_policy(job: JobSpec, plan: Plan, *,
+                          metrics_namespaces: Sequence[str]) -> dict[str, Any]:
+    """The NetworkPolicy ``<job>``: who may connect to the job's pods.
+
+    * the job's own pods (same namespace, :func:`selector`), on every port: the rendezvous store
+      listens on ``MASTER_PORT``, but Gloo and NCCL's socket transport connect to ephemeral ports
+      that cannot be listed;
+    * pods of ``metrics_namespaces`` (Prometheus, and the operator, which reads rank 0's metrics),
+      on the metrics ports ``metricsPort .. metricsPort + local ranks - 1`` only.
+
+    Nothing else reaches the pods (the ``*_object`` collectives unpickle what they receive).
+    Egress is not restricted (DNS, datasets, checkpoint stores).
+
+    Args:
+        job: the parsed job.
+        plan: its plan (the largest pod's local ranks bound the metrics port range).
+        metrics_namespaces: namespaces allowed to scrape, e.g. ``["monitoring", "heterotrain"]``.
+
+    Returns:
+        A ``networking.k8s.io/v1`` NetworkPolicy dict without owner references.
+    """
+    own_pods = {"matchLabels": selector(job.name)}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": copy.deepcopy(own_pods)}]}]
+    if job.worker.metrics_port and metrics_namespaces:
+        local = max(len(u.ranks) for u in pod_units(job.name, plan))
+        port: dict[str, Any] = {"protocol": "TCP", "port": job.worker.metrics_port}
+        if local > 1:
+            port["endPort"] = job.worker.metrics_port + local - 1
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchExpressions": [{
+                "key": METRICS_NAMESPACE_LABEL, "operator": "In",
+                "values": sorted(set(metrics_namespaces))}]}}],
+            "ports": [port]})
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": job.name, "namespace": job.namespace,
+                     "labels": {LABEL_JOB: job.name, LABEL_MANAGED_BY: MANAGED_BY}},
+        "spec": {"podSelector": own_pods, "policyTypes": ["Ingress"], "ingress": ingress},
+    }
 
 
 def _resources(base: Mapping[str, Any], resource_name: str, count: int) -> dict[str, Any]:

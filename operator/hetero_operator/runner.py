@@ -87,7 +87,19 @@ def operator_kwargs(config: OperatorConfig, memo: kopf.Memo) -> dict[str, Any]:
 
 
 def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
-    """kopf settings: progress in annotations (status holds only our fields, case 24)."""
+    """kopf settings: progress in annotations (status holds only our fields, case 24), bounded
+    watches (case 25) and mandatory peering (case 26).
+
+    Watches: kopf's ``server_timeout``/``client_timeout`` default to ``None`` (wait for ever), so a
+    watch connection that a proxy dropped without a reset would never be noticed; the server ends
+    every watch after ``watch_server_timeout_s``, the client gives up a second later, and a stream
+    without data for ``watch_inactivity_timeout_s`` is reconnected.
+
+    Peering is mandatory when named: a starting replica stays paused until it has read the
+    peering object (kopf pre-activates the pause), so during an upgrade it never acts before it
+    knows whether a live peer outranks it; a missing peering CRD pauses it rather than letting it
+    act alone.
+    """
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="heterotrain.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="heterotrain.io", key="last-handled-configuration")
@@ -96,7 +108,11 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.peering.clusterwide = not config.namespaces
     if config.peering:
         settings.peering.name = config.peering
-        settings.peering.mandatory = False
+        settings.peering.mandatory = True
+    settings.watching.server_timeout = config.watch_server_timeout_s
+    settings.watching.client_timeout = config.watch_client_timeout_s
+    settings.watching.connect_timeout = config.watch_connect_timeout_s
+    settings.watching.inactivity_timeout = config.watch_inactivity_timeout_s
 
 
 async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:

@@ -466,3 +466,92 @@ def test_operator_config_parses_the_rendered_environment(scenario: str) -> None:
         assert env[extra["name"]] == extra["value"]
     if scenario == "pinned-digest-values.yaml":
         assert config.pending_timeout_s == 600.0
+
+
+# --- shared/cases/26 and 27: operator replicas, CRD upgrades; worker hardening (issue 10) --------
+
+CASES = REPO / "tests" / "fixtures" / "cases"
+
+
+def _case(prefix: str) -> list[dict[str, Any]]:
+    (path,) = CASES.glob(f"{prefix}-*.yaml")
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def test_case_26_defaults_render_one_operator_replaced_not_rolled() -> None:
+    """Case 26: ``spec.replicas == 1`` and ``strategy.type == Recreate`` by default, so an upgrade
+    never overlaps an old and a new operator pod."""
+    expected = _case("26")[0]["render_defaults_expected"]["Deployment/hetero-operator"]
+    deployment = one("default", "Deployment")
+    assert deployment["spec"]["replicas"] == expected["spec.replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": expected["spec.strategy.type"]} == {"type": "Recreate"}
+
+
+def test_case_26_two_replicas_without_peering_fail_rendering_with_a_message() -> None:
+    (rejected,) = _case("26")[0]["values_rejected"]
+    sets = [f"{k}={v}" for k, v in rejected.items()] + ["peering.enabled=false"]
+    by_schema = helm("template", RELEASE, str(CHART), *(a for s in sets for a in ("--set", s)), check=False)
+    assert by_schema.returncode != 0
+    assert "values don't meet the specifications of the schema" in by_schema.stderr
+    assert "/replicaCount': maximum: got 2, want 1" in by_schema.stderr
+    # the template refuses too, with the reason, when schema validation is skipped
+    by_template = helm("template", RELEASE, str(CHART), "--skip-schema-validation",
+                       *(a for s in sets for a in ("--set", s)), check=False)
+    assert by_template.returncode != 0
+    assert "replicaCount=2 needs peering.enabled=true" in by_template.stderr
+
+
+def test_case_26_two_replicas_with_peering_render_and_still_recreate() -> None:
+    deployment = one("default", "Deployment", "replicaCount=2")
+    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]["type"]) == (2, "Recreate")
+    env = env_of(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert env["HTJ_PEERING"] == "heterotrain"
+
+
+def test_watch_timeouts_and_worker_hardening_reach_the_operator_config() -> None:
+    from hetero_operator.config import OperatorConfig
+
+    env = {k: v for k, v in env_of(operator_container()).items() if k.startswith("HTJ_")}
+    config = OperatorConfig.from_env(env)
+    assert (config.watch_server_timeout_s, config.watch_client_timeout_s,
+            config.watch_connect_timeout_s, config.watch_inactivity_timeout_s) == (300, 301, 30, 70)
+    assert (config.network_policy, config.worker_run_as_non_root) is not None
+    assert config.network_policy is True and config.worker_run_as_non_root is True
+    assert config.metrics_namespaces == ("monitoring", NAMESPACE)
+    off = OperatorConfig.from_env({k: v for k, v in env_of(operator_container(
+        "default", "workers.networkPolicy.enabled=false", "workers.runAsNonRoot=false",
+        "workers.networkPolicy.monitoringNamespace=prom")).items() if k.startswith("HTJ_")})
+    assert (off.network_policy, off.worker_run_as_non_root, off.metrics_namespaces) == (
+        False, False, ("prom", NAMESPACE))
+
+
+def _network_policy_rules(*sets: str) -> list[dict[str, Any]]:
+    role = next(d for d in objects("default", *sets, kind="ClusterRole")
+                if "crd-upgrade" not in d["metadata"]["name"])
+    return [r for r in role["rules"] if "networking.k8s.io" in r["apiGroups"]]
+
+
+def test_rbac_grants_creating_network_policies_only_when_they_are_on() -> None:
+    assert _network_policy_rules() == [{"apiGroups": ["networking.k8s.io"],
+                                        "resources": ["networkpolicies"], "verbs": ["create"]}]
+    assert _network_policy_rules("workers.networkPolicy.enabled=false") == []
+
+
+def test_case_27_upgrade_hook_brings_every_field_the_operator_checks_for() -> None:
+    """Case 27: ``helm upgrade`` never touches ``crds/``; the pre-upgrade hook server-side-applies
+    the chart's CRD.  What it applies passes the operator's start-up check, while the stale CRD
+    that a plain upgrade would leave behind (case 27 mapped onto ours) is refused by it."""
+    from hetero_operator import schemacheck
+
+    upgrade = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--is-upgrade").stdout
+    cm = next(d for d in yaml.safe_load_all(upgrade)
+              if d and d["kind"] == "ConfigMap" and "crd-upgrade" in d["metadata"]["name"])
+    applied = yaml.safe_load(cm["data"][CRD_NAME])
+    schemacheck.check_installed_crd(applied)
+    stale = yaml.safe_load(cm["data"][CRD_NAME])
+    schema = schemacheck.schema_of(stale)
+    del schema["properties"]["spec"]["properties"]["training"]["properties"]["compression"]
+    with pytest.raises(schemacheck.StaleCrdError, match="spec.training.compression"):
+        schemacheck.check_installed_crd(stale)
+    # helm uninstall keeps the CRD (and so every job): it ships in crds/, never as a template
+    assert "kind: CustomResourceDefinition" not in re.sub(r"(?s)kind: ConfigMap.*?\n---", "", upgrade)

@@ -50,3 +50,74 @@ def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> No
 def test_parse_images_keeps_order() -> None:
     images = parse_images("a=11.8=7.0;b=12.8=9.0/10.0")
     assert [(i.image, i.cuda_version) for i in images] == [("a", (11, 8)), ("b", (12, 8))]
+
+
+# --- watches, peering and worker hardening (issue 10) --------------------------------------------
+
+def _case25_expected() -> dict:
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "cases" / "25-kopf-watch-silently-stalls.yaml"
+    return next(yaml.safe_load_all(path.read_text()))["expected_settings"]
+
+
+def test_case_25_startup_bounds_every_watch() -> None:
+    """Case 25's unit check: a fresh ``kopf.OperatorSettings`` after our startup has
+    ``server_timeout`` set and <= 300 s, ``client_timeout`` above it, a connect timeout, and an
+    inactivity timeout <= 120 s, so a silently dropped watch connection is re-opened."""
+    import kopf
+
+    from hetero_operator.runner import apply_settings
+
+    settings = kopf.OperatorSettings()
+    assert settings.watching.server_timeout is None and settings.watching.client_timeout is None
+    apply_settings(settings, OperatorConfig.from_env({}))
+    w, expected = settings.watching, _case25_expected()
+    assert (w.server_timeout, w.client_timeout, w.connect_timeout) == (
+        expected["watching.server_timeout"], expected["watching.client_timeout"],
+        expected["watching.connect_timeout"]) == (300, 301, 30)
+    assert w.client_timeout > w.server_timeout and w.inactivity_timeout == 70 <= 120
+
+
+def test_named_peering_is_mandatory_and_standalone_has_none() -> None:
+    """A starting replica is paused until it has read the peering object (kopf pre-activates the
+    pause for mandatory peering), so it never acts before it knows whether a live peer outranks
+    it; standalone operators get no peering at all."""
+    import kopf
+
+    from hetero_operator.runner import apply_settings, make_memo, operator_kwargs
+
+    settings = kopf.OperatorSettings()
+    config = OperatorConfig.from_env({"HTJ_PEERING_PRIORITY": "42"})
+    apply_settings(settings, config)
+    assert (settings.peering.name, settings.peering.mandatory, settings.peering.priority,
+            settings.peering.clusterwide) == ("heterotrain", True, 42, True)
+    kwargs = operator_kwargs(config, make_memo(config, identity="a/1/x"))
+    assert (kwargs["standalone"], kwargs["peering_name"], kwargs["priority"]) == (False, "heterotrain", 42)
+    alone = OperatorConfig.from_env({"HTJ_PEERING": ""})
+    assert operator_kwargs(alone, make_memo(alone, identity="a/1/x"))["standalone"] is True
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"HTJ_WATCH_CLIENT_TIMEOUT_S": "300"}, "watch_client_timeout_s (300.0) must exceed watch_server_timeout_s"),
+    ({"HTJ_WATCH_INACTIVITY_TIMEOUT_S": "400", "HTJ_WATCH_CLIENT_TIMEOUT_S": "500"},
+     "watch_inactivity_timeout_s (400.0) must not exceed"),
+    ({"HTJ_WATCH_CONNECT_TIMEOUT_S": "0"}, "watch_connect_timeout_s must be > 0 seconds"),
+    ({"HTJ_NETWORK_POLICY": "perhaps"}, "HTJ_NETWORK_POLICY='perhaps' does not parse"),
+], ids=["client not above server", "inactivity above server", "zero connect", "bad boolean"])
+def test_watch_and_hardening_settings_are_checked(env: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        OperatorConfig.from_env(env)
+    assert message in str(info.value)
+
+
+def test_worker_hardening_defaults_and_env() -> None:
+    cfg = OperatorConfig.from_env({})
+    assert (cfg.network_policy, cfg.worker_run_as_non_root, cfg.metrics_namespaces) == (
+        True, True, ("monitoring",))
+    cfg = OperatorConfig.from_env({"HTJ_NETWORK_POLICY": "false", "HTJ_WORKER_RUN_AS_NON_ROOT": "0",
+                                   "HTJ_METRICS_NAMESPACES": "prom, heterotrain-system"})
+    assert (cfg.network_policy, cfg.worker_run_as_non_root, cfg.metrics_namespaces) == (
+        False, False, ("prom", "heterotrain-system"))

@@ -30,6 +30,7 @@ class FakeApi:
         self.jobs = {(job["metadata"]["namespace"], job["metadata"]["name"]): job}
         self.pods: dict[str, dict[str, Any]] = {}
         self.services: dict[str, dict[str, Any]] = {}
+        self.others: dict[str, dict[str, Any]] = {}  # NetworkPolicy
         self.events: list[tuple[str, str, str]] = []
         self.event_objects: dict[str, dict[str, Any]] = {}
         self.deleted_pods: list[str] = []
@@ -57,7 +58,7 @@ class FakeApi:
     async def create(self, obj: dict[str, Any]) -> bool:
         self.create_calls += 1
         self.create_order.append(f"{obj['kind']}/{obj['metadata']['name']}")
-        store = self.pods if obj["kind"] == "Pod" else self.services
+        store = {"Pod": self.pods, "Service": self.services}.get(obj["kind"], self.others)
         if obj["metadata"]["name"] in store:
             return False
         store[obj["metadata"]["name"]] = copy.deepcopy(obj)
@@ -164,8 +165,18 @@ async def test_service_exists_before_any_rank_pod_and_all_pods_come_in_one_pass(
     """
     api = FakeApi(_job())
     await _reconciler(api).reconcile("team-x", "digits")
-    assert api.create_order == ["Service/digits", "Pod/digits-g0", "Pod/digits-g1", "Pod/digits-g2"]
+    assert api.create_order == ["Service/digits", "NetworkPolicy/digits", "Pod/digits-g0",
+                                "Pod/digits-g1", "Pod/digits-g2"]
     assert api.services["digits"]["spec"]["publishNotReadyAddresses"] is True
+    # the NetworkPolicy exists before any pod and goes with the job (owner reference)
+    policy = api.others["digits"]
+    assert [(o["kind"], o["name"]) for o in policy["metadata"]["ownerReferences"]] == [
+        ("HeteroTrainingJob", "digits")]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {
+        "heterotrain.io/job-name": "digits", "app.kubernetes.io/managed-by": "heterotrain-operator"}}
+    off = FakeApi(_job())
+    await _reconciler(off, config=CONFIG.with_(network_policy=False)).reconcile("team-x", "digits")
+    assert off.create_order[:2] == ["Service/digits", "Pod/digits-g0"]
 
 
 async def test_a_second_operator_creates_no_duplicates() -> None:

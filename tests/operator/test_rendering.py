@@ -188,14 +188,20 @@ def test_render_refuses_a_wrong_number_of_rank_envs() -> None:
         rendering.render_pods(job, plan, [{}], launcher=LAUNCHER)
 
 
-@pytest.mark.parametrize("kind", ["pods", "service"])
+@pytest.mark.parametrize("kind", ["pods", "service", "networkpolicy"])
 def test_rendered_objects_validate_against_kubernetes_schemas(kind: str) -> None:
     """kubernetes-validate, offline and strict (unknown fields are errors)."""
     job = _job(namespace="train")
-    _, pods = _render(job, _mixed_nodes())
+    plan, pods = _render(job, _mixed_nodes())
     state1, state2 = _case05()
     _, mig_pods = _render(_h100_job(2), [state2])
-    objs = pods + mig_pods if kind == "pods" else [rendering.render_service(job, master_port=29500)]
+    _, pvc_pods = _render(_job(training={"checkpoint": {"persistentVolumeClaim": "ckpt", "path": "/ckpt"}}),
+                          _mixed_nodes())
+    root = rendering.render_pods(job, plan, _envs(job, plan), launcher=LAUNCHER, run_as_non_root=False)
+    objs = {"pods": pods + mig_pods + pvc_pods + root,
+            "service": [rendering.render_service(job, master_port=29500)],
+            "networkpolicy": [rendering.render_network_policy(job, plan, metrics_namespaces=["monitoring"]),
+                              rendering.render_network_policy(job, plan, metrics_namespaces=[])]}[kind]
     for obj in objs:
         kubernetes_validate.validate(json.loads(json.dumps(obj)), K8S_VERSION, strict=True)
 
@@ -209,3 +215,101 @@ def test_every_local_rank_gets_a_named_metrics_port() -> None:
               if p["name"].startswith("metrics")] for pod in pods]
     base = job.worker.metrics_port
     assert ports == [[("metrics", base)], [("metrics", base)], [("metrics", base), ("metrics-1", base + 1)]]
+
+
+# --- hardened worker pods and the per-job NetworkPolicy (issue 10) ------------------------------
+
+def _envs(job: JobSpec, plan: Plan) -> list[dict[str, str]]:
+    addr = rendering.master_addr(job.name, job.namespace, plan)
+    return render_rank_envs(plan, job, master_addr=addr, master_port=29500, simulated=False)
+
+
+def test_worker_pods_are_hardened() -> None:
+    """No privilege escalation, every capability dropped, seccomp RuntimeDefault, non-root, no
+    service-account token: the Pod Security Standards' "restricted" profile."""
+    job = _job(namespace="train")
+    plan, pods = _render(job, _mixed_nodes())
+    for pod in pods:
+        spec = pod["spec"]
+        assert spec["automountServiceAccountToken"] is False
+        assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        (container,) = spec["containers"]
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                                "capabilities": {"drop": ["ALL"]}}
+    root = rendering.render_pods(job, plan, _envs(job, plan), launcher=LAUNCHER, run_as_non_root=False)
+    assert {json.dumps(p["spec"]["securityContext"]) for p in root} == {
+        json.dumps({"seccompProfile": {"type": "RuntimeDefault"}})}
+    assert all(p["spec"]["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]} for p in root)
+
+
+def test_a_checkpoint_volume_is_writable_by_the_worker_images_group() -> None:
+    job = _job(training={"checkpoint": {"persistentVolumeClaim": "ckpt", "path": "/ckpt"}})
+    _, pods = _render(job, _mixed_nodes())
+    assert {(p["spec"]["securityContext"]["fsGroup"], p["spec"]["securityContext"]["fsGroupChangePolicy"])
+            for p in pods} == {(10001, "OnRootMismatch")}
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes LabelSelector (matchLabels, matchExpressions In/NotIn/Exists) applied to labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or ():
+        value = labels.get(e["key"])
+        ok = {"In": value in e.get("values", ()), "NotIn": value not in e.get("values", ()),
+              "Exists": e["key"] in labels, "DoesNotExist": e["key"] not in labels}[e["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def _admits(policy: dict[str, Any], *, pod: dict[str, Any], namespace: str, port: int) -> bool:
+    """Whether ``policy`` lets a pod (its labels, in ``namespace``) connect to ``port``."""
+    ns_labels = {"kubernetes.io/metadata.name": namespace}
+    for rule in policy["spec"]["ingress"]:
+        ports = rule.get("ports")
+        if ports and not any(p["port"] <= port <= p.get("endPort", p["port"]) for p in ports):
+            continue
+        for peer in rule["from"]:
+            if "namespaceSelector" in peer:
+                if _selects(peer["namespaceSelector"], ns_labels) and _selects(
+                        peer.get("podSelector", {}), pod["metadata"].get("labels", {})):
+                    return True
+            elif namespace == policy["metadata"]["namespace"] and _selects(
+                    peer["podSelector"], pod["metadata"].get("labels", {})):
+                return True
+    return False
+
+
+def test_network_policy_selects_exactly_the_jobs_pods_and_admits_only_them_and_metrics() -> None:
+    job = _job(namespace="train")
+    plan, pods = _render(job, _mixed_nodes())
+    policy = rendering.render_network_policy(job, plan, metrics_namespaces=["monitoring", "heterotrain-system"])
+    assert (policy["metadata"]["name"], policy["metadata"]["namespace"]) == ("digits", "train")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    other = copy.deepcopy(pods[0])  # a pod of another job, "digits-2", in the same namespace
+    other["metadata"]["labels"][rendering.LABEL_JOB] = "digits-2"
+    stranger = {"metadata": {"labels": {"app": "web"}}}
+    selector = policy["spec"]["podSelector"]
+    assert [_selects(selector, p["metadata"]["labels"]) for p in pods] == [True, True, True]
+    assert not _selects(selector, other["metadata"]["labels"]) and not _selects(selector, {})
+    rendezvous, gloo, metrics = 29500, 41234, job.worker.metrics_port
+    # the job's own pods reach every port (Gloo and NCCL connect to ephemeral ports)
+    assert all(_admits(policy, pod=pods[1], namespace="train", port=p) for p in (rendezvous, gloo, metrics))
+    # another job's pods, the same pods in another namespace, and strangers reach nothing
+    for src, ns in ((other, "train"), (pods[1], "elsewhere"), (stranger, "train")):
+        assert not any(_admits(policy, pod=src, namespace=ns, port=p) for p in (rendezvous, gloo, metrics))
+    # the monitoring and operator namespaces reach the metrics ports of every local rank, nothing else
+    prom = {"metadata": {"labels": {"app.kubernetes.io/name": "prometheus"}}}
+    for ns in ("monitoring", "heterotrain-system"):
+        assert _admits(policy, pod=prom, namespace=ns, port=metrics)
+        assert _admits(policy, pod=prom, namespace=ns, port=metrics + 1)  # the T4 pod's second rank
+        assert not _admits(policy, pod=prom, namespace=ns, port=metrics + 2)
+        assert not _admits(policy, pod=prom, namespace=ns, port=rendezvous)
+    assert policy["spec"]["ingress"][1]["ports"] == [{"protocol": "TCP", "port": metrics, "endPort": metrics + 1}]
+
+
+def test_network_policy_without_metrics_admits_only_the_job() -> None:
+    job = _job(worker={"metricsPort": 0})
+    plan, pods = _render(job, _mixed_nodes())
+    policy = rendering.render_network_policy(job, plan, metrics_namespaces=["monitoring"])
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": rendering.selector(job.name)}}]}]
