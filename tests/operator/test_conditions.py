@@ -80,3 +80,26 @@ def test_suspended_clears_running_and_failed_is_terminal() -> None:
 def test_iso_round_trip() -> None:
     assert c.parse_iso(c.now_iso(T0)) == T0
     assert c.parse_iso("") is None
+
+
+def test_a_waiting_job_condition_carries_the_latest_shortfall() -> None:
+    """Issue 10: the Created=False condition of a Pending job always says the current shortfall."""
+    conds = c.apply_phase([], phase=c.PENDING, reason="InsufficientGPUs",
+                          message="Unschedulable: Tesla-T4: need 2, free 1", now_s=T0)
+    conds = c.apply_phase(conds, phase=c.PENDING, reason="InsufficientGPUs",
+                          message="Unschedulable: Tesla-T4: need 2, free 0", now_s=T1)
+    assert _by_type(conds)["Created"] == {
+        "type": "Created", "status": "False", "reason": "InsufficientGPUs",
+        "message": "Unschedulable: Tesla-T4: need 2, free 0",
+        "lastTransitionTime": "2027-01-15T08:00:00Z", "lastUpdateTime": "2027-01-15T08:01:00Z"}
+
+
+def test_a_node_not_ready_wait_keeps_running_true_with_the_reason() -> None:
+    conds = c.apply_phase([], phase=c.RUNNING, reason="JobRunning", message="m", now_s=T0)
+    conds = c.apply_phase(conds, phase=c.RUNNING, reason="NodeNotReady", message="node-c", now_s=T1)
+    running = _by_type(conds)["Running"]
+    assert (running["status"], running["reason"], running["lastTransitionTime"]) == (
+        "True", "NodeNotReady", "2027-01-15T08:00:00Z")
+    conds = c.apply_phase(conds, phase=c.RESTARTING, reason="NodeLost", message="lost", now_s=T1)
+    assert {t: x["status"] for t, x in _by_type(conds).items()} == {
+        "Created": "True", "Running": "False", "Restarting": "True"}
