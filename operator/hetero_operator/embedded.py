@@ -272,6 +272,8 @@ def _supervise(planned: _Planned, argv: list[str], *, workdir: Path, port_base: 
     last_failure: tuple[int, str] | None = None
     while True:
         envs = _render(planned, port_base=port_base, checkpoint_dir=checkpoint_dir, workdir=workdir)
+        for env in envs:  # one restart generation on every rank, as the operator does (case 34)
+            env[c.RESTART_GENERATION] = env[c.TORCHELASTIC_RESTART_COUNT] = str(attempt)
         started_s = time.time()
         outcome = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
                            grace_s=grace_s, deadline_s=deadline_s)

@@ -178,9 +178,19 @@ class RunPolicy:
     priority_class: str = ""
 
 
+PROFILE_STEPS_ANNOTATION = f"{API_GROUP}/profile-steps"
+"""Job annotation: steps every rank traces with the PyTorch Profiler, e.g. ``"20-25"``
+(``HTJ_PROFILE_STEPS`` in the env contract; docs/embedded.md, "Profiling")."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobSpec:
-    """A parsed ``HeteroTrainingJob``: name, namespace and the four spec sections."""
+    """A parsed ``HeteroTrainingJob``: name, namespace and the four spec sections.
+
+    Attributes:
+        profile_steps: ``(first, last)`` 1-based inclusive steps to trace with the PyTorch
+            Profiler (annotation :data:`PROFILE_STEPS_ANNOTATION`), None for none.
+    """
 
     name: str
     namespace: str
@@ -189,6 +199,7 @@ class JobSpec:
     gpus: GpuRequest
     training: TrainingSpec
     run_policy: RunPolicy
+    profile_steps: tuple[int, int] | None = None
 
 
 def parse_job(body: Mapping[str, Any]) -> JobSpec:
@@ -214,7 +225,18 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
         gpus=_gpus(_map(spec, "gpus", "spec.gpus")),
         training=_training(_map(spec, "training", "spec.training")),
         run_policy=run_policy,
+        profile_steps=_profile_steps(_map(meta, "annotations", "metadata.annotations", required=False)),
     )
+
+
+def _profile_steps(annotations: Mapping[str, Any]) -> tuple[int, int] | None:
+    from hetero_worker.contract import ContractError, parse_step_range
+
+    path = f"metadata.annotations[{PROFILE_STEPS_ANNOTATION}]"
+    try:
+        return parse_step_range(str(annotations.get(PROFILE_STEPS_ANNOTATION) or ""), path)
+    except ContractError as exc:
+        raise SpecError(path, str(exc).partition(": ")[2] or str(exc)) from None
 
 
 def _refuse_unknown_fields(body: Mapping[str, Any]) -> None:

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_worker import checkpoint, rendezvous
+from hetero_worker import checkpoint, profiling, rendezvous
 from hetero_worker.commplan import CommRank, plan_communicators
 from hetero_worker.contract import Contract
 from hetero_worker.groups import ProcessGroups, build_process_groups, gather_comm_ranks
@@ -126,6 +126,7 @@ class Trainer:
         self.groups = self.build_groups(contract.hierarchy)
         self.layout = self.groups.layout
         self.metrics = _make_metrics(contract)
+        self.profiler = profiling.from_contract(contract, cuda=use_cuda)  # None unless asked
         self.sync = WeightedGradSync(self.groups, self.local_batches,
                                      on_inter_group_bytes=self.metrics.add_inter_group_bytes)
         # One fp16 rank makes every rank scale (same loss scale in the summed gradients).
@@ -249,6 +250,8 @@ class Trainer:
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
         batch = self.local_batch  # a split change decided after this step applies to the next
+        if self.profiler is not None:
+            self.profiler.before_step(self.global_step + 1)
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         simulate_compute(self.contract.device, self.local_batch, self.delay_per_sample_s)
@@ -265,6 +268,8 @@ class Trainer:
         result = self._record(loss.detach().float().item(), skipped, step_s)
         if self.speed is not None:
             self.speed.after_step(result.compute_s, batch)
+        if self.profiler is not None:
+            self.profiler.after_step(self.global_step)
         return result
 
     def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: Any,
@@ -418,7 +423,9 @@ class Trainer:
         return summaries
 
     def close(self) -> None:
-        """Flush metrics and leave the process group."""
+        """Flush metrics, write a profiler trace still open, and leave the process group."""
+        if self.profiler is not None:
+            self.profiler.close()
         self.metrics.update_device()
         self.metrics.flush()
         self.metrics.stop_server()
