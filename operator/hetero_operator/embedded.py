@@ -34,6 +34,10 @@ DEFAULT_NODES = Path("examples") / "clusters" / "mixed.yaml"
 STALL_WARN_S = 120.0
 """Warn when rank 0's step count has not moved for this many seconds."""
 EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 1, 2
+RUNS_DIR = "runs"
+"""Where run directories go unless ``--workdir`` is given."""
+RUN_MARKER = ".heterotrain-run"
+"""Empty file marking a directory made by ``heterotrain run`` (``--keep-runs`` prunes only those)."""
 ATTEMPT_MARK = "--- attempt "
 """Each attempt's output in ``rank-<r>.log`` starts with ``--- attempt N ---``."""
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -60,6 +64,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "0 turns metrics off)")
     parser.add_argument("--grace-s", type=float, default=procs.GRACE_S, metavar="SECONDS",
                         help="when stopping ranks, seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--profile-steps", type=_step_range, default=None, metavar="FIRST-LAST",
+                        help="trace these steps (1-based, e.g. 20-25) on every rank with the PyTorch "
+                             "Profiler; Chrome traces in <workdir>/profiles/ (overrides the job's "
+                             "heterotrain.io/profile-steps annotation)")
+    parser.add_argument("--keep-runs", type=int, default=None, metavar="N",
+                        help="after the run, delete all but the newest N run directories under "
+                             "runs/ (default: keep all); only directories made by heterotrain run")
+
+
+def _step_range(text: str) -> tuple[int, int]:
+    """argparse type of ``--profile-steps``: ``"20-25"`` -> ``(20, 25)`` (a usage error if bad)."""
+    try:
+        steps = c.parse_step_range(text, "--profile-steps")
+    except c.ContractError as exc:
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+    if steps is None:
+        raise argparse.ArgumentTypeError("must be steps like 20-25")
+    return steps
 
 
 # --- inputs ----------------------------------------------------------------------------------
@@ -179,7 +201,8 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
     from hetero_operator.inventory import build_inventory
     from hetero_operator.model import Plan
     from hetero_operator.planning import plan_job
-    from hetero_operator.plancli import InputError, load_job, load_objects, print_result
+    from hetero_operator.plancli import (InputError, load_job, load_objects, plan_notes,
+                                         print_result, with_default_images)
 
     try:
         job = load_job(Path(args.job))
@@ -188,7 +211,7 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
             local_job = dataclasses.replace(job, images=())  # local processes use no image
             plan = plan_job(local_job, build_inventory(gpu_nodes[0]))
             if isinstance(plan, Plan):
-                print_result(plan, local_job, console)
+                print_result(plan, local_job, console, notes=plan_notes(plan, local_job))
                 indices = gpu_nodes[1]
                 gpu_indices = [indices[plan.groups[r.group].node][r.group_rank] for r in plan.ranks]
                 return _Planned(local_job, plan, False, gpu_indices)
@@ -198,8 +221,9 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
     except InputError as exc:
         print(f"heterotrain run: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    job, notes = with_default_images(job)  # named in the plan, as the operator would use them
     plan = plan_job(job, build_inventory(nodes))
-    print_result(plan, job, console)
+    print_result(plan, job, console, notes=[*notes, *plan_notes(plan, job)])
     if not isinstance(plan, Plan):
         return EXIT_UNSCHEDULABLE
     return _Planned(job, plan, True, None)
@@ -229,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
     planned = _plan(args, console)
     if isinstance(planned, int):
         return planned
+    if args.profile_steps is not None:
+        planned.job = dataclasses.replace(planned.job, profile_steps=args.profile_steps)
     job, world = planned.job, planned.plan.world_size
     argv = worker_argv(job.worker.command, job.worker.args,
                        overrides={"--epochs": args.epochs, "--max-steps": args.max_steps})
@@ -241,8 +267,9 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"heterotrain run: error: metrics ports: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    workdir = Path(args.workdir or Path("runs") / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    workdir = Path(args.workdir or Path(RUNS_DIR) / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / RUN_MARKER).touch()
     _announce(console, planned, workdir, port_base, argv)
     _write_targets(workdir, port_base, world, job.name)
     start = time.monotonic()
@@ -251,9 +278,44 @@ def run(args: argparse.Namespace) -> int:
     report.print_report(console, rows=report.read_rows(workdir, world),
                         result=report.read_result(workdir),
                         planned_speedup=planned.plan.expected_speedup_over_equal,
-                        elapsed_s=time.monotonic() - start, exit_code=outcome.exit_code)
+                        elapsed_s=time.monotonic() - start, exit_code=outcome.exit_code,
+                        initial_batches=[r.local_batch for r in planned.plan.ranks],
+                        rebalance_interval_steps=job.training.rebalance_interval_steps,
+                        profile_traces=sorted((workdir / "profiles").glob("*.trace.json")))
+    if job.profile_steps is not None and not any((workdir / "profiles").glob("*.trace.json")):
+        console.print(f"[yellow]No profiler trace was written[/]: steps {job.profile_steps[0]}-"
+                      f"{job.profile_steps[1]} were not reached, or the worker does not use "
+                      "hetero_worker's Trainer", highlight=False)
     console.print(f"Logs and statistics: {workdir}")
+    if args.keep_runs is not None:
+        removed = prune_runs(Path(RUNS_DIR), keep=args.keep_runs, current=workdir)
+        if removed:
+            console.print(f"Removed {len(removed)} older run director"
+                          f"{'y' if len(removed) == 1 else 'ies'} under {RUNS_DIR}/ (--keep-runs "
+                          f"{args.keep_runs})")
     return outcome.exit_code
+
+
+def prune_runs(runs: Path, *, keep: int, current: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` run directories under ``runs`` (by modification time).
+
+    Only directories holding :data:`RUN_MARKER` (made by ``heterotrain run``) are considered, and
+    ``current`` is never deleted.
+
+    Returns:
+        The directories removed.
+    """
+    import shutil
+
+    if keep < 0 or not runs.is_dir():
+        return []
+    mine = [d for d in runs.iterdir() if d.is_dir() and (d / RUN_MARKER).is_file()]
+    mine.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    keep_set = set(mine[:keep]) | ({current.resolve()} if current is not None else set())
+    removed = [d for d in mine[keep:] if d.resolve() not in keep_set]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    return removed
 
 
 def _supervise(planned: _Planned, argv: list[str], *, workdir: Path, port_base: int, console: Any,

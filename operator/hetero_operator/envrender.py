@@ -70,6 +70,7 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
             checkpoint_dir=ckpt, extra=dict(group.extra_env),
             checkpoint_interval_steps=job.training.checkpoint_interval_steps,
             rebalance_interval_steps=job.training.rebalance_interval_steps,
+            profile_steps=job.profile_steps,
             compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank,
             restart_generation=restart_generation)
         envs.append(render_rank_env(contract))

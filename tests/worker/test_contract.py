@@ -72,11 +72,13 @@ def test_malformed_variable_names_itself(variable, value, needle):
 
 def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     knobs = _contract(sim_delay_per_sample_s=0.0125, rendezvous_timeout_s=42.0, run_dir="/runs/x",
-                      compression="int8", powersgd_rank=8, rebalance_interval_steps=3)
+                      compression="int8", powersgd_rank=8, rebalance_interval_steps=3,
+                      profile_steps=(20, 25))
     env = c.render_rank_env(knobs)
     assert {k: env[k] for k in c.KNOB_VARS} == {"HTJ_SIM_DELAY_PER_SAMPLE_S": "0.0125",
                                                 "HTJ_RENDEZVOUS_TIMEOUT_S": "42.0",
-                                                "HTJ_RUN_DIR": "/runs/x"}
+                                                "HTJ_RUN_DIR": "/runs/x",
+                                                "HTJ_PROFILE_STEPS": "20-25"}
     assert c.parse_contract(env) == knobs
     # defaults are not rendered (the operator's pods carry exactly the contract)
     assert not set(c.render_rank_env(_contract())) & set(c.KNOB_VARS)
@@ -87,6 +89,10 @@ def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     ("HTJ_RENDEZVOUS_TIMEOUT_S", "0", "must be > 0"),
     ("HTJ_COMPRESSION", "zip", "must be one of none, fp16, bf16, int8, powersgd; got 'zip'"),
     ("HTJ_REBALANCE_INTERVAL_STEPS", "x", "must be an integer"),
+    ("HTJ_PROFILE_STEPS", "20..25", "must be steps like \"20-25\" or \"20\", got '20..25'"),
+    ("HTJ_PROFILE_STEPS", "25-20", "must be FIRST-LAST with 1 <= FIRST <= LAST, got '25-20'"),
+    ("HTJ_PROFILE_STEPS", "0-3", "must be FIRST-LAST with 1 <= FIRST <= LAST"),
+    ("HTJ_PROFILE_STEPS", "1-500", "spans 500 steps; at most 100 per trace"),
 ])
 def test_malformed_knob_names_itself(variable, value, needle):
     env = dict(c.render_rank_env(_contract()), **{variable: value})

@@ -79,6 +79,13 @@ RENDEZVOUS_TIMEOUT_S = "HTJ_RENDEZVOUS_TIMEOUT_S"
 """Seconds a rank waits for rank 0 before giving up (default :data:`DEFAULT_RENDEZVOUS_TIMEOUT_S`)."""
 RUN_DIR = "HTJ_RUN_DIR"
 """Directory for the per-rank statistics and the result of ``heterotrain run``; unset in a pod."""
+PROFILE_STEPS = "HTJ_PROFILE_STEPS"
+"""Steps to trace with the PyTorch Profiler, ``"20-25"`` (inclusive, 1-based: step n is the n-th
+optimizer step of the run) or ``"20"``; unset or empty: no profiler (zero cost). Set by
+``heterotrain run --profile-steps`` and by the operator from the job annotation
+``heterotrain.io/profile-steps``."""
+MAX_PROFILE_STEPS = 100
+"""Most steps one trace may span (a Chrome trace grows with every step)."""
 DEFAULT_SIM_DELAY_PER_SAMPLE_S = 0.002
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0
 
@@ -88,7 +95,7 @@ REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, LOCAL_
                  GLOBAL_BATCH_SIZE, PRECISION, HIERARCHY, DEVICE_PROFILE, TOPOLOGY)
 OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
                  COMPRESSION, POWERSGD_RANK, RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT)
-KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR)
+KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS)
 """Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
 
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -206,6 +213,7 @@ class Contract:
     sim_delay_per_sample_s: float = DEFAULT_SIM_DELAY_PER_SAMPLE_S
     rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
     run_dir: str = ""
+    profile_steps: tuple[int, int] | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -263,6 +271,8 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         env[RENDEZVOUS_TIMEOUT_S] = repr(contract.rendezvous_timeout_s)
     if contract.run_dir:
         env[RUN_DIR] = contract.run_dir
+    if contract.profile_steps is not None:
+        env[PROFILE_STEPS] = "{}-{}".format(*contract.profile_steps)
     env.update(contract.extra)
     return env
 
@@ -344,6 +354,7 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         sim_delay_per_sample_s=sim_delay_per_sample_s(environ),
         rendezvous_timeout_s=rendezvous_timeout_s(environ),
         run_dir=run_dir(environ),
+        profile_steps=profile_steps(environ),
         restart_generation=_int(environ, RESTART_GENERATION, minimum=0, default=0),
     )
     _check_rank_against_topology(contract)
@@ -443,6 +454,40 @@ def rendezvous_timeout_s(environ: Mapping[str, str]) -> float:
 def run_dir(environ: Mapping[str, str]) -> str:
     """``HTJ_RUN_DIR``, ``""`` when unset (a pod)."""
     return environ.get(RUN_DIR, "")
+
+
+def profile_steps(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """``HTJ_PROFILE_STEPS`` as ``(first, last)``, inclusive and 1-based; None when unset or empty.
+
+    Raises:
+        ContractError: not ``N`` or ``N-M`` with ``1 <= N <= M`` and at most
+            :data:`MAX_PROFILE_STEPS` steps.
+    """
+    return parse_step_range(environ.get(PROFILE_STEPS, ""), PROFILE_STEPS)
+
+
+def parse_step_range(text: str, name: str) -> tuple[int, int] | None:
+    """``"20-25"`` -> ``(20, 25)``, ``"20"`` -> ``(20, 20)``, ``""`` -> None (shared by the CLI
+    flag, the job annotation and the environment variable).
+
+    Raises:
+        ContractError: malformed, ``first < 1``, ``last < first`` or more than
+            :data:`MAX_PROFILE_STEPS` steps (``name`` is reported as the variable).
+    """
+    text = text.strip()
+    if not text:
+        return None
+    first_s, sep, last_s = text.partition("-")
+    try:
+        first, last = int(first_s), int(last_s) if sep else int(first_s)
+    except ValueError:
+        raise ContractError(name, f"must be steps like \"20-25\" or \"20\", got {text!r}") from None
+    if first < 1 or last < first:
+        raise ContractError(name, f"must be FIRST-LAST with 1 <= FIRST <= LAST, got {text!r}")
+    if last - first + 1 > MAX_PROFILE_STEPS:
+        raise ContractError(name, f"spans {last - first + 1} steps; at most {MAX_PROFILE_STEPS} "
+                            "per trace")
+    return first, last
 
 
 def seconds_from_env(environ: Mapping[str, str], name: str, *, default_s: float,
