@@ -1,25 +1,48 @@
-"""Atomic checkpoints that every rank can resume from.
+"""Atomic checkpoints that every rank loads safely, agrees on, and can resume under a new plan.
 
 Rank 0 writes ``<dir>/checkpoint.pt`` through a temp file in the same directory, ``fsync`` and
 ``os.replace``: a rank killed mid-write leaves the previous checkpoint intact, never half a file.
-The file holds the model, optimizer, gradient scaler, sampler position (epoch, cursor, split), the
-global step and the RNG states of *every* rank (gathered to rank 0), so a resumed run continues at
-the same step with bit-identical parameters to an uninterrupted one on CPU. Every rank reads the
-same file on resume (a shared volume in a cluster, the local disk in ``heterotrain run``).
+
+The file (format :data:`FORMAT`) holds only tensors and plain Python types, so every rank loads it
+with ``torch.load(weights_only=True)``: a file on a shared volume cannot run code in a rank
+(``weights_only=False`` unpickles arbitrary objects; torch's own warning in ``torch.load``).
+
+* job-wide state: ``model``, ``optimizer``, ``scaler`` (the loss scale is agreed, so it is the same
+  on every rank), ``step``, a random ``checkpoint_id``;
+* the job's **global** data position ``data`` (epoch, seed, samples consumed of the epoch's global
+  order; :meth:`hetero_worker.sampler.HeteroBatchSampler.state_dict`), never per-rank positions, so
+  any split or world size continues with exact epoch coverage;
+* the ``plan`` it was taken under (world size, planned split, device per rank), the current
+  ``split``, the hierarchy ``layout`` and the ``compression`` settings;
+* ``ranks``: per-rank state of the saving plan (RNG states, compression error feedback). It is
+  used only when the resuming plan is the same (:func:`same_plan`); otherwise every rank starts
+  with fresh RNG (:func:`fresh_rng`) and nothing is indexed by a rank that may no longer exist.
+
+:func:`load_checkpoint` is collective: rank 0's reading decides the resume step and every rank
+confirms it (:func:`hetero_worker.agreement.agree_on_resume`) before anything is restored.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import secrets
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hetero_worker.agreement import Finding, agree_on_resume
+
 CHECKPOINT_FILE = "checkpoint.pt"
+FORMAT = 2
+"""Version of the file layout; 1 (before weights-only loading) held NumPy objects."""
+PLAN_KEYS = ("world_size", "planned_split", "devices")
+"""What identifies a plan: a checkpoint's per-rank state is reused only when all of them match."""
 
 
 def save_atomic(obj: Any, path: Path) -> None:
@@ -37,94 +60,208 @@ def save_atomic(obj: Any, path: Path) -> None:
         raise
 
 
+def load_file(path: str | Path) -> dict[str, Any]:
+    """``torch.load(path, map_location="cpu", weights_only=True)``: tensors and plain types only.
+
+    Raises:
+        OSError: unreadable file.
+        pickle.UnpicklingError, RuntimeError: not a checkpoint, truncated, or holding objects
+            that weights-only loading refuses (e.g. a format-1 file with NumPy state).
+    """
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def rng_state() -> dict[str, Any]:
-    """This process's RNG states: torch CPU, CUDA (if used), Python ``random``, NumPy."""
+    """This process's RNG states as tensors and plain types (weights-only loadable).
+
+    Returns:
+        ``torch``: CPU generator state (uint8 tensor); ``python``: ``random.getstate()`` (a tuple
+        of ints); ``numpy`` (if installed): MT19937 ``keys`` as an int64 tensor ``[624]`` plus
+        ``pos``, ``has_gauss``, ``cached_gaussian``; ``cuda`` (if CUDA is initialised): one uint8
+        tensor per device.
+    """
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy as np
-        state["numpy"] = np.random.get_state()
     except ImportError:  # numpy is optional for the worker
-        pass
+        return state
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)),
+                      "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached_gaussian": float(cached)}
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what :func:`rng_state` returned."""
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
+    python = state["python"]
+    random.setstate((python[0], tuple(python[1]), python[2]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
     if "numpy" in state:
         import numpy as np
-        np.random.set_state(state["numpy"])
+        saved = state["numpy"]
+        np.random.set_state((saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["pos"],
+                             saved["has_gauss"], saved["cached_gaussian"]))
 
 
-def _gather_rng_states() -> list[dict[str, Any]]:
-    mine = rng_state()
+def fresh_rng(seed: int, step: int, rank: int) -> None:
+    """Seed torch, CUDA, Python and NumPy from ``(seed, step, rank)``: a rank of a new plan.
+
+    Different for every rank and every resume step, identical when the same plan resumes the
+    same step twice (reproducible restarts).
+    """
+    digest = hashlib.sha256(f"heterotrain-rng/{seed}/{step}/{rank}".encode()).digest()
+    derived = int.from_bytes(digest[:8], "little") >> 1  # torch.manual_seed takes < 2**63
+    torch.manual_seed(derived)
+    random.seed(derived)
+    try:
+        import numpy as np
+        np.random.seed(derived % (2**32))
+    except ImportError:
+        pass
+
+
+def same_plan(saved: Mapping[str, Any] | None, current: Mapping[str, Any] | None) -> bool:
+    """True when ``saved`` and ``current`` plans agree on every :data:`PLAN_KEYS` entry.
+
+    ``current is None`` (a caller without a plan, e.g. a single process) counts as the same plan
+    when the world size matches.
+    """
+    if saved is None:
+        return False
+    if current is None:
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return saved.get("world_size") == world
+    return all(_plain(saved.get(k)) == _plain(current.get(k)) for k in PLAN_KEYS)
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, recursively (plans compare equal however they were built)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _gather_to_rank0(mine: Any) -> list[Any] | None:
+    """Every rank's ``mine`` on rank 0 (ordered by rank), None elsewhere; collective."""
     if not dist.is_initialized():
         return [mine]
-    states: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(states, mine)
-    return states
+    rank = dist.get_rank()
+    out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(mine, out, dst=0)
+    return out
 
 
 def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scaler: Any = None, sampler: Any = None,
-                    extra: dict[str, Any] | None = None) -> Path:
+                    plan: Mapping[str, Any] | None = None,
+                    rank_state: Mapping[str, Any] | None = None,
+                    extra: Mapping[str, Any] | None = None) -> Path:
     """Write a checkpoint; collective: call on every rank at the same step.
 
     Args:
         directory: checkpoint directory (created if missing).
         step: optimizer steps taken so far (the step to resume *after*).
-        model: the (possibly DDP-wrapped) model; its ``state_dict`` is saved.
-        optimizer, scaler, sampler: saved when given (``state_dict()`` each).
-        extra: more JSON-like state (e.g. the current batch split).
+        model: the unwrapped model; its ``state_dict`` is saved (replicas are identical).
+        optimizer, scaler: saved when given (``state_dict()`` each; same on every rank).
+        sampler: its ``state_dict()`` is the job's global data position (same on every rank).
+        plan: the plan identity (:data:`PLAN_KEYS`) plus ``split``, ``layout``, ``compression``
+            (plain types; :func:`hetero_worker.resume.plan_of`).
+        rank_state: this rank's own state besides RNG (e.g. ``compression`` error feedback),
+            tensors and plain types only.
+        extra: more plain state saved as ``extra``.
 
     Returns:
-        The checkpoint path (written by rank 0; the others return it after the barrier).
+        The checkpoint path (written by rank 0; every rank returns after the barrier).
     """
     path = Path(directory) / CHECKPOINT_FILE
-    rngs = _gather_rng_states()
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0:
+    mine = {"rng": rng_state(), **(dict(rank_state) if rank_state else {})}
+    ranks = _gather_to_rank0(mine)
+    if ranks is not None:
+        plan = dict(plan) if plan else {"world_size": len(ranks)}
         save_atomic({
-            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "format": FORMAT, "checkpoint_id": secrets.token_hex(8), "step": int(step),
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
-            "sampler": sampler.state_dict() if sampler is not None else None,
-            "rng": rngs, "extra": extra or {},
+            "data": sampler.state_dict() if sampler is not None else None,
+            "plan": {k: plan.get(k) for k in PLAN_KEYS},
+            "split": plan.get("split"), "layout": plan.get("layout"),
+            "compression": plan.get("compression"),
+            "ranks": ranks, "extra": dict(extra or {}),
         }, path)
     if dist.is_initialized():
         dist.barrier()
     return path
 
 
-def load_checkpoint(directory: str | Path, *, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, scaler: Any = None,
-                    sampler: Any = None) -> dict[str, Any] | None:
-    """Restore from ``<directory>/checkpoint.pt`` if it exists; call on every rank.
+def read_checkpoint(directory: str | Path | None) -> tuple[dict[str, Any] | None, Finding]:
+    """Read ``<directory>/checkpoint.pt`` on this rank (weights only) and say what was found.
 
     Returns:
-        The checkpoint dict (``step``, ``extra``, …) or None when there is no checkpoint.
-
-    Raises:
-        ValueError: the checkpoint holds RNG states for another world size.
+        ``(state or None, Finding)``: the finding carries the step and checkpoint id, ``missing``
+        when there is no file, or the error when it could not be read.
     """
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if not directory:
+        return None, Finding(rank=rank, path="", missing=True)
     path = Path(directory) / CHECKPOINT_FILE
     if not path.exists():
+        return None, Finding(rank=rank, path=str(path), missing=True)
+    try:
+        state = load_file(path)
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            found = state.get("format", 1) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"checkpoint format {found}, expected {FORMAT}")
+    except Exception as exc:  # noqa: BLE001 - every failure is reported to the agreement
+        return None, Finding(rank=rank, path=str(path), error=f"{type(exc).__name__}: {exc}"[:300])
+    return state, Finding(rank=rank, path=str(path), step=int(state["step"]),
+                          checkpoint_id=str(state["checkpoint_id"]))
+
+
+def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, scaler: Any = None, sampler: Any = None,
+                    plan: Mapping[str, Any] | None = None, seed: int = 0) -> dict[str, Any] | None:
+    """Agree on and restore the checkpoint in ``directory``; collective: call on every rank.
+
+    Every rank reads the file (weights only); rank 0's finding is the decision and every rank
+    confirms it before anything is restored. Model, optimizer, scaler and the global data
+    position are always restored. RNG states are restored per rank when ``plan`` is the plan the
+    checkpoint was taken under (:func:`same_plan`); otherwise every rank gets fresh RNG
+    (:func:`fresh_rng` of ``seed``, the step and its rank).
+
+    Args:
+        directory: checkpoint directory (None or ``""``: this rank has none).
+        model, optimizer, scaler, sampler: restored in place when given.
+        plan: the resuming plan (see :func:`save_checkpoint`); None compares world sizes only.
+        seed: the job seed, for fresh RNG under a new plan.
+
+    Returns:
+        The checkpoint dict (``step``, ``plan``, ``split``, ``ranks``, ...) with
+        ``resumed_same_plan`` (bool) added, or None when no rank has a checkpoint.
+
+    Raises:
+        hetero_worker.agreement.ResumeDisagreement: some rank found another step or checkpoint
+            than rank 0, none, or could not read it (every rank raises the same message).
+        ValueError: the data position is for another dataset (sampler).
+    """
+    state, finding = read_checkpoint(directory)
+    agree_on_resume(finding)
+    if state is None:
         return None
-    # Our own file: it holds NumPy/Python RNG states, which weights_only loading refuses.
-    state = torch.load(path, map_location="cpu", weights_only=False)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    if scaler is not None and state["scaler"] is not None:
+    if scaler is not None and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
-    if sampler is not None and state["sampler"] is not None:
-        sampler.load_state_dict(state["sampler"])
+    if sampler is not None and state["data"] is not None:
+        sampler.load_state_dict(state["data"])
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if len(state["rng"]) <= rank:
-        raise ValueError(f"checkpoint {path} has RNG states for {len(state['rng'])} ranks; "
-                         f"this is rank {rank}")
-    set_rng_state(state["rng"][rank])
+    state["resumed_same_plan"] = same_plan(state["plan"], plan)
+    if state["resumed_same_plan"] and rank < len(state["ranks"]):
+        set_rng_state(state["ranks"][rank]["rng"])
+    else:
+        fresh_rng(seed, int(state["step"]), rank)
     return state

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -149,7 +150,26 @@ class Int8Compression:
         self.chunk = chunk
         self.piece = chunk * piece_chunks
         self.error: torch.Tensor | None = None
+        self.restored = False  # error came from a checkpoint and was not used yet
         self.bytes_sent = 0
+
+    def state_dict(self) -> dict[str, object]:
+        """Error-feedback state for a checkpoint (this leader's own; tensors and plain types)."""
+        return {"kind": "int8", "chunk": self.chunk,
+                "error": None if self.error is None else self.error.detach().cpu().clone()}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Continue with a saved error buffer (its length is checked on the next call).
+
+        Raises:
+            ValueError: the state is not an int8 state of the same chunk size.
+        """
+        if state.get("kind") != "int8" or state.get("chunk") != self.chunk:
+            raise ValueError(f"not an int8 codec state with chunk {self.chunk}: "
+                             f"{state.get('kind')}, chunk {state.get('chunk')}")
+        error = state.get("error")
+        self.error = None if error is None else error.clone()  # type: ignore[union-attr]
+        self.restored = self.error is not None
 
     def payload_bytes(self, numel: int) -> int:
         """Bytes one leader contributes per step: 1 per element plus 4 per chunk."""
@@ -161,7 +181,11 @@ class Int8Compression:
         flat = _flat(tensors, torch.float32)
         n = flat.numel()
         if self.error is None or self.error.numel() != n:
+            if self.restored:  # never load a buffer into another bucket layout
+                log_state_reset(f"int8 error buffer of {self.error.numel()} elements for a "
+                                f"bucket of {n}")
             self.error = torch.zeros_like(flat)
+        self.restored = False
         value = flat.add_(self.error)  # flat is our own copy: g + e in place
         world = dist.get_world_size(group)
         pieces = [(lo, min(lo + self.piece, n)) for lo in range(0, n, self.piece)]
@@ -185,6 +209,13 @@ class Int8Compression:
                 _copy_exact(sum(out[:exact_bytes].view(torch.float32) for out in outs), exact)
         self.bytes_sent += ring_allgather_bytes(self.payload_bytes(n), world)
         _unflatten_into(total, tensors)
+
+
+def log_state_reset(reason: str) -> None:
+    """Say on stderr that compression state was discarded (``compression_state_reset``)."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    print(f"heterotrain: rank {rank}: compression_state_reset: {reason}; error feedback starts "
+          "from zero", file=sys.stderr, flush=True)
 
 
 def quantize_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,16 +252,22 @@ class CompressionConfig:
     Attributes:
         mode: one of :data:`MODES` (lower case).
         powersgd_rank: rank of the PowerSGD factors (>= 1).
+        powersgd_start_iter: PowerSGD's uncompressed warm-up, in steps (torch's
+            ``start_powerSGD_iter``; 0 compresses from the first step).
     """
 
     mode: str = "none"
     powersgd_rank: int = 4
+    powersgd_start_iter: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"compression.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.powersgd_rank < 1:
             raise ValueError(f"compression.powersgd_rank must be >= 1, got {self.powersgd_rank}")
+        if self.powersgd_start_iter < 0:
+            raise ValueError("compression.powersgd_start_iter must be >= 0, "
+                             f"got {self.powersgd_start_iter}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CompressionConfig:
@@ -258,7 +295,8 @@ def make_codec(config: CompressionConfig, *, seed: int = 0) -> InterGroupCodec:
     if config.mode == "int8":
         return Int8Compression()
     from hetero_worker.powersgd import PowerSGDCompression
-    return PowerSGDCompression(rank=config.powersgd_rank, seed=seed)
+    return PowerSGDCompression(rank=config.powersgd_rank, seed=seed,
+                               start_iter=config.powersgd_start_iter)
 
 
 def theoretical_bytes(config: CompressionConfig, shapes: Sequence[torch.Size], leaders: int) -> int:

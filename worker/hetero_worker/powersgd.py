@@ -16,12 +16,13 @@ all-reduces in total.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from hetero_worker.compression import ring_allreduce_bytes
+from hetero_worker.compression import log_state_reset, ring_allreduce_bytes
+from hetero_worker.flatbuf import copy_back_, flatten
 
 
 def _matrix_shape(shape: torch.Size) -> tuple[int, int]:
@@ -65,16 +66,52 @@ class PowerSGDCompression:
     Args:
         rank: factor rank r (>= 1).
         seed: seed of the initial ``Q`` factors; must be equal on every leader.
+        start_iter: calls reduced uncompressed before compression starts (the warm-up of torch's
+            ``PowerSGDState.start_powerSGD_iter``; 0: compress from the first call).
+
+    Attributes:
+        iteration: calls of :meth:`allreduce_` so far (warm-up included); checkpointed, so a
+            resumed run does not warm up again.
+        errors, qs: this leader's error feedback and the warm-started ``Q`` factors
+            (:meth:`state_dict`).
     """
 
-    def __init__(self, *, rank: int = 4, seed: int = 0) -> None:
+    def __init__(self, *, rank: int = 4, seed: int = 0, start_iter: int = 0) -> None:
         if rank < 1:
             raise ValueError(f"rank must be >= 1, got {rank}")
         self.rank = rank
         self.seed = seed
+        self.start_iter = start_iter
+        self.iteration = 0
         self.bytes_sent = 0
         self.errors: list[torch.Tensor] | None = None
         self.qs: list[torch.Tensor | None] = []
+        self.restored = False  # state came from a checkpoint and was not used yet
+
+    def state_dict(self) -> dict[str, object]:
+        """Iteration, error feedback and ``Q`` factors for a checkpoint (tensors, plain types).
+
+        The process group is not part of it: the caller passes the live group on every call.
+        """
+        return {"kind": "powersgd", "rank": self.rank, "iteration": self.iteration,
+                "errors": None if self.errors is None else [e.detach().cpu().clone()
+                                                            for e in self.errors],
+                "qs": [None if q is None else q.detach().cpu().clone() for q in self.qs]}
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Continue from :meth:`state_dict`; shapes are checked against the next call's tensors.
+
+        Raises:
+            ValueError: not a PowerSGD state of the same factor rank.
+        """
+        if state.get("kind") != "powersgd" or state.get("rank") != self.rank:
+            raise ValueError(f"not a PowerSGD rank-{self.rank} state: {state.get('kind')}, "
+                             f"rank {state.get('rank')}")
+        self.iteration = int(state["iteration"])  # type: ignore[arg-type]
+        errors = state.get("errors")
+        self.errors = None if errors is None else [e.clone() for e in errors]  # type: ignore[union-attr]
+        self.qs = [None if q is None else q.clone() for q in state.get("qs") or []]  # type: ignore[union-attr]
+        self.restored = self.errors is not None
 
     def _init_state(self, tensors: Sequence[torch.Tensor]) -> None:
         gen = torch.Generator().manual_seed(self.seed)
@@ -95,8 +132,16 @@ class PowerSGDCompression:
         ``exact`` (1-D) rides uncompressed in the ``P`` all-reduce.  State (errors, ``Q``) is
         reset when the list of shapes differs from the previous call's.
         """
+        self.iteration += 1
+        if self.iteration <= self.start_iter:  # warm-up: plain SUM, no error feedback
+            self._plain_allreduce(tensors, group, exact)
+            return
         if self.errors is None or [e.shape for e in self.errors] != [t.shape for t in tensors]:
+            if self.restored:  # never load tensors into another bucket layout
+                log_state_reset(f"PowerSGD state for shapes {[list(e.shape) for e in self.errors or []]}"
+                                f" does not fit {[list(t.shape) for t in tensors]}")
             self._init_state(tensors)
+        self.restored = False
         assert self.errors is not None
         world = dist.get_world_size(group)
         mats = [(t.detach().to(torch.float32) + e) for t, e in zip(tensors, self.errors)]
@@ -122,6 +167,18 @@ class PowerSGDCompression:
         if exact is not None:
             exact.copy_(buf[offset:offset + exact.numel()].view_as(exact))
         self._q_round(tensors, mats, comp, ps, group, world)
+
+    def _plain_allreduce(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None,
+                         exact: torch.Tensor | None) -> None:
+        """One uncompressed SUM all-reduce of ``tensors`` (and ``exact``) in their own dtype."""
+        flat = flatten(tensors, tensors[0].dtype) if tensors else torch.zeros(0)
+        n = flat.numel()
+        wire = flat if exact is None else torch.cat([flat, exact.to(flat.dtype).reshape(-1)])
+        dist.all_reduce(wire, group=group)
+        self.bytes_sent += ring_allreduce_bytes(n * flat.element_size(), dist.get_world_size(group))
+        copy_back_(wire[:n], tensors)
+        if exact is not None:
+            exact.copy_(wire[n:].view_as(exact))
 
     def _q_round(self, tensors: Sequence[torch.Tensor], mats: list[torch.Tensor], comp: list[int],
                  ps: list[torch.Tensor], group: dist.ProcessGroup | None, world: int) -> None:

@@ -105,17 +105,33 @@ class HeteroBatchSampler(Sampler[list[int]]):
         self.set_epoch(self.epoch + 1)
 
     def state_dict(self) -> dict[str, Any]:
-        """Position for a checkpoint: epoch, cursor, seed, split, dataset length."""
-        return {"epoch": self.epoch, "cursor": self.cursor, "seed": self.seed,
-                "local_batches": list(self.local_batches), "num_samples": self.num_samples}
+        """The job's global data position (the same on every rank), plain types only.
+
+        Returns:
+            ``epoch``, ``consumed`` (samples of the epoch's global order handed out to all ranks
+            together), ``seed``, ``shuffle``, ``num_samples``. No split and no per-rank position:
+            any split and world size can continue from it.
+        """
+        return {"epoch": self.epoch, "consumed": self.cursor, "seed": self.seed,
+                "shuffle": self.shuffle, "num_samples": self.num_samples}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue at a saved position (the split stays as set; the trainer restores it).
+        """Continue at a saved global position under this sampler's split (which may differ).
+
+        The next batch takes positions ``consumed + sum(local_batches[:rank])`` onwards of the
+        epoch's order, so the samples before ``consumed`` are not seen again this epoch and none
+        after it is skipped, whatever the new split or world size.
 
         Raises:
-            ValueError: the checkpoint was taken on a dataset of another length or seed.
+            ValueError: the position is for a dataset of another length, seed or order.
         """
-        if state["num_samples"] != self.num_samples or state["seed"] != self.seed:
-            raise ValueError(f"checkpoint sampler is for {state['num_samples']} samples, seed "
-                             f"{state['seed']}; this one has {self.num_samples}, {self.seed}")
-        self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
+        shuffle = bool(state.get("shuffle", self.shuffle))
+        if (state["num_samples"], state["seed"], shuffle) != (self.num_samples, self.seed,
+                                                               self.shuffle):
+            raise ValueError(f"checkpoint data position is for {state['num_samples']} samples, "
+                             f"seed {state['seed']}, shuffle {shuffle}; this sampler has "
+                             f"{self.num_samples}, {self.seed}, {self.shuffle}")
+        consumed = int(state["consumed"] if "consumed" in state else state["cursor"])
+        if not 0 <= consumed <= self.num_samples:
+            raise ValueError(f"checkpoint data position {consumed} outside 0..{self.num_samples}")
+        self.epoch, self.cursor = int(state["epoch"]), consumed
