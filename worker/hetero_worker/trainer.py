@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_worker import checkpoint, profiling, rendezvous
+from hetero_worker import profiling, rendezvous, resume
 from hetero_worker.commplan import CommRank, plan_communicators
 from hetero_worker.contract import Contract
 from hetero_worker.groups import ProcessGroups, build_process_groups, gather_comm_ranks
@@ -353,13 +353,11 @@ class Trainer:
 
     def save_checkpoint(self, optimizer: torch.optim.Optimizer,
                         directory: str | None = None) -> str:
-        """Write a checkpoint (collective; rank 0 writes atomically). Returns its path."""
-        assert self.module is not None, "wrap a model first"
-        path = checkpoint.save_checkpoint(
-            self._checkpoint_dir(directory), step=self.global_step, model=self.module,
-            optimizer=optimizer, scaler=self.scaler, sampler=self.sampler,
-            extra={"local_batches": self.local_batches})
-        return str(path)
+        """Write a checkpoint (collective; rank 0 writes atomically). Returns its path.
+
+        Holds model, optimizer, scaler, the job's global data position, the plan and per-rank
+        RNG and compression state (:mod:`hetero_worker.resume`)."""
+        return resume.save_trainer_checkpoint(self, optimizer, self._checkpoint_dir(directory))
 
     def maybe_checkpoint(self, optimizer: torch.optim.Optimizer,
                          every_steps: int | None = None) -> bool:
@@ -380,28 +378,17 @@ class Trainer:
         return True
 
     def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
-        """Restore the latest checkpoint if there is one; True when resumed.
+        """Restore the latest checkpoint if there is one; True when resumed (collective).
 
-        Restores model, optimizer, scaler, sampler position, split (if the world size is the
-        same) and RNG states; :attr:`global_step` continues from the saved step. Call it after
-        :meth:`wrap` and :meth:`loader` (the sampler position is part of the state).
+        Rank 0's reading decides the step and every rank confirms it (a rank that finds another
+        checkpoint, none, or cannot read it makes every rank raise
+        :class:`~hetero_worker.agreement.ResumeDisagreement`). Under the same plan the split, RNG
+        and compression state continue exactly; under a new plan (another world size or split)
+        the data continue from the global position with fresh RNG
+        (:func:`hetero_worker.resume.resume_trainer`). Call it after :meth:`wrap` and
+        :meth:`loader`, before the first step.
         """
-        assert self.module is not None, "wrap a model first"
-        chosen = directory or self.contract.checkpoint_dir
-        if not chosen:
-            return False
-        state = checkpoint.load_checkpoint(chosen, model=self.module, optimizer=optimizer,
-                                           scaler=self.scaler, sampler=self.sampler)
-        if state is None:
-            return False
-        saved_split = state["extra"].get("local_batches")
-        if saved_split and len(saved_split) == len(self.local_batches):
-            self.local_batches = list(saved_split)
-            self.sync.set_split(self.local_batches)
-            if self.sampler is not None:
-                self.sampler.set_split(self.local_batches)
-        self.global_step = int(state["step"])
-        return True
+        return resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint_dir)
 
     # --- results ----------------------------------------------------------------------------
     def rank_summary(self) -> dict[str, Any]:
