@@ -19,11 +19,12 @@ from typing import Any
 
 import yaml
 
+from . import valueview
 from .config import DEFAULT_IMAGES
 from .inventory import build_inventory
 from .model import Plan, Unschedulable, to_dict
 from .planning import plan_job
-from .spec import KIND, JobSpec, SpecError, parse_job
+from .spec import KIND, JobSpec, SpecError, parse_job, profile_key
 
 EXIT_PLANNED, EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 0, 1, 2
 
@@ -42,6 +43,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "count as used")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
                         help="table (default) or json")
+    valueview.add_arguments(parser, learn_help="`heterotrain run` writes it, `plan` reads it")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,11 +52,12 @@ def run(args: argparse.Namespace) -> int:
         job = load_job(Path(args.job))
         nodes = load_objects(Path(args.nodes), "Node")
         pods = load_objects(Path(args.pods), "Pod") if args.pods else []
-    except InputError as exc:
+        inputs = valueview.plan_inputs(args, job)
+    except (InputError, valueview.PriceError) as exc:
         print(f"heterotrain plan: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)
-    result = plan_job(job, build_inventory(nodes, pods))
+    result = plan_job(job, build_inventory(nodes, pods), inputs=inputs)
     notes = [*notes, *plan_notes(result, job)]
     if args.output == "json":
         print(json.dumps({**to_dict(result), "notes": notes}, indent=2, sort_keys=True))
@@ -79,7 +82,11 @@ def plan_notes(result: Plan | Unschedulable, job: JobSpec) -> list[str]:
     if not isinstance(result, Plan) or result.world_size >= job.gpus.ranks:
         return []
     asked, got, batch = job.gpus.ranks, result.world_size, job.training.global_batch_size
-    if got == batch and batch < asked:
+    left_out = result.value.left_out if result.value else ()
+    if left_out:
+        why = (f"spec.gpus.selection Throughput left out {', '.join(f'{lo.devices}x {lo.gpu_type}' for lo in left_out)}"
+               " (their predicted gain is below spec.gpus.minGainPercent; see below)")
+    elif got == batch and batch < asked:
         why = f"spec.training.globalBatchSize is {batch}, and every rank needs at least one sample"
     else:
         why = (f"only {got} eligible GPU{'s are' if got != 1 else ' is'} free (the excluded nodes "
@@ -209,6 +216,7 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
                       f"{result.expected_speedup_over_equal:.2f}x "
                       f"(global batch {job.training.global_batch_size}, split "
                       f"{job.training.batch_split})")
+        valueview.print_value(result.value, console, profile=profile_key(job))
     else:
         console.print(f"[bold red]Unschedulable ({result.reason}):[/] {result.message}", highlight=False)
         if result.shortfalls:

@@ -31,12 +31,15 @@ import bisect
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from . import model
 from .batching import split_global_batch, step_time
 from .eligibility import device_rejection, memory_cap, precision_for
 from .images import choose_image
 from .model import Device, ExcludedNode, GroupPlan, Inventory, NodeInventory, Plan, RankPlacement
+from .marginal import (PlanInputs, Slot, SpeedFigure, StepModel, cheapest_mix, leave_out_unpaying,
+                       plan_cost, price_for, type_values)
 from .spec import ImageVariant, JobSpec
 from .speed import effective_speed
 from .unschedulable import batch_too_small, insufficient_gpus, insufficient_memory
@@ -80,19 +83,24 @@ def is_consumer_gpu(product: str) -> bool:
     return bool(_CONSUMER.search(product)) and "RTX-A" not in product.upper()
 
 
-def plan_job(job: JobSpec, inventory: Inventory) -> Plan | model.Unschedulable:
+def plan_job(job: JobSpec, inventory: Inventory, *,
+             inputs: PlanInputs | None = None) -> Plan | model.Unschedulable:
     """Plan every rank of ``job`` onto ``inventory``.
 
     Args:
         job: the parsed job.
         inventory: from :func:`hetero_operator.inventory.build_inventory`.
+        inputs: learned speeds, prices, links, a target throughput
+            (:class:`~hetero_operator.marginal.PlanInputs`); default: none of them.
 
     Returns:
         A :class:`~hetero_operator.model.Plan`, or :class:`~hetero_operator.model.Unschedulable`
         when fewer than ``minRanks`` eligible devices are free, ``minRanks`` exceeds the global
         batch, or the chosen devices' memory cannot hold the global batch.
     """
+    inputs = inputs or PlanInputs()
     pools, job_excluded = eligible_pools(job, inventory)
+    figures, reference_sps = apply_learned_speeds(pools, job, inputs)
     excluded = tuple(sorted((*inventory.excluded, *job_excluded), key=lambda e: (e.node, e.reason)))
     global_batch = job.training.global_batch_size
     if job.gpus.min_ranks > global_batch:
@@ -106,6 +114,16 @@ def plan_job(job: JobSpec, inventory: Inventory) -> Plan | model.Unschedulable:
     if mismatch:
         return model.Unschedulable(shortfalls=(), excluded=excluded, message=mismatch,
                                    reason=TORCH_VERSION_MISMATCH, warnings=inventory.warnings)
+    step_model = _step_model(job, pools, figures, reference_sps, inputs)
+    left_out: list[model.LeftOut] = []
+    candidates = taken
+    if job.gpus.selection == "Throughput":
+        kept, left_out = leave_out_unpaying(
+            _slots(_group_specs(taken)), step_model, min_ranks=job.gpus.min_ranks,
+            min_gain_percent=float(job.gpus.min_gain_percent))
+        dropped = {lo.gpu_type for lo in left_out}
+        taken = [(p, k) for p, k in taken if p.device.gpu_type not in dropped]
+        n = sum(k for _, k in taken)
     groups_spec = _group_specs(taken)
     speeds = [p.speed for p, size in groups_spec for _ in range(size)]
     caps = [p.cap for p, size in groups_spec for _ in range(size)]
@@ -116,9 +134,114 @@ def plan_job(job: JobSpec, inventory: Inventory) -> Plan | model.Unschedulable:
     equal = split_global_batch(global_batch, [1.0] * n, caps)
     speedup = step_time(equal, speeds) / step_time(batches, speeds)
     ranks, groups = _placements(groups_spec, batches)
+    value = _plan_value(groups_spec, _group_specs(candidates), step_model, figures, job, inputs,
+                        left_out)
     return Plan(ranks=ranks, groups=groups, excluded=excluded,
                 expected_speedup_over_equal=round(speedup, 6),
-                warnings=(*inventory.warnings, *image_warnings(taken)))
+                warnings=(*inventory.warnings, *image_warnings(taken)), value=value)
+
+
+# --- the step-time model: learned speeds, marginal value, leaving out what does not pay -------
+
+def apply_learned_speeds(pools: list[Pool], job: JobSpec, inputs: PlanInputs,
+                         ) -> tuple[dict[str, SpeedFigure], float | None]:
+    """Replace pool speeds by learned ones where the job's profile has them.
+
+    The reference (samples/s of a speed-1.0 device) is the median over learned types of
+    ``learned samples/s / table speed``, else ``spec.training.referenceSamplesPerSecond``, else
+    ``inputs.reference_samples_per_s``; learned types get ``learned / reference`` as speed, so
+    learned and table figures share one scale (A100 = 1.0).
+
+    Returns:
+        ``(figure per GPU type, reference samples/s or None)``.
+    """
+    table: dict[str, float] = {}
+    learned: dict[str, Any] = {}
+    for p in pools:
+        t = p.device.gpu_type
+        table.setdefault(t, p.speed)
+        figure = inputs.learned.get((t, p.precision))
+        if figure is not None:
+            learned.setdefault(t, figure)
+    ratios = sorted(learned[t].samples_per_s / table[t] for t in learned)
+    if ratios:
+        mid = len(ratios) // 2
+        reference = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    else:
+        reference = (float(job.training.reference_samples_per_second)
+                     or inputs.reference_samples_per_s or None)
+    figures: dict[str, SpeedFigure] = {}
+    for t, speed in table.items():
+        if t in learned and reference:
+            lf = learned[t]
+            figures[t] = SpeedFigure(
+                relative_speed=lf.samples_per_s / reference, source="learned",
+                samples_per_s=lf.samples_per_s, observations=lf.observations,
+                age_s=None if inputs.now_s is None else round(lf.age_s(inputs.now_s), 1))
+        else:
+            overridden = any(k in job.gpus.speed_overrides for k in _override_keys(t))
+            figures[t] = SpeedFigure(relative_speed=speed,
+                                     source="override" if overridden else "table")
+    for p in pools:
+        p.speed = figures[p.device.gpu_type].relative_speed
+    return figures, reference
+
+
+def _override_keys(gpu_type: str) -> tuple[str, ...]:
+    base, _, profile = gpu_type.partition("-MIG-")
+    return (gpu_type, profile, base) if profile else (gpu_type,)
+
+
+def _step_model(job: JobSpec, pools: list[Pool], figures: dict[str, SpeedFigure],
+                reference_sps: float | None, inputs: PlanInputs) -> StepModel:
+    absolute = reference_sps is not None and reference_sps > 0
+    sample_s = {}
+    for t, f in figures.items():
+        if f.source == "learned" and f.samples_per_s:
+            sample_s[t] = 1.0 / f.samples_per_s
+        else:
+            sample_s[t] = 1.0 / (f.relative_speed * (reference_sps if absolute else 1.0))
+    return StepModel(global_batch=job.training.global_batch_size,
+                     proportional=job.training.batch_split == "Proportional", sample_s=sample_s,
+                     absolute=absolute, grad_bytes=float(job.training.gradient_mib) * 2**20,
+                     link=inputs.link, hierarchy=job.training.hierarchy)
+
+
+def _slots(specs: list[tuple[Pool, int]]) -> list[Slot]:
+    return [Slot(gpu_type=p.device.gpu_type, node=p.node, arch=p.device.compute_capability,
+                 group=index, speed=p.speed, cap=p.cap)
+            for index, (p, size) in enumerate(specs) for _ in range(size)]
+
+
+def _plan_value(specs: list[tuple[Pool, int]], candidate_specs: list[tuple[Pool, int]],
+                step_model: StepModel, figures: dict[str, SpeedFigure], job: JobSpec,
+                inputs: PlanInputs, left_out: list[model.LeftOut]) -> model.PlanValue | None:
+    slots = _slots(specs)
+    prices = {p.device.gpu_type: price_for(inputs.prices, p.device.gpu_type, p.device.product,
+                                           p.device.mig_profile) for p, _ in candidate_specs}
+    types, full = type_values(slots, step_model, figures=figures, prices=prices)
+    if full is None:
+        return None
+    hourly, per_million = plan_cost(slots, prices, full.throughput, step_model.absolute)
+    mix = None
+    if inputs.target_samples_per_s is not None:
+        mix = cheapest_mix(_slots(candidate_specs), step_model, prices,
+                           target_samples_per_s=inputs.target_samples_per_s,
+                           min_ranks=job.gpus.min_ranks)
+    if not step_model.absolute:
+        note = ("not modelled: no absolute throughput (no learned speeds for this profileKey, "
+                "no spec.training.referenceSamplesPerSecond); throughputs are A100-equivalents")
+    elif step_model.grad_bytes <= 0:
+        note = "not modelled: spec.training.gradientMiB is 0"
+    else:
+        note = (f"{job.training.gradient_mib} MiB per sync over the {full.hierarchy} layout, "
+                f"{inputs.link.intra_node_gbps:g} Gbit/s inside a node, "
+                f"{inputs.link.inter_node_gbps:g} Gbit/s between nodes")
+    return model.PlanValue(
+        absolute=step_model.absolute, predicted_throughput=round(full.throughput, 6),
+        compute_s=round(full.compute_s, 9), communication_s=round(full.communication_s, 9),
+        hierarchy=full.hierarchy, communication_note=note, types=types, left_out=tuple(left_out),
+        cost_per_hour=hourly, cost_per_million_samples=per_million, cheapest_mix=mix)
 
 
 # --- one PyTorch per job ---------------------------------------------------------------------

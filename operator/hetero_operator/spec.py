@@ -120,6 +120,11 @@ class TrainingSpec:
         powersgd_rank: matrix rank for PowerSGD compression.
         profile_key: what counts as "the same model" for learned speeds; ``""`` means the job
             name without suffixes (see :func:`default_profile_key`).
+        gradient_mib: fp32 gradient size per sync, MiB (parameters x 4 / 2^20); 0 leaves
+            communication out of the planner's step-time model.
+        reference_samples_per_second: samples/s of one speed-1.0 device (an A100) for this
+            model; 0 = unknown (learned speeds set the scale once a job of the same profileKey
+            ran).
     """
 
     global_batch_size: int
@@ -135,6 +140,8 @@ class TrainingSpec:
     compression: str = "None"
     powersgd_rank: int = 4
     profile_key: str = ""
+    gradient_mib: int = 0
+    reference_samples_per_second: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -335,6 +342,9 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         compression=_enum(compression, "mode", f"{p}.compression.mode", COMPRESSIONS),
         powersgd_rank=_int(compression, "powerSGDRank", f"{p}.compression.powerSGDRank", 4, 1, 64),
         profile_key=_profile_key(t, f"{p}.profileKey"),
+        gradient_mib=_int(t, "gradientMiB", f"{p}.gradientMiB", 0, 0, 10**7),
+        reference_samples_per_second=_int(t, "referenceSamplesPerSecond",
+                                          f"{p}.referenceSamplesPerSecond", 0, 0, 10**9),
     )
 
 

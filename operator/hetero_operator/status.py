@@ -12,6 +12,7 @@ from typing import Any
 
 from hetero_operator import conditions as c
 from hetero_operator.lifecycle import SHUTDOWN_REASONS, JobState, NodeLoss, PodState
+from hetero_operator.marginal import VALUE_STATUS_KEYS, value_status
 from hetero_operator.model import Plan
 from hetero_operator.rendering import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ATTEMPT,
                                        LABEL_RANK, pod_units)
@@ -23,7 +24,7 @@ STATUS_KEYS = frozenset({
     "completionTime", "restartNotBefore", "lastFailure", "plan", "progress",
 })
 PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
-                       "groups", "excluded", "pods"})
+                       "groups", "excluded", "pods"}) | VALUE_STATUS_KEYS
 GROUP_KEYS = frozenset({"index", "pod", "node", "gpuType", "architecture", "resourceName", "image",
                         "precision", "firstRank", "ranks", "localBatches"})
 PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "updateTime"})
@@ -118,6 +119,7 @@ def plan_status(job_name: str, plan: Plan, *, master_addr: str, master_port: int
             "localBatches": list(g.local_batches)} for g in plan.groups],
         "excluded": [{"node": e.node, "reason": e.reason, "message": e.message}
                      for e in plan.excluded],
+        **value_status(plan.value),
     }
 
 

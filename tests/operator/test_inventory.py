@@ -423,7 +423,8 @@ def test_no_plan_requests_a_device_that_does_not_exist(cluster: tuple, ranks: in
     inv = build_inventory(nodes)
     for d in inv.devices():
         assert d.total <= truth[d.node].get(d.resource_name, 0), d
-    plan = plan_job(make_job(ranks=ranks, min_ranks=1, global_batch=4 * ranks), inv)
+    plan = plan_job(make_job(ranks=ranks, min_ranks=1, global_batch=4 * ranks,
+                             gpus={"selection": "All"}), inv)
     if isinstance(plan, model.Unschedulable):
         assert not any(d.free for d in inv.devices())
         return

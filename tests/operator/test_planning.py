@@ -210,7 +210,8 @@ def clusters(draw: st.DrawFn) -> list[dict]:
 @given(clusters(), st.integers(1, 40), st.integers(1, 600), st.sampled_from([0, 500, 2000]))
 def test_plan_invariants(nodes: list[dict], ranks: int, batch: int, per_sample: int) -> None:
     inv = build_inventory(nodes)
-    job = make_job(ranks=ranks, min_ranks=1, global_batch=batch, training={"memoryPerSampleMiB": per_sample})
+    job = make_job(ranks=ranks, min_ranks=1, global_batch=batch, training={"memoryPerSampleMiB": per_sample},
+                   gpus={"selection": "All"})  # every allowed device; Throughput: see below
     result = plan_job(job, inv)
     if isinstance(result, model.Unschedulable):
         # a cluster of only empty MIG nodes (every profile count 0) has no device at all

@@ -1,0 +1,177 @@
+"""The planner as a decision aid on the command line: inputs (prices, learned speeds, links) and
+the per-GPU-type table of ``heterotrain plan`` and ``heterotrain run``.
+
+Prices come from a YAML/JSON file (``--prices FILE``) mapping a GPU type, MIG profile or base
+product to the price of one device per hour, e.g. ``{Tesla-T4: 0.35, NVIDIA-A100-SXM4-40GB: 2.9}``
+(any currency; the output uses the same), or from the operator's ``HTJ_GPU_PRICES``
+(``type=price,type=price``; Helm value ``gpuPricesPerHour``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .marginal import LinkSettings, PlanInputs
+from .model import PlanValue
+from .profiles import FileStore, default_path
+from .spec import JobSpec, profile_key
+
+
+class PriceError(ValueError):
+    """A prices file or setting does not parse (the message names it)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, learn_help: str) -> None:
+    """The decision-aid options shared by ``plan`` and ``run``."""
+    parser.add_argument("--prices", metavar="FILE", default=None,
+                        help="YAML/JSON: GPU type (or MIG profile, or product) -> price of one "
+                             "device per hour; adds cost per million samples")
+    parser.add_argument("--target-throughput", type=float, default=None, metavar="SAMPLES_PER_S",
+                        help="also name the cheapest mix of priced GPU types reaching this throughput")
+    parser.add_argument("--profiles", metavar="FILE", default=None,
+                        help=f"learned speeds file (default {default_path()}; '' turns it off); "
+                             + learn_help)
+    parser.add_argument("--link-intra-node-gbps", type=float, default=LinkSettings().intra_node_gbps,
+                        metavar="GBPS", help="bandwidth between devices of one node, Gbit/s")
+    parser.add_argument("--link-inter-node-gbps", type=float, default=LinkSettings().inter_node_gbps,
+                        metavar="GBPS", help="one node's egress bandwidth, Gbit/s")
+
+
+def parse_prices(data: Any, source: str) -> dict[str, float]:
+    """A mapping ``name -> price per device-hour`` (numbers >= 0).
+
+    Raises:
+        PriceError: not a mapping of names to non-negative numbers.
+    """
+    if not isinstance(data, Mapping):
+        raise PriceError(f"{source}: expected a mapping of GPU type to price per hour")
+    out = {}
+    for name, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 \
+                or math.isinf(value):
+            raise PriceError(f"{source}: {name}: price must be a number >= 0, got {value!r}")
+        out[str(name)] = float(value)
+    return out
+
+
+def load_prices(path: Path) -> dict[str, float]:
+    """Prices from a YAML or JSON file.
+
+    Raises:
+        PriceError: unreadable or malformed.
+    """
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PriceError(f"{path}: cannot read ({exc})") from None
+    except yaml.YAMLError:
+        raise PriceError(f"{path}: not valid YAML or JSON") from None
+    return parse_prices(data, str(path))
+
+
+def parse_prices_setting(raw: str, name: str = "HTJ_GPU_PRICES") -> dict[str, float]:
+    """``"Tesla-T4=0.35,NVIDIA-A100-SXM4-40GB=2.9"`` -> prices.
+
+    Raises:
+        PriceError: an entry without ``=`` or with a bad number.
+    """
+    out: dict[str, Any] = {}
+    for entry in filter(None, (e.strip() for e in raw.split(","))):
+        key, sep, value = entry.rpartition("=")
+        if not sep or not key:
+            raise PriceError(f"{name}: entry {entry!r} must be type=price")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            raise PriceError(f"{name}: {key}: price must be a number, got {value!r}") from None
+    return parse_prices(out, name)
+
+
+def store_for(args: argparse.Namespace) -> FileStore | None:
+    """The learned-speeds file of ``--profiles`` (default path; ``''`` = none)."""
+    chosen = getattr(args, "profiles", None)
+    if chosen == "":
+        return None
+    return FileStore(Path(chosen) if chosen else default_path())
+
+
+def plan_inputs(args: argparse.Namespace, job: JobSpec, *,
+                reference_samples_per_s: float | None = None) -> PlanInputs:
+    """:class:`PlanInputs` from the CLI options and the learned-speeds file.
+
+    Raises:
+        PriceError: a bad prices file.
+    """
+    prices = load_prices(Path(args.prices)) if getattr(args, "prices", None) else {}
+    store = store_for(args)
+    now = time.time()
+    learned = store.load(profile_key(job), now_s=now) if store else {}
+    return PlanInputs(learned=learned, prices=prices, now_s=now,
+                      link=LinkSettings(intra_node_gbps=args.link_intra_node_gbps,
+                                        inter_node_gbps=args.link_inter_node_gbps),
+                      reference_samples_per_s=reference_samples_per_s,
+                      target_samples_per_s=getattr(args, "target_throughput", None))
+
+
+def print_value(value: PlanValue | None, console: Any, *, profile: str = "") -> None:
+    """The per-GPU-type table, left-out devices, costs and the cheapest mix."""
+    if value is None:
+        return
+    from rich.table import Table
+
+    unit = "samples/s" if value.absolute else "A100-eq."
+    priced = any(t.price_per_hour is not None for t in value.types)
+    table = Table(title=f"Per GPU type (step-time model{f', profile {profile}' if profile else ''})")
+    cols = ["GPU type", "devices", "speed", "from", f"{unit}/device", "share of step",
+            f"adds {unit}", "gain", "comm. added"]
+    if priced:
+        cols += ["price/h", "cost/M samples"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("GPU type", "from") else "right")
+    for t in value.types:
+        source = t.speed_source
+        if source == "learned":
+            age = "" if t.age_s is None else f", {_age(t.age_s)} old"
+            source = f"learned ({t.observations} obs.{age})"
+        row = [t.gpu_type, str(t.devices), f"{t.relative_speed:.3f}", source,
+               _num(t.samples_per_s_per_device, "{:.1f}"), f"{100 * t.share_of_step:.1f}%",
+               _num(t.throughput_added, "{:.1f}"), _num(t.gain_percent, "{:+.1f}%"),
+               _num(t.communication_added_percent, "{:+.1f}%")]
+        if priced:
+            row += [_num(t.price_per_hour, "{:.2f}"), _num(t.cost_per_million_samples, "{:.3f}")]
+        table.add_row(*row)
+    console.print(table)
+    step = (f"compute {value.compute_s * 1e3:.2f} ms + communication "
+            f"{value.communication_s * 1e3:.2f} ms per step" if value.absolute else
+            "compute-bound model")
+    console.print(f"Predicted throughput: {value.predicted_throughput:.1f} {unit} ({step}); "
+                  f"communication {value.communication_note}", highlight=False)
+    for lo in value.left_out:
+        console.print(f"[yellow]Left out[/]: {lo.message}", highlight=False)
+    if value.cost_per_hour is not None:
+        per_m = ("" if value.cost_per_million_samples is None
+                 else f", {value.cost_per_million_samples:.3f} per million samples")
+        console.print(f"Cost: {value.cost_per_hour:.2f} per hour{per_m}", highlight=False)
+    if value.cheapest_mix is not None:
+        console.print(f"Cheapest mix: {value.cheapest_mix.message}", highlight=False)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
