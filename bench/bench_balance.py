@@ -99,14 +99,13 @@ def worker_balance(args: argparse.Namespace) -> None:
               "comm_wait_s": statistics.mean(p[2] for p in measured)}
     budgets: list = [None] * t.contract.world_size
     torch.distributed.all_gather_object(budgets, budget)
-    efficiency = getattr(t.metrics, "efficiency_ratio", None)
     if t.rank == 0:
         marks = starts[WARMUP_STEPS:]
         step_s = (marks[-1] - marks[0]) / (len(marks) - 1)
         Path(args.out).write_text(json.dumps({
             "step_s": step_s, "samples_per_s": sum(t.local_batches) / step_s,
             "per_rank": summaries, "per_rank_mean_step_parts_s": budgets,
-            "live_efficiency_ratio": efficiency() if callable(efficiency) else None}))
+            "live_efficiency_ratio": t.efficiency_ratio}))
     t.close()
 
 

@@ -76,11 +76,14 @@ class Progress:
             (``htj_throughput_samples_per_second``) scaled by global / local batch (ranks step
             together, so every rank's step time is the global step time).
         loss: last loss (``htj_loss``), ``None`` when absent.
+        efficiency: ``htj_job_efficiency_ratio`` (job samples/s over the sum of the ranks'
+            compute-only samples/s), ``None`` before rank 0 exported it.
     """
 
     step: int
     samples_per_s: float
     loss: float | None = None
+    efficiency: float | None = None
 
 
 def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
@@ -89,7 +92,7 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
             if sample.name in ("htj_steps_total", "htj_throughput_samples_per_second",
-                               "htj_local_batch_size", "htj_loss"):
+                               "htj_local_batch_size", "htj_loss", "htj_job_efficiency_ratio"):
                 values[sample.name] = sample.value
     if "htj_steps_total" not in values:
         return None
@@ -97,7 +100,7 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
     rate = values.get("htj_throughput_samples_per_second", 0.0)
     scale = global_batch / local if local > 0 else 1.0
     return Progress(step=int(values["htj_steps_total"]), samples_per_s=rate * scale,
-                    loss=values.get("htj_loss"))
+                    loss=values.get("htj_loss"), efficiency=values.get("htj_job_efficiency_ratio"))
 
 
 def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:
@@ -106,4 +109,6 @@ def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:
                            "updateTime": c.now_iso(now_s)}
     if progress.loss is not None:
         out["loss"] = f"{progress.loss:.4f}"
+    if progress.efficiency is not None:
+        out["efficiency"] = f"{progress.efficiency:.3f}"
     return out

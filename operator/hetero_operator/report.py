@@ -33,6 +33,8 @@ class RankRow:
         compute_s_per_step: compute time / steps, seconds (NaN with no steps).
         samples_per_step: samples / steps, the mean local batch (NaN with no steps).
         rebalances: split changes this rank applied.
+        job_efficiency_ratio: rank 0 only: the last ``htj_job_efficiency_ratio`` (NaN elsewhere
+            or before the first window closed).
     """
 
     rank: int
@@ -47,6 +49,7 @@ class RankRow:
     compute_s_per_step: float = math.nan
     samples_per_step: float = math.nan
     rebalances: int = 0
+    job_efficiency_ratio: float = math.nan
 
 
 def read_rows(directory: Path, world_size: int) -> list[RankRow | None]:
@@ -74,7 +77,8 @@ def row_from_stats(stats: Mapping[str, Any]) -> RankRow:
         compute_s_per_sample=compute_s / samples if samples else math.nan,
         compute_s_per_step=compute_s / steps if steps else math.nan,
         samples_per_step=samples / steps if steps else math.nan,
-        rebalances=int(stats.get("rebalances") or 0))
+        rebalances=int(stats.get("rebalances") or 0),
+        job_efficiency_ratio=float(stats.get("job_efficiency_ratio") or math.nan))
 
 
 def measured_speedup_over_equal(rows: Sequence[RankRow]) -> float:
@@ -140,6 +144,10 @@ def print_report(console: Any, *, rows: Sequence[RankRow | None], result: Mappin
     total = sum(r.samples_per_s for r in known if not math.isnan(r.samples_per_s))
     console.print(f"Throughput: {total:.1f} samples/s over {len(known)} ranks; "
                   f"wall time {elapsed_s:.1f} s", highlight=False)
+    efficiency = next((r.job_efficiency_ratio for r in known if r.rank == 0), math.nan)
+    console.print(f"Efficiency: {_num(efficiency, '{:.1%}')} of the devices' standalone capacity "
+                  "(htj_job_efficiency_ratio, last window of rank 0: job samples/s over the sum of "
+                  "each rank's compute-only samples/s; docs/metrics.md)", highlight=False)
     _print_rebalancing(console, known, rebalance_interval_steps)
     measured = measured_speedup_over_equal(known) if len(known) == len(rows) else math.nan
     console.print(f"Speed-up over an equal split: {_num(measured, '{:.2f}x')} measured (from each "

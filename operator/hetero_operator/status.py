@@ -27,7 +27,7 @@ PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedup
                        "groups", "excluded", "pods"}) | VALUE_STATUS_KEYS
 GROUP_KEYS = frozenset({"index", "pod", "node", "gpuType", "architecture", "resourceName", "image",
                         "precision", "firstRank", "ranks", "localBatches"})
-PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "updateTime"})
+PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "efficiency", "updateTime"})
 NODE_LOSS_KEYS = frozenset({"node", "reason", "notReadySince", "lostTime", "pods"})
 
 

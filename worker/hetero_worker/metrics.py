@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,9 @@ _DOCS: dict[str, tuple[type, str]] = {
                                                   "the last step: the device's own speed, "
                                                   "communication wait excluded."),
     "htj_local_batch_size": (Gauge, "Samples per step on this rank."),
+    "htj_job_efficiency_ratio": (Gauge, "Rank 0 only: the job's samples/s over the sum of every "
+                                 "rank's compute-only samples/s, 0..1 (share of the devices' "
+                                 "standalone capacity turned into training; docs/metrics.md)."),
     "htj_loss": (Gauge, "Training loss of the last step (this rank's local mean)."),
     "htj_gpu_utilization_ratio": (Gauge, "GPU busy fraction 0..1 from NVML (whole GPUs only)."),
     "htj_gpu_memory_used_bytes": (Gauge, "Device memory used by all processes, from NVML, bytes."),
@@ -211,6 +214,12 @@ class WorkerMetrics:
         if self._stats_dir is not None and now - self._last_write_s >= STATS_WRITE_S:
             self.flush()
 
+    def set_job_efficiency(self, ratio: float) -> None:
+        """Export the job's efficiency (rank 0 calls this; see :func:`job_efficiency_ratio`)."""
+        self._child("htj_job_efficiency_ratio").set(float(ratio))
+        with self._lock:
+            self._last["job_efficiency_ratio"] = float(ratio)
+
     def set_local_batch(self, n: int) -> None:
         """Set the local batch size gauge (samples per step on this rank)."""
         self._child("htj_local_batch_size").set(int(n))
@@ -305,6 +314,33 @@ class WorkerMetrics:
         except OSError as exc:
             print(f"heterotrain: rank {self.contract.rank}: cannot write statistics ({exc})",
                   file=sys.stderr)
+
+
+def job_efficiency_ratio(wall_s: float, rank_samples: Sequence[float],
+                         rank_compute_s: Sequence[float]) -> float | None:
+    """Achieved samples/s of the job over the sum of every rank's compute-only samples/s.
+
+    ``sum(rank_samples) / wall_s`` divided by ``sum_r rank_samples[r] / rank_compute_s[r]``: the
+    share of what the ranks' devices could process on their own (forward, backward, optimizer;
+    no communication, no waiting, no data loading) that the job turned into trained samples.
+
+    Args:
+        wall_s: wall time of the window on rank 0, seconds (everything between the window's
+            first step start and its last step end: waits, data loading, checkpoints included).
+        rank_samples: samples each rank trained in the window, ``len == world_size``.
+        rank_compute_s: each rank's compute seconds in the window (step time minus the time
+            blocked in gradient synchronisation; a simulated device's delay counts as compute).
+
+    Returns:
+        The ratio (normally 0..1), or None when the window has no time, no samples or a rank
+        with no compute time.
+    """
+    if wall_s <= 0 or not rank_samples or sum(rank_samples) <= 0:
+        return None
+    if any(c <= 0 for c in rank_compute_s):
+        return None
+    capacity = sum(n / c for n, c in zip(rank_samples, rank_compute_s, strict=True))
+    return (sum(rank_samples) / wall_s) / capacity
 
 
 def _flush_if_alive(ref: weakref.ref[WorkerMetrics]) -> None:

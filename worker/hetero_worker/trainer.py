@@ -52,6 +52,11 @@ from hetero_worker.topology import build_layout
 
 __all__ = ["StepResult", "Trainer", "exit_on_setup_error", "init", "seed_everything"]
 
+EFFICIENCY_WINDOW_STEPS = 10
+"""Every this many steps rank 0 learns each rank's samples and compute time of the window (one
+reduce of ``2 * world_size`` float64 on the CPU/gloo group) and exports
+``htj_job_efficiency_ratio`` (docs/metrics.md)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StepResult:
@@ -138,6 +143,8 @@ class Trainer:
         self.global_step = 0
         self.totals = {"steps": 0, "samples": 0, "step_s": 0.0, "compute_s": 0.0,
                        "comm_wait_s": 0.0, "skipped": 0}
+        self.efficiency_ratio: float | None = None  # rank 0: the last htj_job_efficiency_ratio
+        self._window: dict[str, Any] = {"start": None, "samples": 0, "compute_s": 0.0}
         self.metrics.start_server()
         self.metrics.set_local_batch(self.local_batches[self.rank])
 
@@ -253,6 +260,8 @@ class Trainer:
         if self.profiler is not None:
             self.profiler.before_step(self.global_step + 1)
         start = time.perf_counter()
+        if self._window["start"] is None:
+            self._window["start"] = start
         optimizer.zero_grad(set_to_none=True)
         simulate_compute(self.contract.device, self.local_batch, self.delay_per_sample_s)
         with self.precision.autocast():
@@ -325,7 +334,7 @@ class Trainer:
             return False
         start = time.perf_counter()
         self.scaler.unscale_(optimizer)  # all-reduces the found-inf flag
-        self.sync.comm_s += time.perf_counter() - start
+        self.sync.add_comm_s(time.perf_counter() - start)
         self.scaler.step(optimizer)
         self.scaler.update()
         return self.scaler.last_found_inf
@@ -342,7 +351,39 @@ class Trainer:
         self.metrics.observe_step(step_s, result.compute_s, comm_s, self.local_batch, loss)
         if skipped:
             self.metrics.record_skipped_step()
+        self._window["samples"] += self.local_batch
+        self._window["compute_s"] += result.compute_s
+        if self.global_step % EFFICIENCY_WINDOW_STEPS == 0:
+            self._publish_efficiency()
         return result
+
+    def _publish_efficiency(self) -> None:
+        """Close the efficiency window (collective: every rank calls it at the same step).
+
+        Rank 0 gets every rank's samples and compute seconds of the window and exports
+        ``samples of all ranks / rank 0's window wall time`` over ``sum_r samples_r / compute_r``
+        (:func:`hetero_worker.metrics.job_efficiency_ratio`). The next window starts at this
+        window's end, so the reduce itself and anything between steps count against the job.
+        """
+        end = time.perf_counter()
+        window, self._window = self._window, {"start": end, "samples": 0, "compute_s": 0.0}
+        if not dist.is_initialized() or window["start"] is None:
+            return
+        world = dist.get_world_size()
+        buf = torch.zeros(2 * world, dtype=torch.float64)  # CPU: the gloo side of the group
+        buf[2 * self.rank] = window["samples"]
+        buf[2 * self.rank + 1] = window["compute_s"]
+        dist.reduce(buf, dst=0)
+        if self.rank != 0:
+            return
+        try:
+            from hetero_worker.metrics import job_efficiency_ratio
+        except ImportError:  # no prometheus_client: no metrics at all
+            return
+        ratio = job_efficiency_ratio(end - window["start"], buf[0::2].tolist(), buf[1::2].tolist())
+        if ratio is not None:
+            self.efficiency_ratio = ratio
+            self.metrics.set_job_efficiency(ratio)
 
     # --- checkpoints ------------------------------------------------------------------------
     def _checkpoint_dir(self, directory: str | None) -> str:
