@@ -82,6 +82,8 @@ def test_the_job_annotation_reaches_every_rank_through_the_contract() -> None:
     envs = render_rank_envs(plan, job, master_addr="h", master_port=1, simulated=True)
     assert [e[c.PROFILE_STEPS] for e in envs] == ["20-25", "20-25"]
     assert [c.parse_contract(e).profile_steps for e in envs] == [(20, 25), (20, 25)]
+    # the pod form (what the operator puts in a pod) keeps it for `heterotrain launch`
+    assert c.parse_contract(c.expand_pod_env(c.pod_env(envs[1]), 0)).profile_steps == (20, 25)
     manifest["metadata"]["annotations"] = {"heterotrain.io/profile-steps": "25-20"}
     with pytest.raises(SpecError, match=r"metadata.annotations\[heterotrain.io/profile-steps\]: must be "
                                         "FIRST-LAST with 1 <= FIRST <= LAST, got '25-20'"):
