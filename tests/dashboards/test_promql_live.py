@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +35,7 @@ from prometheus_client import start_http_server
 
 from dashboards import REPO, Query, grafana_regex, load_dashboards, queries, substitute
 from prom.prometheus_server import PrometheusServer, free_port
+from waiting import wait_until
 
 JOB = "digits-live"
 NAMESPACE = "ml"
@@ -294,14 +294,11 @@ def test_prometheus_loads_and_evaluates_every_rule(live: PrometheusServer) -> No
     and the pending operator job makes HeteroTrainJobStuckPending pending (its `for` is 15 m)."""
     live.set_rule_files(RULE_FILES)
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        def all_evaluated() -> list[dict[str, Any]]:
             rules = rules_api(live)
             evaluated = [r for r in rules if not r.get("lastEvaluation", "").startswith("0001-")]
-            if len(rules) == len(alert_rules()) and len(evaluated) == len(rules):
-                break
-            assert time.monotonic() < deadline, f"rules not evaluated: {rules}"
-            time.sleep(0.5)
+            return rules if len(rules) == len(alert_rules()) and len(evaluated) == len(rules) else []
+        rules = wait_until(all_evaluated, timeout_s=30, what="every rule evaluated once", poll_s=0.5)
         assert {r["name"]: (r["health"], r.get("lastError", "")) for r in rules} == {
             r["alert"]: ("ok", "") for r in alert_rules()}
         states = {r["name"]: r["state"] for r in rules}

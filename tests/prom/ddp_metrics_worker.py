@@ -50,7 +50,7 @@ def main(stop_file: str, step_sleep_s: float, max_s: float) -> int:
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() > 0:
             break
-        time.sleep(step_sleep_s)
+        time.sleep(step_sleep_s)  # sync-ok: the workload's deliberate step time
     dist.destroy_process_group()
     metrics.stop_server()
     return 0

@@ -17,7 +17,6 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from waiting import wait_until
 
 SCRAPE_JOB = "heterotrain-workers"
 SCRAPE_INTERVAL_S = 1
@@ -115,18 +115,18 @@ class PrometheusServer:
         raise PrometheusError(f"prometheus did not become ready; log:\n{self._log_tail()}")
 
     def _wait_ready(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def settled() -> str:
             if self.proc is None or self.proc.poll() is not None:
-                return False  # e.g. port taken between free_port() and bind: try another
+                return "exited"  # e.g. port taken between free_port() and bind: try another
             try:
                 with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as r:
-                    if r.status == 200:
-                        return True
+                    return "ready" if r.status == 200 else ""
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        return False
+                return ""
+        try:
+            return wait_until(settled, timeout_s=timeout_s, what="Prometheus /-/ready", poll_s=0.2) == "ready"
+        except AssertionError:
+            return False
 
     def stop(self) -> None:
         """Terminate the server (idempotent)."""
@@ -169,16 +169,18 @@ class PrometheusServer:
         self.target_groups = [{"targets": wanted, "labels": dict(labels or {})}] if wanted else []
         self.write_config()
         self.reload()
-        deadline = time.monotonic() + wait_s
-        while True:
+        health: dict[str, tuple[str, str]] = {}
+
+        def all_up() -> bool:
             active = self._api("targets", {"state": "active"})["activeTargets"]
-            health = {t["labels"].get("instance", ""): (t["health"], t.get("lastError", ""))
-                      for t in active if t.get("scrapePool") == SCRAPE_JOB}
-            if set(health) == set(wanted) and all(h == "up" for h, _ in health.values()):
-                return
-            if time.monotonic() > deadline:
-                raise PrometheusError(f"targets not up after {wait_s:g}s: {health}")
-            time.sleep(0.25)
+            health.clear()
+            health.update({t["labels"].get("instance", ""): (t["health"], t.get("lastError", ""))
+                           for t in active if t.get("scrapePool") == SCRAPE_JOB})
+            return set(health) == set(wanted) and all(h == "up" for h, _ in health.values())
+        try:
+            wait_until(all_up, timeout_s=wait_s, what="every target up", poll_s=0.25)
+        except AssertionError:
+            raise PrometheusError(f"targets not up after {wait_s:g}s: {health}") from None
 
     def set_rule_files(self, paths: Sequence[str | Path]) -> None:
         """Load these rule files (recording/alerting rules) and reload."""
@@ -228,15 +230,17 @@ class PrometheusServer:
         Raises:
             PrometheusError: not satisfied within ``timeout_s`` seconds (last result included).
         """
-        deadline = time.monotonic() + timeout_s
-        while True:
-            result = self.query(promql)
-            if predicate(result):
-                return result
-            if time.monotonic() > deadline:
-                raise PrometheusError(f"{promql!r} did not satisfy the condition within "
-                                      f"{timeout_s:g}s; last result: {result}")
-            time.sleep(0.5)
+        last: list[list[dict[str, Any]]] = [[]]
+
+        def satisfied() -> bool:
+            last[0] = self.query(promql)
+            return bool(predicate(last[0]))
+        try:
+            wait_until(satisfied, timeout_s=timeout_s, what=promql, poll_s=0.5)
+        except AssertionError:
+            raise PrometheusError(f"{promql!r} did not satisfy the condition within "
+                                  f"{timeout_s:g}s; last result: {last[0]}") from None
+        return last[0]
 
     def series_by(self, result: list[dict[str, Any]], label: str) -> dict[str, float]:
         """``{series[label]: float(value)}`` of an instant-vector result."""

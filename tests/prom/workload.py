@@ -20,6 +20,7 @@ from hetero_worker import contract as c
 from hetero_worker import procs
 
 from prom.prometheus_server import free_port
+from waiting import wait_until
 
 WORKER_SCRIPT = Path(__file__).with_name("ddp_metrics_worker.py")
 
@@ -122,14 +123,12 @@ class MetricsRun:
 
 
 def _wait_all(gang: procs.Gang, timeout_s: float) -> bool:
-    import time
-    deadline = time.monotonic() + timeout_s
-    while gang.running():
-        if gang.first_failure() is not None:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
+    """True once every rank ended or one failed; False after ``timeout_s``."""
+    try:
+        wait_until(lambda: not gang.running() or gang.first_failure() is not None,
+                   timeout_s=timeout_s, what="the ranks to end", poll_s=0.1)
+    except AssertionError:
+        return False
     return True
 
 
@@ -157,7 +156,6 @@ class EmbeddedRun:
     def __enter__(self) -> EmbeddedRun:
         import json
         import subprocess
-        import time
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
@@ -165,11 +163,13 @@ class EmbeddedRun:
                  str(self.workdir), *self.extra_args], cwd=self.cwd, stdout=out,
                 stderr=subprocess.STDOUT)
         targets_file = self.workdir / "targets.json"
-        deadline = time.monotonic() + 60
-        while not targets_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"heterotrain run did not start:\n{self.output.read_text()}")
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: targets_file.exists() or self.proc.poll() is not None, timeout_s=60,
+                       what="the run's targets.json", poll_s=0.1)
+        except AssertionError:
+            pass
+        if not targets_file.exists():
+            raise RuntimeError(f"heterotrain run did not start:\n{self.output.read_text()}")
         self.targets = [t for group in json.loads(targets_file.read_text()) for t in group["targets"]]
         return self
 

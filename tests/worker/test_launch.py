@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from hetero_worker import contract as c
 from hetero_worker import nvml, procs
@@ -124,10 +125,13 @@ def test_launch_starts_one_process_per_local_rank_with_its_env(tmp_path: Path):
 
 FAIL_ONE = textwrap.dedent("""
     import os, sys, time
-    if os.environ["LOCAL_RANK"] == "1":
-        time.sleep(0.5); sys.exit(7)
-    open(os.path.join(os.environ["OUT"], "rank0-started"), "w").close()
-    time.sleep(60)
+    started = os.path.join(os.environ["OUT"], "rank0-started")
+    if os.environ["LOCAL_RANK"] == "1":  # fail once rank 0 is surely up
+        while not os.path.exists(started):
+            time.sleep(0.01)  # sync-ok: poll for rank 0's file
+        sys.exit(7)
+    open(started, "w").close()
+    time.sleep(60)  # sync-ok: a rank that would outlive the test unless the launcher stops it
     open(os.path.join(os.environ["OUT"], "rank0-survived"), "w").close()
 """)
 
@@ -150,7 +154,7 @@ TRAP_TERM = textwrap.dedent("""
         sys.exit(0)
     signal.signal(signal.SIGTERM, bye)
     open(os.path.join(os.environ["OUT"], "up-" + os.environ["LOCAL_RANK"]), "w").close()
-    time.sleep(60)
+    time.sleep(60)  # sync-ok: runs until the forwarded SIGTERM
 """)
 
 
@@ -159,10 +163,9 @@ def test_sigterm_is_forwarded_to_every_rank(tmp_path: Path):
     pod = {**os.environ, **_pod(), "OUT": str(tmp_path)}
     proc = subprocess.Popen([*LAUNCH, "--", sys.executable, "-c", TRAP_TERM], env=pod,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 40
-    while not all((tmp_path / f"up-{i}").exists() for i in range(2)):
-        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
-        time.sleep(0.05)
+    wait_until(lambda: proc.poll() is not None or all((tmp_path / f"up-{i}").exists() for i in range(2)),
+               timeout_s=40, what="both ranks up")
+    assert proc.poll() is None, proc.stderr.read()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert (tmp_path / "term-0").exists() and (tmp_path / "term-1").exists()
@@ -201,7 +204,7 @@ def test_missing_command_is_an_error():
 WRITE_PID = textwrap.dedent("""
     import os, time
     open(os.path.join(os.environ["OUT"], "pid-" + os.environ["LOCAL_RANK"]), "w").write(str(os.getpid()))
-    time.sleep(60)
+    time.sleep(60)  # sync-ok: runs until its parent-death signal
 """)
 
 
@@ -211,16 +214,13 @@ def test_ranks_die_with_a_killed_launcher(tmp_path: Path):
     pod = {**os.environ, **_pod(), "OUT": str(tmp_path)}
     proc = subprocess.Popen([*LAUNCH, "--", sys.executable, "-c", WRITE_PID], env=pod)
     pid_files = [tmp_path / f"pid-{i}" for i in range(2)]
-    deadline = time.monotonic() + 40
-    while not all(p.exists() and p.read_text() for p in pid_files):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
+    wait_until(lambda: proc.poll() is not None or all(p.exists() and p.read_text() for p in pid_files),
+               timeout_s=40, what="both ranks' pid files")
+    assert proc.poll() is None
     pids = [int(p.read_text()) for p in pid_files]
     proc.kill()
     proc.wait()
-    while any(_alive(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"orphaned ranks {pids}"
-        time.sleep(0.05)
+    wait_until(lambda: not any(_alive(pid) for pid in pids), timeout_s=20, what=f"ranks {pids} to die")
 
 
 def _alive(pid: int) -> bool:

@@ -90,7 +90,14 @@ def test_rank_started_before_rank0_still_joins(tmp_path: Path) -> None:
     envs = mixed_cluster_envs([8, 8])
     cmd = [sys.executable, str(RANK_CHECKS), "join", "--out", str(tmp_path)]
     early = start_rank(cmd, envs[1], HTJ_RENDEZVOUS_TIMEOUT_S="60")
-    time.sleep(3.0)  # rank 1 is already retrying (connection refused)
+    # wait for the very thing: rank 1 was refused by rank 0's port and is retrying
+    waiting = f"heterotrain: waiting for rank 0 at 127.0.0.1:{envs[1]['MASTER_PORT']} (ConnectionRefused"
+    seen = []
+    for line in early.stderr:  # blocks until rank 1 reports (the test's timeout bounds it)
+        seen.append(line)
+        if line.startswith(waiting):
+            break
+    assert seen and seen[-1].startswith(waiting), seen
     assert early.poll() is None
     late = start_rank(cmd, envs[0])
     runs = wait_all([late, early], timeout_s=90)

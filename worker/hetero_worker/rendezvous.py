@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -78,6 +79,9 @@ def wait_for_master(host: str, port: int, *, timeout_s: float,
             probe(host, port, max(0.1, min(5.0, deadline - clock())))
             return max(0.0, deadline - clock())
         except OSError as exc:
+            if backoff_s == first_backoff_s:  # once: say why this rank waits
+                print(f"heterotrain: waiting for rank 0 at {host}:{port} ({type(exc).__name__}: "
+                      f"{exc}); retrying for up to {timeout_s:g} s", file=sys.stderr, flush=True)
             last_error = f"{type(exc).__name__}: {exc}"
         left_s = deadline - clock()
         if left_s <= 0:
