@@ -27,3 +27,12 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture(autouse=True)
+def _private_learned_speeds(monkeypatch: pytest.MonkeyPatch,
+                            tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every test gets its own ``XDG_CACHE_HOME``: ``heterotrain run``/``plan`` keep learned speeds
+    in ``$XDG_CACHE_HOME/heterotrain/profiles.json``, and one test's run must not steer another's
+    plan (subprocesses inherit the variable)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

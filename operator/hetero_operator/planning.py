@@ -147,10 +147,11 @@ def apply_learned_speeds(pools: list[Pool], job: JobSpec, inputs: PlanInputs,
                          ) -> tuple[dict[str, SpeedFigure], float | None]:
     """Replace pool speeds by learned ones where the job's profile has them.
 
-    The reference (samples/s of a speed-1.0 device) is the median over learned types of
-    ``learned samples/s / table speed``, else ``spec.training.referenceSamplesPerSecond``, else
-    ``inputs.reference_samples_per_s``; learned types get ``learned / reference`` as speed, so
-    learned and table figures share one scale (A100 = 1.0).
+    The reference (samples/s of a speed-1.0 device) comes from the learned type with the highest
+    table speed (the anchor: ``learned samples/s / table speed``, so a learned A100 stays 1.0),
+    else ``spec.training.referenceSamplesPerSecond``, else ``inputs.reference_samples_per_s``;
+    learned types get ``learned / reference`` as speed, so learned and table figures share one
+    scale.
 
     Returns:
         ``(figure per GPU type, reference samples/s or None)``.
@@ -163,10 +164,9 @@ def apply_learned_speeds(pools: list[Pool], job: JobSpec, inputs: PlanInputs,
         figure = inputs.learned.get((t, p.precision))
         if figure is not None:
             learned.setdefault(t, figure)
-    ratios = sorted(learned[t].samples_per_s / table[t] for t in learned)
-    if ratios:
-        mid = len(ratios) // 2
-        reference = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    if learned:
+        anchor = max(learned, key=lambda t: (table[t], t))
+        reference = learned[anchor].samples_per_s / table[anchor]
     else:
         reference = (float(job.training.reference_samples_per_second)
                      or inputs.reference_samples_per_s or None)
