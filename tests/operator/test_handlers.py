@@ -238,6 +238,16 @@ async def test_invalid_spec_is_a_failed_condition_with_the_field_path() -> None:
     assert api.pods == {}
 
 
+async def test_an_unknown_field_the_api_server_let_through_is_a_condition_not_a_crash() -> None:
+    """E.g. a CRD installed with preserve-unknown-fields, or a client that skipped validation."""
+    api = FakeApi(_job(gpus={"ranks": 2, "minRank": 2}))
+    assert await _reconciler(api).reconcile("team-x", "digits") is None
+    failed = [c for c in _status(api)["conditions"] if c["type"] == "Failed"][0]
+    assert (failed["reason"], failed["message"]) == (
+        "InvalidSpec", "Invalid spec: spec.gpus.minRank: unknown field; did you mean minRanks?")
+    assert api.pods == {}
+
+
 async def test_failed_rank_restarts_everything_and_the_count_survives_a_new_operator() -> None:
     api = FakeApi(_job())
     await _reconciler(api).reconcile("team-x", "digits")
