@@ -67,7 +67,8 @@ def trainer_run() -> tuple[object, dict]:
         "ddp_backend": dist.get_backend(t.groups.ddp_group),
         "ddp_size": dist.get_world_size(t.groups.ddp_group),
         "live_groups": len(c10d._world.pg_map),
-        "expected_live": 1 + len(t.groups.plan.to_create()),
+        # pg_map holds the groups this rank is a member of: the default one and its layout's
+        "expected_live": 1 + sum(t.rank in g.ranks for g in t.groups.plan.to_create()),
         "created_by_trainer": list(CREATED),
         "destroyed_by_trainer": len(DESTROYED),
     }

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetero_worker.commplan import GLOO, NCCL, CommPlan, CommRank, comm_ranks, plan_communicators
+from hetero_worker.commplan import GLOO, CommPlan, CommRank, comm_ranks, plan_communicators
 from hetero_worker.topology import GroupLayout
 
 GroupFactory = Callable[[Sequence[int], str], Any]

@@ -25,7 +25,6 @@ compute time of step ``s`` is only known after its backward), so a decision take
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,7 +93,6 @@ class CodecReducer:
         self.pending: torch.Tensor | None = None
         self.merged: torch.Tensor | None = None
         self.hook = codec_hook
-        self._lock = threading.Lock()
 
     @property
     def codec_bytes_sent(self) -> int:
@@ -133,11 +131,7 @@ class CodecReducer:
         if stats is not None:
             flat.copy_(wire[:n])
             self.merged = wire[n:].float().cpu()
-        if sent:
-            with self._lock:
-                self.sync.inter_group_bytes += sent
-            if self.sync.on_inter_group_bytes is not None:
-                self.sync.on_inter_group_bytes(sent)
+        self.sync.count_inter_group_bytes(sent)
         return flat
 
     def _reduce(self, wire: torch.Tensor, n: int, shapes: Sequence[torch.Size], key: int,

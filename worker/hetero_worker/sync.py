@@ -140,13 +140,22 @@ class WeightedGradSync:
         if self.reducer is not None:
             return self.reducer.reduce_views_(flat, shapes, key)
         flat.mul_(self.weight)
-        sent = hierarchical_all_reduce_(flat, self.groups)
-        if sent:
-            with self._bytes_lock:
-                self.inter_group_bytes += sent
-            if self.on_inter_group_bytes is not None:
-                self.on_inter_group_bytes(sent)
+        self.count_inter_group_bytes(hierarchical_all_reduce_(flat, self.groups))
         return flat
+
+    def count_inter_group_bytes(self, sent: int) -> None:
+        """Add ``sent`` payload bytes that crossed topology groups (thread-safe; metrics too)."""
+        if not sent:
+            return
+        with self._bytes_lock:
+            self.inter_group_bytes += sent
+        if self.on_inter_group_bytes is not None:
+            self.on_inter_group_bytes(sent)
+
+    def add_comm_s(self, seconds: float) -> None:
+        """Account ``seconds`` the training thread waited on collectives outside backward (e.g.
+        the scaler's found-inf agreement)."""
+        self.comm_s += seconds
 
     def submit(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None = None,
                key: int = 0) -> torch.futures.Future[torch.Tensor]:

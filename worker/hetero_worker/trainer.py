@@ -334,7 +334,7 @@ class Trainer:
             return False
         start = time.perf_counter()
         self.scaler.unscale_(optimizer)  # all-reduces the found-inf flag
-        self.sync.comm_s += time.perf_counter() - start
+        self.sync.add_comm_s(time.perf_counter() - start)
         self.scaler.step(optimizer)
         self.scaler.update()
         return self.scaler.last_found_inf
