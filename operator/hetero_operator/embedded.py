@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from hetero_operator import report
+from hetero_operator import report, valueview
 from hetero_worker import contract as c
 from hetero_worker import procs, rundir
 
@@ -62,6 +62,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port-base", type=int, default=None, metavar="PORT",
                         help="rank r serves Prometheus metrics on PORT + r (default: a free range; "
                              "0 turns metrics off)")
+    valueview.add_arguments(parser, learn_help="run plans with it and adds this run's measured "
+                                               "speeds (per profileKey)")
     parser.add_argument("--grace-s", type=float, default=procs.GRACE_S, metavar="SECONDS",
                         help="when stopping ranks, seconds between SIGTERM and SIGKILL")
     parser.add_argument("--profile-steps", type=_step_range, default=None, metavar="FIRST-LAST",
@@ -190,6 +192,7 @@ class _Planned:
 
     def __init__(self, job: Any, plan: Any, simulated: bool, gpu_indices: list[int] | None) -> None:
         self.job, self.plan, self.simulated, self.gpu_indices = job, plan, simulated, gpu_indices
+        self.true_speeds: dict[str, float] = {}  # simulated nodes' real speed (valueview)
 
 
 def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
@@ -209,7 +212,8 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
         gpu_nodes = None if (args.nodes or args.simulate) else _real_gpu_nodes()
         if gpu_nodes is not None:
             local_job = dataclasses.replace(job, images=())  # local processes use no image
-            plan = plan_job(local_job, build_inventory(gpu_nodes[0]))
+            plan = plan_job(local_job, build_inventory(gpu_nodes[0]),
+                            inputs=valueview.plan_inputs(args, local_job))
             if isinstance(plan, Plan):
                 print_result(plan, local_job, console, notes=plan_notes(plan, local_job))
                 indices = gpu_nodes[1]
@@ -218,15 +222,19 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
             console.print(f"This machine's GPUs cannot host the job ({plan.message}); "
                           f"simulating {DEFAULT_NODES} instead.")
         nodes = load_objects(Path(args.nodes) if args.nodes else default_nodes_file(), "Node")
-    except InputError as exc:
+        inputs = valueview.plan_inputs(
+            args, job, reference_samples_per_s=valueview.simulated_reference_samples_per_s(os.environ))
+    except (InputError, valueview.PriceError) as exc:
         print(f"heterotrain run: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)  # named in the plan, as the operator would use them
-    plan = plan_job(job, build_inventory(nodes))
+    plan = plan_job(job, build_inventory(nodes), inputs=inputs)
     print_result(plan, job, console, notes=[*notes, *plan_notes(plan, job)])
     if not isinstance(plan, Plan):
         return EXIT_UNSCHEDULABLE
-    return _Planned(job, plan, True, None)
+    planned = _Planned(job, plan, True, None)
+    planned.true_speeds = valueview.simulated_true_speeds(nodes)
+    return planned
 
 
 def _real_gpu_nodes() -> tuple[list[dict[str, Any]], dict[str, list[int]]] | None:
@@ -286,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]No profiler trace was written[/]: steps {job.profile_steps[0]}-"
                       f"{job.profile_steps[1]} were not reached, or the worker does not use "
                       "hetero_worker's Trainer", highlight=False)
+    valueview.after_run(console, args=args, job=job, plan=planned.plan, workdir=workdir,
+                        exit_code=outcome.exit_code)
     console.print(f"Logs and statistics: {workdir}")
     if args.keep_runs is not None:
         removed = prune_runs(Path(RUNS_DIR), keep=args.keep_runs, current=workdir)
@@ -408,6 +418,8 @@ def _render(planned: _Planned, *, port_base: int, checkpoint_dir: str, workdir: 
     if not port_base:
         for env in rank_envs:
             env[c.METRICS_PORT] = "0"
+    if planned.simulated:
+        valueview.apply_simulated_speeds(rank_envs, planned.plan, planned.true_speeds)
     return process_envs(rank_envs, base_env=os.environ, run_dir=workdir.resolve(),
                         worker_env=planned.job.worker.env, gpu_indices=planned.gpu_indices)
 

@@ -51,6 +51,8 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
     world = len(plan.ranks)
     hierarchy = HIERARCHY_TO_CONTRACT[job.training.hierarchy]
     ckpt = job.training.checkpoint_path if checkpoint_dir is None else checkpoint_dir
+    value = plan.value  # the planner's prediction, when in samples/s: rank 0 exports the ratio
+    predicted = value.predicted_throughput if value is not None and value.absolute else 0.0
     envs = []
     for r in plan.ranks:
         group = plan.groups[r.group]
@@ -72,6 +74,6 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
             rebalance_interval_steps=job.training.rebalance_interval_steps,
             profile_steps=job.profile_steps,
             compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank,
-            restart_generation=restart_generation)
+            restart_generation=restart_generation, predicted_samples_per_s=predicted)
         envs.append(render_rank_env(contract))
     return envs

@@ -4,7 +4,7 @@ Pure data handling plus two stores (no kopf, no kubernetes):
 
 * :class:`FileStore`: the local file of ``heterotrain run`` (default
   ``$XDG_CACHE_HOME/heterotrain/profiles.json``, i.e. ``~/.cache/heterotrain/profiles.json``;
-  ``--profiles FILE`` chooses another, ``--profiles ''`` turns learning off).  JSON only (nothing
+  ``--learned-speeds FILE`` chooses another, ``--learned-speeds ''`` turns learning off).  JSON only (nothing
   is unpickled), written atomically under an ``fcntl`` lock so concurrent runs do not lose
   observations.
 * The operator keeps the same JSON in one ConfigMap per namespace, ``heterotrain-profiles``, one

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .marginal import LinkSettings, PlanInputs
-from .model import PlanValue
+from .model import Plan, PlanValue
 from .profiles import FileStore, default_path
 from .spec import JobSpec, profile_key
 
@@ -33,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser, *, learn_help: str) -> None:
                              "device per hour; adds cost per million samples")
     parser.add_argument("--target-throughput", type=float, default=None, metavar="SAMPLES_PER_S",
                         help="also name the cheapest mix of priced GPU types reaching this throughput")
-    parser.add_argument("--profiles", metavar="FILE", default=None,
+    parser.add_argument("--learned-speeds", metavar="FILE", default=None,
                         help=f"learned speeds file (default {default_path()}; '' turns it off); "
                              + learn_help)
     parser.add_argument("--link-intra-node-gbps", type=float, default=LinkSettings().intra_node_gbps,
@@ -95,8 +96,8 @@ def parse_prices_setting(raw: str, name: str = "HTJ_GPU_PRICES") -> dict[str, fl
 
 
 def store_for(args: argparse.Namespace) -> FileStore | None:
-    """The learned-speeds file of ``--profiles`` (default path; ``''`` = none)."""
-    chosen = getattr(args, "profiles", None)
+    """The file of ``--learned-speeds`` (default path; ``''`` = none)."""
+    chosen = getattr(args, "learned_speeds", None)
     if chosen == "":
         return None
     return FileStore(Path(chosen) if chosen else default_path())
@@ -175,3 +176,97 @@ def _age(seconds: float) -> str:
 
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
+
+
+# --- the embedded runner: simulated truth, learning, predicted vs measured ---------------------
+
+SIMULATED_SPEED_ANNOTATION = "heterotrain.io/simulated-speed-percent"
+"""Node annotation read by ``heterotrain run`` when it simulates: the speed (percent of an A100)
+the simulated devices of that node *really* run at, whatever the planner's table says.  It lets a
+simulated cluster have a wrong table (learned speeds, rebalancing); the operator ignores it."""
+PREDICTION_FILE = "prediction.json"
+"""What ``heterotrain run`` leaves in the run directory about predicted vs measured throughput."""
+
+
+def simulated_reference_samples_per_s(environ: Mapping[str, str]) -> float | None:
+    """Samples/s of a simulated speed-1.0 device: ``1 / HTJ_SIM_DELAY_PER_SAMPLE_S`` (the ranks'
+    real CPU compute comes on top, so this is an upper bound until speeds are learned)."""
+    from hetero_worker import contract
+
+    delay = contract.sim_delay_per_sample_s(environ)
+    return 1.0 / delay if delay > 0 else None
+
+
+def simulated_true_speeds(nodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``node -> relative speed`` from :data:`SIMULATED_SPEED_ANNOTATION` (malformed: ignored)."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(SIMULATED_SPEED_ANNOTATION)
+        try:
+            value = int(str(raw))
+        except ValueError:
+            continue
+        if value > 0:
+            out[str(meta.get("name"))] = value / 100.0
+    return out
+
+
+def apply_simulated_speeds(rank_envs: Sequence[dict[str, str]], plan: Plan,
+                           speeds: Mapping[str, float]) -> None:
+    """Make the simulated devices of annotated nodes run at their true speed (in place)."""
+    from hetero_worker import contract
+
+    for env, r in zip(rank_envs, plan.ranks):
+        if r.node in speeds:
+            profile = contract.DeviceProfile.from_json(env[contract.DEVICE_PROFILE])
+            env[contract.DEVICE_PROFILE] = replace(profile, relative_speed=speeds[r.node]).to_json()
+
+
+def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Plan,
+              workdir: Path, exit_code: int) -> dict[str, Any]:
+    """Predicted vs measured throughput, and the run's speeds into the learned store.
+
+    Measured = the sum over ranks of samples / step seconds (every rank steps together), from the
+    ranks' statistics; observations (one device's compute samples/s per GPU type and precision)
+    are recorded only for a job that succeeded.
+
+    Returns:
+        What was written to ``prediction.json``.
+    """
+    from hetero_worker import rundir
+
+    from .profiles import observations_from_stats
+
+    stats = [rundir.read_json(rundir.rank_stats_path(workdir, r)) for r in range(plan.world_size)]
+    stats_ok = [s for s in stats if s]
+    measured = sum(float(s.get("samples") or 0) / float(s["step_seconds"])
+                   for s in stats_ok if float(s.get("step_seconds") or 0) > 0)
+    value = plan.value
+    predicted = value.predicted_throughput if value is not None and value.absolute else None
+    ratio = measured / predicted if predicted and measured and len(stats_ok) == len(stats) else None
+    out: dict[str, Any] = {"profile_key": profile_key(job), "predicted_samples_per_s": predicted,
+                           "measured_samples_per_s": round(measured, 3) if measured else None,
+                           "ratio_measured_to_predicted": None if ratio is None else round(ratio, 4),
+                           "speed_sources": {t.gpu_type: t.speed_source for t in value.types}
+                           if value is not None else {}}
+    if predicted is not None and ratio is not None:
+        console.print(f"Throughput: {measured:.1f} samples/s measured, {predicted:.1f} predicted by "
+                      f"the plan (measured / predicted = {ratio:.2f})", highlight=False)
+    store = store_for(args)
+    if store is not None and exit_code == 0:
+        observations = observations_from_stats(stats_ok, unix_s=time.time())
+        try:
+            entries = store.record(profile_key(job), observations)
+        except OSError as exc:
+            console.print(f"[yellow]Learned speeds not saved[/] ({store.path}: {exc})")
+        else:
+            figures = ", ".join(f"{e.gpu_type}/{e.precision} {e.samples_per_s:.1f} samples/s "
+                                f"({e.observations} obs.)" for e in entries.values()
+                                if any(o.gpu_type == e.gpu_type and o.precision == e.precision
+                                       for o in observations))
+            out["learned"] = {k: e.samples_per_s for k, e in entries.items()}
+            console.print(f"Learned speeds for profile {profile_key(job)} in {store.path}: "
+                          f"{figures or 'nothing measured'}", highlight=False)
+    rundir.write_json_atomic(workdir / PREDICTION_FILE, out)
+    return out

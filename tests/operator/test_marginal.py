@@ -192,7 +192,7 @@ def test_plan_cli_json_carries_marginal_values_and_costs(tmp_path: Path,
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all(NODES))
     (tmp_path / "prices.yaml").write_text("NVIDIA-A100-SXM4-40GB: 2.0\nTesla-T4: 0.5\n")
     args = ["plan", str(tmp_path / "job.yaml"), "--nodes", str(tmp_path / "nodes.yaml"),
-            "--prices", str(tmp_path / "prices.yaml"), "--profiles", "", "--target-throughput", "900"]
+            "--prices", str(tmp_path / "prices.yaml"), "--learned-speeds", "", "--target-throughput", "900"]
     assert main([*args, "-o", "json"]) == 0
     value = json.loads(capsys.readouterr().out)["value"]
     assert value["predicted_throughput"] == pytest.approx(64 / 0.048)

@@ -73,12 +73,13 @@ def test_malformed_variable_names_itself(variable, value, needle):
 def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     knobs = _contract(sim_delay_per_sample_s=0.0125, rendezvous_timeout_s=42.0, run_dir="/runs/x",
                       compression="int8", powersgd_rank=8, rebalance_interval_steps=3,
-                      profile_steps=(20, 25))
+                      profile_steps=(20, 25), predicted_samples_per_s=812.5)
     env = c.render_rank_env(knobs)
     assert {k: env[k] for k in c.KNOB_VARS} == {"HTJ_SIM_DELAY_PER_SAMPLE_S": "0.0125",
                                                 "HTJ_RENDEZVOUS_TIMEOUT_S": "42.0",
                                                 "HTJ_RUN_DIR": "/runs/x",
-                                                "HTJ_PROFILE_STEPS": "20-25"}
+                                                "HTJ_PROFILE_STEPS": "20-25",
+                                                "HTJ_PREDICTED_SAMPLES_PER_S": "812.5"}
     assert c.parse_contract(env) == knobs
     # defaults are not rendered (the operator's pods carry exactly the contract)
     assert not set(c.render_rank_env(_contract())) & set(c.KNOB_VARS)
@@ -93,6 +94,8 @@ def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     ("HTJ_PROFILE_STEPS", "25-20", "must be FIRST-LAST with 1 <= FIRST <= LAST, got '25-20'"),
     ("HTJ_PROFILE_STEPS", "0-3", "must be FIRST-LAST with 1 <= FIRST <= LAST"),
     ("HTJ_PROFILE_STEPS", "1-500", "spans 500 steps; at most 100 per trace"),
+    ("HTJ_PREDICTED_SAMPLES_PER_S", "fast", "must be a number of samples/s"),
+    ("HTJ_PREDICTED_SAMPLES_PER_S", "-3", "must be a finite number >= 0"),
 ])
 def test_malformed_knob_names_itself(variable, value, needle):
     env = dict(c.render_rank_env(_contract()), **{variable: value})

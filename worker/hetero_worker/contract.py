@@ -71,6 +71,10 @@ torchrun-style per-agent counter does not agree (shared/cases/34)."""
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 """torchrun's name, set to the same job-wide value so code written for torchrun agrees too."""
 
+PREDICTED_SAMPLES_PER_S = "HTJ_PREDICTED_SAMPLES_PER_S"
+"""The planner's predicted job throughput, samples/s (optional; unset or 0: no prediction).  Rank 0
+exports measured / predicted as ``htj_job_prediction_ratio``."""
+
 # --- worker knobs beside the contract (set by `heterotrain run`, tests and benchmarks) ----------
 SIM_DELAY_PER_SAMPLE_S = "HTJ_SIM_DELAY_PER_SAMPLE_S"
 """Simulated seconds per sample at relative speed 1.0 (default
@@ -95,7 +99,8 @@ REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, LOCAL_
                  GLOBAL_BATCH_SIZE, PRECISION, HIERARCHY, DEVICE_PROFILE, TOPOLOGY)
 OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
                  COMPRESSION, POWERSGD_RANK, RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT)
-KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS)
+KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS,
+             PREDICTED_SAMPLES_PER_S)
 """Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
 
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -214,6 +219,7 @@ class Contract:
     rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
     run_dir: str = ""
     profile_steps: tuple[int, int] | None = None
+    predicted_samples_per_s: float = 0.0
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -273,6 +279,8 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         env[RUN_DIR] = contract.run_dir
     if contract.profile_steps is not None:
         env[PROFILE_STEPS] = "{}-{}".format(*contract.profile_steps)
+    if contract.predicted_samples_per_s > 0:
+        env[PREDICTED_SAMPLES_PER_S] = repr(contract.predicted_samples_per_s)
     env.update(contract.extra)
     return env
 
@@ -355,6 +363,7 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         rendezvous_timeout_s=rendezvous_timeout_s(environ),
         run_dir=run_dir(environ),
         profile_steps=profile_steps(environ),
+        predicted_samples_per_s=predicted_samples_per_s(environ),
         restart_generation=_int(environ, RESTART_GENERATION, minimum=0, default=0),
     )
     _check_rank_against_topology(contract)
@@ -449,6 +458,25 @@ def rendezvous_timeout_s(environ: Mapping[str, str]) -> float:
     """
     return seconds_from_env(environ, RENDEZVOUS_TIMEOUT_S,
                             default_s=DEFAULT_RENDEZVOUS_TIMEOUT_S, allow_zero=False)
+
+
+def predicted_samples_per_s(environ: Mapping[str, str]) -> float:
+    """``HTJ_PREDICTED_SAMPLES_PER_S`` (unset or empty: 0 = no prediction).
+
+    Raises:
+        ContractError: not a finite number >= 0.
+    """
+    raw = environ.get(PREDICTED_SAMPLES_PER_S, "")
+    if raw == "":
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ContractError(PREDICTED_SAMPLES_PER_S,
+                            f"must be a number of samples/s, got {raw!r}") from None
+    if not 0 <= value < float("inf"):
+        raise ContractError(PREDICTED_SAMPLES_PER_S, f"must be a finite number >= 0, got {value}")
+    return value
 
 
 def run_dir(environ: Mapping[str, str]) -> str:

@@ -57,6 +57,11 @@ _DOCS: dict[str, tuple[type, str]] = {
     "htj_job_efficiency_ratio": (Gauge, "Rank 0 only: the job's samples/s over the sum of every "
                                  "rank's compute-only samples/s, 0..1 (share of the devices' "
                                  "standalone capacity turned into training; docs/metrics.md)."),
+    "htj_job_predicted_throughput_samples_per_second": (Gauge, "Rank 0 only: the planner's "
+                                                        "predicted job throughput, samples/s "
+                                                        "(absent without a prediction)."),
+    "htj_job_prediction_ratio": (Gauge, "Rank 0 only: measured job samples/s over the planner's "
+                                 "prediction (1 = as predicted; docs/metrics.md)."),
     "htj_loss": (Gauge, "Training loss of the last step (this rank's local mean)."),
     "htj_gpu_utilization_ratio": (Gauge, "GPU busy fraction 0..1 from NVML (whole GPUs only)."),
     "htj_gpu_memory_used_bytes": (Gauge, "Device memory used by all processes, from NVML, bytes."),
@@ -219,6 +224,15 @@ class WorkerMetrics:
         self._child("htj_job_efficiency_ratio").set(float(ratio))
         with self._lock:
             self._last["job_efficiency_ratio"] = float(ratio)
+
+    def set_job_prediction(self, predicted_samples_per_s: float, measured_samples_per_s: float) -> None:
+        """Export the planner's prediction and measured / predicted (rank 0; the contract's
+        ``predicted_samples_per_s``, the job's samples/s over the last efficiency window)."""
+        ratio = measured_samples_per_s / predicted_samples_per_s
+        self._child("htj_job_predicted_throughput_samples_per_second").set(predicted_samples_per_s)
+        self._child("htj_job_prediction_ratio").set(ratio)
+        with self._lock:
+            self._last["job_prediction_ratio"] = ratio
 
     def set_local_batch(self, n: int) -> None:
         """Set the local batch size gauge (samples per step on this rank)."""

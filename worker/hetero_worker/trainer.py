@@ -384,6 +384,10 @@ class Trainer:
         if ratio is not None:
             self.efficiency_ratio = ratio
             self.metrics.set_job_efficiency(ratio)
+        wall_s = end - window["start"]
+        if self.contract.predicted_samples_per_s > 0 and wall_s > 0:  # htj_job_prediction_ratio
+            self.metrics.set_job_prediction(self.contract.predicted_samples_per_s,
+                                            float(buf[0::2].sum()) / wall_s)
 
     # --- checkpoints ------------------------------------------------------------------------
     def _checkpoint_dir(self, directory: str | None) -> str:
