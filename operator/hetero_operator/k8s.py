@@ -5,8 +5,8 @@ Every call returns plain JSON dicts (``_preload_content=False``), tolerates the 
 everything else raise for the reconciler's retry to handle.
 
 Every call is bounded (shared/cases/25): a connect and a read timeout on the request itself
-(urllib3 closes a connection that stays silent), an asyncio deadline around the worker thread
-as a second guard, and a few retries with exponential backoff for what is worth retrying
+(urllib3 closes a connection that stays silent), an asyncio deadline on the worker thread as a
+second guard (counted from when the thread starts, not while the call waits for a free thread), and a few retries with exponential backoff for what is worth retrying
 (timeouts, dropped connections, 429 and 5xx).  A reconcile therefore never holds its job's
 lock on a dead pooled connection: at worst it gives up after ``(retries + 1)`` timeouts and the
 job is looked at again after the resync period.  Retrying a create is safe (names are
@@ -85,6 +85,25 @@ def retryable(exc: BaseException) -> bool:
                             ConnectionError))
 
 
+async def _in_thread(fn: Callable[[], Any], deadline_s: float) -> Any:
+    """Run ``fn`` in the default executor; give up ``deadline_s`` after it *started* (time spent
+    queued behind other calls, e.g. 500 jobs starting at once, does not count)."""
+    loop = asyncio.get_running_loop()
+    began = asyncio.Event()
+
+    def run() -> Any:
+        loop.call_soon_threadsafe(began.set)
+        return fn()
+
+    future = loop.run_in_executor(None, run)
+    waiter = loop.create_task(began.wait())
+    try:
+        await asyncio.wait({future, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    return await asyncio.wait_for(future, deadline_s)
+
+
 class Api:
     """The calls the reconciler makes; one instance per operator.
 
@@ -116,8 +135,7 @@ class Api:
 
         for attempt in range(lim.retries + 1):
             try:
-                data = await asyncio.wait_for(asyncio.to_thread(blocking),
-                                              lim.connect_timeout_s + lim.read_timeout_s + 1.0)
+                data = await _in_thread(blocking, lim.connect_timeout_s + lim.read_timeout_s + 1.0)
                 return json.loads(data) if data else {}
             except Exception as exc:  # noqa: BLE001 - classified right below
                 if attempt >= lim.retries or not retryable(exc):
