@@ -24,7 +24,9 @@ CASES = ROOT / "tests" / "fixtures" / "cases"
 def test_table_on_the_mixed_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", DIGITS, "--nodes", MIXED]) == 0
     out = capsys.readouterr().out
-    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    ranks_table = out.split("Expected speed-up")[0]  # the per-GPU-type model table follows
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in ranks_table.splitlines()
+            if line.startswith("│")]
     assert rows == [
         ["0", "0", "node-a100", "NVIDIA-A100-SXM4-40GB", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu126", "bf16", "70", "55.0%"],
         ["1", "1", "node-v100", "Tesla-V100-SXM2-16GB", "nvidia.com/gpu", "ghcr.io/heterotrain/worker:0.1.0-cu126", "fp16", "28", "22.0%"],
