@@ -6,6 +6,7 @@ behaviour in seconds; ``test_embedded_digits.py`` runs the real default job.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -210,14 +211,20 @@ def test_real_gpus_become_one_node_per_product_and_plan_onto_their_indices(monke
     monkeypatch.setattr(nvml, "list_gpus", lambda: gpus)
     monkeypatch.setattr(nvml, "driver_versions", lambda: ("550.54.15", "12.4"))
     from rich.console import Console
-    args = embedded.argparse.Namespace(job=str(Path(__file__).parents[2] / "examples" / "digits.yaml"),
-                                       nodes=None, simulate=False)
+    args = _run_args(str(Path(__file__).parents[2] / "examples" / "digits.yaml"))
     with open(os.devnull, "w") as sink:
         planned = embedded._plan(args, Console(file=sink))
     assert not planned.simulated
     by_rank = [(r.gpu_type, i) for r, i in zip(planned.plan.ranks, planned.gpu_indices)]
     assert sorted(by_rank) == [("NVIDIA-A100-SXM4-40GB", 0), ("NVIDIA-A100-SXM4-40GB", 2),
                                ("Tesla-T4", 1)]
+
+
+def _run_args(*argv: str) -> argparse.Namespace:
+    """``heterotrain run`` arguments as the CLI parses them (every option at its default)."""
+    parser = argparse.ArgumentParser()
+    embedded.configure(parser)
+    return parser.parse_args(list(argv))
 
 
 def test_measured_speedup_over_equal_split():
@@ -249,8 +256,7 @@ def test_too_few_real_gpus_fall_back_to_the_simulated_default(monkeypatch):
     from hetero_worker import nvml
     monkeypatch.setattr(nvml, "list_gpus", lambda: [_gpu(0, "NVIDIA-H200", "9.0", 143771)])
     monkeypatch.setattr(nvml, "driver_versions", lambda: ("570.124.06", "12.8"))
-    args = embedded.argparse.Namespace(job=str(Path(__file__).parents[2] / "examples" / "digits.yaml"),
-                                       nodes=None, simulate=False)
+    args = _run_args(str(Path(__file__).parents[2] / "examples" / "digits.yaml"))
     with open(os.devnull, "w") as sink:
         planned = embedded._plan(args, Console(file=sink))
     assert planned.simulated and planned.gpu_indices is None
