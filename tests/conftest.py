@@ -34,5 +34,11 @@ def _private_learned_speeds(monkeypatch: pytest.MonkeyPatch,
                             tmp_path_factory: pytest.TempPathFactory) -> None:
     """Every test gets its own ``XDG_CACHE_HOME``: ``heterotrain run``/``plan`` keep learned speeds
     in ``$XDG_CACHE_HOME/heterotrain/profiles.json``, and one test's run must not steer another's
-    plan (subprocesses inherit the variable)."""
+    plan (subprocesses inherit the variable). The extracted test tools (helm, Prometheus) stay in
+    the shared cache through ``HETEROTRAIN_CACHE_DIR``."""
+    import os
+
+    if not os.environ.get("HETEROTRAIN_CACHE_DIR"):
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        monkeypatch.setenv("HETEROTRAIN_CACHE_DIR", os.path.join(xdg, "heterotrain"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))

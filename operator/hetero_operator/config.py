@@ -57,6 +57,11 @@ class OperatorConfig:
             ``heterotrain launch --``).
         service_domain: suffix of ``MASTER_ADDR`` after the namespace (``HTJ_SERVICE_DOMAIN``,
             ``svc``; ``svc.cluster.local`` also works).
+        gpu_prices: price of one device per hour by GPU type, MIG profile or product
+            (``HTJ_GPU_PRICES`` = ``Tesla-T4=0.35,NVIDIA-A100-SXM4-40GB=2.9``; Helm
+            ``gpuPricesPerHour``); plans then carry cost per million samples.
+        link_intra_node_gbps / link_inter_node_gbps: link bandwidths of the planner's step-time
+            model, Gbit/s (``HTJ_LINK_INTRA_NODE_GBPS`` 100, ``HTJ_LINK_INTER_NODE_GBPS`` 10).
         api_connect_timeout_s / api_read_timeout_s: bounds of every API call of the reconciler
             (``HTJ_API_CONNECT_TIMEOUT_S`` 5, ``HTJ_API_READ_TIMEOUT_S`` 30; shared/cases/25).
         api_retries: retries of a call that timed out or got 429/5xx (``HTJ_API_RETRIES``, 3).
@@ -97,6 +102,9 @@ class OperatorConfig:
     simulate_devices: bool = False
     launcher: tuple[str, ...] = ("heterotrain", "launch", "--")
     service_domain: str = "svc"
+    gpu_prices: Mapping[str, float] = field(default_factory=dict)
+    link_intra_node_gbps: float = 100.0
+    link_inter_node_gbps: float = 10.0
     api_connect_timeout_s: float = 5.0
     api_read_timeout_s: float = 30.0
     api_retries: int = 3
@@ -169,6 +177,14 @@ def _parse(name: str, var: str, raw: str) -> Any:
             return raw.lower() in ("1", "true", "yes")
         if name in ("peering", "service_domain"):
             return raw
+        if name == "gpu_prices":
+            from hetero_operator.valueview import parse_prices_setting
+            return parse_prices_setting(raw, var)
+        if name.endswith("_gbps"):
+            value = float(raw)
+            if not value > 0:
+                raise ValueError("must be > 0 Gbit/s")
+            return value
         if name.endswith("_s"):
             return float(raw)
         return int(raw)

@@ -210,6 +210,15 @@ class Api:
             if exc.status != 404:
                 raise
 
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap ``namespace/name``, or ``None`` when it does not exist."""
+        try:
+            return await self._call(self.core.read_namespaced_config_map, name, namespace)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     async def get_crd(self, name: str) -> dict[str, Any] | None:
         """The CustomResourceDefinition ``name``, or ``None`` when it is not installed."""
         try:

@@ -106,3 +106,14 @@ Name of the Grafana dashboards ConfigMap.
 {{- define "heterotrain.dashboardsName" -}}
 {{- printf "%s-dashboards" (include "heterotrain.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
+
+{{/*
+HTJ_GPU_PRICES from operator.gpuPricesPerHour: "type=price,type=price" (sorted by type).
+*/}}
+{{- define "heterotrain.gpuPrices" -}}
+{{- $pairs := list -}}
+{{- range $type, $price := . -}}
+{{- $pairs = append $pairs (printf "%s=%v" $type $price) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
