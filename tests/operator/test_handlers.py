@@ -238,6 +238,18 @@ async def test_invalid_spec_is_a_failed_condition_with_the_field_path() -> None:
     assert api.pods == {}
 
 
+async def test_profile_steps_annotation_reaches_the_pods_and_the_status_says_where() -> None:
+    job = _job()
+    job["metadata"]["annotations"] = {"heterotrain.io/profile-steps": "20-25"}
+    api = FakeApi(job)
+    await _reconciler(api).reconcile("team-x", "digits")
+    assert _status(api)["message"].endswith(
+        " Profiling steps 20-25: every rank writes /tmp/heterotrain/digits/profiles/"
+        "rank-<r>-steps-20-25.trace.json.")
+    envs = [{e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]} for p in api.pods.values()]
+    assert len(envs) == 3 and {e["HTJ_PROFILE_STEPS"] for e in envs} == {"20-25"}
+
+
 async def test_an_unknown_field_the_api_server_let_through_is_a_condition_not_a_crash() -> None:
     """E.g. a CRD installed with preserve-unknown-fields, or a client that skipped validation."""
     api = FakeApi(_job(gpus={"ranks": 2, "minRank": 2}))
