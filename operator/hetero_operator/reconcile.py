@@ -208,7 +208,7 @@ class Reconciler:
         from hetero_operator.envrender import render_rank_envs
 
         gen = job["metadata"].get("generation")
-        result = self._plan(spec)
+        result = self._plan(spec, inputs=await self._plan_inputs(spec, now))
         if isinstance(result, Unschedulable):
             self.metrics.record_plan("unschedulable")
             message = f"Unschedulable: {result.message}"
@@ -255,7 +255,7 @@ class Reconciler:
                 await self.events.post(job, "Warning", warning.reason, warning.message, now)
         return self.config.resync_s
 
-    def _plan(self, spec: JobSpec) -> Plan | Unschedulable:
+    def _plan(self, spec: JobSpec, *, inputs: Any = None) -> Plan | Unschedulable:
         """Plan ``spec`` over the indexed nodes and the GPU pods not its own.
 
         The inventory (about 0.4 KiB per node: ~0.8 MiB at 2,000 nodes) lives only inside this
@@ -269,11 +269,33 @@ class Reconciler:
         # Index values remember their parse: only nodes changed since the last start are re-read.
         inventory = build_indexed_inventory(self.nodes(), [p for p in self.gpu_pods()
                                                            if not _owned_by(p, spec.name, spec.namespace)])
-        result = plan_job(spec, inventory)
+        result = plan_job(spec, inventory, inputs=inputs)
         log.info("%s/%s: planned over %d usable node(s), %d GPU pod(s) bound: %s", spec.namespace,
                  spec.name, len(inventory.nodes), len(self.gpu_pods()),
                  getattr(result, "message", None) or [(g.node, g.gpu_type, len(g.ranks)) for g in result.groups])
         return result
+
+    async def _plan_inputs(self, spec: JobSpec, now: float) -> Any:
+        """Prices and links from the settings; learned speeds of the job's profileKey from the
+        namespace's ``heterotrain-profiles`` ConfigMap (:mod:`hetero_operator.profiles`); an
+        unreadable ConfigMap only means table speeds."""
+        from hetero_operator import profiles
+        from hetero_operator.marginal import LinkSettings, PlanInputs
+        from hetero_operator.spec import profile_key
+
+        learned: dict[Any, Any] = {}
+        get = getattr(self.api, "get_configmap", None)
+        if get is not None:
+            try:
+                cm = await get(spec.namespace, profiles.CONFIGMAP_NAME)
+            except Exception as exc:  # noqa: BLE001 - advice only: plan from the table
+                log.warning("%s: cannot read ConfigMap %s: %s", spec.namespace,
+                            profiles.CONFIGMAP_NAME, exc)
+                cm = None
+            learned = profiles.fresh(profiles.configmap_entries(cm, profile_key(spec)), now_s=now)
+        return PlanInputs(learned=learned, prices=self.config.gpu_prices, now_s=now,
+                          link=LinkSettings(intra_node_gbps=self.config.link_intra_node_gbps,
+                                            inter_node_gbps=self.config.link_inter_node_gbps))
 
     async def _record(self, job: Mapping[str, Any], status: dict[str, Any], d: lc.Decision,
                       states: Iterable[lc.PodState], now: float, event_type: str = "",
