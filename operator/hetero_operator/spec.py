@@ -174,6 +174,9 @@ class RunPolicy:
         suspend: True keeps no pods running (Kueue admission un-suspends).
         queue: Kueue/Volcano queue name, ``""`` for none.
         priority_class: PriorityClass of the pods, ``""`` for none.
+        node_loss_grace_seconds: how long a node may be NotReady/Unknown or unreachable before
+            the job's pods on it are force-deleted and the gang restarts elsewhere (default
+            300 s, Kubernetes' default ``tolerationSeconds`` for the unreachable taint).
     """
 
     backoff_limit: int = 3
@@ -183,6 +186,7 @@ class RunPolicy:
     suspend: bool = False
     queue: str = ""
     priority_class: str = ""
+    node_loss_grace_seconds: int = 300
 
 
 PROFILE_STEPS_ANNOTATION = f"{API_GROUP}/profile-steps"
@@ -387,6 +391,8 @@ def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
         clean_pod_policy=_enum(r, "cleanPodPolicy", f"{p}.cleanPodPolicy", CLEAN_POD_POLICIES, "Running"),
         suspend=_bool(r, "suspend", f"{p}.suspend", False),
         queue=str(sched.get("queue", "")), priority_class=str(sched.get("priorityClass", "")),
+        node_loss_grace_seconds=_int(r, "nodeLossGraceSeconds", f"{p}.nodeLossGraceSeconds",
+                                     300, 0, 86400),
     )
 
 
