@@ -129,18 +129,19 @@ def print_value(value: PlanValue | None, console: Any, *, profile: str = "") -> 
 
     unit = "samples/s" if value.absolute else "A100-eq."
     priced = any(t.price_per_hour is not None for t in value.types)
-    table = Table(title=f"Per GPU type (step-time model{f', profile {profile}' if profile else ''})")
-    cols = ["GPU type", "devices", "speed", "from", f"{unit}/device", "share of step",
-            f"adds {unit}", "gain", "comm. added"]
+    table = Table(title=f"Per GPU type ({unit}; profile {profile or '-'}): what each adds to the "
+                        "job, from the planner's step-time model")
+    cols = ["GPU type", "devices", "speed", "from", "per device", "share", "adds", "gain", "comm."]
     if priced:
         cols += ["price/h", "cost/M samples"]
     for col in cols:
-        table.add_column(col, justify="left" if col in ("GPU type", "from") else "right")
+        table.add_column(col, justify="left" if col in ("GPU type", "from") else "right",
+                         overflow="fold")
     for t in value.types:
         source = t.speed_source
         if source == "learned":
-            age = "" if t.age_s is None else f", {_age(t.age_s)} old"
-            source = f"learned ({t.observations} obs.{age})"
+            age = "" if t.age_s is None else f", {_age(t.age_s)}"
+            source = f"learned ({t.observations}x{age})"
         row = [t.gpu_type, str(t.devices), f"{t.relative_speed:.3f}", source,
                _num(t.samples_per_s_per_device, "{:.1f}"), f"{100 * t.share_of_step:.1f}%",
                _num(t.throughput_added, "{:.1f}"), _num(t.gain_percent, "{:+.1f}%"),
