@@ -78,12 +78,15 @@ class Progress:
         loss: last loss (``htj_loss``), ``None`` when absent.
         efficiency: ``htj_job_efficiency_ratio`` (job samples/s over the sum of the ranks'
             compute-only samples/s), ``None`` before rank 0 exported it.
+        prediction_ratio: ``htj_job_prediction_ratio`` (measured / the planner's predicted
+            samples/s), ``None`` without a prediction.
     """
 
     step: int
     samples_per_s: float
     loss: float | None = None
     efficiency: float | None = None
+    prediction_ratio: float | None = None
 
 
 def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
@@ -92,7 +95,8 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
             if sample.name in ("htj_steps_total", "htj_throughput_samples_per_second",
-                               "htj_local_batch_size", "htj_loss", "htj_job_efficiency_ratio"):
+                               "htj_local_batch_size", "htj_loss", "htj_job_efficiency_ratio",
+                               "htj_job_prediction_ratio"):
                 values[sample.name] = sample.value
     if "htj_steps_total" not in values:
         return None
@@ -100,7 +104,8 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
     rate = values.get("htj_throughput_samples_per_second", 0.0)
     scale = global_batch / local if local > 0 else 1.0
     return Progress(step=int(values["htj_steps_total"]), samples_per_s=rate * scale,
-                    loss=values.get("htj_loss"), efficiency=values.get("htj_job_efficiency_ratio"))
+                    loss=values.get("htj_loss"), efficiency=values.get("htj_job_efficiency_ratio"),
+                    prediction_ratio=values.get("htj_job_prediction_ratio"))
 
 
 def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:
@@ -111,4 +116,6 @@ def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:
         out["loss"] = f"{progress.loss:.4f}"
     if progress.efficiency is not None:
         out["efficiency"] = f"{progress.efficiency:.3f}"
+    if progress.prediction_ratio is not None:
+        out["predictionRatio"] = f"{progress.prediction_ratio:.3f}"
     return out

@@ -27,7 +27,8 @@ PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedup
                        "groups", "excluded", "pods"}) | VALUE_STATUS_KEYS
 GROUP_KEYS = frozenset({"index", "pod", "node", "gpuType", "architecture", "resourceName", "image",
                         "precision", "firstRank", "ranks", "localBatches"})
-PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "efficiency", "updateTime"})
+PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "efficiency", "predictionRatio",
+                           "updateTime"})
 NODE_LOSS_KEYS = frozenset({"node", "reason", "notReadySince", "lostTime", "pods"})
 
 
