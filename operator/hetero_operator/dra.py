@@ -258,6 +258,15 @@ def build_dra_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mappi
     """
     nodes = list(nodes)
     base = build_inventory(nodes, pods, tolerated_taint_keys=tolerated_taint_keys)
+    return merge_dra(base, nodes, slices, claims, tolerated_taint_keys=tolerated_taint_keys)
+
+
+def merge_dra(base: Inventory, nodes: Iterable[Mapping[str, Any]],
+              slices: Iterable[Mapping[str, Any]] = (), claims: Iterable[Mapping[str, Any]] = (), *,
+              tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS) -> DraInventory:
+    """:func:`build_dra_inventory` on an inventory already read from the nodes' GFD labels (the
+    operator's node index keeps that one up to date)."""
+    nodes = list(nodes)
     read = read_slices(slices)
     if not read:
         return DraInventory(inventory=base)

@@ -25,12 +25,13 @@ import kopf
 
 from hetero_operator import conditions as c
 from hetero_operator import lifecycle as lc
-from hetero_operator import rendering, status as st
+from hetero_operator import dra, kueue, rendering, status as st
 from hetero_operator.config import OperatorConfig
 from hetero_operator.events import EventRecorder
 from hetero_operator.k8s import Api
+from hetero_operator.kueue_gate import RESOURCE_CLAIM_TEMPLATES, Gate, KueueGate, dra_objects
 from hetero_operator.leadership import Leadership
-from hetero_operator.model import Plan, Unschedulable
+from hetero_operator.model import Inventory, Plan, Unschedulable
 from hetero_operator.nodehealth import NodeHealth, node_health
 from hetero_operator.opmetrics import OperatorMetrics
 from hetero_operator.progress import MetricsUrlFn, ProgressReader, default_metrics_url
@@ -98,6 +99,7 @@ class Reconciler:
         self.progress = ProgressReader(metrics_url, config.progress_interval_s)
         self._phases: dict[Key, str] = {}
         self._job_nodes: dict[Key, frozenset[str]] = {}
+        self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
 
     # --- kicks -----------------------------------------------------------------------------
 
@@ -165,12 +167,16 @@ class Reconciler:
         states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], "")) for p in pods]
         used = frozenset(p.node for p in states if p.node)
         self._job_nodes[(namespace, name)] = used
-        decision = lc.decide(st.job_state(status), spec.run_policy, states,
-                             nodes=self._node_health(used, now), now_s=now, timing=self.timing)
+        gate = None
+        if kueue.queue_name(job) and st.job_state(status).phase not in c.FINISHED_PHASES:
+            gate = await self.kueue.check(job, spec, lambda: self._plan(spec, capacity=True)[0])
+        decision = lc.decide(st.job_state(status), gate.policy(spec) if gate else spec.run_policy,
+                             states, nodes=self._node_health(used, now), now_s=now, timing=self.timing)
+        decision = gate.explain(decision) if gate else decision
         log.debug("%s/%s: %s %s (%s) pods=%s", namespace, name, decision.action, decision.phase,
                   decision.reason, [(p.name, p.phase, p.deleting) for p in states])
         if decision.action == lc.START:
-            return await self._start(job, spec, status, now)
+            return await self._start(job, spec, status, now, gate=gate)
         if decision.action == lc.DELETE_JOB:
             await self.events.post(job, "Normal", decision.reason, decision.message, now)
             await self.api.delete_job(namespace, name)
@@ -182,6 +188,8 @@ class Reconciler:
                                              global_batch=spec.training.global_batch_size, now_s=now)
         await self._record(job, status, decision, states, now, extra=extra)
         await self._delete_pods(namespace, decision)  # after the status: a restart counts once
+        if gate is not None:
+            await self.kueue.after(gate, job, decision, states, c.now_iso(now))
         return next_look_s(decision, self.config.resync_s)
 
     def _node_health(self, used: Iterable[str], now: float) -> dict[str, NodeHealth] | None:
@@ -204,11 +212,13 @@ class Reconciler:
                              *(self.api.delete_pod(namespace, p, grace_s=0) for p in d.force_delete_pods))
 
     async def _start(self, job: Mapping[str, Any], spec: JobSpec, status: dict[str, Any],
-                     now: float) -> float:
+                     now: float, gate: Gate | None = None) -> float:
         from hetero_operator.envrender import render_rank_envs
 
         gen = job["metadata"].get("generation")
-        result = self._plan(spec, inputs=await self._plan_inputs(spec, now))
+        result, drainv = self._plan(spec, allowed=gate.allowed if gate else None,
+                                    dra_source=await dra_objects(self.kueue.objects),
+                                    inputs=await self._plan_inputs(spec, now))
         if isinstance(result, Unschedulable):
             self.metrics.record_plan("unschedulable")
             message = f"Unschedulable: {result.message}"
@@ -224,11 +234,15 @@ class Reconciler:
                                 restart_generation=attempt - 1)
         pods = rendering.render_pods(spec, result, envs, launcher=self.config.launcher, attempt=attempt,
                                      run_as_non_root=self.config.worker_run_as_non_root)
+        if gate is not None and gate.allowed:  # the admitted flavors' nodeSelector/tolerations
+            pods = kueue.apply_placements(pods, result, gate.allowed)
+        pods, claim_templates = dra.use_claims(spec.name, spec.namespace, result, pods, drainv,
+                                               labels=rendering.selector(spec.name))
         children = [rendering.render_service(spec, master_port=self.config.master_port)]
         if self.config.network_policy:  # before any pod exists: no window with open ports
             children.append(rendering.render_network_policy(
                 spec, result, metrics_namespaces=self.config.metrics_namespaces))
-        kopf.append_owner_reference([*children, *pods], owner=job)
+        kopf.append_owner_reference([*children, *claim_templates, *pods], owner=job)
         plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.master_port)
         message = (f"Placed {result.world_size} ranks on {len(result.nodes)} node(s) "
                    f"({st.gpu_types_text(plan['groups'])}); expected speedup over an equal split "
@@ -245,6 +259,8 @@ class Reconciler:
         await self._patch(job, status, new)  # the plan is recorded before any pod exists
         for child in children:
             await self.api.create(child)
+        for template in claim_templates:  # DRA nodes: the pods' claims come from these
+            await self.kueue.objects.create(RESOURCE_CLAIM_TEMPLATES, template)
         created = await asyncio.gather(*(self.api.create(p) for p in pods))
         self.metrics.pods_created.inc(sum(created))
         self._set_phase(job, c.CREATED)
@@ -255,8 +271,15 @@ class Reconciler:
                 await self.events.post(job, "Warning", warning.reason, warning.message, now)
         return self.config.resync_s
 
-    def _plan(self, spec: JobSpec, *, inputs: Any = None) -> Plan | Unschedulable:
+    def _plan(self, spec: JobSpec, *, allowed: Mapping[str, Any] | None = None, capacity: bool = False,
+              dra_source: tuple[list[Any], list[Any]] = ([], []),
+              inputs: Any = None) -> tuple[Plan | Unschedulable, Any]:
         """Plan ``spec`` over the indexed nodes and the GPU pods not its own.
+
+        ``dra_source`` (ResourceSlices, ResourceClaims) adds the nodes whose GPUs DRA publishes
+        (:mod:`hetero_operator.dra`); ``allowed`` keeps only what Kueue admitted
+        (:func:`hetero_operator.kueue.restrict_inventory`); ``capacity`` plans as if every GPU
+        were free (the shape of a Workload). Returns the plan and the DRA view it was made on.
 
         The inventory (about 0.4 KiB per node: ~0.8 MiB at 2,000 nodes) lives only inside this
         call: ``_start`` awaits API calls after planning, and an inventory kept in its frame would
@@ -269,11 +292,19 @@ class Reconciler:
         # Index values remember their parse: only nodes changed since the last start are re-read.
         inventory = build_indexed_inventory(self.nodes(), [p for p in self.gpu_pods()
                                                            if not _owned_by(p, spec.name, spec.namespace)])
+        slices, claims = dra_source
+        drainv = dra.merge_dra(inventory, self.nodes(), slices,
+                               [x for x in claims if not dra.claim_owned_by_job(x, spec.name, spec.namespace)])
+        inventory = drainv.inventory
+        if capacity:
+            inventory = kueue.capacity_inventory(inventory)
+        if allowed is not None:
+            inventory = kueue.restrict_inventory(inventory, self.nodes(), allowed)
         result = plan_job(spec, inventory, inputs=inputs)
         log.info("%s/%s: planned over %d usable node(s), %d GPU pod(s) bound: %s", spec.namespace,
                  spec.name, len(inventory.nodes), len(self.gpu_pods()),
                  getattr(result, "message", None) or [(g.node, g.gpu_type, len(g.ranks)) for g in result.groups])
-        return result
+        return result, replace(drainv, inventory=Inventory(nodes=(), excluded=()))
 
     async def _plan_inputs(self, spec: JobSpec, now: float) -> Any:
         """Prices and links from the settings; learned speeds of the job's profileKey from the

@@ -58,6 +58,16 @@ RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
               shortnames=["htj"], singular="heterotrainingjob"),
     ("networking.k8s.io", "v1", "networkpolicies"): dict(kind="NetworkPolicy", namespaced=True),
     CRDS: dict(kind="CustomResourceDefinition", namespaced=False),
+    # Kueue (v1beta2), PriorityClasses and DRA (resource.k8s.io/v1): issue 15's integrations
+    ("kueue.x-k8s.io", "v1beta2", "workloads"): dict(kind="Workload", namespaced=True,
+                                                     subresources=["status"]),
+    ("kueue.x-k8s.io", "v1beta2", "resourceflavors"): dict(kind="ResourceFlavor", namespaced=False),
+    ("scheduling.k8s.io", "v1", "priorityclasses"): dict(kind="PriorityClass", namespaced=False),
+    ("resource.k8s.io", "v1", "resourceslices"): dict(kind="ResourceSlice", namespaced=False),
+    ("resource.k8s.io", "v1", "resourceclaims"): dict(kind="ResourceClaim", namespaced=True,
+                                                      subresources=["status"]),
+    ("resource.k8s.io", "v1", "resourceclaimtemplates"): dict(kind="ResourceClaimTemplate",
+                                                              namespaced=True),
 }
 VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 HISTORY = 20000

@@ -61,6 +61,13 @@ CEL_RULES: dict[str, Callable[[Any], bool]] = {
         lambda s: "cohortName" in s or "resourceGroups" not in s or all(
             "borrowingLimit" not in r for rg in s["resourceGroups"] for f in rg["flavors"]
             for r in f["resources"]),
+    "!has(self.preference) || (self.whenCanBorrow == 'TryNextFlavor' && self.whenCanPreempt == 'TryNextFlavor')":
+        lambda s: "preference" not in s or (s.get("whenCanBorrow") == "TryNextFlavor"
+                                            and s.get("whenCanPreempt") == "TryNextFlavor"),
+    ("!(self.reclaimWithinCohort == 'Never' && has(self.borrowWithinCohort) &&  "
+     "self.borrowWithinCohort.policy != 'Never')"):
+        lambda s: not (s.get("reclaimWithinCohort") == "Never" and "borrowWithinCohort" in s
+                       and s["borrowWithinCohort"].get("policy") != "Never"),
     "self.flavors.all(x, size(x.resources) == size(self.coveredResources))":
         lambda s: all(len(f["resources"]) == len(s["coveredResources"]) for f in s["flavors"]),
 }

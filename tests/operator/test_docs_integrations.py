@@ -36,3 +36,32 @@ def test_dra_doc_template_is_what_the_operator_renders() -> None:
 
     _plan, _pods, templates = rendered()
     assert doc_manifests("dra.md")[0] == templates[1]
+
+
+def test_kueue_doc_manifests_validate() -> None:
+    """Kueue objects against Kueue v0.19.2's CRDs, the job against ours; the manager
+    configuration names our kind as Kueue spells an external framework (Kind.version.group)."""
+    from k8s import crdcheck, kueuecheck
+
+    docs = doc_manifests("kueue.md")
+    assert [d["kind"] for d in docs] == ["Configuration", "ResourceFlavor", "ResourceFlavor",
+                                         "ClusterQueue", "LocalQueue", "HeteroTrainingJob"]
+    assert docs[0]["integrations"]["externalFrameworks"] == ["HeteroTrainingJob.v1alpha1.heterotrain.io"]
+    plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues",
+              "LocalQueue": "localqueues"}
+    for doc in docs[1:5]:
+        kueuecheck.validate(doc, plural[doc["kind"]])
+    crdcheck.validate(docs[5])
+    assert docs[5]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == docs[4]["metadata"]["name"]
+    products = {f["spec"]["nodeLabels"]["nvidia.com/gpu.product"] for f in docs[1:3]}
+    assert products == set(docs[5]["spec"]["gpus"]["allowedProducts"])
+
+
+def test_queued_job_example_validates_and_is_not_suspended_by_hand() -> None:
+    """examples/queued-job.yaml: Kueue holds it through the Workload, so no runPolicy.suspend."""
+    from k8s import crdcheck
+
+    body = yaml.safe_load((REPO / "examples" / "queued-job.yaml").read_text())
+    crdcheck.validate(body)
+    assert body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    assert "suspend" not in body["spec"]["runPolicy"]

@@ -222,9 +222,9 @@ async def test_deleting_the_job_removes_everything_without_finalizers(cluster: C
                            30, "pods and service garbage-collected")
 
 
-async def test_suspended_kueue_job_starts_only_when_admitted(cluster: Cluster) -> None:
+async def test_suspended_job_starts_only_when_resumed(cluster: Cluster) -> None:
+    """spec.runPolicy.suspend by hand; Kueue admission (Workloads) is tests/operator/test_kueue_e2e.py."""
     body = script("queued", "pass", runPolicy={"suspend": True})
-    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "gpu-queue"}
     await cluster.apply(body, namespace="queued")
     await cluster.wait_for(lambda: cluster.phase("queued", "queued") == "Suspended", 30, "Suspended")
     assert cluster.pods("queued") == []

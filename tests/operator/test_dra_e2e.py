@@ -1,0 +1,74 @@
+"""End to end on a DRA cluster (issue 15): the operator (kopf, in process) plans a job on nodes whose
+GPUs only NVIDIA's DRA driver publishes (tests/fixtures/dra/dra-cluster.yaml: ResourceSlices, no GFD
+labels, no nvidia.com/* allocatable, one T4 already claimed), creates one ResourceClaimTemplate per
+group and pods that claim from it, and the job runs to success on the local kubelet.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import pytest_asyncio
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from k8s.harness import Cluster  # noqa: E402
+
+from hetero_operator.config import OperatorConfig  # noqa: E402
+from hetero_operator.kueue_gate import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dra"
+CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
+                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
+                        unschedulable_retry_s=2.0)
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    nodes, slices, claims = yaml.safe_load_all((FIXTURES / "dra-cluster.yaml").read_text())
+    async with Cluster(tmp_path_factory.mktemp("dra")) as cl:
+        await cl.add_nodes(nodes["items"])
+        for s in slices["items"]:
+            await cl.api.create(RESOURCE_SLICES, None, s)
+        for c in claims["items"]:
+            await cl.api.create(RESOURCE_CLAIMS, c["metadata"]["namespace"], c)
+        await cl.start_operator(CONFIG)
+        yield cl
+
+
+async def test_job_on_dra_nodes_claims_its_gpus_through_templates(cluster: Cluster) -> None:
+    job = {"apiVersion": "heterotrain.io/v1alpha1", "kind": "HeteroTrainingJob",
+           "metadata": {"name": "dra"},
+           "spec": {"worker": {"command": ["python", "-c", "pass"]},
+                    "images": [{"image": "reg/train:cu118", "cudaVersion": "11.8",
+                                "computeCapabilities": ["7.5", "8.0"]},
+                               {"image": "reg/train:cu124", "cudaVersion": "12.4",
+                                "computeCapabilities": ["7.5", "8.0"]}],
+                    "gpus": {"ranks": 6}, "training": {"globalBatchSize": 60}}}
+    await cluster.apply(job, "ml")
+    await cluster.wait_for(lambda: cluster.phase("dra", "ml") in ("Succeeded", "Failed"), 90, "finish")
+    status = cluster.job("dra", "ml")["status"]
+    assert status["phase"] == "Succeeded", status
+    assert [(g["node"], g["gpuType"]) for g in status["plan"]["groups"]] == [
+        ("a100-0", "NVIDIA-A100-SXM4-80GB"), ("a100-mig-0", "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"),
+        ("a100-mig-0", "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb"), ("t4-0", "Tesla-T4")]
+    templates = sorted(cluster.api.objects(RESOURCE_CLAIM_TEMPLATES, "ml"), key=lambda t: t["metadata"]["name"])
+    assert [t["metadata"]["name"] for t in templates] == ["dra-g0", "dra-g1", "dra-g2", "dra-g3"]
+    uid = cluster.job("dra", "ml")["metadata"]["uid"]
+    assert all(t["metadata"]["ownerReferences"][0]["uid"] == uid for t in templates)
+    assert [t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] for t in templates] == [2, 1, 1, 2]
+    pods = sorted(cluster.pods("ml", job="dra"), key=lambda p: p["metadata"]["name"])
+    assert [p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] for p in pods] == [
+        "dra-g0", "dra-g1", "dra-g2", "dra-g3"]
+    for obj in [*templates, *pods]:
+        clean = {k: v for k, v in obj.items() if k != "status"}
+        clean["metadata"] = {k: v for k, v in obj["metadata"].items()
+                             if k in ("name", "namespace", "labels", "annotations", "ownerReferences")}
+        kubernetes_validate.validate(clean, "1.34.0", strict=True)
+        limits = [c["resources"].get("limits", {}) for c in obj.get("spec", {}).get("containers", [])]
+        assert not any(k.startswith("nvidia.com/") for lim in limits for k in lim)
