@@ -16,13 +16,18 @@ _CALL = re.compile(r"(?:^|[\s;&|(])(?:\.venv/bin/|\S*/)?heterotrain\s+(run|plan|
 
 
 def _code_lines(path: Path) -> list[str]:
-    lines, fenced = [], False
+    """Lines of fenced code blocks, with shell continuations (a trailing backslash) joined."""
+    lines, fenced, pending = [], False, ""
     for line in path.read_text().splitlines():
         if line.lstrip().startswith("```"):
             fenced = not fenced
             continue
         if fenced:
-            lines.append(line)
+            if line.rstrip().endswith("\\"):
+                pending += line.rstrip()[:-1] + " "
+                continue
+            lines.append(pending + line)
+            pending = ""
     return lines
 
 
