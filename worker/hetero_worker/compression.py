@@ -150,12 +150,24 @@ class Int8Compression:
         self.chunk = chunk
         self.piece = chunk * piece_chunks
         self.error: torch.Tensor | None = None
+        self.keys: tuple[int, ...] | None = None  # parameter of each tensor, in error's order
+        self._new_keys: tuple[int, ...] | None = None
         self.restored = False  # error came from a checkpoint and was not used yet
         self.bytes_sent = 0
+
+    def align_(self, keys: Sequence[int]) -> None:
+        """Say which parameter each tensor of the next call is (DDP reorders a bucket's tensors
+        when it rebuilds buckets); the error buffer is permuted to that order on the call."""
+        keys = tuple(keys)
+        if self.keys is None or self.error is None:
+            self.keys = keys
+        elif keys != self.keys:
+            self._new_keys = keys
 
     def state_dict(self) -> dict[str, object]:
         """Error-feedback state for a checkpoint (this leader's own; tensors and plain types)."""
         return {"kind": "int8", "chunk": self.chunk,
+                "keys": None if self.keys is None else list(self.keys),
                 "error": None if self.error is None else self.error.detach().cpu().clone()}
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
@@ -169,7 +181,27 @@ class Int8Compression:
                              f"{state.get('kind')}, chunk {state.get('chunk')}")
         error = state.get("error")
         self.error = None if error is None else error.clone()  # type: ignore[union-attr]
+        keys = state.get("keys")
+        self.keys = None if keys is None else tuple(keys)  # type: ignore[arg-type]
         self.restored = self.error is not None
+
+    def _reorder_error(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Permute the error buffer from ``keys`` order to the announced new order."""
+        new, self._new_keys = self._new_keys, None
+        assert new is not None and self.keys is not None and self.error is not None
+        perm = order_permutation(self.keys, new)
+        numels = [t.numel() for t in tensors]
+        if perm is None or len(numels) != len(perm) or sum(numels) != self.error.numel():
+            log_state_reset(f"int8 error buffer for parameters {list(self.keys)} given "
+                            f"{list(new)}")
+            self.error, self.keys = None, new
+            return
+        old_numels = [0] * len(perm)
+        for i, j in enumerate(perm):
+            old_numels[j] = numels[i]
+        pieces = list(torch.split(self.error, old_numels))
+        self.error = torch.cat([pieces[j] for j in perm]) if pieces else self.error
+        self.keys = new
 
     def payload_bytes(self, numel: int) -> int:
         """Bytes one leader contributes per step: 1 per element plus 4 per chunk."""
@@ -180,6 +212,8 @@ class Int8Compression:
         """SUM-reduce in place; one asynchronous all-gather per piece (``exact`` in the last)."""
         flat = _flat(tensors, torch.float32)
         n = flat.numel()
+        if self._new_keys is not None:
+            self._reorder_error(tensors)
         if self.error is None or self.error.numel() != n:
             if self.restored:  # never load a buffer into another bucket layout
                 log_state_reset(f"int8 error buffer of {self.error.numel()} elements for a "
@@ -209,6 +243,15 @@ class Int8Compression:
                 _copy_exact(sum(out[:exact_bytes].view(torch.float32) for out in outs), exact)
         self.bytes_sent += ring_allgather_bytes(self.payload_bytes(n), world)
         _unflatten_into(total, tensors)
+
+
+def order_permutation(old: Sequence[int], new: Sequence[int]) -> list[int] | None:
+    """For each key of ``new``, its position in ``old``; None unless both hold the same distinct
+    keys (then state kept in ``old`` order is ``[state[j] for j in result]`` in ``new`` order)."""
+    position = {k: i for i, k in enumerate(old)}
+    if len(position) != len(old) or len(new) != len(old) or set(new) != set(position):
+        return None
+    return [position[k] for k in new]
 
 
 def log_state_reset(reason: str) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from hetero_worker.compression import log_state_reset, ring_allreduce_bytes
+from hetero_worker.compression import log_state_reset, order_permutation, ring_allreduce_bytes
 from hetero_worker.flatbuf import copy_back_, flatten
 
 
@@ -86,7 +86,29 @@ class PowerSGDCompression:
         self.bytes_sent = 0
         self.errors: list[torch.Tensor] | None = None
         self.qs: list[torch.Tensor | None] = []
+        self.keys: tuple[int, ...] | None = None  # parameter of each tensor, in errors' order
         self.restored = False  # state came from a checkpoint and was not used yet
+
+    def align_(self, keys: Sequence[int]) -> None:
+        """Say which parameter each tensor of the next call is; errors and ``Q`` factors are
+        permuted to that order (DDP reorders a bucket's tensors when it rebuilds buckets).
+
+        Keys of another set of parameters discard the state (``compression_state_reset``).
+        """
+        keys = tuple(keys)
+        if self.errors is None or self.keys is None:
+            self.keys = keys
+            return
+        if keys == self.keys:
+            return
+        perm = order_permutation(self.keys, keys)
+        if perm is None or len(perm) != len(self.errors):
+            log_state_reset(f"PowerSGD state for parameters {list(self.keys)} given {list(keys)}")
+            self.errors, self.qs = None, []
+        else:
+            self.errors = [self.errors[j] for j in perm]
+            self.qs = [self.qs[j] for j in perm]
+        self.keys = keys
 
     def state_dict(self) -> dict[str, object]:
         """Iteration, error feedback and ``Q`` factors for a checkpoint (tensors, plain types).
@@ -94,6 +116,7 @@ class PowerSGDCompression:
         The process group is not part of it: the caller passes the live group on every call.
         """
         return {"kind": "powersgd", "rank": self.rank, "iteration": self.iteration,
+                "keys": None if self.keys is None else list(self.keys),
                 "errors": None if self.errors is None else [e.detach().cpu().clone()
                                                             for e in self.errors],
                 "qs": [None if q is None else q.detach().cpu().clone() for q in self.qs]}
@@ -111,6 +134,8 @@ class PowerSGDCompression:
         errors = state.get("errors")
         self.errors = None if errors is None else [e.clone() for e in errors]  # type: ignore[union-attr]
         self.qs = [None if q is None else q.clone() for q in state.get("qs") or []]  # type: ignore[union-attr]
+        keys = state.get("keys")
+        self.keys = None if keys is None else tuple(keys)  # type: ignore[arg-type]
         self.restored = self.errors is not None
 
     def _init_state(self, tensors: Sequence[torch.Tensor]) -> None:

@@ -90,6 +90,10 @@ class CodecReducer:
         self.sync = sync
         self.compression = compression
         self.codecs: dict[int, InterGroupCodec] = {}
+        # Codec state follows parameters, not bucket positions: DDP rebuilds its buckets after
+        # the first iteration (and again after a restart), reordering their tensors.
+        self.param_index: dict[int, int] = {}  # id(parameter) -> index in model.parameters()
+        self.bucket_keys: dict[int, tuple[int, ...]] = {}  # bucket -> its parameters' indices
         self.pending: torch.Tensor | None = None
         self.merged: torch.Tensor | None = None
         self.hook = codec_hook
@@ -147,6 +151,8 @@ class CodecReducer:
         codec = self.codecs.get(key)
         if codec is None:
             codec = self.codecs[key] = make_codec(self.compression, seed=key)
+        if key in self.bucket_keys and hasattr(codec, "align_"):
+            codec.align_(self.bucket_keys[key])  # permute error feedback to this bucket order
         host = wire if wire.device.type == "cpu" else wire.cpu()
         views, offset = [], 0
         for shape in shapes:
@@ -173,7 +179,11 @@ def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
         ``torch.futures.Future[torch.Tensor]`` of the reduced buffer (the sync's comm thread
         completes it; buckets run in DDP's order, the same on every rank).
     """
-    return reducer.sync.submit(bucket.buffer(), [p.shape for p in bucket.parameters()],
+    params = bucket.parameters()
+    if reducer.param_index:
+        reducer.bucket_keys[bucket.index()] = tuple(reducer.param_index.get(id(p), -1)
+                                                    for p in params)
+    return reducer.sync.submit(bucket.buffer(), [p.shape for p in params],
                                bucket.index())
 
 
@@ -206,6 +216,7 @@ class SpeedController:
     def before_wrap(self, model: torch.nn.Module) -> None:
         """Called by ``Trainer.wrap`` before DDP is built: with ``auto``, measure the links, pick
         the layout and switch the trainer to it (collective)."""
+        self.reducer.param_index = {id(p): i for i, p in enumerate(model.parameters())}
         if self.trainer.contract.hierarchy != "auto":
             return
         grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
