@@ -109,6 +109,32 @@ def worker_balance(args: argparse.Namespace) -> None:
     t.close()
 
 
+def worker_allreduce(args: argparse.Namespace) -> None:
+    """The fixed cost alone: after a sleep as long as a step's simulated compute (32 samples at
+    speed 1), one gloo all-reduce of a gradient the size of the balance MLP's, as DDP issues it;
+    rank 0 writes the median over steps of the slowest rank's all-reduce time."""
+    import torch
+    import torch.distributed as dist
+    from hetero_worker import simulate
+    from hetero_worker import trainer as ht
+
+    t = ht.init(seed=0, delay_per_sample_s=0.0)
+    sleep_s = 32 * simulate.delay_per_sample_s()
+    grad = torch.zeros(sum(p.numel() for p in mlp().parameters()))
+    times = []
+    for _ in range(args.steps + WARMUP_STEPS):
+        time.sleep(sleep_s)
+        start = time.perf_counter()
+        dist.all_reduce(grad)
+        times.append(time.perf_counter() - start)
+    slowest = torch.tensor(times[WARMUP_STEPS:], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    if t.rank == 0:
+        Path(args.out).write_text(json.dumps({"allreduce_s": statistics.median(slowest.tolist()),
+                                              "numel": grad.numel()}))
+    t.close()
+
+
 def worker_overhead(args: argparse.Namespace) -> None:
     """Plain DDP vs our sync in ABBA blocks; ``args.variant`` picks our path (see VARIANTS)."""
     import copy
@@ -238,7 +264,12 @@ def balance_once(delay_s: float, args: argparse.Namespace, deadline: benchlib.De
     standalone = [standalone_samples_per_s(b, s, delay_s=delay_s, steps=args.steps)
                   for b, s in zip(split, SPEEDS, strict=True)]
     ideal = sum(standalone)
+    allreduce = launch("allreduce", split, SPEEDS, nodes, delay_s=delay_s, args=args, deadline=deadline)
+    slowest_alone_s = max(b / a for b, a in zip(split, standalone, strict=True))
     return {"proportional_samples_per_s": prop["samples_per_s"],
+            "proportional_step_s": prop["step_s"], "slowest_standalone_step_s": slowest_alone_s,
+            "fixed_per_step_s": prop["step_s"] - slowest_alone_s,
+            "gloo_allreduce_after_sleep_s": allreduce["allreduce_s"],
             "equal_samples_per_s": eq["samples_per_s"],
             "standalone_samples_per_s": standalone, "ideal_samples_per_s": ideal,
             "proportional_over_ideal": prop["samples_per_s"] / ideal,
@@ -288,6 +319,13 @@ def run_benchmark(args: argparse.Namespace, deadline: benchlib.Deadline) -> tupl
         targets.append(benchlib.Target(
             f"proportional / equal split at {ms}", ">=", 1.85, "x",
             [r["proportional_over_equal"] for r in runs], "both splits really run, same code"))
+        targets.append(benchlib.Target(
+            f"fixed per-step cost at {ms}: step - slowest rank's standalone step", "info", 0, " ms",
+            [1000 * r["fixed_per_step_s"] for r in runs]))
+        targets.append(benchlib.Target(
+            f"... of which one gloo all-reduce of the MLP's gradient at {ms} (4 processes, after a "
+            "sleep as long as the step's compute)", "info", 0, " ms", [1000 * r["gloo_allreduce_after_sleep_s"] for r in runs],
+            "the same collective DDP issues, alone: the floor of the fixed cost on this machine"))
     names = {"hook": "sync overhead: our hook path / plain DDP (flat, same all-reduce)",
              "hierarchical": "sync overhead: hierarchical hook path, 2 groups / plain DDP",
              "fast_flat": "sync overhead: flat fast path (no hook) / plain DDP"}
@@ -334,7 +372,7 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=900.0,
                         help="whole benchmark; on expiry exit 3 and write nothing")
     parser.add_argument("--output", default=str(HERE / "results" / "balance.json"))
-    parser.add_argument("--worker", choices=["balance", "overhead"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["balance", "overhead", "allreduce"], help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -343,6 +381,9 @@ def main() -> int:
         return 0
     if args.worker == "overhead":
         worker_overhead(args)
+        return 0
+    if args.worker == "allreduce":
+        worker_allreduce(args)
         return 0
     deadline = benchlib.Deadline(args.timeout_s)
     run_meta = benchlib.meta()
