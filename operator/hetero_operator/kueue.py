@@ -168,10 +168,13 @@ def render_workload(job: Mapping[str, Any], spec: JobSpec, plan: Plan, *,
             "restartPolicy": "Never",
             "nodeSelector": {PRODUCT_LABEL: shape.product_label},
             "tolerations": [{"key": gfd.GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{"name": "worker", "image": _image(plan, shape.gpu_type),
+            "containers": [{"name": "worker",
                             "resources": {"requests": {**requests, shape.resource_name: "1"},
                                           "limits": {shape.resource_name: "1"}}}],
         }
+        image = _image(plan, shape.gpu_type)
+        if image:  # informational for Kueue; the pods are rendered from the plan at admission
+            pod_spec["containers"][0]["image"] = image
         if spec.run_policy.priority_class:
             pod_spec["priorityClassName"] = spec.run_policy.priority_class
         pod_sets.append({"name": shape.name, "count": shape.count, "template": {
@@ -197,7 +200,7 @@ def render_workload(job: Mapping[str, Any], spec: JobSpec, plan: Plan, *,
 
 
 def _image(plan: Plan, gpu_type: str) -> str:
-    return next((g.image for g in plan.groups if g.gpu_type == gpu_type and g.image), "") or "worker"
+    return next((g.image for g in plan.groups if g.gpu_type == gpu_type and g.image), "")
 
 
 # --- reading what Kueue decided -------------------------------------------------------------

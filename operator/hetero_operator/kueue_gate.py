@@ -18,7 +18,7 @@ from hetero_operator import conditions as c
 from hetero_operator import kueue
 from hetero_operator import lifecycle as lc
 from hetero_operator.model import Unschedulable
-from hetero_operator.spec import JobSpec
+from hetero_operator.spec import JobSpec, RunPolicy
 
 PRIORITY_CLASSES = ("scheduling.k8s.io", "v1", "priorityclasses")
 RESOURCE_SLICES = ("resource.k8s.io", "v1", "resourceslices")
@@ -125,7 +125,7 @@ class Gate:
     evicted: bool = False
     workload: Mapping[str, Any] | None = None
 
-    def policy(self, spec: JobSpec) -> Any:
+    def policy(self, spec: JobSpec) -> RunPolicy:
         """The run policy the lifecycle sees: suspended unless admitted."""
         return spec.run_policy if self.admitted else replace(spec.run_policy, suspend=True)
 
