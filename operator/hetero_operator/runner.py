@@ -182,14 +182,20 @@ def trim_node(body: Mapping[str, Any]) -> IndexedNode:
     """What the planner reads of a Node: name, labels, taints, unschedulable, capacity, conditions.
 
     An :class:`~hetero_operator.nodeindex.IndexedNode`: the index value also keeps the node's
-    parse, so a start re-reads only nodes that changed (issue 11).
+    parse, so a start re-reads only nodes that changed (issue 11).  Conditions lose
+    ``lastHeartbeatTime`` (nothing reads it): a kubelet's heartbeat then leaves the value equal,
+    kopf keeps the old one, and its parse survives.
     """
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
     return IndexedNode({
+    trimmed = {k: status[k] for k in ("capacity", "allocatable") if k in status}
+    if "conditions" in status:
+        trimmed["conditions"] = [{k: v for k, v in c.items() if k != "lastHeartbeatTime"}
+                                 for c in status["conditions"] or ()]
         "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
                      "annotations": dict(meta.get("annotations") or {})},
         "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
-        "status": {k: status[k] for k in ("capacity", "allocatable", "conditions") if k in status},
+        "status": trimmed,
     })
 
 
