@@ -209,3 +209,18 @@ def test_plan_cli_json_carries_marginal_values_and_costs(tmp_path: Path,
     (tmp_path / "prices.yaml").write_text("Tesla-T4: cheap\n")
     assert main(args) == 1
     assert "Tesla-T4: price must be a number >= 0" in capsys.readouterr().err
+
+
+def test_gradient_size_from_the_model_parameters_when_gradient_mib_is_unset() -> None:
+    from dataclasses import fields, replace
+
+    from hetero_operator.planning import gradient_bytes
+    job = _job()
+    assert gradient_bytes(job) == 0 and gradient_bytes(_job(gradientMiB=3)) == 3 * 2**20
+    if "model_parameters" not in {f.name for f in fields(job.training)}:
+        pytest.skip("spec.training.model.parameters is not in this spec yet")
+    with_params = replace(job, training=replace(job.training, model_parameters=262144))
+    assert gradient_bytes(with_params) == 262144 * 4  # 1 MiB of fp32 gradients
+    plan = plan_job(with_params, build_inventory(NODES))
+    assert plan.value.communication_s == pytest.approx(
+        2 * 2 * (524288 / 12.5e9 + 20e-6) + 2 * (524288 / 1.25e9 + 100e-6), rel=1e-6)
