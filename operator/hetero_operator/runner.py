@@ -187,11 +187,11 @@ def trim_node(body: Mapping[str, Any]) -> IndexedNode:
     kopf keeps the old one, and its parse survives.
     """
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
-    return IndexedNode({
     trimmed = {k: status[k] for k in ("capacity", "allocatable") if k in status}
     if "conditions" in status:
         trimmed["conditions"] = [{k: v for k, v in c.items() if k != "lastHeartbeatTime"}
                                  for c in status["conditions"] or ()]
+    return IndexedNode({
         "metadata": {"name": meta.get("name"), "labels": dict(meta.get("labels") or {}),
                      "annotations": dict(meta.get("annotations") or {})},
         "spec": {k: spec[k] for k in ("unschedulable", "taints") if k in spec},
