@@ -110,3 +110,44 @@ def test_refuses_a_checkpoint_of_another_dataset() -> None:
     state = HeteroBatchSampler(60, [4, 6], 0).state_dict()
     with pytest.raises(ValueError, match="60 samples"):
         HeteroBatchSampler(61, [4, 6], 0).load_state_dict(state)
+
+
+def test_state_is_the_global_position_only() -> None:
+    ranks = samplers(60, [4, 2])
+    iters = [iter(s) for s in ranks]
+    for _ in range(3):
+        [next(it) for it in iters]
+    states = [s.state_dict() for s in ranks]
+    assert states[0] == states[1] == {"epoch": 0, "consumed": 18, "seed": 0, "shuffle": True,
+                                      "num_samples": 60}
+
+
+@pytest.mark.parametrize(("before", "after"), [([8, 6, 4], [10, 8]), ([10, 8], [8, 6, 4]),
+                                               ([8, 6, 4], [5, 5, 5, 5])],
+                         ids=["one rank fewer", "one rank more", "more ranks, larger batch"])
+def test_resume_under_another_split_covers_the_epoch_exactly(before: list[int],
+                                                             after: list[int]) -> None:
+    n = 110
+    old = samplers(n, before, seed=4)
+    iters = [iter(s) for s in old]
+    seen = [i for _ in range(2) for it in iters for i in next(it)]
+    position = old[0].state_dict()
+    new = samplers(n, after, seed=4)
+    for s in new:
+        s.load_state_dict(position)
+    per_rank = one_epoch(new)
+    assert len({len(r) for r in per_rank}) == 1  # same step count on every new rank
+    seen += [i for r in per_rank for b in r for i in b]
+    assert len(seen) == len(set(seen))
+    dropped = set(range(n)) - set(seen)  # remainder rule under the new global batch
+    assert len(dropped) == (n - 2 * sum(before)) % sum(after)
+    assert dropped == set(new[0].permutation(0).tolist()[n - len(dropped):])
+    assert all(s.epoch == 1 for s in new)
+
+
+def test_position_of_another_dataset_is_refused() -> None:
+    state = HeteroBatchSampler(60, [4, 2], 0).state_dict()
+    with pytest.raises(ValueError, match="for 60 samples, seed 0, shuffle True"):
+        HeteroBatchSampler(61, [4, 2], 0).load_state_dict(state)
+    with pytest.raises(ValueError, match="this sampler has 60, 0, False"):
+        HeteroBatchSampler(60, [4, 2], 0, shuffle=False).load_state_dict(state)

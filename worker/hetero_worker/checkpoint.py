@@ -5,7 +5,7 @@ Rank 0 writes ``<dir>/checkpoint.pt`` through a temp file in the same directory,
 
 The file (format :data:`FORMAT`) holds only tensors and plain Python types, so every rank loads it
 with ``torch.load(weights_only=True)``: a file on a shared volume cannot run code in a rank
-(``weights_only=False`` unpickles arbitrary objects; torch's own warning in ``torch.load``).
+(loading without ``weights_only`` unpickles arbitrary objects; see the warning in ``torch.load``).
 
 * job-wide state: ``model``, ``optimizer``, ``scaler`` (the loss scale is agreed, so it is the same
   on every rank), ``step``, a random ``checkpoint_id``;

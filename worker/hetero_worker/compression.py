@@ -194,7 +194,7 @@ class Int8Compression:
         if perm is None or len(numels) != len(perm) or sum(numels) != self.error.numel():
             log_state_reset(f"int8 error buffer for parameters {list(self.keys)} given "
                             f"{list(new)}")
-            self.error, self.keys = None, new
+            self.error, self.keys, self.restored = None, new, False
             return
         old_numels = [0] * len(perm)
         for i, j in enumerate(perm):
@@ -215,7 +215,7 @@ class Int8Compression:
         if self._new_keys is not None:
             self._reorder_error(tensors)
         if self.error is None or self.error.numel() != n:
-            if self.restored:  # never load a buffer into another bucket layout
+            if self.restored and self.error is not None:  # never load it into another layout
                 log_state_reset(f"int8 error buffer of {self.error.numel()} elements for a "
                                 f"bucket of {n}")
             self.error = torch.zeros_like(flat)

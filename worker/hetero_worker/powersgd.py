@@ -104,7 +104,7 @@ class PowerSGDCompression:
         perm = order_permutation(self.keys, keys)
         if perm is None or len(perm) != len(self.errors):
             log_state_reset(f"PowerSGD state for parameters {list(self.keys)} given {list(keys)}")
-            self.errors, self.qs = None, []
+            self.errors, self.qs, self.restored = None, [], False
         else:
             self.errors = [self.errors[j] for j in perm]
             self.qs = [self.qs[j] for j in perm]
