@@ -157,15 +157,17 @@ def free_port_range(count: int, *, attempts: int = 50) -> int:
 
 def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[str, str],
                  run_dir: Path, worker_env: Sequence[Mapping[str, Any]],
-                 gpu_indices: Sequence[int] | None) -> list[dict[str, str]]:
+                 gpu_ids: Sequence[str] | None) -> list[dict[str, str]]:
     """The complete environment of each rank process.
 
     ``base_env`` (our own environment, minus any contract variables it carries), then the job's
     ``spec.worker.env`` (plain ``value`` entries), then the rank's contract, ``HTJ_RUN_DIR``,
     ``PYTHONUNBUFFERED=1``, ``OMP_NUM_THREADS`` (CPU cores / ranks unless set) and, on real GPUs,
-    ``CUDA_VISIBLE_DEVICES`` = the rank's GPU (NVML index, ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+    ``CUDA_VISIBLE_DEVICES`` = the rank's GPU by UUID (``gpu_ids``), which means the same GPU in
+    any ``CUDA_DEVICE_ORDER``, so the order is left as the caller had it.
     """
-    contract_vars = {*c.REQUIRED_VARS, *c.OPTIONAL_VARS, c.FIRST_RANK, "CUDA_VISIBLE_DEVICES"}
+    contract_vars = {*c.REQUIRED_VARS, *c.OPTIONAL_VARS, *c.MEMORY_VARS, c.FIRST_RANK,
+                     "CUDA_VISIBLE_DEVICES"}
     base = {k: v for k, v in base_env.items() if k not in contract_vars}
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in base.get("PATH", "").split(os.pathsep):
@@ -178,9 +180,8 @@ def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[st
     for r, rank_env in enumerate(rank_envs):
         env = {**base, **rank_env, rundir.RUN_DIR: str(run_dir), "PYTHONUNBUFFERED": "1"}
         env.setdefault("OMP_NUM_THREADS", threads)
-        if gpu_indices is not None:  # NVML indices: PCI bus order
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu_indices[r])
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if gpu_ids is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu_ids[r]
         envs.append(env)
     return envs
 
@@ -188,10 +189,10 @@ def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[st
 # --- the run ---------------------------------------------------------------------------------
 
 class _Planned:
-    """What planning produced: the job, plan, whether simulated, and real GPU indices per rank."""
+    """What planning produced: the job, plan, whether simulated, and real GPU UUIDs per rank."""
 
-    def __init__(self, job: Any, plan: Any, simulated: bool, gpu_indices: list[int] | None) -> None:
-        self.job, self.plan, self.simulated, self.gpu_indices = job, plan, simulated, gpu_indices
+    def __init__(self, job: Any, plan: Any, simulated: bool, gpu_ids: list[str] | None) -> None:
+        self.job, self.plan, self.simulated, self.gpu_ids = job, plan, simulated, gpu_ids
         self.true_speeds: dict[str, float] = {}  # simulated nodes' real speed (valueview)
 
 
@@ -216,9 +217,9 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
                             inputs=valueview.plan_inputs(args, local_job))
             if isinstance(plan, Plan):
                 print_result(plan, local_job, console, notes=plan_notes(plan, local_job))
-                indices = gpu_nodes[1]
-                gpu_indices = [indices[plan.groups[r.group].node][r.group_rank] for r in plan.ranks]
-                return _Planned(local_job, plan, False, gpu_indices)
+                uuids = gpu_nodes[1]
+                gpu_ids = [uuids[plan.groups[r.group].node][r.group_rank] for r in plan.ranks]
+                return _Planned(local_job, plan, False, gpu_ids)
             console.print(f"This machine's GPUs cannot host the job ({plan.message}); "
                           f"simulating {DEFAULT_NODES} instead.")
         nodes = load_objects(Path(args.nodes) if args.nodes else default_nodes_file(), "Node")
@@ -237,18 +238,32 @@ def _plan(args: argparse.Namespace, console: Any) -> _Planned | int:
     return planned
 
 
-def _real_gpu_nodes() -> tuple[list[dict[str, Any]], dict[str, list[int]]] | None:
-    """Node objects for this machine's GPUs (NVML), None when there are none."""
+def _real_gpu_nodes() -> tuple[list[dict[str, Any]], dict[str, list[str]]] | None:
+    """Node objects for this machine's visible GPUs (NVML), and per node its GPUs' UUIDs in
+    order; None when there are none. A preset ``CUDA_VISIBLE_DEVICES`` limits the GPUs.
+
+    Raises:
+        InputError: a preset ``CUDA_VISIBLE_DEVICES`` that cannot be mapped (see
+            :func:`localnodes.visible_gpus`).
+    """
     from hetero_operator import localnodes
+    from hetero_operator.plancli import InputError
     from hetero_worker import nvml
 
-    gpus = nvml.list_gpus()
+    try:
+        gpus = localnodes.visible_gpus(nvml.list_gpus(),
+                                       preset=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                       device_order=os.environ.get("CUDA_DEVICE_ORDER"))
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
     versions = nvml.driver_versions()
     if not gpus or versions is None:
         return None
     nodes, indices = localnodes.nodes_from_gpus(gpus, host=socket.gethostname(),
                                                 driver_version=versions[0], cuda_version=versions[1])
-    return (nodes, indices) if nodes else None
+    uuid_of = {g.index: g.uuid for g in gpus}
+    uuids = {node: [uuid_of[i] for i in idx] for node, idx in indices.items()}
+    return (nodes, uuids) if nodes else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -421,7 +436,7 @@ def _render(planned: _Planned, *, port_base: int, checkpoint_dir: str, workdir: 
     if planned.simulated:
         valueview.apply_simulated_speeds(rank_envs, planned.plan, planned.true_speeds)
     return process_envs(rank_envs, base_env=os.environ, run_dir=workdir.resolve(),
-                        worker_env=planned.job.worker.env, gpu_indices=planned.gpu_indices)
+                        worker_env=planned.job.worker.env, gpu_ids=planned.gpu_ids)
 
 
 def _announce(console: Any, planned: _Planned, workdir: Path, port_base: int, argv: list[str]) -> None:

@@ -24,6 +24,48 @@ def family(compute_capability: str) -> str:
     return next((f for prefix, f in FAMILIES if compute_capability.startswith(prefix)), "")
 
 
+def visible_gpus(gpus: Sequence[GpuInfo], *, preset: str | None,
+                 device_order: str | None) -> list[GpuInfo]:
+    """The GPUs a preset ``CUDA_VISIBLE_DEVICES`` leaves visible, in the preset's order.
+
+    Entries are UUIDs (``GPU-…``, a unique prefix is enough, as CUDA accepts) or indices. Indices
+    mean NVML's (PCI bus) order only under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; in CUDA's default
+    fastest-first order they can be mapped only when the machine has one GPU model (then the two
+    orders agree). As in CUDA, the list ends at the first entry that names no GPU.
+
+    Args:
+        gpus: from :func:`hetero_worker.nvml.list_gpus`.
+        preset: the environment's ``CUDA_VISIBLE_DEVICES``; None means every GPU.
+        device_order: the environment's ``CUDA_DEVICE_ORDER``.
+
+    Returns:
+        The visible GPUs.
+
+    Raises:
+        ValueError: indices in fastest-first order on a machine with several GPU models (the
+            message says to give UUIDs or set ``CUDA_DEVICE_ORDER=PCI_BUS_ID``).
+    """
+    if preset is None:
+        return list(gpus)
+    by_index = {g.index: g for g in gpus}
+    several_models = len({g.product for g in gpus}) > 1
+    visible: list[GpuInfo] = []
+    for entry in (e.strip() for e in preset.split(",")):
+        if entry.isdigit():
+            if device_order != "PCI_BUS_ID" and several_models:
+                raise ValueError(f"CUDA_VISIBLE_DEVICES={preset} gives indices in CUDA's default "
+                                 "fastest-first order, which cannot be mapped on a machine with "
+                                 "several GPU models: give GPU UUIDs (nvidia-smi -L) or set "
+                                 "CUDA_DEVICE_ORDER=PCI_BUS_ID")
+            match = [by_index[int(entry)]] if int(entry) in by_index else []
+        else:
+            match = [g for g in gpus if entry and g.uuid.startswith(entry)]
+        if len(match) != 1:
+            break
+        visible.append(match[0])
+    return visible
+
+
 def nodes_from_gpus(gpus: Sequence[GpuInfo], *, host: str, driver_version: str,
                     cuda_version: str) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     """Node objects with GFD labels for the whole (non-MIG) GPUs of one machine.

@@ -170,15 +170,15 @@ def test_process_env_is_the_rank_contract_over_a_clean_base(tmp_path):
     envs = embedded.process_envs([rank_env, rank_env], base_env=base, run_dir=tmp_path,
                                  worker_env=[{"name": "A", "value": "1"},
                                              {"name": "B", "valueFrom": {"fieldRef": {}}}],
-                                 gpu_indices=None)
+                                 gpu_ids=None)
     bin_dir = str(Path(sys.executable).parent)
     assert envs[0] == {"PATH": f"{bin_dir}{os.pathsep}/usr/bin", "HOME": "/root",
                        "OMP_NUM_THREADS": "3", "A": "1", **rank_env,
                        rundir.RUN_DIR: str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    pinned = embedded.process_envs([rank_env, rank_env], base_env={}, run_dir=tmp_path,
-                                   worker_env=[], gpu_indices=[3, 1])
-    assert [e["CUDA_VISIBLE_DEVICES"] for e in pinned] == ["3", "1"]
-    assert {e["CUDA_DEVICE_ORDER"] for e in pinned} == {"PCI_BUS_ID"}
+    pinned = embedded.process_envs([rank_env, rank_env], base_env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
+                                   run_dir=tmp_path, worker_env=[], gpu_ids=["GPU-3", "GPU-1"])
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in pinned] == ["GPU-3", "GPU-1"]
+    assert {e["CUDA_DEVICE_ORDER"] for e in pinned} == {"FASTEST_FIRST"}  # left as given
     assert pinned[0]["OMP_NUM_THREADS"] == str(procs.threads_per_rank(2))
 
 
@@ -215,9 +215,33 @@ def test_real_gpus_become_one_node_per_product_and_plan_onto_their_indices(monke
     with open(os.devnull, "w") as sink:
         planned = embedded._plan(args, Console(file=sink))
     assert not planned.simulated
-    by_rank = [(r.gpu_type, i) for r, i in zip(planned.plan.ranks, planned.gpu_indices)]
-    assert sorted(by_rank) == [("NVIDIA-A100-SXM4-40GB", 0), ("NVIDIA-A100-SXM4-40GB", 2),
-                               ("Tesla-T4", 1)]
+    by_rank = [(r.gpu_type, i) for r, i in zip(planned.plan.ranks, planned.gpu_ids)]
+    assert sorted(by_rank) == [("NVIDIA-A100-SXM4-40GB", "GPU-0"), ("NVIDIA-A100-SXM4-40GB", "GPU-2"),
+                               ("Tesla-T4", "GPU-1")]
+
+
+_BOX = [_gpu(0, "NVIDIA-A100-SXM4-40GB", "8.0", 40960), _gpu(1, "Tesla-T4", "7.5", 15360),
+        _gpu(2, "NVIDIA-A100-SXM4-40GB", "8.0", 40960)]
+
+
+@pytest.mark.parametrize(("preset", "order", "visible"), [
+    (None, None, [0, 1, 2]),
+    ("GPU-2,GPU-0", None, [2, 0]),
+    ("2,1", "PCI_BUS_ID", [2, 1]),
+    ("GPU-1,GPU-9,GPU-0", None, [1]),  # CUDA stops at the first entry naming no GPU
+    ("", None, []),
+], ids=["no preset: every GPU", "UUIDs in the preset's order", "indices in PCI bus order",
+        "the list ends at an unknown entry", "an empty preset hides every GPU"])
+def test_a_preset_cuda_visible_devices_is_kept_as_given(preset, order, visible):
+    got = localnodes.visible_gpus(_BOX, preset=preset, device_order=order)
+    assert [g.index for g in got] == visible
+
+
+def test_fastest_first_indices_on_a_mixed_machine_are_refused_with_the_fix():
+    with pytest.raises(ValueError, match="give GPU UUIDs .* or set CUDA_DEVICE_ORDER=PCI_BUS_ID"):
+        localnodes.visible_gpus(_BOX, preset="0,1", device_order=None)
+    same = [_gpu(0, "Tesla-T4", "7.5", 15360), _gpu(1, "Tesla-T4", "7.5", 15360)]
+    assert [g.index for g in localnodes.visible_gpus(same, preset="1", device_order=None)] == [1]
 
 
 def _run_args(*argv: str) -> argparse.Namespace:
@@ -259,6 +283,6 @@ def test_too_few_real_gpus_fall_back_to_the_simulated_default(monkeypatch):
     args = _run_args(str(Path(__file__).parents[2] / "examples" / "digits.yaml"))
     with open(os.devnull, "w") as sink:
         planned = embedded._plan(args, Console(file=sink))
-    assert planned.simulated and planned.gpu_indices is None
+    assert planned.simulated and planned.gpu_ids is None
     assert [r.gpu_type for r in planned.plan.ranks] == [
         "NVIDIA-A100-SXM4-40GB", "Tesla-V100-SXM2-16GB", "Tesla-T4", "Tesla-T4"]
