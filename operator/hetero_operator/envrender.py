@@ -9,6 +9,8 @@ rank's position in its group and the group's size.  The pod form carries local r
 
 from __future__ import annotations
 
+from typing import Any
+
 from hetero_worker.contract import Contract, DeviceProfile, RankEntry, render_rank_env
 
 from .model import Plan
@@ -53,6 +55,8 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
     ckpt = job.training.checkpoint_path if checkpoint_dir is None else checkpoint_dir
     value = plan.value  # the planner's prediction, when in samples/s: rank 0 exports the ratio
     predicted = value.predicted_throughput if value is not None and value.absolute else 0.0
+    memory = {m.rank: m for m in plan.memory.ranks} if plan.memory is not None else {}
+    sharding = plan.memory.mode.lower() if plan.memory is not None else "none"
     envs = []
     for r in plan.ranks:
         group = plan.groups[r.group]
@@ -74,6 +78,18 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
             rebalance_interval_steps=job.training.rebalance_interval_steps,
             profile_steps=job.profile_steps,
             compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank,
-            restart_generation=restart_generation, predicted_samples_per_s=predicted)
+            restart_generation=restart_generation, predicted_samples_per_s=predicted,
+            **_memory_fields(memory.get(r.rank), sharding))
         envs.append(render_rank_env(contract))
     return envs
+
+
+def _memory_fields(m: Any, sharding: str) -> dict[str, Any]:
+    """``Contract`` memory fields of one rank (:class:`hetero_operator.memory.RankMemory`, or
+    None without a memory model); the micro-batch size is the memory bound (samples that fit), so a
+    rebalanced local batch stays within memory."""
+    if m is None:
+        return {}
+    return {"sharding": sharding, "micro_batch_size": m.samples_that_fit,
+            "activation_checkpointing": m.activation_checkpointing,
+            "memory_cap_bytes": m.usable_bytes}

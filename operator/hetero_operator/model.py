@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .memory import MemoryPlan
+
 # Exclusion reasons (CamelCase, Kubernetes condition style).
 UNSCHEDULABLE = "Unschedulable"
 NOT_READY = "NotReady"
@@ -278,6 +280,9 @@ class Plan:
         warnings: inventory warnings, passed through for events and the CLI.
         value: the step-time model's prediction, what each GPU type adds and what was left out
             (:mod:`hetero_operator.marginal`); None for plans built without it.
+        memory: the memory model's decision (sharding mode, per-rank state share and
+            micro-batches, why per GPU type; :class:`hetero_operator.memory.MemoryPlan`); None
+            when the job gives no ``spec.training.model.parameters``.
     """
 
     ranks: tuple[RankPlacement, ...]
@@ -286,6 +291,7 @@ class Plan:
     expected_speedup_over_equal: float
     warnings: tuple[InventoryWarning, ...] = ()
     value: PlanValue | None = None
+    memory: MemoryPlan | None = None
 
     @property
     def world_size(self) -> int:

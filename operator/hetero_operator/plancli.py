@@ -217,6 +217,13 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
                       f"(global batch {job.training.global_batch_size}, split "
                       f"{job.training.batch_split})")
         valueview.print_value(result.value, console, profile=profile_key(job))
+        if result.memory is not None:
+            mem = result.memory
+            console.print(f"Memory: sharding {mem.mode} (spec.training.sharding {mem.requested}), "
+                          f"model state {mem.state_bytes / 2**30:.1f} GiB "
+                          f"({mem.bytes_per_parameter} B per parameter)", highlight=False)
+            for line in mem.reasons:
+                console.print(f"  {line}", highlight=False)
     else:
         console.print(f"[bold red]Unschedulable ({result.reason}):[/] {result.message}", highlight=False)
         if result.shortfalls:

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import model
+from . import memory, model
 from .batching import split_global_batch, step_time
 from .eligibility import device_rejection, memory_cap, precision_for
 from .images import choose_image
@@ -45,6 +45,12 @@ from .speed import effective_speed
 from .unschedulable import batch_too_small, insufficient_gpus, insufficient_memory
 
 P2P_DISABLE_ENV = {"NCCL_P2P_DISABLE": "1"}
+WORKER_SHARDINGS: tuple[str, ...] = ("None",)
+"""Sharding modes the worker runs today (docs/memory.md, "What is built"): ``Auto`` chooses among
+these only, and an explicit other mode is refused rather than planned and left to fail."""
+MODEL_DOES_NOT_FIT = "ModelDoesNotFit"
+"""Unschedulable reason: no allowed sharding mode fits the model state and one sample's
+activations on some GPU type (:mod:`hetero_operator.memory`)."""
 _CONSUMER = re.compile(r"GEFORCE|(^|-)RTX-\d{4}(-|$)|TITAN", re.IGNORECASE)
 
 
@@ -134,11 +140,36 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     equal = split_global_batch(global_batch, [1.0] * n, caps)
     speedup = step_time(equal, speeds) / step_time(batches, speeds)
     ranks, groups = _placements(groups_spec, batches)
+    mem = plan_memory(job, ranks, inputs)
+    if isinstance(mem, memory.MemoryRefusal):
+        return model.Unschedulable(shortfalls=(), excluded=excluded, message=mem.message,
+                                   reason=MODEL_DOES_NOT_FIT, warnings=inventory.warnings)
     value = _plan_value(groups_spec, _group_specs(candidates), step_model, figures, job, inputs,
                         left_out)
     return Plan(ranks=ranks, groups=groups, excluded=excluded,
                 expected_speedup_over_equal=round(speedup, 6),
-                warnings=(*inventory.warnings, *image_warnings(taken)), value=value)
+                warnings=(*inventory.warnings, *image_warnings(taken)), value=value, memory=mem)
+
+
+def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInputs,
+                ) -> memory.MemoryPlan | memory.MemoryRefusal | None:
+    """The memory model's decision for the placed ranks (None without
+    ``spec.training.model.parameters``); the cross-type link is the inter-node one when the
+    ranks span nodes, else the intra-node one."""
+    t = job.training
+    if t.model_parameters <= 0:
+        return None
+    slots = [memory.RankSlot(rank=r.rank, group=r.group, node=r.node, gpu_type=r.gpu_type,
+                             memory_mib=r.memory_mib, precision=r.precision,
+                             local_batch=r.local_batch) for r in ranks]
+    spans_nodes = len({r.node for r in ranks}) > 1
+    gbps = inputs.link.inter_node_gbps if spans_nodes else inputs.link.intra_node_gbps
+    facts = memory.ModelMemory(
+        parameters=t.model_parameters, optimizer=t.optimizer,
+        activation_bytes_per_sample=t.activation_bytes_per_sample,
+        checkpointed_activation_bytes_per_sample=t.checkpointed_activation_bytes_per_sample)
+    return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
+                              cross_gbps=gbps, available=WORKER_SHARDINGS)
 
 
 # --- the step-time model: learned speeds, marginal value, leaving out what does not pay -------

@@ -24,6 +24,8 @@ HIERARCHIES = ("Auto", "Flat", "Group", "PerNode", "PerArchitecture")
 COMPRESSIONS = ("None", "FP16", "BF16", "Int8", "PowerSGD")
 CLEAN_POD_POLICIES = ("All", "Running", "None")
 SELECTIONS = ("Throughput", "All")
+SHARDINGS = ("Auto", "None", "Group", "Full")
+OPTIMIZERS = ("AdamW", "Adam", "Momentum", "SGD")
 _PROFILE_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,251}[a-z0-9])?$")
 _GENERATED_SUFFIX_RE = re.compile(r"^(?=.*[0-9])[bcdfghjklmnpqrstvwxz2456789]{5}$")
 """Kubernetes ``generateName`` appends 5 characters of this alphabet (apimachinery's
@@ -125,6 +127,14 @@ class TrainingSpec:
         reference_samples_per_second: samples/s of one speed-1.0 device (an A100) for this
             model; 0 = unknown (learned speeds set the scale once a job of the same profileKey
             ran).
+        model_parameters: trainable parameters of the model (``spec.training.model.parameters``);
+            0 = not given, no memory model (every rank holds the whole model, as before).
+        optimizer: ``AdamW|Adam|Momentum|SGD``: how much optimizer state each parameter has.
+        activation_bytes_per_sample: activations saved for backward per sample, bytes
+            (``spec.training.model.activationBytesPerSample``).
+        checkpointed_activation_bytes_per_sample: the same with activation checkpointing of the
+            model's blocks, bytes; 0 = unknown (the planner never turns checkpointing on).
+        sharding: ``Auto|None|Group|Full`` (:mod:`hetero_operator.memory`).
     """
 
     global_batch_size: int
@@ -142,6 +152,11 @@ class TrainingSpec:
     profile_key: str = ""
     gradient_mib: int = 0
     reference_samples_per_second: int = 0
+    model_parameters: int = 0
+    optimizer: str = "AdamW"
+    activation_bytes_per_sample: int = 0
+    checkpointed_activation_bytes_per_sample: int = 0
+    sharding: str = "Auto"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -332,6 +347,19 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
     ckpt = _map(t, "checkpoint", f"{p}.checkpoint", required=False)
     rebalance = _map(t, "rebalance", f"{p}.rebalance", required=False)
     compression = _map(t, "compression", f"{p}.compression", required=False)
+    mdl = _map(t, "model", f"{p}.model", required=False)
+    parameters = _quantity(mdl, "parameters", f"{p}.model.parameters", binary=False, hi=10**15)
+    activation = _quantity(mdl, "activationBytesPerSample", f"{p}.model.activationBytesPerSample")
+    checkpointed = _quantity(mdl, "checkpointedActivationBytesPerSample",
+                             f"{p}.model.checkpointedActivationBytesPerSample")
+    if checkpointed and checkpointed >= activation:
+        raise SpecError(f"{p}.model.checkpointedActivationBytesPerSample",
+                        f"must be below activationBytesPerSample ({activation}) (checkpointing "
+                        f"saves activations), got {checkpointed}; leave it out when unknown")
+    if parameters and t.get("memoryPerSampleMiB"):
+        raise SpecError(f"{p}.memoryPerSampleMiB", "leave it out when spec.training.model.parameters "
+                        "is given: the memory model uses spec.training.model.activationBytesPerSample "
+                        "and gives a rank micro-batches instead of capping its batch")
     return TrainingSpec(
         global_batch_size=_int(t, "globalBatchSize", f"{p}.globalBatchSize", None, 1, 10**7),
         batch_split=_enum(t, "batchSplit", f"{p}.batchSplit", BATCH_SPLITS),
@@ -349,7 +377,28 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         gradient_mib=_int(t, "gradientMiB", f"{p}.gradientMiB", 0, 0, 10**7),
         reference_samples_per_second=_int(t, "referenceSamplesPerSecond",
                                           f"{p}.referenceSamplesPerSecond", 0, 0, 10**9),
+        model_parameters=parameters, optimizer=_enum(t, "optimizer", f"{p}.optimizer", OPTIMIZERS),
+        activation_bytes_per_sample=activation,
+        checkpointed_activation_bytes_per_sample=checkpointed,
+        sharding=_enum(t, "sharding", f"{p}.sharding", SHARDINGS),
     )
+
+
+def _quantity(obj: Mapping[str, Any], key: str, path: str, *, binary: bool = True,
+              hi: int = 2**50) -> int:
+    """An integer or Kubernetes quantity string (``"1.3G"``, ``"48Mi"``), exactly; 0 when absent."""
+    from .memory import QuantityError, parse_quantity
+
+    value = obj.get(key)
+    if value is None:
+        return 0
+    try:
+        number = parse_quantity(value, binary=binary)
+    except QuantityError as exc:
+        raise SpecError(path, str(exc)) from None
+    if number > hi:
+        raise SpecError(path, f"must be at most {hi}, got {number}")
+    return number
 
 
 def _profile_key(t: Mapping[str, Any], path: str) -> str:

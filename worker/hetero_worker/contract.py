@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 # --- torchrun-compatible names -------------------------------------------------------------
 RANK = "RANK"
@@ -90,6 +90,21 @@ optimizer step of the run) or ``"20"``; unset or empty: no profiler (zero cost).
 ``heterotrain.io/profile-steps``."""
 MAX_PROFILE_STEPS = 100
 """Most steps one trace may span (a Chrome trace grows with every step)."""
+SHARDING = "HTJ_SHARDING"
+"""How model state is spread (planner, ``spec.training.sharding``): ``none`` (replicated, the
+default), ``group`` (sharded inside this rank's group), ``full`` (sharded over all ranks)."""
+MICRO_BATCH_SIZE = "HTJ_MICRO_BATCH_SIZE"
+"""Most samples one forward/backward may hold (the planner's memory model); a larger local batch
+runs as ``ceil(local / micro)`` micro-batches with gradient accumulation and one synchronisation per
+step.  Unset or 0: the whole local batch at once.  A per-group value (same device, same share), so
+the pod form carries it and it stays right when rebalancing changes the local batch."""
+ACTIVATION_CHECKPOINTING = "HTJ_ACTIVATION_CHECKPOINTING"
+"""``1``: recompute the user's blocks' activations in backward (``torch.utils.checkpoint``);
+unset or ``0``: off."""
+MEMORY_CAP_BYTES = "HTJ_MEMORY_CAP_BYTES"
+"""Usable memory of the rank's device, bytes (device memory minus the planner's reserve); a
+simulated device enforces it (state + activations saved for backward); unset or 0: no cap."""
+SHARDINGS: tuple[str, ...] = ("none", "group", "full")
 DEFAULT_SIM_DELAY_PER_SAMPLE_S = 0.002
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0
 
@@ -102,6 +117,9 @@ OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALA
 KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS,
              PREDICTED_SAMPLES_PER_S)
 """Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
+MEMORY_VARS = (SHARDING, MICRO_BATCH_SIZE, ACTIVATION_CHECKPOINTING, MEMORY_CAP_BYTES)
+"""The memory model's variables (issue 12); rendered only when not at their defaults (a job
+without ``spec.training.model`` gets none of them)."""
 
 Precision = Literal["bf16", "fp16", "fp32"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
@@ -220,6 +238,10 @@ class Contract:
     run_dir: str = ""
     profile_steps: tuple[int, int] | None = None
     predicted_samples_per_s: float = 0.0
+    sharding: str = "none"
+    micro_batch_size: int = 0
+    activation_checkpointing: bool = False
+    memory_cap_bytes: int = 0
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -281,6 +303,14 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         env[PROFILE_STEPS] = "{}-{}".format(*contract.profile_steps)
     if contract.predicted_samples_per_s > 0:
         env[PREDICTED_SAMPLES_PER_S] = repr(contract.predicted_samples_per_s)
+    if contract.sharding != "none":
+        env[SHARDING] = contract.sharding
+    if contract.micro_batch_size:
+        env[MICRO_BATCH_SIZE] = str(contract.micro_batch_size)
+    if contract.activation_checkpointing:
+        env[ACTIVATION_CHECKPOINTING] = "1"
+    if contract.memory_cap_bytes:
+        env[MEMORY_CAP_BYTES] = str(contract.memory_cap_bytes)
     env.update(contract.extra)
     return env
 
@@ -365,6 +395,7 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         profile_steps=profile_steps(environ),
         predicted_samples_per_s=predicted_samples_per_s(environ),
         restart_generation=_int(environ, RESTART_GENERATION, minimum=0, default=0),
+        **memory_settings(environ),
     )
     _check_rank_against_topology(contract)
     return contract
@@ -407,6 +438,28 @@ def _check_rank_against_topology(c: Contract) -> None:
     if members.index(c.rank) != c.group_rank:
         raise ContractError(GROUP_RANK, f"{c.group_rank} but rank {c.rank} is member "
                             f"{members.index(c.rank)} of group {c.group}")
+
+
+def memory_settings(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The memory model's variables as :class:`Contract` fields.
+
+    Returns:
+        ``{"sharding": "none|group|full", "micro_batch_size": int >= 0,
+        "activation_checkpointing": bool, "memory_cap_bytes": int >= 0}``.
+
+    Raises:
+        ContractError: naming the variable (unknown sharding, not an integer, a flag not 0/1).
+    """
+    sharding = environ.get(SHARDING) or "none"
+    if sharding not in SHARDINGS:
+        raise ContractError(SHARDING, f"must be one of {', '.join(SHARDINGS)}; got {sharding!r}")
+    flag = environ.get(ACTIVATION_CHECKPOINTING) or "0"
+    if flag not in ("0", "1"):
+        raise ContractError(ACTIVATION_CHECKPOINTING, f"must be 0 or 1, got {flag!r}")
+    return {"sharding": sharding,
+            "micro_batch_size": _int(environ, MICRO_BATCH_SIZE, minimum=0, default=0),
+            "activation_checkpointing": flag == "1",
+            "memory_cap_bytes": _int(environ, MEMORY_CAP_BYTES, minimum=0, default=0)}
 
 
 def rebalance_interval_steps(environ: Mapping[str, str]) -> int:
