@@ -177,3 +177,14 @@ def test_no_unsafe_torch_load_in_the_repository() -> None:
             and needle in p.read_text(errors="ignore")]
     hits += [p.name for p in REPO.glob("*.md") if needle in p.read_text()]
     assert hits == []
+
+
+def test_finding_records_round_trip_and_fit_their_size() -> None:
+    from hetero_worker.agreement import FINDING_BYTES, decode_finding, encode_finding
+    long = Finding(rank=3, path="/v/" + "d" * 2000 + "/checkpoint.pt", error="E: " + "x" * 2000)
+    record = encode_finding(long)
+    assert len(record) <= FINDING_BYTES
+    back = decode_finding(record + b"\0" * (FINDING_BYTES - len(record)))
+    assert back.rank == 3 and back.error.startswith("E: xx") and back.error.endswith("...")
+    short = Finding(rank=1, path="/c/checkpoint.pt", step=7, checkpoint_id="ab")
+    assert decode_finding(encode_finding(short)) == short

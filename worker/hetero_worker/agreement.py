@@ -2,8 +2,8 @@
 
 Without it a rank that cannot read the checkpoint (no shared volume, a truncated copy, a stale
 file) starts at step 0 while rank 0 resumes, and the replicas silently diverge. Here every rank
-reports what it found (:class:`Finding`); one all-gather over the default (Gloo) group gives every
-rank all findings; when any differs from rank 0's (step and checkpoint id, or none) every rank
+reports what it found (:class:`Finding`); one all-gather of fixed-size JSON byte records (no
+pickling) over the default (Gloo) group gives every rank all findings; when any differs from rank 0's (step and checkpoint id, or none) every rank
 raises the same :class:`ResumeDisagreement` naming the ranks that disagree and what each found, so
 the whole job fails fast and the operator restarts it (or a person fixes the volume).
 """
@@ -11,10 +11,15 @@ the whole job fails fast and the operator restarts it (or a person fixes the vol
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
+
+FINDING_BYTES = 1024
+"""Size of one rank's finding record in the all-gather (UTF-8 JSON, zero padded)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,6 +96,23 @@ def disagreement_message(findings: Sequence[Finding]) -> str:
             "put HTJ_CHECKPOINT_DIR on a volume shared by all ranks.")
 
 
+def encode_finding(finding: Finding) -> bytes:
+    """``finding`` as UTF-8 JSON of at most :data:`FINDING_BYTES` (path and error shortened)."""
+    fields = dataclasses.asdict(finding)
+    for key, limit in (("error", 300), ("path", 600)):
+        while len(json.dumps(fields).encode()) > FINDING_BYTES and len(fields[key]) > limit:
+            fields[key] = fields[key][:limit - 3] + "..."
+    encoded = json.dumps(fields).encode()
+    if len(encoded) > FINDING_BYTES:
+        raise ValueError(f"finding of rank {finding.rank} does not fit {FINDING_BYTES} bytes")
+    return encoded
+
+
+def decode_finding(record: bytes) -> Finding:
+    """Inverse of :func:`encode_finding` (trailing zero padding ignored)."""
+    return Finding(**json.loads(record.rstrip(b"\0").decode()))
+
+
 def agree_on_resume(mine: Finding) -> Finding:
     """Confirm rank 0's finding on every rank (collective over the default group).
 
@@ -106,10 +128,13 @@ def agree_on_resume(mine: Finding) -> Finding:
     """
     if not dist.is_initialized():
         findings = [mine]
-    else:
-        gathered: list[object] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, dataclasses.asdict(mine))
-        findings = [Finding(**g) for g in gathered]  # type: ignore[arg-type]
+    else:  # fixed-size UTF-8 JSON records over Gloo: no pickling between ranks
+        record = torch.zeros(FINDING_BYTES, dtype=torch.uint8)
+        encoded = encode_finding(mine)
+        record[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+        gathered = [torch.empty_like(record) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, record)
+        findings = [decode_finding(bytes(g.tolist())) for g in gathered]
     if disagreeing_ranks(findings):
         raise ResumeDisagreement(findings)
     return findings[0]
