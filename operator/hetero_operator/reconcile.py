@@ -76,6 +76,8 @@ class Reconciler:
         gpu_pods: returns pods bound to nodes that hold GPUs (the kopf index).
         identity / peering_namespace: this replica's kopf peering identity; ``identity=None``
             means standalone (always acts).
+        namespaced_peering: read the ``KopfPeering`` of each job's namespace (kopf's namespaced
+            mode) instead of ``peering_namespace``'s.
         metrics_url: where rank 0's metrics are read (a test kubelet maps ports).
         clock: epoch seconds.
     """
@@ -84,6 +86,7 @@ class Reconciler:
                  nodes: Callable[[], list[dict[str, Any]]],
                  gpu_pods: Callable[[], list[dict[str, Any]]],
                  identity: str | None = None, peering_namespace: str | None = None,
+                 namespaced_peering: bool = False,
                  metrics_url: MetricsUrlFn = default_metrics_url,
                  clock: Callable[[], float] = time.time) -> None:
         self.config, self.api, self.metrics = config, api, metrics
@@ -94,7 +97,8 @@ class Reconciler:
         self.requeue = Requeue(self._work, retry_s=config.resync_s)
         self.leadership = Leadership(get_peering=api.get_peering, identity=identity,
                                      peering=config.peering, namespace=peering_namespace,
-                                     priority=config.peering_priority, clock=clock)
+                                     priority=config.peering_priority, clock=clock,
+                                     per_job_namespace=namespaced_peering)
         self.events = EventRecorder(api, repeat_s=config.waiting_event_interval_s)
         self.progress = ProgressReader(metrics_url, config.progress_interval_s)
         self._phases: dict[Key, str] = {}
@@ -134,14 +138,15 @@ class Reconciler:
         """Cancel pending kicks and running reconciles."""
         await self.requeue.stop()
 
-    async def is_leader(self) -> bool:
-        """True when this replica may act (see :mod:`hetero_operator.leadership`)."""
-        return await self.leadership.is_leader()
+    async def is_leader(self, namespace: str | None = None) -> bool:
+        """True when this replica may act on jobs of ``namespace`` (see
+        :mod:`hetero_operator.leadership`)."""
+        return await self.leadership.is_leader(namespace)
 
     async def _work(self, namespace: str, name: str) -> float | None:
         started = time.perf_counter()
         try:
-            if not await self.leadership.is_leader():
+            if not await self.leadership.is_leader(namespace):
                 return self.config.resync_s
             return await self.reconcile(namespace, name)
         finally:

@@ -128,6 +128,7 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
         config=config, api=api, metrics=memo.metrics, nodes=list, gpu_pods=list,
         identity=memo.identity if config.peering else None,
         peering_namespace=None if not config.namespaces else config.namespaces[0],
+        namespaced_peering=bool(config.namespaces),
         metrics_url=memo.metrics_url)
 
 

@@ -48,6 +48,7 @@ from . import crdcheck
 
 HTJ = ("heterotrain.io", "v1alpha1", "heterotrainingjobs")
 CRDS = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+PEERINGS = ("kopf.dev", "v1", "clusterkopfpeerings")
 RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
     ("", "v1", "pods"): dict(kind="Pod", namespaced=True, subresources=["status"]),
     ("", "v1", "services"): dict(kind="Service", namespaced=True),
@@ -58,6 +59,7 @@ RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
               shortnames=["htj"], singular="heterotrainingjob"),
     ("networking.k8s.io", "v1", "networkpolicies"): dict(kind="NetworkPolicy", namespaced=True),
     CRDS: dict(kind="CustomResourceDefinition", namespaced=False),
+    PEERINGS: dict(kind="ClusterKopfPeering", namespaced=False),  # kopf peering: no status subresource
     # Kueue (v1beta2), PriorityClasses and DRA (resource.k8s.io/v1): issue 15's integrations
     ("kueue.x-k8s.io", "v1beta2", "workloads"): dict(kind="Workload", namespaced=True,
                                                      subresources=["status"]),
