@@ -15,6 +15,12 @@ Codecs (all reduce with SUM over ``group``, in place):
 * :class:`~hetero_worker.powersgd.PowerSGDCompression` (in ``powersgd.py``) - low rank with error
   feedback.
 
+Stateful codecs (int8, PowerSGD) have ``state_dict``/``load_state_dict`` (checkpoints, tensors and
+plain types only) and ``align_(parameter indices)``: DDP reorders a bucket's tensors when it
+rebuilds buckets (after the first iteration, and again after every restart), so error feedback is
+kept per parameter and permuted along; state for other parameters is discarded and said
+(``compression_state_reset`` on stderr).
+
 Each codec counts the bytes it puts on the inter-group link under the ring model gloo uses
 (``bytes_sent``, per leader): all-reduce of ``B`` bytes over ``k`` leaders sends
 ``2 (k - 1) / k * B``; all-gather of ``B`` bytes per leader sends ``(k - 1) * B``.

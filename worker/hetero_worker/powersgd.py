@@ -12,6 +12,11 @@ Per step, for each gradient viewed as ``M: [n, m]`` (first dim by the rest):
 ``Q``; ``M_hat = P Q^T``; ``E = (M + E) - M_hat``.  Tensors where the factors are not smaller than
 the matrix (biases, tiny layers) travel uncompressed inside the ``P`` all-reduce, so a step costs two
 all-reduces in total.
+
+State (checkpointed by :mod:`hetero_worker.resume`): the iteration counter (an optional uncompressed
+warm-up of ``start_iter`` calls, torch's ``start_powerSGD_iter``), this leader's error feedback and
+the warm-started ``Q`` factors, kept per parameter (:meth:`PowerSGDCompression.align_`); never the
+process group, which the caller passes on every call.
 """
 
 from __future__ import annotations
