@@ -55,3 +55,22 @@ def test_unchanged_node_keeps_its_value_in_a_kopf_store() -> None:
     a, b = trim_node(raw_nodes[0]), trim_node(raw_nodes[0])
     a.parsed({}, ())
     assert a == b and isinstance(a, dict) and a._memo is not None and b._memo is None
+
+
+def test_our_pod_counts_on_its_pinned_node_before_it_is_bound() -> None:
+    from hetero_operator.rendering import LABEL_MANAGED_BY, MANAGED_BY
+    from hetero_operator.runner import gpu_pod_entry
+
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                 "values": ["node-00003"]}]}]}}}
+    ours = {"metadata": {"name": "j-g0", "namespace": "a", "labels": {LABEL_MANAGED_BY: MANAGED_BY}},
+            "spec": {"affinity": affinity, "containers": [
+                {"name": "w", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+            "status": {"phase": "Pending"}}
+    entry = gpu_pod_entry(ours)
+    assert entry is not None and list(entry) == ["node-00003"]
+    assert entry["node-00003"]["spec"]["nodeName"] == "node-00003"
+    assert nodeindex.indexed_used_resources(entry.values()) == {"node-00003": {"nvidia.com/gpu": 4}}
+    theirs = {**ours, "metadata": {"name": "x", "namespace": "a", "labels": {}}}
+    assert gpu_pod_entry(theirs) is None  # another controller's unbound pod: not placed yet
