@@ -20,10 +20,13 @@ of the job's namespace, so two replicas never act on one job in any namespace.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from hetero_operator import conditions as c
+
+log = logging.getLogger("heterotrain.operator")
 
 PeeringGetter = Callable[[str, "str | None"], Awaitable["dict[str, Any] | None"]]
 
@@ -73,6 +76,7 @@ class Leadership:
         self.settle_s = cache_s if settle_s is None else settle_s
         self._cache: dict[str | None, tuple[float, bool]] = {}
         self._seen_self: dict[str | None, float] = {}
+        self._warned: set[str | None] = set()
 
     async def is_leader(self, job_namespace: str | None = None) -> bool:
         """True when standalone, or when this replica's keep-alive has been in the peering object
@@ -89,6 +93,11 @@ class Leadership:
         if cached is not None and now - cached[0] < self.cache_s:
             return cached[1]
         body = await self.get_peering(self.peering, ns)
+        if body is None and ns not in self._warned:
+            self._warned.add(ns)
+            where = f"KopfPeering {ns}/{self.peering}" if ns else f"ClusterKopfPeering {self.peering}"
+            log.warning("%s not found: this replica does not act until it exists (the chart creates "
+                        "it; run standalone with --peering='' for a single replica)", where)
         present = body is not None and self.identity in (body.get("status") or {})
         if present:
             self._seen_self.setdefault(ns, now)

@@ -131,6 +131,12 @@ def test_worker_build_args_select_the_cuda_variant() -> None:
 def test_worker_image_runs_as_non_root_and_documents_its_health() -> None:
     users = [a for k, a in WORKER if k == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
+    # numeric, so the kubelet can verify runAsNonRoot; the group is the fsGroup the operator gives
+    # a checkpoint volume (hetero_operator.rendering.WORKER_FS_GROUP)
+    from hetero_operator.rendering import WORKER_FS_GROUP
+
+    uid, gid = users[-1].split(":")
+    assert uid.isdigit() and int(uid) != 0 and int(gid) == WORKER_FS_GROUP
     assert ("HEALTHCHECK", "NONE") in WORKER
     text = (REPO / "Dockerfile.worker").read_text()
     assert "No HEALTHCHECK: Kubernetes ignores it" in text

@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kopf._core.engines.peering import Peer
@@ -68,10 +69,11 @@ def _leadership(store: PeeringStore, identity: str, priority: int, clock: list[f
                       clock=lambda: clock[0], **kwargs)
 
 
-def test_a_new_replica_acts_only_after_its_keepalive_settled() -> None:
+def test_a_new_replica_acts_only_after_its_keepalive_settled(caplog: pytest.LogCaptureFixture) -> None:
     store, clock = PeeringStore(), [T0]
     me = _leadership(store, "new", 5, clock)
     assert asyncio.run(me.is_leader()) is False          # no peering object: kopf would pause too
+    assert "ClusterKopfPeering heterotrain not found: this replica does not act" in caplog.text
     store.touch(None, "new", 5, clock[0])
     clock[0] += 2.0
     assert asyncio.run(me.is_leader()) is False          # first sight of itself
