@@ -145,6 +145,10 @@ class StepModel:
         grad_bytes: gradient bytes per sync (0: communication not modelled).
         link: link bandwidths.
         hierarchy: ``spec.training.hierarchy``.
+        efficiency: the share of the devices' standalone throughput that earlier jobs of the
+            profileKey turned into training (their ``htj_job_efficiency_ratio``: waiting for
+            stragglers, synchronisation, data loading); 1.0 when unknown.  Throughputs are
+            multiplied by it; gains (ratios) do not change.
     """
 
     global_batch: int
@@ -154,6 +158,7 @@ class StepModel:
     grad_bytes: float = 0.0
     link: LinkSettings = field(default_factory=LinkSettings)
     hierarchy: str = "Auto"
+    efficiency: float = 1.0
 
     @property
     def models_communication(self) -> bool:
@@ -175,7 +180,7 @@ def predict(slots: Sequence[Slot], model: StepModel) -> Prediction | None:
     batches = split_global_batch(g, weights, [s.cap for s in slots])
     compute_s = max(b * model.sample_s[s.gpu_type] for b, s in zip(batches, slots))
     comm_s, mode = communication_s(slots, model)
-    return Prediction(throughput=g / (compute_s + comm_s), compute_s=compute_s,
+    return Prediction(throughput=g / (compute_s + comm_s) * model.efficiency, compute_s=compute_s,
                       communication_s=comm_s, hierarchy=mode, batches=tuple(batches))
 
 

@@ -40,6 +40,7 @@ from .images import choose_image
 from .model import Device, ExcludedNode, GroupPlan, Inventory, NodeInventory, Plan, RankPlacement
 from .marginal import (PlanInputs, Slot, SpeedFigure, StepModel, cheapest_mix, leave_out_unpaying,
                        plan_cost, price_for, type_values)
+from .profiles import JOB_EFFICIENCY
 from .spec import ImageVariant, JobSpec
 from .speed import effective_speed
 from .unschedulable import batch_too_small, insufficient_gpus, insufficient_memory
@@ -232,10 +233,15 @@ def _step_model(job: JobSpec, pools: list[Pool], figures: dict[str, SpeedFigure]
             sample_s[t] = 1.0 / f.samples_per_s
         else:
             sample_s[t] = 1.0 / (f.relative_speed * (reference_sps if absolute else 1.0))
+    grad_bytes = gradient_bytes(job)
+    learned_eff = inputs.learned.get(JOB_EFFICIENCY)
+    # The learned efficiency includes synchronisation: used only where the model has none.
+    efficiency = (learned_eff.samples_per_s if learned_eff is not None and absolute
+                  and not grad_bytes else 1.0)
     return StepModel(global_batch=job.training.global_batch_size,
                      proportional=job.training.batch_split == "Proportional", sample_s=sample_s,
-                     absolute=absolute, grad_bytes=gradient_bytes(job),
-                     link=inputs.link, hierarchy=job.training.hierarchy)
+                     absolute=absolute, grad_bytes=grad_bytes, link=inputs.link,
+                     hierarchy=job.training.hierarchy, efficiency=efficiency)
 
 
 def gradient_bytes(job: JobSpec) -> float:
@@ -273,6 +279,11 @@ def _plan_value(specs: list[tuple[Pool, int]], candidate_specs: list[tuple[Pool,
     elif step_model.grad_bytes <= 0:
         note = ("not modelled: no gradient size (spec.training.gradientMiB or "
                 "spec.training.model.parameters)")
+        learned_eff = inputs.learned.get(JOB_EFFICIENCY)
+        if learned_eff is not None:
+            note += (f"; throughput x {learned_eff.samples_per_s:.3f}, the efficiency earlier jobs "
+                     f"of this profileKey reached ({learned_eff.observations} obs.: waiting, "
+                     "synchronisation, data loading)")
     else:
         note = (f"{step_model.grad_bytes / 2**20:.1f} MiB per sync over the {full.hierarchy} layout, "
                 f"{inputs.link.intra_node_gbps:g} Gbit/s inside a node, "

@@ -44,6 +44,12 @@ INCONSISTENT_RATIO = 2.0
 """A new observation off by more than this factor (either way) replaces the stored figure."""
 MAX_WEIGHT = 10
 """The running mean weighs a new observation at least ``1/MAX_WEIGHT``."""
+JOB_EFFICIENCY = ("job", "efficiency")
+"""``(gpu_type, precision)`` of the entry that holds the job's step efficiency instead of a device
+speed: its ``samples_per_s`` field is a ratio, the job's steady-state throughput over what the
+compute model predicts for the run's own split and measured speeds (see
+:func:`step_efficiency`): what waiting, synchronisation and data loading cost on top of the
+slowest rank's compute."""
 CONFIGMAP_NAME = "heterotrain-profiles"
 """The operator's store: one ConfigMap per namespace, data key = profileKey."""
 
@@ -137,7 +143,8 @@ def observations_from_stats(stats: Sequence[Mapping[str, Any]], *, unix_s: float
     """Observations from the ranks' statistics (``rank-<R>.json`` of ``heterotrain run``).
 
     Per (GPU type, precision): the mean over its ranks of ``samples / compute_seconds``.  Ranks
-    with fewer than ``min_steps`` steps (too little to measure) are skipped.
+    with fewer than ``min_steps`` steps (too little to measure) are skipped.  Plus the run's
+    :func:`step_efficiency` under :data:`JOB_EFFICIENCY` when rank 0 exported its efficiency.
 
     Args:
         stats: one mapping per rank with ``gpu_product``, ``precision``, ``samples``,
@@ -151,8 +158,41 @@ def observations_from_stats(stats: Sequence[Mapping[str, Any]], *, unix_s: float
             continue
         per_type.setdefault((str(s.get("gpu_product")), str(s.get("precision"))), []).append(
             samples / compute_s)
-    return [Observation(gpu_type=t, precision=p, samples_per_s=sum(v) / len(v), unix_s=unix_s)
-            for (t, p), v in sorted(per_type.items())]
+    out = [Observation(gpu_type=t, precision=p, samples_per_s=sum(v) / len(v), unix_s=unix_s)
+           for (t, p), v in sorted(per_type.items())]
+    efficiency = step_efficiency(stats)
+    if out and efficiency is not None:
+        out.append(Observation(gpu_type=JOB_EFFICIENCY[0], precision=JOB_EFFICIENCY[1],
+                               samples_per_s=efficiency, unix_s=unix_s))
+    return out
+
+
+def step_efficiency(stats: Sequence[Mapping[str, Any]]) -> float | None:
+    """Steady-state job throughput over the compute model's, for the run's own final split.
+
+    Rank 0's last ``job_efficiency_ratio`` is the job's samples/s over ``sum_r 1/t_r`` (``t_r``
+    = rank r's compute seconds per sample), so the job's samples/s is ``eff * sum_r 1/t_r``; the
+    compute model predicts ``G / max_r(b_r * t_r)`` for local batches ``b_r`` summing to ``G``.
+    Their ratio leaves the split's imbalance out (the model has it) and keeps what the model
+    lacks: waiting beyond the imbalance, synchronisation, data loading.
+
+    Returns:
+        The ratio, or None without rank 0's efficiency or with a rank lacking measurements.
+    """
+    rank0 = next((s for s in stats if int(s.get("rank", -1)) == 0), None)
+    eff = (rank0 or {}).get("job_efficiency_ratio")
+    if not isinstance(eff, (int, float)) or not 0 < eff <= 1.5 or not stats:
+        return None
+    t, b = [], []
+    for s in stats:
+        samples, compute_s = float(s.get("samples") or 0), float(s.get("compute_seconds") or 0.0)
+        batch = int(s.get("local_batch") or 0)
+        if samples <= 0 or compute_s <= 0 or batch < 1:
+            return None
+        t.append(compute_s / samples)
+        b.append(batch)
+    model = sum(b) / max(bi * ti for bi, ti in zip(b, t))
+    return float(eff) * sum(1 / ti for ti in t) / model
 
 
 # --- serialisation ----------------------------------------------------------------------------

@@ -228,16 +228,17 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
               workdir: Path, exit_code: int) -> dict[str, Any]:
     """Predicted vs measured throughput, and the run's speeds into the learned store.
 
-    Measured = the sum over ranks of samples / step seconds (every rank steps together), from the
-    ranks' statistics; observations (one device's compute samples/s per GPU type and precision)
-    are recorded only for a job that succeeded.
+    Measured = the sum over ranks of samples / step seconds (every rank steps together) over the
+    whole run, start-up steps included, from the ranks' statistics; rank 0's last efficiency
+    window (``htj_job_prediction_ratio``) gives the steady-state ratio. Observations (one device's
+    compute samples/s per GPU type and precision) are recorded only for a job that succeeded.
 
     Returns:
         What was written to ``prediction.json``.
     """
     from hetero_worker import rundir
 
-    from .profiles import observations_from_stats
+    from .profiles import JOB_EFFICIENCY, observations_from_stats
 
     stats = [rundir.read_json(rundir.rank_stats_path(workdir, r)) for r in range(plan.world_size)]
     stats_ok = [s for s in stats if s]
@@ -246,14 +247,19 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
     value = plan.value
     predicted = value.predicted_throughput if value is not None and value.absolute else None
     ratio = measured / predicted if predicted and measured and len(stats_ok) == len(stats) else None
+    window = (stats[0] or {}).get("job_prediction_ratio") if stats else None
     out: dict[str, Any] = {"profile_key": profile_key(job), "predicted_samples_per_s": predicted,
                            "measured_samples_per_s": round(measured, 3) if measured else None,
                            "ratio_measured_to_predicted": None if ratio is None else round(ratio, 4),
+                           "ratio_last_window": None if window is None else round(float(window), 4),
                            "speed_sources": {t.gpu_type: t.speed_source for t in value.types}
                            if value is not None else {}}
     if predicted is not None and ratio is not None:
-        console.print(f"Throughput: {measured:.1f} samples/s measured, {predicted:.1f} predicted by "
-                      f"the plan (measured / predicted = {ratio:.2f})", highlight=False)
+        steady = ("" if window is None else f"; {float(window):.2f} over rank 0's last window "
+                  "(htj_job_prediction_ratio, start-up left out)")
+        console.print(f"Throughput: {measured:.1f} samples/s measured over the whole run, "
+                      f"{predicted:.1f} predicted by the plan (measured / predicted = {ratio:.2f}"
+                      f"{steady})", highlight=False)
     store = store_for(args)
     if store is not None and exit_code == 0:
         observations = observations_from_stats(stats_ok, unix_s=time.time())
@@ -262,10 +268,11 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
         except OSError as exc:
             console.print(f"[yellow]Learned speeds not saved[/] ({store.path}: {exc})")
         else:
-            figures = ", ".join(f"{e.gpu_type}/{e.precision} {e.samples_per_s:.1f} samples/s "
-                                f"({e.observations} obs.)" for e in entries.values()
-                                if any(o.gpu_type == e.gpu_type and o.precision == e.precision
-                                       for o in observations))
+            figures = ", ".join(
+                (f"job efficiency {e.samples_per_s:.3f}" if (e.gpu_type, e.precision) == JOB_EFFICIENCY
+                 else f"{e.gpu_type}/{e.precision} {e.samples_per_s:.1f} samples/s")
+                + f" ({e.observations} obs.)" for e in entries.values()
+                if any(o.gpu_type == e.gpu_type and o.precision == e.precision for o in observations))
             out["learned"] = {k: e.samples_per_s for k, e in entries.items()}
             console.print(f"Learned speeds for profile {profile_key(job)} in {store.path}: "
                           f"{figures or 'nothing measured'}", highlight=False)

@@ -224,3 +224,21 @@ def test_gradient_size_from_the_model_parameters_when_gradient_mib_is_unset() ->
     plan = plan_job(with_params, build_inventory(NODES))
     assert plan.value.communication_s == pytest.approx(
         2 * 2 * (524288 / 12.5e9 + 20e-6) + 2 * (524288 / 1.25e9 + 100e-6), rel=1e-6)
+
+
+def test_learned_efficiency_scales_the_prediction_not_the_gains() -> None:
+    """Earlier jobs turned 0.8 of the devices' standalone throughput into training: the compute
+    model's 1333.33 samples/s becomes 1066.67; gains are ratios and stay; with a gradient size the
+    model has its own communication and the efficiency (which contains it) is not applied."""
+    learned = {("Tesla-T4", "fp16"): _learned("Tesla-T4", "fp16", 1000 * T4),
+               ("job", "efficiency"): _learned("job", "efficiency", 0.8, n=2)}
+    job = make_job(ranks=3, min_ranks=1, global_batch=64, training={"hierarchy": "Group"})
+    v = plan_job(job, build_inventory(NODES), inputs=PlanInputs(learned=learned)).value
+    assert v.predicted_throughput == pytest.approx(64 / 0.048 * 0.8, rel=1e-6)
+    assert v.types[1].gain_percent == pytest.approx(100 / 3, abs=1e-5)
+    assert "throughput x 0.800, the efficiency earlier jobs of this profileKey reached (2 obs." in (
+        v.communication_note)
+    with_comm = make_job(ranks=3, min_ranks=1, global_batch=64,
+                         training={"hierarchy": "Group", "gradientMiB": 1})
+    v = plan_job(with_comm, build_inventory(NODES), inputs=PlanInputs(learned=learned)).value
+    assert v.predicted_throughput == pytest.approx(64 / (0.048 + v.communication_s), rel=1e-6)

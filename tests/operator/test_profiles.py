@@ -98,3 +98,20 @@ def test_default_profile_key_strips_run_suffixes(name: str, key: str) -> None:
 def test_profile_key_from_the_spec_wins() -> None:
     assert profile_key(make_job(name="run-7", training={"profileKey": "bert.base"})) == "bert.base"
     assert profile_key(make_job(name="run-7")) == "run"
+
+
+def test_step_efficiency_keeps_overhead_and_leaves_the_splits_imbalance_out() -> None:
+    """A100 0.002 s/sample with 70 samples, T4 0.01 s/sample with 15 (imbalanced: the A100 takes
+    0.14 s, the T4 0.15 s). Job samples/s = eff * (500 + 100) = 0.8 * 600 = 480; the model says
+    85 / 0.15 = 566.67; the ratio 0.847 is what the model lacks."""
+    stats = [{"rank": 0, "gpu_product": "A100", "precision": "bf16", "samples": 700,
+              "compute_seconds": 1.4, "steps": 10, "local_batch": 70, "job_efficiency_ratio": 0.8},
+             {"rank": 1, "gpu_product": "Tesla-T4", "precision": "fp16", "samples": 150,
+              "compute_seconds": 1.5, "steps": 10, "local_batch": 15}]
+    assert p.step_efficiency(stats) == pytest.approx(480 / (85 / 0.15))
+    got = p.observations_from_stats(stats, unix_s=5.0)
+    assert (got[-1].gpu_type, got[-1].precision) == p.JOB_EFFICIENCY
+    assert got[-1].samples_per_s == pytest.approx(480 / (85 / 0.15))
+    stats[0]["job_efficiency_ratio"] = None  # none exported (short run): no entry
+    assert [(o.gpu_type, o.precision) for o in p.observations_from_stats(stats, unix_s=5.0)] == [
+        ("A100", "bf16"), ("Tesla-T4", "fp16")]
