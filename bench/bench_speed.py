@@ -148,9 +148,9 @@ def rebalance_scenario(contract) -> dict:
     }
 
 
-SEED = int(os.environ.get("HTJ_BENCH_SEED", "0"))
+SEED = int(os.environ.get("BENCH_SPEED_SEED", "0"))
 """Repeat index: each repeat trains its own initialisation and data (the loss spread is real)."""
-POWERSGD_RANK = int(os.environ.get("HTJ_BENCH_POWERSGD_RANK", "4"))
+POWERSGD_RANK = int(os.environ.get("BENCH_SPEED_POWERSGD_RANK", "4"))
 HIGH_RANK = "powersgd-r16"
 """PowerSGD at rank 16 as well: the rank lever (4x the factor bytes of rank 4, still ~1/22 of fp32)."""
 
@@ -306,7 +306,7 @@ def launch(scenario: str, link=None, timeout_s: float = 420, seed: int = 0) -> l
         procs = []
         for rank, env in enumerate(_envs(scenario, master, port)):
             node = "AB"[rank // 2]
-            full = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HTJ_BENCH_SEED=str(seed),
+            full = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", BENCH_SPEED_SEED=str(seed),
                         PYTHONPATH=str(ROOT / "worker"), **env,
                         GLOO_SOCKET_IFNAME=link.device(node) if link else "lo")
             argv = [sys.executable, str(Path(__file__).resolve()), "--worker", scenario, out]
@@ -522,7 +522,7 @@ def main() -> int:
         globals().update(LOSS_STEPS=12, CODEC_TIMING_STEPS=4, TIMING_STEPS=3)
     if args.worker:
         return worker_main(*args.worker)
-    os.environ["HTJ_BENCH_POWERSGD_RANK"] = str(args.powersgd_rank)
+    os.environ["BENCH_SPEED_POWERSGD_RANK"] = str(args.powersgd_rank)
     globals().update(POWERSGD_RANK=args.powersgd_rank)
     sys.path.insert(0, str(ROOT / "worker"))
     deadline = benchlib.Deadline(args.timeout_s)
