@@ -386,7 +386,8 @@ def evaluate_mode(slots: Sequence[RankSlot], m: ModelMemory, mode: str, *, reser
 
 
 def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, reserve_mib: int,
-                cross_gbps: float, available: Sequence[str] = MODES) -> MemoryPlan | MemoryRefusal:
+                cross_gbps: float, available: Sequence[str] = MODES,
+                unavailable_why: dict[str, str] | None = None) -> MemoryPlan | MemoryRefusal:
     """Choose the sharding mode and each rank's micro-batches.
 
     Args:
@@ -398,6 +399,7 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
             nodes, else the intra-node one).
         available: modes the worker can run; ``Auto`` chooses only among them, an explicit mode
             outside them is refused.
+        unavailable_why: per mode outside ``available``, why (for the refusal message).
 
     Returns:
         :class:`MemoryPlan`, or :class:`MemoryRefusal` naming the shortfall per GPU type.
@@ -414,11 +416,13 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
     else:
         chosen = evaluated[requested][0]
         if not chosen.available:
-            return MemoryRefusal(message=_not_built(requested, options, state, m), options=options)
+            why = (unavailable_why or {}).get(requested, "")
+            return MemoryRefusal(message=_not_built(requested, options, why), options=options)
         if not chosen.fits:
             chosen = None
     if chosen is None:
-        return MemoryRefusal(message=_refusal(requested, options, state, m, per_param), options=options)
+        return MemoryRefusal(message=_refusal(requested, options, state, m, per_param,
+                                              unavailable_why or {}), options=options)
     ranks = tuple(evaluated[chosen.mode][1])
     return MemoryPlan(requested=requested, mode=chosen.mode, state_bytes=state,
                       bytes_per_parameter=per_param, ranks=ranks, options=options,
@@ -435,7 +439,7 @@ def _short_list(option: ModeOption) -> str:
 
 
 def _refusal(requested: str, options: Sequence[ModeOption], state: int, m: ModelMemory,
-             per_param: int) -> str:
+             per_param: int, why: dict[str, str]) -> str:
     what = _state_words(state, m, per_param)
     if m.activation_bytes_per_sample:
         what += f" plus one sample's activations ({gib(m.activation_bytes_per_sample)})"
@@ -446,19 +450,21 @@ def _refusal(requested: str, options: Sequence[ModeOption], state: int, m: Model
                "no sharding mode fits either: lower spec.training.model.parameters or the batch's "
                "activations, use an optimizer with less state, or add GPUs with more memory")
         return (f"spec.training.sharding {requested}: {what} does not fit: {_short_list(opt)}; {fix}")
-    tried = "; ".join(f"{o.mode}: {_short_list(o) or 'fits but the worker does not run it yet'}"
-                      for o in options if not (o.fits and o.available))
+    tried = "; ".join(
+        f"{o.mode}: {_short_list(o) or 'fits, but ' + (why.get(o.mode) or 'the worker does not run it yet')}"
+        for o in options if not (o.fits and o.available))
     return (f"spec.training.sharding Auto: no sharding mode fits {what}: {tried}; lower "
             "spec.training.model.parameters, give spec.training.model."
             "checkpointedActivationBytesPerSample, use an optimizer with less state (SGD), or add "
             "GPUs with more memory")
 
 
-def _not_built(requested: str, options: Sequence[ModeOption], state: int, m: ModelMemory) -> str:
+def _not_built(requested: str, options: Sequence[ModeOption], why: str) -> str:
     usable = [o.mode for o in options if o.fits and o.available]
     alt = (f"; set spec.training.sharding to Auto (it would choose {usable[0]})" if usable
            else "")
-    return (f"spec.training.sharding {requested}: the worker does not run {requested} sharding yet "
+    return (f"spec.training.sharding {requested}: "
+            f"{why or f'the worker does not run {requested} sharding yet'} "
             f"(docs/memory.md, \"What is built\"){alt}")
 
 

@@ -46,7 +46,7 @@ from .speed import effective_speed
 from .unschedulable import batch_too_small, insufficient_gpus, insufficient_memory
 
 P2P_DISABLE_ENV = {"NCCL_P2P_DISABLE": "1"}
-WORKER_SHARDINGS: tuple[str, ...] = ("None",)
+WORKER_SHARDINGS: tuple[str, ...] = ("None", "Group")
 """Sharding modes the worker runs today (docs/memory.md, "What is built"): ``Auto`` chooses among
 these only, and an explicit other mode is refused rather than planned and left to fail."""
 MODEL_DOES_NOT_FIT = "ModelDoesNotFit"
@@ -169,8 +169,20 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
         parameters=t.model_parameters, optimizer=t.optimizer,
         activation_bytes_per_sample=t.activation_bytes_per_sample,
         checkpointed_activation_bytes_per_sample=t.checkpointed_activation_bytes_per_sample)
+    why = {m: f"the worker does not run {m} sharding yet" for m in memory.MODES
+           if m not in WORKER_SHARDINGS}
+    if "Group" in WORKER_SHARDINGS:  # what the worker's Group sharding does not cover yet
+        fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
+        if fp16:
+            why["Group"] = (f"Group sharding with fp16 is not built yet ({', '.join(fp16)} would "
+                            "run fp16 under precision Auto): set spec.training.precision to FP32 "
+                            "or BF16")
+        elif t.checkpoint_path:
+            why["Group"] = ("Group sharding does not checkpoint yet: leave spec.training.checkpoint "
+                            "out")
+    available = tuple(m for m in WORKER_SHARDINGS if m not in why)
     return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
-                              cross_gbps=gbps, available=WORKER_SHARDINGS)
+                              cross_gbps=gbps, available=available, unavailable_why=why)
 
 
 # --- the step-time model: learned speeds, marginal value, leaving out what does not pay -------

@@ -35,6 +35,9 @@ class RankRow:
         rebalances: split changes this rank applied.
         job_efficiency_ratio: rank 0 only: the last ``htj_job_efficiency_ratio`` (NaN elsewhere
             or before the first window closed).
+        memory_peak_bytes: peak model state + saved activations (``htj_memory_peak_bytes``,
+            :mod:`hetero_worker.memcap`); None when the plan had no memory model.
+        memory_cap_bytes: the device's usable bytes the peak is held to (0 = not enforced).
     """
 
     rank: int
@@ -50,6 +53,8 @@ class RankRow:
     samples_per_step: float = math.nan
     rebalances: int = 0
     job_efficiency_ratio: float = math.nan
+    memory_peak_bytes: int | None = None
+    memory_cap_bytes: int = 0
 
 
 def read_rows(directory: Path, world_size: int) -> list[RankRow | None]:
@@ -78,7 +83,10 @@ def row_from_stats(stats: Mapping[str, Any]) -> RankRow:
         compute_s_per_step=compute_s / steps if steps else math.nan,
         samples_per_step=samples / steps if steps else math.nan,
         rebalances=int(stats.get("rebalances") or 0),
-        job_efficiency_ratio=float(stats.get("job_efficiency_ratio") or math.nan))
+        job_efficiency_ratio=float(stats.get("job_efficiency_ratio") or math.nan),
+        memory_peak_bytes=(None if stats.get("memory_peak_bytes") is None
+                           else int(stats["memory_peak_bytes"])),
+        memory_cap_bytes=int(stats.get("memory_cap_bytes") or 0))
 
 
 def measured_speedup_over_equal(rows: Sequence[RankRow]) -> float:
@@ -172,10 +180,13 @@ def _table(rows: Sequence[RankRow | None], initial_batches: Sequence[int] | None
                          ("steps", "right"), ("samples/s", "right"), ("waiting", "right")):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     known = [r for r in rows if r is not None]
+    memory = any(r.memory_peak_bytes is not None for r in known)
+    if memory:  # the memory model's plans only (issue 12)
+        table.add_column("memory peak / cap", justify="right")
     measured = dict(zip((r.rank for r in known), measured_relative_speeds(known)))
     for rank, row in enumerate(rows):
         if row is None:
-            table.add_row(str(rank), "(no statistics)", "", "", "", "", "", "")
+            table.add_row(str(rank), "(no statistics)", "", "", "", "", "", "", *([""] if memory else []))
             continue
         device = row.device + (" (simulated)" if row.simulated else "")
         first = initial_batches[rank] if initial_batches is not None and rank < len(initial_batches) else None
@@ -183,8 +194,19 @@ def _table(rows: Sequence[RankRow | None], initial_batches: Sequence[int] | None
                  else f"{first} -> {row.local_batch}")
         table.add_row(str(row.rank), device, f"{row.relative_speed:.2f}",
                       _num(measured.get(row.rank, math.nan), "{:.2f}"), batch, str(row.steps),
-                      _num(row.samples_per_s, "{:.1f}"), _num(row.wait_share, "{:.1%}"))
+                      _num(row.samples_per_s, "{:.1f}"), _num(row.wait_share, "{:.1%}"),
+                      *([_memory_cell(row)] if memory else []))
     return table
+
+
+def _memory_cell(row: RankRow) -> str:
+    """``"412.3 MiB / 640.0 MiB (simulated cap)"``; ``-`` without a figure."""
+    if row.memory_peak_bytes is None:
+        return "-"
+    peak = f"{row.memory_peak_bytes / 2**20:.1f} MiB"
+    if not row.memory_cap_bytes:
+        return f"{peak} (no cap)"
+    return f"{peak} / {row.memory_cap_bytes / 2**20:.1f} MiB" + (" (simulated cap)" if row.simulated else "")
 
 
 def _print_rebalancing(console: Any, rows: Sequence[RankRow], interval_steps: int) -> None:

@@ -22,13 +22,16 @@ def cluster() -> list[dict]:
             make_node("t4", product="Tesla-T4", count=4, memory_mib=15360, cc="7.5")]
 
 
-def job(parameters, *, sharding="Auto", optimizer=None, act=None, ckpt=None, batch=64):
+def job(parameters, *, sharding="Auto", optimizer=None, act=None, ckpt=None, batch=64,
+        precision="FP32", checkpoint=None):
     mdl = {"parameters": parameters}
     if act is not None:
         mdl["activationBytesPerSample"] = act
     if ckpt is not None:
         mdl["checkpointedActivationBytesPerSample"] = ckpt
-    training = {"model": mdl, "sharding": sharding, **({"optimizer": optimizer} if optimizer else {})}
+    training = {"model": mdl, "sharding": sharding, **({"optimizer": optimizer} if optimizer else {}),
+                **({"precision": precision} if precision else {}),
+                **({"checkpoint": checkpoint} if checkpoint else {})}
     return make_job(ranks=5, global_batch=batch, training=training, gpus={"selection": "All"})
 
 
@@ -176,12 +179,24 @@ def test_auto_that_nothing_fits_is_refused_per_mode(all_modes) -> None:
 
 
 def test_only_modes_the_worker_runs_are_planned() -> None:
-    assert planning.WORKER_SHARDINGS == ("None",)
-    result = plan(job("1.15G"))  # Auto: Group would fit, but the worker does not run it yet
+    assert planning.WORKER_SHARDINGS == ("None", "Group")
+    p = plan(job("1.15G", precision="FP32"))
+    assert isinstance(p, model.Plan) and p.memory.mode == "Group"
+    result = plan(job("6G", precision="FP32"))  # only Full fits, and the worker has no Full yet
     assert isinstance(result, model.Unschedulable)
-    assert "Group: fits but the worker does not run it yet" in result.message
-    result = plan(job("1.15G", sharding="Group"))
-    assert result.message.startswith("spec.training.sharding Group: the worker does not run Group sharding yet")
+    assert "Full: fits, but the worker does not run Full sharding yet" in result.message
+    result = plan(job("6G", precision="FP32", sharding="Full"))
+    assert result.message.startswith("spec.training.sharding Full: the worker does not run Full sharding yet")
+
+
+def test_group_sharding_refused_where_the_worker_lacks_fp16_or_checkpoints() -> None:
+    result = plan(job("1.15G", precision="Auto"))  # the T4s run fp16
+    assert isinstance(result, model.Unschedulable)
+    assert ("Group: fits, but Group sharding with fp16 is not built yet (Tesla-T4 would run fp16 "
+            "under precision Auto): set spec.training.precision to FP32 or BF16") in result.message
+    result = plan(job("1.15G", precision="FP32", checkpoint={"path": "/ckpt"}, sharding="Group"))
+    assert result.message.startswith("spec.training.sharding Group: Group sharding does not "
+                                      "checkpoint yet")
 
 
 def test_pure_choice_prefers_the_cheaper_mode_by_the_link_model() -> None:

@@ -72,6 +72,9 @@ _DOCS: dict[str, tuple[type, str]] = {
                                         "allocator, bytes."),
     "htj_torch_memory_fragmentation_ratio": (Gauge, "1 - allocated / reserved of torch's CUDA "
                                              "caching allocator (reserved but unused share)."),
+    "htj_memory_peak_bytes": (Gauge, "Peak model state plus activations saved for backward this "
+                              "rank held, bytes (counted by hetero_worker.memcap; on a simulated "
+                              "device the figure its memory cap is enforced on)."),
 }
 STEP_HISTOGRAM = "htj_step_duration_seconds"
 GPU_INFO = "htj_gpu_info"
@@ -239,6 +242,13 @@ class WorkerMetrics:
         self._child("htj_local_batch_size").set(int(n))
         with self._lock:
             self._last["local_batch"] = int(n)
+
+    def set_memory_peak(self, peak_bytes: int, cap_bytes: int) -> None:
+        """Set ``htj_memory_peak_bytes`` and keep peak and cap for ``rank-<R>.json``."""
+        self._child("htj_memory_peak_bytes").set(int(peak_bytes))
+        with self._lock:
+            self._last["memory_peak_bytes"] = int(peak_bytes)
+            self._last["memory_cap_bytes"] = int(cap_bytes)
 
     def set_total_steps(self, n: int) -> None:
         """Tell the progress display how many steps the run will take (optional, not a metric)."""

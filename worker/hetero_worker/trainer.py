@@ -27,6 +27,7 @@ plan's DDP group. Speed features compose through :meth:`Trainer.use_speed` (the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_worker import profiling, rendezvous, resume
+from hetero_worker import memcap, microbatch, profiling, rendezvous, resume, sharding
 from hetero_worker.commplan import CommRank, plan_communicators
 from hetero_worker.contract import Contract
 from hetero_worker.groups import ProcessGroups, build_process_groups, gather_comm_ranks
@@ -132,6 +133,14 @@ class Trainer:
         self.layout = self.groups.layout
         self.metrics = _make_metrics(contract)
         self.profiler = profiling.from_contract(contract, cuda=use_cuda)  # None unless asked
+        # The memory model's cap (issue 12): counted when the plan set one, enforced on a
+        # simulated device (a real GPU's allocator enforces its own).
+        self.memory: memcap.MemoryMeter | None = None
+        self.shard_sync: sharding.GroupShardSync | None = None  # HTJ_SHARDING=group after wrap()
+        if contract.memory_cap_bytes:
+            self.memory = memcap.MemoryMeter(
+                contract.memory_cap_bytes if contract.device.simulated else 0,
+                contract.device.product)
         self.sync = WeightedGradSync(self.groups, self.local_batches,
                                      on_inter_group_bytes=self.metrics.add_inter_group_bytes)
         # One fp16 rank makes every rank scale (same loss scale in the summed gradients).
@@ -189,16 +198,36 @@ class Trainer:
         """Current epoch of the loader's sampler (0 before :meth:`loader`)."""
         return self.sampler.epoch if self.sampler is not None else 0
 
-    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+    def wrap(self, model: torch.nn.Module, *,
+             block: type[torch.nn.Module] | None = None) -> torch.nn.Module:
         """Move ``model`` to the rank's device and make it data-parallel.
 
         In ``hook`` mode returns a ``DistributedDataParallel`` whose communication hook is the
         weighted hierarchical sum (:mod:`hetero_worker.sync`); in ``manual`` mode returns the
         model itself after broadcasting rank 0's parameters.
+
+        Args:
+            model: the user's model.
+            block: the model's repeated block class (e.g. a transformer layer); where the plan
+                turns activation checkpointing on (``HTJ_ACTIVATION_CHECKPOINTING=1``) each
+                instance recomputes its activations in backward (:mod:`hetero_worker.microbatch`).
+
+        Raises:
+            RuntimeError: the plan needs activation checkpointing and no ``block`` was named.
         """
+        if self.contract.activation_checkpointing:
+            if block is None:
+                raise RuntimeError("the plan turns activation checkpointing on for this rank "
+                                   "(HTJ_ACTIVATION_CHECKPOINTING=1): name the model's block class, "
+                                   "t.wrap(model, block=MyBlock)")
+            microbatch.checkpoint_blocks(model, block)
         if self.speed is not None:
             self.speed.before_wrap(model)  # e.g. hierarchy auto: measure, then use_layout
+        if self.contract.sharding != "none":
+            return self._wrap_sharded(model, block)
         self.module = model.to(self.device)
+        if self.memory is not None:  # parameters from the start; gradients, optimizer state later
+            self.memory.set_state(self.module.parameters(), None)
         if self.sync_mode == "manual":
             for tensor in self.module.state_dict().values():  # over the Gloo world group
                 broadcast_from_rank0_(tensor)
@@ -215,6 +244,25 @@ class Trainer:
         self.sync.register(ddp)
         self.model = ddp
         return ddp
+
+    def _wrap_sharded(self, model: torch.nn.Module,
+                      block: type[torch.nn.Module] | None) -> torch.nn.Module:
+        """``HTJ_SHARDING=group``: FSDP2 inside the rank's GPU-type group (:mod:`hetero_worker.sharding`)."""
+        sharding.check_supported(precision_has_scaler=self.scaler is not None,
+                                 checkpoint_dir=self.contract.checkpoint_dir,
+                                 sharding=self.contract.sharding)
+        self.use_layout("group")  # intra = the topology group (one node, one GPU type)
+        self.module = model.to(self.device)
+        for tensor in self.module.state_dict().values():  # same start on every rank (Gloo world)
+            broadcast_from_rank0_(tensor)
+        sharding.shard_group(self.module, self.groups.intra, self.device, block)
+        self.shard_sync = sharding.GroupShardSync(
+            intra=self.groups.intra, intra_ranks=self.groups.intra_ranks, leaders=self.groups.leaders,
+            local_batches=self.local_batches, rank=self.rank)
+        if self.memory is not None:
+            self.memory.set_state(self.module.parameters(), None)
+        self.model = self.module
+        return self.model
 
     def loader(self, dataset: Any, *, shuffle: bool = True,
                collate_fn: Callable[..., Any] | None = None) -> torch.utils.data.DataLoader:
@@ -236,6 +284,8 @@ class Trainer:
         """Change the batch split at a step boundary (same call on every rank)."""
         self.local_batches = [int(b) for b in local_batches]
         self.sync.set_split(self.local_batches)
+        if self.shard_sync is not None:
+            self.shard_sync.set_split(self.local_batches)
         if self.sampler is not None:
             self.sampler.set_split(self.local_batches)
         self.metrics.set_local_batch(self.local_batch)
@@ -243,20 +293,30 @@ class Trainer:
 
     # --- training ---------------------------------------------------------------------------
     def step(self, optimizer: torch.optim.Optimizer,
-             loss_fn: Callable[[torch.nn.Module], torch.Tensor]) -> StepResult:
+             loss_fn: Callable[..., torch.Tensor], *,
+             batch: Sequence[Any] | None = None) -> StepResult:
         """One optimizer step on every rank.
 
         Args:
             optimizer: over the wrapped model's parameters.
             loss_fn: ``loss_fn(model)`` returns this rank's *mean* loss over its local batch
-                (a scalar tensor); it runs under the rank's autocast.
+                (a scalar tensor); with ``batch``, ``loss_fn(model, *micro_batch)`` returns the
+                mean loss over that micro-batch. It runs under the rank's autocast.
+            batch: the local batch's tensors (samples along dim 0); given, the step runs it in
+                micro-batches of at most ``HTJ_MICRO_BATCH_SIZE`` samples with gradient
+                accumulation and one synchronisation (:mod:`hetero_worker.microbatch`).
 
         Returns:
             The :class:`StepResult`.
+
+        Raises:
+            RuntimeError: no model yet, or the plan needs micro-batches and ``batch`` is missing.
+            torch.OutOfMemoryError: a simulated device's memory cap was exceeded
+                (:mod:`hetero_worker.memcap`).
         """
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
-        batch = self.local_batch  # a split change decided after this step applies to the next
+        local = self.local_batch  # a split change decided after this step applies to the next
         if self.profiler is not None:
             self.profiler.before_step(self.global_step + 1)
         start = time.perf_counter()
@@ -264,19 +324,42 @@ class Trainer:
             self._window["start"] = start
         optimizer.zero_grad(set_to_none=True)
         simulate_compute(self.contract.device, self.local_batch, self.delay_per_sample_s)
-        with self.precision.autocast():
-            loss = loss_fn(self.model)
-        # loss_factor is 1 unless the flat fast path moved the rank weight into the loss
-        weighted = loss * self.sync.loss_factor if self.sync.loss_factor != 1.0 else loss
-        (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
+        micro = self.contract.micro_batch_size
+        around = self.memory.micro_batch if self.memory is not None else None
+        if batch is None:
+            if 0 < micro < local:
+                raise RuntimeError(
+                    f"the plan runs this rank's {local} samples as micro-batches of {micro} "
+                    "(HTJ_MICRO_BATCH_SIZE: they do not fit its memory at once): pass the batch, "
+                    "t.step(opt, lambda m, x, y: loss(m(x), y), batch=(x, y))")
+            with around() if around else contextlib.nullcontext():
+                with self.precision.autocast():
+                    loss = loss_fn(self.model)
+                self._backward(loss)
+        else:
+            count = None
+            if self.shard_sync is not None:  # the group's ranks run equally many (FSDP2 collectives)
+                group = [self.local_batches[r] for r in self.shard_sync.intra_ranks]
+                count = max(-(-b // micro) for b in group) if micro > 0 else 1
+            loss = microbatch.accumulate(self.model, loss_fn, batch, micro,
+                                         autocast=self.precision.autocast,
+                                         backward=self._backward, around_micro=around, count=count)
         self.sync.end_of_backward()
-        if self.sync_mode == "manual":
+        if self.shard_sync is not None:  # Group sharding: the one cross-group reduction
+            self.shard_sync.reduce(list(self.module.parameters()))
+            self.sync.add_comm_s(self.shard_sync.take_comm_s())
+            self.metrics.add_inter_group_bytes(self.shard_sync.inter_group_bytes)
+            self.shard_sync.inter_group_bytes = 0
+        elif self.sync_mode == "manual":
             self.sync.sync_after_backward(self.model.parameters())
         skipped = self._optimizer_step(optimizer)
+        if self.memory is not None:
+            self.memory.set_state(self.module.parameters(), optimizer)
+            self.metrics.set_memory_peak(self.memory.peak_bytes, self.memory.cap_bytes)
         step_s = time.perf_counter() - start
         result = self._record(loss.detach().float().item(), skipped, step_s)
         if self.speed is not None:
-            self.speed.after_step(result.compute_s, batch)
+            self.speed.after_step(result.compute_s, local)
         if self.profiler is not None:
             self.profiler.after_step(self.global_step)
         return result
@@ -326,6 +409,13 @@ class Trainer:
         sampler.cursor += sampler.global_batch
         self.global_step += 1
         return result
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Backward of one (micro-)batch loss: the rank weight where the flat fast path moved it
+        into the loss (``loss_factor``, else 1) and the fp16 scaler."""
+        factor = self.shard_sync.loss_factor if self.shard_sync is not None else self.sync.loss_factor
+        weighted = loss * factor if factor != 1.0 else loss
+        (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Step unless any rank's scaler found inf/NaN; True when skipped (on every rank)."""
@@ -446,7 +536,8 @@ class Trainer:
                 "steps": self.totals["steps"], "samples": self.totals["samples"],
                 "samples_per_s": self.totals["samples"] / step_s,
                 "wait_share": self.totals["comm_wait_s"] / step_s,
-                "skipped_steps": self.totals["skipped"]}
+                "skipped_steps": self.totals["skipped"],
+                "memory_peak_bytes": self.memory.peak_bytes if self.memory is not None else None}
 
     def gather_summaries(self) -> list[dict[str, Any]]:
         """Every rank's :meth:`rank_summary`, ordered by rank (collective)."""
