@@ -27,7 +27,7 @@ Every setup runs ``--repeats`` (3) times within one invocation, each repeat in f
 processes with its own seed (model initialisation and data of the link setups), so the spread of
 the codec losses is real.  Writes ``bench/results/speed.json`` (median, range and every run per
 target, date, load, met/missed: :mod:`benchlib`; ``bench/report.py`` makes the README table),
-``speed-raw.json`` (per-step data) and ``speed.png`` (plot of the last repeat).  A setup that runs
+``speed.png`` (plot of the last repeat) and the per-step data to ``$TMPDIR/bench-speed-raw.json``.  A setup that runs
 out of time (``--timeout-s``) ends the benchmark with exit status 3 and nothing written.
 
 The codec rows also give each codec's step time on the *unshaped* link: everything but the slow
@@ -542,10 +542,11 @@ def main() -> int:
     doc = benchlib.write_results(out / "speed.json", benchmark="speed", run_meta=run_meta,
                                  targets=targets(summaries),
                                  details={"config": config, "summaries": summaries})
-    (out / "speed-raw.json").write_text(json.dumps(raws))
+    raw_path = Path(tempfile.gettempdir()) / "bench-speed-raw.json"  # per-step data, not committed
+    raw_path.write_text(json.dumps(raws))
     render_plot(summaries[-1], out / "speed.png")
     benchlib.print_targets(doc)
-    print(f"total {run_meta['wall_s']:.0f} s; results in {out}")
+    print(f"total {run_meta['wall_s']:.0f} s; results in {out}; per-step data in {raw_path}")
     return 0
 
 
