@@ -319,6 +319,11 @@ def run_benchmark(args: argparse.Namespace, deadline: benchlib.Deadline) -> tupl
         targets.append(benchlib.Target(
             f"proportional / equal split at {ms}", ">=", 1.85, "x",
             [r["proportional_over_equal"] for r in runs], "both splits really run, same code"))
+        if all(r.get("live_efficiency_ratio") is not None for r in runs):
+            targets.append(benchlib.Target(
+                f"htj_job_efficiency_ratio rank 0 exported, proportional split at {ms}", "info", 0, "",
+                [r["live_efficiency_ratio"] for r in runs],
+                "the live figure (steps 11-20); its reference is compute measured inside the job"))
         targets.append(benchlib.Target(
             f"fixed per-step cost at {ms}: step - slowest rank's standalone step", "info", 0, " ms",
             [1000 * r["fixed_per_step_s"] for r in runs]))
