@@ -175,7 +175,7 @@ def _restore_compression(trainer: Any, state: Mapping[str, Any],
     if same:
         restore_codecs(trainer, saved)
         return
-    had_state = state.get("compression") is not None
+    had_state = any(r.get("compression") for r in ranks)  # some leader kept codec state
     if had_state and trainer.rank in current["layout"]["leaders"]:
         reason = ("plan changed" if not state["resumed_same_plan"] else
                   "layout changed" if state.get("layout") != current["layout"] else
