@@ -261,8 +261,12 @@ class MemoryRefusal:
 
 
 def gib(n_bytes: float) -> str:
-    """``"18.4 GiB"`` (one decimal)."""
-    return f"{n_bytes / GIB:.1f} GiB"
+    """Bytes in the largest binary unit that keeps the figure >= 1, one decimal: ``"18.4 GiB"``,
+    ``"7.2 MiB"``, ``"879.0 KiB"``."""
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n_bytes) >= size:
+            return f"{n_bytes / size:.1f} {unit}"
+    return f"{n_bytes:.0f} B"
 
 
 def state_shares_ppm(slots: Sequence[RankSlot], mode: str, reserve_mib: int) -> list[int]:
@@ -442,7 +446,9 @@ def _refusal(requested: str, options: Sequence[ModeOption], state: int, m: Model
              per_param: int, why: dict[str, str]) -> str:
     what = _state_words(state, m, per_param)
     if m.activation_bytes_per_sample:
-        what += f" plus one sample's activations ({gib(m.activation_bytes_per_sample)})"
+        ckpt = m.checkpointed_activation_bytes_per_sample
+        with_ckpt = f"; {gib(ckpt)} with activation checkpointing" if ckpt else ""
+        what += f" plus one sample's activations ({gib(m.activation_bytes_per_sample)}{with_ckpt})"
     if requested != "Auto":
         opt = next(o for o in options if o.mode == requested)
         better = [o.mode for o in options if o.fits and o.available]

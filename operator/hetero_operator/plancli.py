@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from . import valueview
+from .memory import gib
 from .config import DEFAULT_IMAGES
 from .inventory import build_inventory
 from .model import Plan, Unschedulable, to_dict
@@ -220,8 +221,11 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
         if result.memory is not None:
             mem = result.memory
             console.print(f"Memory: sharding {mem.mode} (spec.training.sharding {mem.requested}), "
-                          f"model state {mem.state_bytes / 2**30:.1f} GiB "
-                          f"({mem.bytes_per_parameter} B per parameter)", highlight=False)
+                          f"model state {gib(mem.state_bytes)} "
+                          f"({mem.bytes_per_parameter} B per parameter)"
+                          + ("; memory labels below 1 GiB: a SCALED-DOWN node list, not a real "
+                             "cluster's" if any(r.memory_mib < 1024 for r in result.ranks) else ""),
+                          highlight=False)
             for line in mem.reasons:
                 console.print(f"  {line}", highlight=False)
     else:

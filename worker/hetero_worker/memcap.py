@@ -5,8 +5,8 @@ A simulated rank (``heterotrain run`` on a CPU machine) counts what a GPU would 
 * **state**: the bytes of the parameters, gradients and optimizer state tensors the rank really
   holds (a shard's local tensor under sharding), each storage counted once;
 * **activations**: the bytes autograd really saves for backward, counted as they are saved with
-  ``torch.autograd.graph.saved_tensors_hooks`` (each storage once; parameters, already in the
-  state, not again); they are freed when backward has run, so the count restarts per micro-batch.
+  ``torch.autograd.graph.saved_tensors_hooks`` (each storage once; parameters and views of them,
+  FSDP2's gathered ones included, are state, not activations); they are freed when backward has run, so the count restarts per micro-batch.
   Inside a checkpointed block (``torch.utils.checkpoint``, non-reentrant) the checkpoint's own hooks
   take over and only the block's inputs stay saved, which is what such a block keeps.
 
@@ -59,10 +59,15 @@ def simulated_oom_message(*, need_bytes: int, held_bytes: int, cap_bytes: int, d
     which 11.56 MiB is free. ..."``."""
     free = max(0, cap_bytes - held_bytes)
     return (f"CUDA out of memory (simulated {device}, memory cap HTJ_MEMORY_CAP_BYTES). Tried to "
-            f"allocate {need_bytes / MIB:.2f} MiB. GPU 0 has a total capacity of "
-            f"{cap_bytes / GIB:.2f} GiB of which {free / MIB:.2f} MiB is free. Of the allocated "
-            f"memory {held_bytes / GIB:.2f} GiB is model state and saved activations. Lower the "
-            "micro-batch (HTJ_MICRO_BATCH_SIZE) or shard the model (spec.training.sharding)")
+            f"allocate {_size(need_bytes)}. GPU 0 has a total capacity of {_size(cap_bytes)} of "
+            f"which {_size(free)} is free. Of the allocated memory {_size(held_bytes)} is model "
+            "state and saved activations. Lower the micro-batch (HTJ_MICRO_BATCH_SIZE) or shard "
+            "the model (spec.training.sharding)")
+
+
+def _size(n_bytes: int) -> str:
+    """CUDA's style (two decimals) in GiB from 1 GiB up, else MiB."""
+    return f"{n_bytes / GIB:.2f} GiB" if n_bytes >= GIB else f"{n_bytes / MIB:.2f} MiB"
 
 
 class MemoryMeter:
@@ -114,8 +119,9 @@ class MemoryMeter:
                 need_bytes=need, held_bytes=held - need, cap_bytes=self.cap_bytes, device=self.device))
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if isinstance(t, torch.nn.Parameter):  # a parameter (FSDP2's gathered one too) is state
-            return t
+        base = t._base if t._base is not None else t
+        if isinstance(base, torch.nn.Parameter):  # a parameter or a view of one (a transposed
+            return t  # weight; FSDP2's gathered ones too) is state, not an activation
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr not in self._exclude and ptr not in self._saved and storage.nbytes():

@@ -1,0 +1,84 @@
+"""examples/lm-large.yaml on its scaled-down node list (issue 12): refused with sharding None,
+planned with Auto (Group on the T4 pair, micro-batches), and trained to the stated loss within each
+simulated device's memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetero_operator import model
+from hetero_operator.inventory import build_inventory
+from hetero_operator.planning import plan_job
+from hetero_operator.spec import parse_job
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = ROOT / "examples" / "lm-large.yaml"
+NODES = ROOT / "examples" / "clusters" / "scaled-memory.yaml"
+LOSS_THRESHOLD = 3.2  # stated in examples/lm-large.yaml
+MIB = 2**20
+
+
+def _plan(sharding: str):
+    body = yaml.safe_load(JOB.read_text())
+    body["spec"]["training"]["sharding"] = sharding
+    nodes = yaml.safe_load(NODES.read_text())["items"]
+    return plan_job(parse_job(body), build_inventory(nodes))
+
+
+def test_the_node_list_says_it_is_scaled_down() -> None:
+    text = NODES.read_text()
+    assert "SCALED-DOWN MEMORY LABELS" in text.splitlines()[0]
+    memory = {n["metadata"]["name"]: int(n["metadata"]["labels"]["nvidia.com/gpu.memory"])
+              for n in yaml.safe_load(text)["items"]}
+    assert memory == {"node-a100": 40, "node-t4": 6}
+
+
+def test_sharding_none_is_refused_naming_the_shortfall_per_gpu_type() -> None:
+    result = _plan("None")
+    assert isinstance(result, model.Unschedulable) and result.reason == "ModelDoesNotFit"
+    # 470528 x 16 B = 7528448 B of state + one checkpointed sample (170000 B) vs 6 MiB - 5 % usable
+    short = 470528 * 16 + 170_000 - (6 * MIB - 6 * MIB * 5 // 100)
+    assert f"{short / MIB:.1f}" == "1.6"
+    assert ("plus one sample's activations (878.9 KiB; 166.0 KiB with activation checkpointing) "
+            "does not fit: Tesla-T4 short by 1.6 MiB (5.7 MiB usable); set spec.training.sharding "
+            "to Auto (it would choose Group)") in result.message
+
+
+def test_auto_plans_group_with_micro_batches_on_the_t4s() -> None:
+    plan = _plan("Auto")
+    assert isinstance(plan, model.Plan), plan.message
+    mem = plan.memory
+    assert mem.mode == "Group"
+    assert [r.local_batch for r in plan.ranks] == [22, 5, 5]
+    assert [(r.state_bytes, r.micro_batch_size, r.micro_batches) for r in mem.ranks] == [
+        (7528448, 22, 1), (3764224, 2, 3), (3764224, 2, 3)]
+    assert all(r.peak_bytes <= r.usable_bytes for r in mem.ranks)
+
+
+def test_plan_cli_exit_codes() -> None:
+    ok = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", str(JOB), "--nodes",
+                         str(NODES)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
+    assert "a SCALED-DOWN node list" in " ".join(ok.stdout.split())  # rich wraps lines
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_heterotrain_run_trains_it_within_each_simulated_cap(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(JOB), "--nodes",
+                           str(NODES), "--workdir", str(work)], capture_output=True, text=True,
+                          timeout=220, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((work / "result.json").read_text())
+    assert result["steps"] == 40 and result["val_loss"] < LOSS_THRESHOLD
+    for rank in range(3):
+        stats = json.loads((work / f"rank-{rank}.json").read_text())
+        assert 0 < stats["memory_peak_bytes"] <= stats["memory_cap_bytes"]
+    assert "(simulated cap)" in done.stdout

@@ -1,0 +1,94 @@
+"""The byte-level LM of :mod:`hetero_worker.examples.lm`, planned with the memory model (issue 12).
+
+Its model state (470 528 parameters x 16 B with AdamW = 7.5 MB) does not fit the smallest device of
+``examples/clusters/scaled-memory.yaml`` (simulated T4s whose memory labels are scaled down to
+6 MiB), so the planner shards it (``Group``: each T4 of the pair holds half) and gives the T4s
+micro-batches. The only differences to ``lm.py`` are the two calls the memory model needs::
+
+    model = t.wrap(make_model(...), block=nn.TransformerEncoderLayer)   # the unit to shard / checkpoint
+    t.step(optimizer, lm_loss, batch=(windows,))                         # micro-batches when planned
+
+    heterotrain run examples/lm-large.yaml --nodes examples/clusters/scaled-memory.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+
+def train(args: argparse.Namespace) -> int:
+    """Train, evaluate, report; returns the exit code."""
+    import torch
+
+    from hetero_worker import rundir
+    from hetero_worker import trainer as ht
+    from hetero_worker.examples import format_table, write_result
+    from hetero_worker.examples.lm import lm_loss, make_model, make_windows, stdlib_text
+
+    t = ht.init(seed=args.seed)
+    start = time.perf_counter()
+    windows = make_windows(stdlib_text(args.text_bytes), args.context)
+    held_out = max(1, len(windows) // 20)
+    train_set, val_set = windows[:-held_out], windows[-held_out:]
+    model = t.wrap(make_model(args.context, args.width, args.layers, args.heads),
+                   block=torch.nn.TransformerEncoderLayer)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    loader = t.loader(torch.utils.data.TensorDataset(train_set))
+    steps_per_epoch = len(train_set) // sum(t.local_batches)
+    t.metrics.set_total_steps(min(args.max_steps, args.epochs * steps_per_epoch))
+    first_loss = None
+    while t.epoch < args.epochs and t.global_step < args.max_steps:
+        for (batch,) in loader:
+            result = t.step(optimizer, lm_loss, batch=(t.to_device(batch),))
+            first_loss = result.loss if first_loss is None else first_loss
+            if t.rank == 0 and t.global_step % 10 == 0:
+                print(f"step {t.global_step} loss {result.loss:.3f}", flush=True)
+            if t.global_step >= args.max_steps:
+                break
+    t.module.eval()
+    with torch.no_grad():  # every rank: the sharded model's forward gathers inside each group
+        val_loss = float(lm_loss(t.module, t.to_device(val_set[:256])).item())
+    summaries = t.gather_summaries()
+    if t.rank == 0:
+        elapsed_s = time.perf_counter() - start
+        print(format_table(summaries))
+        peaks = ", ".join(f"rank {s['rank']} {s['memory_peak_bytes'] / 2**20:.2f} MiB"
+                          for s in summaries if s.get("memory_peak_bytes") is not None)
+        print(f"memory peak (state + saved activations, simulated caps): {peaks}")
+        print(f"held-out loss {val_loss:.3f} nats/byte (perplexity {math.exp(val_loss):.2f}), "
+              f"first train loss {first_loss:.3f}, {t.global_step} steps ({elapsed_s:.1f} s)",
+              flush=True)
+        write_result(args.result_json, {"example": "lm-large", "first_loss": first_loss,
+                                        "val_loss": val_loss, "steps": t.global_step,
+                                        "elapsed_s": elapsed_s, "per_rank": summaries})
+        rundir.write_result({"val_loss": val_loss, "perplexity": math.exp(val_loss),
+                             "steps": t.global_step})
+    t.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; a bad contract or a rendezvous timeout exits non-zero with a message."""
+    from hetero_worker.examples import add_common_args
+    from hetero_worker.preflight import exit_on_setup_error, preflight
+
+    parser = argparse.ArgumentParser(prog="python -m hetero_worker.examples.lm_large",
+                                     description=__doc__.splitlines()[0])
+    add_common_args(parser)
+    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    parser.add_argument("--context", type=int, default=64, help="bytes of context")
+    parser.add_argument("--width", type=int, default=128, help="model width")
+    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads")
+    parser.add_argument("--text-bytes", type=int, default=400_000, help="stdlib text to read")
+    parser.set_defaults(epochs=1, max_steps=40)
+    args = parser.parse_args(argv)
+    return exit_on_setup_error(lambda: preflight(os.environ) and train(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
