@@ -302,7 +302,8 @@ def _disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], he
                               node_loss=loss)
     failed = [p for p in current if p.phase == "Failed"]
     disrupted = [p for p in current if p.disruption or p.deleting]
-    unhealthy = [p for p in current if health.unhealthy(p.node)]
+    # A pod that already succeeded is done with its node, whatever happens to the node now.
+    unhealthy = [p for p in current if p.phase != "Succeeded" and health.unhealthy(p.node)]
     if disrupted or (failed and unhealthy):
         if disrupted:
             first = min(disrupted, key=lambda p: p.first_rank)

@@ -53,6 +53,14 @@ def test_pod_pending_past_the_timeout_replans_without_counting_a_restart() -> No
     assert d.delete_pods == PODS3 and not d.count_restart
 
 
+def test_a_node_that_disappeared_after_its_pod_succeeded_does_not_disturb_the_others() -> None:
+    """The pod on node-c finished before node-c was deleted: the job keeps running (this raised an
+    AssertionError in every reconcile of the job before)."""
+    nodes = {n: h for n, h in NODES.items() if n != "node-c"}
+    d = decide(_job(), _pods("Running", "Running", "Succeeded"), nodes=nodes)
+    assert (d.action, d.phase, d.reason) == (lc.RUNNING, "Running", "JobRunning")
+
+
 def test_a_node_that_disappeared_replans() -> None:
     nodes = {n: h for n, h in NODES.items() if n != "node-c"}
     d = decide(_job(), _pods("Running", "Running", "Running"), nodes=nodes)
