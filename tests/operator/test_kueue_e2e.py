@@ -149,7 +149,9 @@ async def test_queued_job_runs_only_when_admitted_on_its_flavors_nodes_and_resum
 
     # 2. admitted with flavors a100 and t4: each GPU type's pods on its flavor's nodes
     await admit(cluster, wl, {"nvidia-a100-sxm4-40gb": "a100", "tesla-t4": "t4"})
-    await cluster.wait_for(lambda: len(cluster.pods(ns)) == 2, 30, "pods after admission")
+    await cluster.wait_for(lambda: len(cluster.pods(ns)) == 2
+                           and all(p["spec"].get("nodeName") for p in cluster.pods(ns)),
+                           30, "pods after admission, bound by the kubelet")
     pods = {p["metadata"]["name"]: p for p in cluster.pods(ns)}
     assert {n: (p["spec"]["nodeSelector"], [t["key"] for t in p["spec"]["tolerations"]])
             for n, p in pods.items()} == {
