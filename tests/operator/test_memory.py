@@ -242,3 +242,19 @@ def test_memory_variables_refused_by_name(variable, value, needle) -> None:
     with pytest.raises(c.ContractError) as err:
         c.memory_settings({variable: value})
     assert err.value.variable == variable and needle in str(err.value)
+
+
+def test_memory_variables_survive_the_pod_form(all_modes) -> None:
+    """The operator sends local rank 0's env as the pod form; every local rank gets the group's
+    memory settings back (they are per group, not per rank)."""
+    from hetero_worker import contract as c
+
+    from hetero_operator.envrender import render_rank_envs
+
+    j = job("1.15G", act="1Gi", batch=512)
+    envs = render_rank_envs(plan(j), j, master_addr="svc", master_port=29500, simulated=False)
+    pod = c.pod_env(envs[1])  # the T4 group's first rank
+    for local in range(4):
+        expanded = c.parse_contract(c.expand_pod_env(pod, local))
+        assert (expanded.sharding, expanded.micro_batch_size, expanded.memory_cap_bytes) == (
+            "group", 8, T4_USABLE)

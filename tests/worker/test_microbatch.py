@@ -142,3 +142,21 @@ def test_empty_micro_batch_adds_nothing_float64() -> None:
                           backward=lambda t: t.backward(), count=3)
     for p, q in zip(whole.parameters(), parts.parameters(), strict=True):
         assert (p.grad - q.grad).abs().max().item() <= 1e-12
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_group_sharding_with_activation_checkpointing_equals_single_process(tmp_path: Path) -> None:
+    """The T4 pair recomputes each Linear in backward (torch.utils.checkpoint inside FSDP2 units;
+    the plan sets the flag per group) with micro-batches: still the single-process update
+    (float64, <= 1e-6). What checkpointing saves is measured in
+    test_meter_counts_saved_activations_and_checkpointing_saves_less."""
+    envs = mixed_cluster_envs([3, 5, 8, 4])
+    for r, env in enumerate(envs):
+        env.update({"HTJ_SHARDING": "group", "HTJ_MICRO_BATCH_SIZE": "3" if r >= 2 else "2",
+                    "HTJ_MEMORY_CAP_BYTES": str(64 * 2**20),
+                    "HTJ_ACTIVATION_CHECKPOINTING": "1" if r >= 2 else "0"})
+    runs = run_ranks([sys.executable, str(MEMORY_RANKS), "--out", str(tmp_path)], envs, timeout_s=150)
+    assert_ok(runs)
+    facts = read_rank_json(tmp_path, 4)
+    assert [f["diff"] <= TOL for f in facts] == [True] * 4
