@@ -489,6 +489,8 @@ def _reasons(chosen: ModeOption, ranks: Sequence[RankMemory], options: Sequence[
                 else f"model state {gib(state)} does not fit {gpu_type} ({gib(r.usable_bytes)} usable)")
         if chosen.mode == "None":
             held = "each holds all of it"
+        elif chosen.mode == "Group" and group_size[r.rank] == 1:
+            held = f"each {_short(gpu_type)} is a group of one and holds all of it"
         elif chosen.mode == "Group":
             pct = 100 / group_size[r.rank]
             held = f"each {_short(gpu_type)} holds {pct:.0f} % of its group's state"

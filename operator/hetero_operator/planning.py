@@ -180,6 +180,9 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
         elif t.checkpoint_path:
             why["Group"] = ("Group sharding does not checkpoint yet: leave spec.training.checkpoint "
                             "out")
+        elif t.rebalance_interval_steps or t.compression != "None":
+            why["Group"] = ("Group sharding with rebalancing or compression is not built yet: leave "
+                            "spec.training.rebalance and spec.training.compression out")
     available = tuple(m for m in WORKER_SHARDINGS if m not in why)
     return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
                               cross_gbps=gbps, available=available, unavailable_why=why)

@@ -197,6 +197,14 @@ def test_group_sharding_refused_where_the_worker_lacks_fp16_or_checkpoints() -> 
     result = plan(job("1.15G", precision="FP32", checkpoint={"path": "/ckpt"}, sharding="Group"))
     assert result.message.startswith("spec.training.sharding Group: Group sharding does not "
                                       "checkpoint yet")
+    j = job("1.15G", sharding="Group")
+    rebalancing = parse_job(job_manifest(ranks=5, global_batch=64, gpus={"selection": "All"}, training={
+        "model": {"parameters": "1.15G"}, "sharding": "Group", "precision": "FP32",
+        "rebalance": {"intervalSteps": 10}}))
+    assert j.training.rebalance_interval_steps == 0
+    result = plan(rebalancing)
+    assert result.message.startswith("spec.training.sharding Group: Group sharding with rebalancing "
+                                      "or compression is not built yet")
 
 
 def test_pure_choice_prefers_the_cheaper_mode_by_the_link_model() -> None:

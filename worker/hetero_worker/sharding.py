@@ -16,7 +16,8 @@ Weighting: rank r's loss is multiplied by ``n_g * b_r / B`` (``n_g`` its group's
 local batch, ``B`` the global batch), so FSDP2's average over the group (divide by ``n_g``) leaves
 ``sum_r b_r / B * grad_r``, summed over groups: the single-process full-batch gradient.
 
-Not built: fp16 with a loss scaler under Group sharding (FSDP2 needs ``ShardedGradScaler``-style
+Not built: rebalancing and compression under Group sharding (they ride in the DDP reduction
+this replaces), fp16 with a loss scaler under Group sharding (FSDP2 needs ``ShardedGradScaler``-style
 unscaling of DTensor gradients), sharded checkpoints (``torch.distributed.checkpoint``), ``Full``
 sharding (uneven shards across types).  :func:`check_supported` refuses those with the fix.
 """
@@ -35,11 +36,14 @@ from torch.distributed.fsdp import fully_shard
 __all__ = ["GroupShardSync", "check_supported", "shard_group"]
 
 
-def check_supported(*, precision_has_scaler: bool, checkpoint_dir: str, sharding: str) -> None:
+def check_supported(*, precision_has_scaler: bool, checkpoint_dir: str, sharding: str,
+                    rebalance_interval_steps: int = 0, compression: str = "none") -> None:
     """Refuse what the worker does not build yet under sharding (the error names the fix).
 
     Raises:
-        RuntimeError: ``full`` sharding, fp16 with a loss scaler, or a checkpoint directory.
+        RuntimeError: ``full`` sharding, fp16 with a loss scaler, a checkpoint directory, or
+            rebalancing / compression (both ride in the DDP reduction that Group sharding
+            replaces).
     """
     if sharding == "full":
         raise RuntimeError("HTJ_SHARDING=full: Full sharding is not built in the worker yet "
@@ -48,6 +52,9 @@ def check_supported(*, precision_has_scaler: bool, checkpoint_dir: str, sharding
     if precision_has_scaler:
         raise RuntimeError("Group sharding with fp16 and a loss scaler is not built yet: set "
                            "spec.training.precision to BF16 or FP32 (docs/memory.md)")
+    if rebalance_interval_steps or compression != "none":
+        raise RuntimeError("Group sharding with rebalancing or compression is not built yet: leave "
+                           "spec.training.rebalance and spec.training.compression out (docs/memory.md)")
     if checkpoint_dir:
         raise RuntimeError("Group sharding does not checkpoint yet (sharded checkpoints with "
                            "torch.distributed.checkpoint are not built): leave "

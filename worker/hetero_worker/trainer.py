@@ -250,7 +250,9 @@ class Trainer:
         """``HTJ_SHARDING=group``: FSDP2 inside the rank's GPU-type group (:mod:`hetero_worker.sharding`)."""
         sharding.check_supported(precision_has_scaler=self.scaler is not None,
                                  checkpoint_dir=self.contract.checkpoint_dir,
-                                 sharding=self.contract.sharding)
+                                 sharding=self.contract.sharding,
+                                 rebalance_interval_steps=self.contract.rebalance_interval_steps,
+                                 compression=self.contract.compression)
         self.use_layout("group")  # intra = the topology group (one node, one GPU type)
         self.module = model.to(self.device)
         for tensor in self.module.state_dict().values():  # same start on every rank (Gloo world)
