@@ -160,3 +160,16 @@ def test_group_sharding_with_activation_checkpointing_equals_single_process(tmp_
     assert_ok(runs)
     facts = read_rank_json(tmp_path, 4)
     assert [f["diff"] <= TOL for f in facts] == [True] * 4
+
+
+def test_probe_measures_activation_bytes_per_sample() -> None:
+    """Per sample: Linear(4, 8)'s input (4 floats), tanh's output (8; Linear(8, 2) saves the same
+    storage), the loss's input and target (2 + 2): 16 fp32 values = 64 bytes, nothing per batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    x, y = torch.randn(5, 4), torch.randn(5, 2)
+    per_sample, fixed = memcap.measure_activation_bytes(
+        model, lambda m, a, b: torch.nn.functional.mse_loss(m(a), b), (x, y))
+    assert (per_sample, fixed) == (4 * (4 + 8 + 2 + 2), 0)
+    with pytest.raises(ValueError, match="at least 2"):
+        memcap.measure_activation_bytes(model, lambda m, a: m(a).sum(), (x[:1],))

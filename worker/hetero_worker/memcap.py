@@ -19,11 +19,13 @@ The peak (state + activations) is the rank's ``htj_memory_peak_bytes``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
-__all__ = ["MemoryMeter", "simulated_oom_message", "tensor_storage_bytes"]
+__all__ = ["MemoryMeter", "measure_activation_bytes", "simulated_oom_message",
+           "tensor_storage_bytes"]
 
 MIB = 2**20
 GIB = 2**30
@@ -140,3 +142,45 @@ class MemoryMeter:
                 yield
         finally:
             self._saved = {}
+
+
+def measure_activation_bytes(model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor],
+                             batch: Sequence[torch.Tensor], *,
+                             autocast: Callable[[], Any] | None = None) -> tuple[int, int]:
+    """Probe the activation bytes one sample keeps for backward (for
+    ``spec.training.model.activationBytesPerSample``).
+
+    Runs forward and backward twice, on the first sample and on the whole ``batch`` (``n`` >= 2
+    samples), counting the bytes saved for backward as :class:`MemoryMeter` does; the difference
+    separates the per-sample part from what a batch keeps regardless of its size (masks, position
+    tables). Gradients are left on ``model``; zero them afterwards.
+
+    Args:
+        model: the model (checkpointed blocks already wrapped when the figure with activation
+            checkpointing is wanted, :func:`hetero_worker.microbatch.checkpoint_blocks`).
+        loss_fn: ``loss_fn(model, *batch)`` returns a scalar loss.
+        batch: tensors with samples along dim 0 (``n`` >= 2), on the model's device.
+        autocast: the precision's autocast context factory (default: none), so the figure is at
+            the job's precision.
+
+    Returns:
+        ``(per_sample_bytes, fixed_bytes)``: ``ceil((saved(n) - saved(1)) / (n - 1))`` and
+        ``saved(1) - per_sample_bytes`` (>= 0).
+
+    Raises:
+        ValueError: fewer than two samples.
+    """
+    n = len(batch[0])
+    if n < 2:
+        raise ValueError("measure_activation_bytes needs a batch of at least 2 samples")
+    saved = []
+    for size in (1, n):
+        meter = MemoryMeter(0, "probe")
+        meter.set_state(model.parameters(), None)
+        with meter.micro_batch():
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                loss = loss_fn(model, *(t[:size].clone() for t in batch))
+            loss.backward()
+        saved.append(meter.peak_activation_bytes)
+    per_sample = -(-(saved[1] - saved[0]) // (n - 1))
+    return per_sample, max(0, saved[0] - per_sample)
