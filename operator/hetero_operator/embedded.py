@@ -70,9 +70,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="trace these steps (1-based, e.g. 20-25) on every rank with the PyTorch "
                              "Profiler; Chrome traces in <workdir>/profiles/ (overrides the job's "
                              "heterotrain.io/profile-steps annotation)")
-    parser.add_argument("--keep-runs", type=int, default=None, metavar="N",
+    parser.add_argument("--keep-runs", type=_run_count, default=None, metavar="N",
                         help="after the run, delete all but the newest N run directories under "
-                             "runs/ (default: keep all); only directories made by heterotrain run")
+                             "runs/, of every job (default: keep all); only directories made by "
+                             "heterotrain run")
+
+
+def _run_count(text: str) -> int:
+    """``--keep-runs``: a whole number >= 0 (a usage error otherwise)."""
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {count}")
+    return count
 
 
 def _step_range(text: str) -> tuple[int, int]:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cuda_table import format_cuda, min_driver_for, minor_version_compatible
+from .cuda_table import (MINOR_VERSION_COMPAT_MIN_DRIVER, format_cuda, min_driver_for,
+                         minor_version_compatible, parse_driver)
 from .spec import ImageVariant
 
 
@@ -71,11 +72,27 @@ def choose_image(catalog: tuple[ImageVariant, ...], *, compute_capability: str,
         driver = f"driver {driver_version}" if driver_version else "the node's driver"
         return ImageChoice(image=best.image, variant=best, minor_compat_warning=(
             f"{best.image} (CUDA {format_cuda(best.cuda_version)}) runs on {driver} (CUDA <= "
-            f"{format_cuda(max_cuda)}) through CUDA minor-version compatibility: it needs cc "
-            f"{compute_capability} SASS in the image (no newer-PTX JIT) and features of newer "
-            "drivers fail; upgrade the driver to run it natively"))
+            f"{format_cuda(max_cuda)}) through CUDA minor-version compatibility, as the variant "
+            f"allows: fine for kernels built for cc {compute_capability} (no newer-PTX JIT, no "
+            f"newer-driver features); driver >= {min_driver_for(best.cuda_version)} runs it "
+            "natively"))
     return ImageChoice(image="", message=_no_fit_message(catalog, compute_capability, max_cuda,
                                                          driver_version))
+
+
+def _needed_driver(variant: ImageVariant) -> tuple[int, int, int]:
+    """The oldest driver that runs ``variant``: its family's minor-version-compatibility minimum
+    when it opts in, else the driver of its CUDA version (``cuda_table``)."""
+    family_min = MINOR_VERSION_COMPAT_MIN_DRIVER.get(variant.cuda_version[0])
+    if variant.cuda_minor_version_compatible and family_min is not None:
+        return family_min
+    native = parse_driver(min_driver_for(variant.cuda_version))
+    return native if native is not None else (10**6, 0, 0)
+
+
+def _format_driver(driver: tuple[int, int, int]) -> str:
+    """``(525, 60, 13)`` -> ``"525.60.13"``; ``(560, 28, 0)`` -> ``"560.28"``."""
+    return f"{driver[0]}.{driver[1]:02d}" + (f".{driver[2]:02d}" if driver[2] else "")
 
 
 def _no_fit_message(catalog: tuple[ImageVariant, ...], cc: str, max_cuda: tuple[int, int] | None,
@@ -84,10 +101,9 @@ def _no_fit_message(catalog: tuple[ImageVariant, ...], cc: str, max_cuda: tuple[
     limit = f"supports CUDA <= {format_cuda(max_cuda)}" if max_cuda else "has an unknown CUDA version"
     with_cc = [v for v in catalog if cc in v.compute_capabilities]
     if with_cc:
-        newest_needed = min(v.cuda_version for v in with_cc)
         have = ", ".join(f"{format_cuda(v.cuda_version)}" for v in with_cc)
         return (f"{driver} {limit}; variants with cc {cc} kernels need CUDA {have} "
-                f"(driver >= {min_driver_for(newest_needed)}); add a variant with CUDA <= "
-                f"{format_cuda(max_cuda)} and cc {cc}, or upgrade the driver")
+                f"(driver >= {_format_driver(min(_needed_driver(v) for v in with_cc))}); add a variant with CUDA "
+                f"<= {format_cuda(max_cuda)} and cc {cc}, or upgrade the driver")
     return (f"no variant has kernels for cc {cc} ({driver} {limit}); add a variant listing "
             f"\"{cc}\" in computeCapabilities with CUDA <= {format_cuda(max_cuda)}")

@@ -232,7 +232,7 @@ def _print_no_statistics(console: Any, world: int, result: Mapping[str, Any] | N
         f"[yellow]No rank reported statistics[/] ({world} ranks): the worker does not use "
         "hetero_worker's Trainer, so it ran as plain DDP with its own batches and no heterogeneous "
         "balancing happened: the plan's split and expected speed-up were not applied. To use them, "
-        "port the script as docs/torchrun.md shows (about ten lines).", highlight=False)
+        "port the script as docs/torchrun.md shows (seven lines).", highlight=False)
     _print_result(console, result)
     if exit_code == 0:
         console.print("Job [green]succeeded[/] as plain DDP (no heterogeneous balancing)")

@@ -156,7 +156,7 @@ def print_value(value: PlanValue | None, console: Any, *, profile: str = "") -> 
     console.print(f"Predicted throughput: {value.predicted_throughput:.1f} {unit} ({step}); "
                   f"communication {value.communication_note}", highlight=False)
     for lo in value.left_out:
-        console.print(f"[yellow]Left out[/]: {lo.message}", highlight=False)
+        console.print(f"[yellow]Note[/]: {lo.message}", highlight=False)
     if value.cost_per_hour is not None:
         per_m = ("" if value.cost_per_million_samples is None
                  else f", {value.cost_per_million_samples:.3f} per million samples")
@@ -229,7 +229,8 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
     """Predicted vs measured throughput, and the run's speeds into the learned store.
 
     Measured = the sum over ranks of samples / step seconds (every rank steps together) over the
-    whole run, start-up steps included, from the ranks' statistics; rank 0's last efficiency
+    training steps of the last attempt, the first steps included, from the ranks' statistics
+    (process start-up, rendezvous and evaluation are not steps); rank 0's last efficiency
     window (``htj_job_prediction_ratio``) gives the steady-state ratio. Observations (one device's
     compute samples/s per GPU type and precision) are recorded only for a job that succeeded.
 
@@ -257,7 +258,8 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
     if predicted is not None and ratio is not None:
         steady = ("" if window is None else f"; {float(window):.2f} over rank 0's last window "
                   "(htj_job_prediction_ratio, start-up left out)")
-        console.print(f"Throughput: {measured:.1f} samples/s measured over the whole run, "
+        console.print(f"Throughput: {measured:.1f} samples/s measured over the training steps "
+                      "(process start-up, rendezvous and evaluation not counted), "
                       f"{predicted:.1f} predicted by the plan (measured / predicted = {ratio:.2f}"
                       f"{steady})", highlight=False)
     store = store_for(args)

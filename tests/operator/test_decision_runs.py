@@ -142,7 +142,7 @@ def test_throughput_leaves_out_a_very_slow_device_and_runs_faster(repo_root: Pat
 
     paying, work_t = _run(repo_root, tmp_path, "throughput", _job(repo_root, gpus=gpus), cluster,
                           store)
-    assert "Left out: left out 1x Tesla-T4: " in " ".join(paying.stdout.split())
+    assert "Note: left out 1x Tesla-T4: " in " ".join(paying.stdout.split())
     assert len(list(work_t.glob("rank-*.json"))) == 2
     everything, work_a = _run(repo_root, tmp_path, "all",
                               _job(repo_root, gpus={**gpus, "selection": "All"}), cluster,

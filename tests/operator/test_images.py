@@ -220,3 +220,17 @@ def test_default_catalog_is_one_torch_release_equal_to_the_example_catalog() -> 
         ImageVariant(image="b", cuda_version=(12, 8), compute_capabilities=("9.0",)))
     with pytest.raises(ValueError, match="minor-compat"):
         parse_images("a=12.6=7.0=2.13.0=yes")
+
+
+def test_no_fit_message_names_the_minor_compat_minimum_when_a_variant_opts_in() -> None:
+    """cu126 opts in, so a 12.x driver from 525.60.13 runs it: the refusal of a 520 driver names
+    that, not cu126's native 560.28 (a new user was sent to upgrade further than needed)."""
+    catalog = make_job(images=COMPAT_CATALOG).images
+    choice = choose_image(catalog, compute_capability="8.0", max_cuda=(11, 8),
+                          driver_version="520.61.05")
+    assert choice.message == (
+        "driver 520.61.05 supports CUDA <= 11.8; variants with cc 8.0 kernels need CUDA 12.6, 12.8 "
+        "(driver >= 525.60.13); add a variant with CUDA <= 11.8 and cc 8.0, or upgrade the driver")
+    native = choose_image(catalog, compute_capability="8.0", max_cuda=(12, 4),
+                          driver_version="550.107.02")
+    assert native.minor_compat_warning.endswith("driver >= 560.28 runs it natively")

@@ -166,7 +166,7 @@ def test_usage_errors_exit_64_never_the_unschedulable_2(capsys: pytest.CaptureFi
     assert no_nodes.value.code == 64
     assert "the following arguments are required: --nodes" in capsys.readouterr().err
     for argv in (["plan", DIGITS, "--nodes", MIXED, "--no-such-flag"], ["no-such-command"],
-                 ["run", DIGITS, "--max-steps", "many"], []):
+                 ["run", DIGITS, "--max-steps", "many"], ["run", DIGITS, "--keep-runs", "-1"], []):
         with pytest.raises(SystemExit) as usage:
             main(argv)
         assert usage.value.code == 64, argv
