@@ -167,8 +167,7 @@ def print_report(console: Any, *, rows: Sequence[RankRow | None], result: Mappin
                       f"chrome://tracing): {', '.join(str(p) for p in profile_traces)}",
                       highlight=False)
     _print_result(console, result)
-    status = "[green]succeeded[/]" if exit_code == 0 else f"[red]failed (exit code {exit_code})[/]"
-    console.print(f"Job {status}")
+    console.print(f"Job {ending(exit_code)}")
 
 
 def _table(rows: Sequence[RankRow | None], initial_batches: Sequence[int] | None) -> Any:
@@ -237,7 +236,7 @@ def _print_no_statistics(console: Any, world: int, result: Mapping[str, Any] | N
     if exit_code == 0:
         console.print("Job [green]succeeded[/] as plain DDP (no heterogeneous balancing)")
     else:
-        console.print(f"Job [red]failed (exit code {exit_code})[/]")
+        console.print(f"Job {ending(exit_code)}")
 
 
 def _print_result(console: Any, result: Mapping[str, Any] | None) -> None:
@@ -256,3 +255,16 @@ def _fmt_value(key: str, value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
+
+
+_STOPPED_BY = {130: "interrupted (Ctrl-C, SIGINT)", 143: "stopped (SIGTERM)", 129: "stopped (SIGHUP)"}
+"""Exit codes 128 + signal of the signals ``heterotrain run`` forwards to its ranks."""
+
+
+def ending(exit_code: int) -> str:
+    """The last line's verdict: ``succeeded``, ``interrupted (Ctrl-C, SIGINT)``, ``failed (...)``."""
+    if exit_code == 0:
+        return "[green]succeeded[/]"
+    if exit_code in _STOPPED_BY:
+        return f"[yellow]{_STOPPED_BY[exit_code]}[/]"
+    return f"[red]failed (exit code {exit_code})[/]"

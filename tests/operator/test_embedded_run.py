@@ -286,3 +286,13 @@ def test_too_few_real_gpus_fall_back_to_the_simulated_default(monkeypatch):
     assert planned.simulated and planned.gpu_ids is None
     assert [r.gpu_type for r in planned.plan.ranks] == [
         "NVIDIA-A100-SXM4-40GB", "Tesla-V100-SXM2-16GB", "Tesla-T4", "Tesla-T4"]
+
+
+@pytest.mark.parametrize(("exit_code", "verdict"), [
+    (0, "succeeded"), (130, "interrupted (Ctrl-C, SIGINT)"), (143, "stopped (SIGTERM)"),
+    (1, "failed (exit code 1)")], ids=["success", "Ctrl-C", "SIGTERM", "a rank failed"])
+def test_the_last_line_says_interrupted_not_failed_after_ctrl_c(exit_code, verdict):
+    from rich.text import Text
+
+    from hetero_operator import report
+    assert Text.from_markup(report.ending(exit_code)).plain == verdict
