@@ -46,7 +46,8 @@ class OperatorConfig:
         backoff_base_s / backoff_max_s: restart delay ``base * 2**(restarts-1)`` capped at max
             (``HTJ_BACKOFF_BASE_S`` 10, ``HTJ_BACKOFF_MAX_S`` 300), as case 21 (10 s, 20 s, ...).
         resync_s: level-based re-check interval of every job (``HTJ_RESYNC_S``, 10).
-        progress_interval_s: how often rank 0's metrics are read (``HTJ_PROGRESS_INTERVAL_S``, 15).
+        progress_interval_s: how often rank 0's metrics (progress) and one rank per GPU type's
+            (learned speeds) are read (``HTJ_PROGRESS_INTERVAL_S``, 15).
         peering: kopf peering object name (``HTJ_PEERING``, ``heterotrain``); ``""`` = standalone
             (no peering; only for a single replica).
         peering_priority: this replica's peering priority (``HTJ_PEERING_PRIORITY``; default

@@ -219,6 +219,28 @@ class Api:
                 return None
             raise
 
+    async def create_configmap(self, namespace: str, body: Mapping[str, Any]) -> bool:
+        """Create a ConfigMap; ``False`` when one of that name exists (409)."""
+        try:
+            await self._call(self.core.create_namespaced_config_map, namespace, dict(body))
+            return True
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    async def patch_configmap(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """JSON merge patch (RFC 7386) of a ConfigMap; ``False`` on 409 (the patch's
+        ``metadata.resourceVersion`` is no longer current) or 404 (deleted meanwhile)."""
+        try:
+            await self._call(self.core.patch_namespaced_config_map, name, namespace, dict(patch),
+                             _content_type="application/merge-patch+json")
+            return True
+        except kubernetes.client.ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+
     async def get_crd(self, name: str) -> dict[str, Any] | None:
         """The CustomResourceDefinition ``name``, or ``None`` when it is not installed."""
         try:

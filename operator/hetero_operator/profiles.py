@@ -237,6 +237,43 @@ def configmap_data(profile_key: str, entries: Mapping[str, LearnedSpeed]) -> dic
     return {profile_key: json.dumps(entries_to_json(entries), sort_keys=True, separators=(",", ":"))}
 
 
+def configmap_update(configmap: Mapping[str, Any] | None, profile_key: str,
+                     observations: Sequence[Observation], *, now_s: float,
+                     max_age_s: float = DEFAULT_MAX_AGE_S
+                     ) -> tuple[dict[str, str | None], dict[str, LearnedSpeed]]:
+    """The ``data`` merge patch that records ``observations`` under ``profile_key``.
+
+    The key's entries are merged with the observations (:func:`merge`); every other key whose entries
+    are all older than ``max_age_s`` is removed (``None`` in a JSON merge patch, RFC 7386), so
+    the ConfigMap does not grow with keys nobody trains any more.  Keys that do not parse are
+    left alone (someone edited them by hand).
+
+    Args:
+        configmap: the ConfigMap as read (``None`` when it does not exist yet).
+        profile_key: the job's profileKey.
+        observations: from :func:`observations_from_stats`.
+        now_s: Unix seconds.
+        max_age_s: ageing limit, seconds.
+
+    Returns:
+        ``(data patch, the key's new entries)``.
+    """
+    data = (configmap or {}).get("data") or {}
+    merged = merge(configmap_entries(configmap, profile_key), observations, now_s=now_s,
+                   max_age_s=max_age_s)
+    patch: dict[str, str | None] = dict(configmap_data(profile_key, merged))
+    for key in data:
+        if key == profile_key:
+            continue
+        try:
+            entries = entries_from_json(json.loads(data[key] or "null"))
+        except ValueError:
+            continue
+        if entries and not fresh(entries, now_s=now_s, max_age_s=max_age_s):
+            patch[key] = None
+    return patch, merged
+
+
 # --- the local file store ---------------------------------------------------------------------
 
 def default_path(environ: Mapping[str, str] | None = None) -> Path:

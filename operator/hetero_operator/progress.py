@@ -28,6 +28,17 @@ def default_metrics_url(pod: Mapping[str, Any], port: int) -> str | None:
     return f"http://{ip}:{port}/metrics" if ip and port else None
 
 
+async def fetch_metrics(url: str) -> str | None:
+    """The ``/metrics`` text at ``url``, ``None`` when unreadable within :data:`READ_TIMEOUT_S`."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(url) as resp:
+                return await resp.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+
+
 class ProgressReader:
     """Reads rank 0's metrics at most every ``interval_s`` per job.
 
@@ -55,12 +66,8 @@ class ProgressReader:
         if url is None:
             return {}
         self._read_at[key] = now_s
-        try:
-            timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
-                async with session.get(url) as resp:
-                    text = await resp.text()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        text = await fetch_metrics(url)
+        if text is None:
             return {}
         progress = parse_progress(text, global_batch)
         return {} if progress is None else {"progress": progress_status(progress, now_s)}

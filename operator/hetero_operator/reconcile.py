@@ -31,6 +31,7 @@ from hetero_operator.events import EventRecorder
 from hetero_operator.k8s import Api
 from hetero_operator.kueue_gate import RESOURCE_CLAIM_TEMPLATES, Gate, KueueGate, dra_objects
 from hetero_operator.leadership import Leadership
+from hetero_operator.learning import SpeedLearner, record as record_speeds
 from hetero_operator.model import Inventory, Plan, Unschedulable
 from hetero_operator.nodehealth import NodeHealth, node_health
 from hetero_operator.opmetrics import OperatorMetrics
@@ -101,6 +102,7 @@ class Reconciler:
                                      per_job_namespace=namespaced_peering)
         self.events = EventRecorder(api, repeat_s=config.waiting_event_interval_s)
         self.progress = ProgressReader(metrics_url, config.progress_interval_s)
+        self.learner = SpeedLearner(metrics_url, config.progress_interval_s)
         self._phases: dict[Key, str] = {}
         self._job_nodes: dict[Key, frozenset[str]] = {}
         self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
@@ -130,6 +132,7 @@ class Reconciler:
         self.requeue.forget(namespace, name)
         self.events.forget(namespace, name)
         self.progress.forget(namespace, name)
+        self.learner.forget(namespace, name)
         self._phases.pop(key, None)
         self._job_nodes.pop(key, None)
         self.metrics.set_phases(self._phases.values())
@@ -191,7 +194,11 @@ class Reconciler:
         if decision.action == lc.RUNNING:
             extra = await self.progress.read(namespace, name, pods, metrics_port=spec.worker.metrics_port,
                                              global_batch=spec.training.global_batch_size, now_s=now)
+            await self.learner.observe(namespace, name, pods, status.get("plan"),
+                                       metrics_port=spec.worker.metrics_port, now_s=now)
         await self._record(job, status, decision, states, now, extra=extra)
+        if decision.phase == c.SUCCEEDED and status.get("phase") != c.SUCCEEDED:
+            await self._learn(spec, now)
         await self._delete_pods(namespace, decision)  # after the status: a restart counts once
         if gate is not None:
             await self.kueue.after(gate, job, decision, states, c.now_iso(now))
@@ -332,6 +339,22 @@ class Reconciler:
         return PlanInputs(learned=learned, prices=self.config.gpu_prices, now_s=now,
                           link=LinkSettings(intra_node_gbps=self.config.link_intra_node_gbps,
                                             inter_node_gbps=self.config.link_inter_node_gbps))
+
+    async def _learn(self, spec: JobSpec, now: float) -> None:
+        """Record the succeeded job's per-type speeds in ``heterotrain-profiles``
+        (:mod:`hetero_operator.learning`); a failure is logged, never fails the job."""
+        from hetero_operator.spec import profile_key
+
+        key = profile_key(spec)
+        observations = self.learner.observations(spec.namespace, spec.name, unix_s=now)
+        try:
+            entries = await record_speeds(self.api, spec.namespace, key, observations, now_s=now)
+        except Exception as exc:  # noqa: BLE001 - advice only: the job has succeeded regardless
+            log.warning("%s/%s: cannot record learned speeds: %s", spec.namespace, spec.name, exc)
+            return
+        if entries is not None:
+            log.info("%s/%s: learned speeds of %s: %s", spec.namespace, spec.name, key,
+                     {k: (round(e.samples_per_s, 1), e.observations) for k, e in entries.items()})
 
     async def _record(self, job: Mapping[str, Any], status: dict[str, Any], d: lc.Decision,
                       states: Iterable[lc.PodState], now: float, event_type: str = "",

@@ -14,7 +14,9 @@ kmock's ``KubernetesEmulator`` keeps objects as plain dicts; this subclass of it
   send only later events (resume without replay), ``410 Gone`` when it is older than the kept
   history; ``timeoutSeconds`` ends the stream;
 * the ``status`` subresource: a status PATCH changes only ``status``, a main PATCH never does;
-* merge-patch (RFC 7386) and JSON-patch (RFC 6902);
+* merge-patch (RFC 7386) and JSON-patch (RFC 6902); a merge patch carrying
+  ``metadata.resourceVersion`` is refused with 409 ``Conflict`` unless that is the object's
+  current one (optimistic concurrency);
 * deletion: finalizers hold an object (``deletionTimestamp``); pods bound to a node with a
   kubelet attached terminate gracefully: ``deletionTimestamp`` is the request time plus the
   grace period (``gracePeriodSeconds``, else the pod's ``terminationGracePeriodSeconds``, 30)
@@ -52,6 +54,7 @@ PEERINGS = ("kopf.dev", "v1", "clusterkopfpeerings")
 RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
     ("", "v1", "pods"): dict(kind="Pod", namespaced=True, subresources=["status"]),
     ("", "v1", "services"): dict(kind="Service", namespaced=True),
+    ("", "v1", "configmaps"): dict(kind="ConfigMap", namespaced=True),
     ("", "v1", "events"): dict(kind="Event", namespaced=True),
     ("", "v1", "nodes"): dict(kind="Node", namespaced=False, subresources=["status"]),
     ("", "v1", "namespaces"): dict(kind="Namespace", namespaced=False),
@@ -174,6 +177,12 @@ class FakeApiServer(kmock.KubernetesScaffold):
         old = self.store.get(key)
         if old is None:
             raise _err(404, "NotFound", f'{resource[2]} "{name}" not found')
+        wanted_rv = ((patch.get("metadata") or {}).get("resourceVersion")
+                     if isinstance(patch, dict) else None)
+        if wanted_rv is not None and wanted_rv != old["metadata"].get("resourceVersion"):
+            raise _err(409, "Conflict", f'Operation cannot be fulfilled on {resource[2]} "{name}": '
+                       "the object has been modified; please apply your changes to the latest "
+                       "version and try again")
         new = jsonpatch.apply_patch(old, patch) if isinstance(patch, list) else _merge(old, patch)
         info = RESOURCES.get(resource, {})
         if "status" in info.get("subresources", ()):
