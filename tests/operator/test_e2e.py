@@ -199,7 +199,7 @@ async def test_exceeding_backoff_limit_fails_the_job_and_removes_all_pods(cluste
 
 
 async def test_operator_restart_mid_job_creates_no_duplicates(cluster: Cluster) -> None:
-    await cluster.apply(script("steady", "import time; time.sleep(6)"), namespace="steady")
+    await cluster.apply(script("steady", "import time; time.sleep(6)"), namespace="steady")  # sync-ok: the workload
     await cluster.wait_for(lambda: cluster.phase("steady", "steady") == "Running", 60, "Running")
     await cluster.stop_operator()
     await cluster.start_operator(CONFIG)
@@ -213,7 +213,7 @@ async def test_operator_restart_mid_job_creates_no_duplicates(cluster: Cluster) 
 
 
 async def test_deleting_the_job_removes_everything_without_finalizers(cluster: Cluster) -> None:
-    await cluster.apply(script("gone", "import time; time.sleep(60)"), namespace="gone")
+    await cluster.apply(script("gone", "import time; time.sleep(60)"), namespace="gone")  # sync-ok: the workload
     await cluster.wait_for(lambda: cluster.phase("gone", "gone") == "Running", 60, "Running")
     assert not cluster.job("gone", "gone")["metadata"].get("finalizers")
     await cluster.api.delete(HTJ, "gone", "gone")
@@ -259,7 +259,7 @@ async def test_deleted_node_restarts_onto_the_remaining_capacity_uncounted(clust
     # The first attempt runs until the node loss restarts it (it never finishes on its own, however
     # slow the machine); the re-planned attempt (generation 1) exits at once.
     body = script("shrink", "import os, time; "
-                  "time.sleep(300 if os.environ['HTJ_RESTART_GENERATION'] == '0' else 0)",
+                  "time.sleep(300 if os.environ['HTJ_RESTART_GENERATION'] == '0' else 0)",  # sync-ok: the workload
                   gpus={"ranks": 4, "minRanks": 2})
     await cluster.apply(body, namespace="shrink")
     await cluster.wait_for(lambda: cluster.phase("shrink", "shrink") == "Running", 60, "Running")
