@@ -131,11 +131,16 @@ def train(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; a bad contract or a rendezvous timeout exits non-zero with a message."""
+    return run_lm_main(argv, prog="python -m hetero_worker.examples.lm", doc=__doc__, train=train)
+
+
+def run_lm_main(argv: list[str] | None, *, prog: str, doc: str | None,
+                train: Any) -> int:
+    """The LM examples' shared command line (model shape, text, learning rate) around ``train``."""
     from hetero_worker.examples import add_common_args
     from hetero_worker.preflight import exit_on_setup_error, preflight
 
-    parser = argparse.ArgumentParser(prog="python -m hetero_worker.examples.lm",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").splitlines()[0])
     add_common_args(parser)
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
     parser.add_argument("--context", type=int, default=64, help="bytes of context")

@@ -78,21 +78,9 @@ def train(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; a bad contract or a rendezvous timeout exits non-zero with a message."""
-    from hetero_worker.examples import add_common_args
-    from hetero_worker.preflight import exit_on_setup_error, preflight
-
-    parser = argparse.ArgumentParser(prog="python -m hetero_worker.examples.lm_large",
-                                     description=__doc__.splitlines()[0])
-    add_common_args(parser)
-    parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
-    parser.add_argument("--context", type=int, default=64, help="bytes of context")
-    parser.add_argument("--width", type=int, default=128, help="model width")
-    parser.add_argument("--layers", type=int, default=2, help="transformer blocks")
-    parser.add_argument("--heads", type=int, default=4, help="attention heads")
-    parser.add_argument("--text-bytes", type=int, default=400_000, help="stdlib text to read")
-    parser.set_defaults(epochs=1, max_steps=40)
-    args = parser.parse_args(argv)
-    return exit_on_setup_error(lambda: preflight(os.environ) and train(args))
+    from hetero_worker.examples.lm import run_lm_main
+    return run_lm_main(argv, prog="python -m hetero_worker.examples.lm_large", doc=__doc__,
+                       train=train)
 
 
 if __name__ == "__main__":
