@@ -48,6 +48,28 @@ def test_indexed_inventory_equals_full_parse_and_rereads_only_changes(counted: l
     assert again == build_inventory(list(index.values()), pods[1:])
 
 
+def test_only_replaced_node_values_are_read_again_when_pods_did_not_change(counted: list[str]) -> None:
+    raw_nodes, pods = synthetic_cluster(200, seed=5)
+    index = {n["metadata"]["name"]: trim_node(n) for n in raw_nodes}
+    nodeindex.build_indexed_inventory(index.values(), pods_index := [p for e in map(gpu_pod, pods) for p in e])
+    counted.clear()
+    gone, relabelled = raw_nodes[3], raw_nodes[150]
+    gone["spec"] = {"unschedulable": True}  # now excluded
+    relabelled["metadata"]["labels"]["nvidia.com/gpu.count"] = "2"
+    for n in (gone, relabelled):
+        index[n["metadata"]["name"]] = trim_node(n)
+    inventory = nodeindex.build_indexed_inventory(index.values(), pods_index)
+    assert sorted(counted) == sorted([gone["metadata"]["name"], relabelled["metadata"]["name"]])
+    assert inventory == build_inventory(list(index.values()), pods_index)
+    assert gone["metadata"]["name"] in {x.node for x in inventory.excluded}
+
+
+def gpu_pod(pod: dict) -> list:
+    from hetero_operator.runner import gpu_pod_entry
+    entry = gpu_pod_entry(pod)
+    return list(entry.values()) if entry else []
+
+
 def test_unchanged_node_keeps_its_value_in_a_kopf_store() -> None:
     # kopf's Store keeps the old value when the new one compares equal (indexing.Store._replace):
     # equality must be the dict's, so the memo survives a re-list.
