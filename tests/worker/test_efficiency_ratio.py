@@ -22,7 +22,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(t.local_batch, 4), torch.randn(t.local_batch, 2)
 while True:
     t.step(opt, lambda m: F.mse_loss(m(x), y))
-    stop = torch.tensor([float(os.path.exists(sys.argv[1]) or t.global_step >= 400)])
+    stop = torch.tensor([float(os.path.exists(sys.argv[1]) or t.global_step >= 600)])
     dist.all_reduce(stop, op=dist.ReduceOp.MAX)
     if stop.item():
         break
@@ -64,10 +64,11 @@ def test_rank0_exports_the_efficiency_of_a_real_unbalanced_run(prometheus, tmp_p
         prometheus.set_targets([f"127.0.0.1:{p}" for p in ports], {"namespace": "default"}, wait_s=90)
         series = prometheus.wait_for('htj_job_efficiency_ratio{job="eff"}',
                                      lambda r: len(r) == 1, timeout_s=60)
-        # a 10 s window of scrapes that all lie after the first step (not in the start-up)
-        prometheus.wait_for('min_over_time(htj_steps_total{job="eff"}[10s]) > 0 and '
+        # a 10 s window of scrapes that all lie after step 20 (past the start-up and DDP's
+        # first-iteration bucket rebuild, which the counters would otherwise average in)
+        prometheus.wait_for('min_over_time(htj_steps_total{job="eff"}[10s]) >= 20 and '
                             'count_over_time(htj_steps_total{job="eff"}[10s]) >= 9',
-                            lambda r: len(r) == 2, timeout_s=40)
+                            lambda r: len(r) == 2, timeout_s=60)
         series = prometheus.query('htj_job_efficiency_ratio{job="eff"}')
         rates = prometheus.query(
             'sum(rate(htj_samples_total{job="eff"}[10s])) / sum(rate(htj_samples_total{job="eff"}[10s])'
