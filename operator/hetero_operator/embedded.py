@@ -310,13 +310,14 @@ def run(args: argparse.Namespace) -> int:
     start = time.monotonic()
     outcome = _supervise(planned, argv, workdir=workdir, port_base=port_base, console=console,
                          grace_s=args.grace_s)
-    report.print_report(console, rows=report.read_rows(workdir, world),
+    verdict = report.print_report(console, rows=report.read_rows(workdir, world),
                         result=report.read_result(workdir),
                         planned_speedup=planned.plan.expected_speedup_over_equal,
                         elapsed_s=time.monotonic() - start, exit_code=outcome.exit_code,
                         initial_batches=[r.local_batch for r in planned.plan.ranks],
                         rebalance_interval_steps=job.training.rebalance_interval_steps,
-                        profile_traces=sorted((workdir / "profiles").glob("*.trace.json")))
+                        profile_traces=sorted((workdir / "profiles").glob("*.trace.json")),
+                        verdict=False)
     if job.profile_steps is not None and not any((workdir / "profiles").glob("*.trace.json")):
         console.print(f"[yellow]No profiler trace was written[/]: steps {job.profile_steps[0]}-"
                       f"{job.profile_steps[1]} were not reached, or the worker does not use "
@@ -330,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"Removed {len(removed)} older run director"
                           f"{'y' if len(removed) == 1 else 'ies'} under {RUNS_DIR}/ (--keep-runs "
                           f"{args.keep_runs})")
+    console.print(verdict)  # the last line says how the job ended
     return outcome.exit_code
 
 

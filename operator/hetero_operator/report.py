@@ -130,7 +130,7 @@ def read_result(directory: Path) -> dict[str, Any] | None:
 def print_report(console: Any, *, rows: Sequence[RankRow | None], result: Mapping[str, Any] | None,
                  planned_speedup: float, elapsed_s: float, exit_code: int,
                  initial_batches: Sequence[int] | None = None, rebalance_interval_steps: int = 0,
-                 profile_traces: Sequence[Path] = ()) -> None:
+                 profile_traces: Sequence[Path] = (), verdict: bool = True) -> str:
     """Print the per-rank table, rebalancing, the speed-up, the result and the job's outcome.
 
     Args:
@@ -143,11 +143,15 @@ def print_report(console: Any, *, rows: Sequence[RankRow | None], result: Mappin
         initial_batches: the plan's local batch per rank (shown beside the final one).
         rebalance_interval_steps: ``spec.training.rebalance.intervalSteps`` (0: off).
         profile_traces: profiler trace files the ranks wrote.
+        verdict: print the last line (``Job succeeded`` ...) too; False leaves it to the caller,
+            which prints the returned line after its own output.
+
+    Returns:
+        The verdict line (rich markup).
     """
     known = [r for r in rows if r is not None]
     if not known:
-        _print_no_statistics(console, len(rows), result, exit_code)
-        return
+        return _print_no_statistics(console, len(rows), result, exit_code, verdict=verdict)
     console.print(_table(rows, initial_batches))
     total = sum(r.samples_per_s for r in known if not math.isnan(r.samples_per_s))
     console.print(f"Throughput: {total:.1f} samples/s over {len(known)} ranks; "
@@ -167,7 +171,10 @@ def print_report(console: Any, *, rows: Sequence[RankRow | None], result: Mappin
                       f"chrome://tracing): {', '.join(str(p) for p in profile_traces)}",
                       highlight=False)
     _print_result(console, result)
-    console.print(f"Job {ending(exit_code)}")
+    line = f"Job {ending(exit_code)}"
+    if verdict:
+        console.print(line)
+    return line
 
 
 def _table(rows: Sequence[RankRow | None], initial_batches: Sequence[int] | None) -> Any:
@@ -225,7 +232,7 @@ def _print_rebalancing(console: Any, rows: Sequence[RankRow], interval_steps: in
 
 
 def _print_no_statistics(console: Any, world: int, result: Mapping[str, Any] | None,
-                         exit_code: int) -> None:
+                         exit_code: int, *, verdict: bool) -> str:
     """No rank used hetero_worker's Trainer: say what really happened instead of a speed-up."""
     console.print(
         f"[yellow]No rank reported statistics[/] ({world} ranks): the worker does not use "
@@ -233,10 +240,11 @@ def _print_no_statistics(console: Any, world: int, result: Mapping[str, Any] | N
         "balancing happened: the plan's split and expected speed-up were not applied. To use them, "
         "port the script as docs/torchrun.md shows (seven lines).", highlight=False)
     _print_result(console, result)
-    if exit_code == 0:
-        console.print("Job [green]succeeded[/] as plain DDP (no heterogeneous balancing)")
-    else:
-        console.print(f"Job {ending(exit_code)}")
+    line = ("Job [green]succeeded[/] as plain DDP (no heterogeneous balancing)" if exit_code == 0
+            else f"Job {ending(exit_code)}")
+    if verdict:
+        console.print(line)
+    return line
 
 
 def _print_result(console: Any, result: Mapping[str, Any] | None) -> None:

@@ -258,7 +258,7 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
     if predicted is not None and ratio is not None:
         steady = ("" if window is None else f"; {float(window):.2f} over rank 0's last window "
                   "(htj_job_prediction_ratio, start-up left out)")
-        console.print(f"Throughput: {measured:.1f} samples/s measured over the training steps "
+        console.print(f"Prediction check: {measured:.1f} samples/s measured over the training steps "
                       "(process start-up, rendezvous and evaluation not counted), "
                       f"{predicted:.1f} predicted by the plan (measured / predicted = {ratio:.2f}"
                       f"{steady})", highlight=False)
