@@ -70,6 +70,8 @@ def test_rank0_exports_the_efficiency_of_a_real_unbalanced_run(prometheus, tmp_p
                             'count_over_time(htj_steps_total{job="eff"}[10s]) >= 9',
                             lambda r: len(r) == 2, timeout_s=60)
         series = prometheus.query('htj_job_efficiency_ratio{job="eff"}')
+        # the gauge's 10-step windows averaged over the same 10 s as the counters' rates
+        averaged = prometheus.query('avg_over_time(htj_job_efficiency_ratio{job="eff"}[10s])')
         rates = prometheus.query(
             'sum(rate(htj_samples_total{job="eff"}[10s])) / sum(rate(htj_samples_total{job="eff"}[10s])'
             ' / rate(htj_compute_seconds_total{job="eff"}[10s]))')
@@ -79,7 +81,7 @@ def test_rank0_exports_the_efficiency_of_a_real_unbalanced_run(prometheus, tmp_p
         prometheus.set_targets([])
     assert [p.returncode for p in procs] == [0, 0], outs
     assert series[0]["metric"]["rank"] == "0" and series[0]["metric"]["gpu_product"] == "NVIDIA-A100-SXM4-40GB"
-    value = float(series[0]["value"][1])
+    value = float(averaged[0]["value"][1])
     from_counters = float(rates[0]["value"][1])
     assert 0.4 < value < 0.9 and value == pytest.approx(from_counters, abs=0.08), (value, from_counters)
     assert "efficiency None" in outs[1]  # rank 1 never computes it
