@@ -37,6 +37,7 @@ from hetero_operator.nodehealth import NodeHealth, node_health
 from hetero_operator.opmetrics import OperatorMetrics
 from hetero_operator.progress import MetricsUrlFn, ProgressReader, default_metrics_url
 from hetero_operator.requeue import Requeue, next_look_s
+from hetero_operator.reservations import Reservations
 from hetero_operator.spec import JobSpec, SpecError, parse_job
 
 log = logging.getLogger("heterotrain.operator")
@@ -106,6 +107,7 @@ class Reconciler:
         self._phases: dict[Key, str] = {}
         self._job_nodes: dict[Key, frozenset[str]] = {}
         self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
+        self.reservations = Reservations()  # planned pods the pod index has not seen yet
 
     # --- kicks -----------------------------------------------------------------------------
 
@@ -250,6 +252,12 @@ class Reconciler:
             pods = kueue.apply_placements(pods, result, gate.allowed)
         pods, claim_templates = dra.use_claims(spec.name, spec.namespace, result, pods, drainv,
                                                labels=rendering.selector(spec.name))
+        from hetero_operator.runner import gpu_pod_entry  # runner imports this module
+
+        # Held before the first await: a start planned meanwhile counts these GPUs as used.
+        self.reservations.hold((spec.namespace, spec.name),
+                               [e for p in pods for e in (gpu_pod_entry(p) or {}).values()],
+                               now_s=self.clock())
         children = [rendering.render_service(spec, master_port=self.config.master_port)]
         if self.config.network_policy:  # before any pod exists: no window with open ports
             children.append(rendering.render_network_policy(
@@ -302,8 +310,11 @@ class Reconciler:
         from hetero_operator.planning import plan_job
 
         # Index values remember their parse: only nodes changed since the last start are re-read.
-        inventory = build_indexed_inventory(self.nodes(), [p for p in self.gpu_pods()
-                                                           if not _owned_by(p, spec.name, spec.namespace)])
+        indexed = self.gpu_pods()
+        held = self.reservations.held_by_others((spec.namespace, spec.name), indexed,
+                                                now_s=self.clock())
+        inventory = build_indexed_inventory(
+            self.nodes(), [p for p in indexed if not _owned_by(p, spec.name, spec.namespace)] + held)
         slices, claims = dra_source
         drainv = dra.merge_dra(inventory, self.nodes(), slices,
                                [x for x in claims if not dra.claim_owned_by_job(x, spec.name, spec.namespace)])

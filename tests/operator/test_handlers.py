@@ -423,3 +423,23 @@ async def test_a_lost_node_is_recorded_before_its_pods_are_force_deleted() -> No
     assert (api.force_deleted_pods, sorted(api.deleted_pods)) == (["digits-g2"], ["digits-g0", "digits-g1"])
     assert {infra for _, infra in seen} == {1}
     assert api.events[-1][:2] == ("Warning", "NodeLost")
+
+
+async def test_a_job_started_before_anothers_pods_are_indexed_does_not_take_their_gpus() -> None:
+    """bench_operator: jobs started in the same seconds all planned onto the same free GPUs, since
+    the pod index shows a start's pods only once the watch delivers them. Here the index never
+    does (``gpu_pods`` is empty): the first start's hold keeps its 4 GPUs taken."""
+    api = FakeApi(_job())  # 4 ranks on the mixed cluster's 4 GPUs, minRanks 2
+    other = _job()
+    other["metadata"].update(name="other", uid="uid-2")
+    api.jobs[("team-x", "other")] = other
+    clock = [NOW]
+    rec = Reconciler(config=CONFIG, api=api, metrics=OperatorMetrics(), nodes=_nodes,
+                     gpu_pods=lambda: [], clock=lambda: clock[0])
+    await rec.reconcile("team-x", "digits")
+    await rec.reconcile("team-x", "other")
+    assert sorted(api.pods) == ["digits-g0", "digits-g1", "digits-g2"]
+    assert api.jobs[("team-x", "other")]["status"]["phase"] == "Pending"
+    clock[0] += 121  # a hold the index never confirms expires: the next start plans again
+    await rec.reconcile("team-x", "other")
+    assert {"other-g0", "other-g1", "other-g2"} <= set(api.pods)
