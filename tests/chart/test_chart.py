@@ -562,3 +562,37 @@ def test_case_27_upgrade_hook_brings_every_field_the_operator_checks_for() -> No
         schemacheck.check_installed_crd(stale)
     # helm uninstall keeps the CRD (and so every job): it ships in crds/, never as a template
     assert "kind: CustomResourceDefinition" not in re.sub(r"(?s)kind: ConfigMap.*?\n---", "", upgrade)
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector's ``matchLabels``/``matchExpressions`` (In, Exists) against labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for e in selector.get("matchExpressions", ()):
+        if e["operator"] == "Exists" and e["key"] not in labels:
+            return False
+        if e["operator"] == "In" and labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
+def test_case28_the_pod_monitor_is_selected_by_kube_prometheus_stack_once_labelled() -> None:
+    """shared/cases/28: kube-prometheus-stack's Prometheus selects only PodMonitors labelled
+    ``release: <its release>``. Unlabelled (the chart default), ours is ignored; with
+    ``metrics.podMonitor.labels.release`` it is selected, and it selects the operator's rank pods
+    on their ``metrics`` ports."""
+    from hetero_operator import rendering
+
+    docs = list(yaml.safe_load_all((REPO / "tests" / "fixtures" / "cases" /
+                                    "28-podmonitor-not-selected.yaml").read_text()))
+    prometheus = next(d for d in docs if d.get("kind") == "Prometheus")["spec"]
+    on = "metrics.podMonitor.enabled=true"
+    bare = one("default", "PodMonitor", on)
+    assert not _selects(prometheus["podMonitorSelector"], bare["metadata"].get("labels", {}))
+    labelled = one("default", "PodMonitor", on, "metrics.podMonitor.labels.release=kube-prometheus-stack")
+    assert _selects(prometheus["podMonitorSelector"], labelled["metadata"]["labels"])
+    pod_labels = {rendering.LABEL_MANAGED_BY: rendering.MANAGED_BY, rendering.LABEL_JOB: "job-m"}
+    assert _selects(labelled["spec"]["selector"], pod_labels)
+    assert labelled["spec"]["namespaceSelector"] == {"any": True}
+    port_regex = re.compile(labelled["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["regex"])
+    assert all(port_regex.fullmatch(f"metrics-{i}") for i in range(4))  # 4 ranks, one port each
