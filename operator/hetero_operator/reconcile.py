@@ -137,6 +137,7 @@ class Reconciler:
         self.learner.forget(namespace, name)
         self._phases.pop(key, None)
         self._job_nodes.pop(key, None)
+        self.reservations.release(key)
         self.metrics.set_phases(self._phases.values())
 
     async def stop(self) -> None:
@@ -173,6 +174,8 @@ class Reconciler:
             await self._invalid(job, status, exc, now)
             return None
         pods = await self.api.list_pods(namespace, rendering.selector(name))
+        if pods:  # the API has them: from here on the pod index counts them, not a hold
+            self.reservations.release((namespace, name))
         planned_nodes = {g["pod"]: g["node"] for g in (status.get("plan") or {}).get("groups") or ()}
         states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], "")) for p in pods]
         used = frozenset(p.node for p in states if p.node)

@@ -27,3 +27,12 @@ def test_a_hold_expires_and_a_pod_of_another_namespace_does_not_release_it() -> 
     res.hold(("team-x", "a"), [_pod("a-g0")], now_s=0)
     assert len(res.held_by_others(("team-y", "b"), [_pod("a-g0", ns="team-y")], now_s=60)) == 1
     assert res.held_by_others(("team-y", "b"), [], now_s=61) == []
+
+
+def test_release_drops_a_hold_at_once() -> None:
+    """The job's own reconcile sees its pods through the API (or the job is deleted): its pods may
+    have come and gone between two plans of other jobs, so the index alone would never release."""
+    res = Reservations(hold_s=60)
+    res.hold(("team-x", "a"), [_pod("a-g0")], now_s=0)
+    res.release(("team-x", "a"))
+    assert res.held_by_others(("team-x", "b"), [], now_s=1) == []
