@@ -222,8 +222,9 @@ def gpu_pod_entry(body: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     containers = [{"name": ct.get("name"), "resources": ct.get("resources") or {}}
                   for ct in spec.get("containers") or ()]
-    wants_gpu = any(k.startswith(GPU_RESOURCE_PREFIX)
-                    for ct in containers for part in ct["resources"].values() for k in (part or {}))
+    wants_gpu = any(k.startswith(GPU_RESOURCE_PREFIX)  # requests/limits; DRA's `claims` is a list
+                    for ct in containers for part in ct["resources"].values()
+                    if isinstance(part, Mapping) for k in part)
     if not wants_gpu:
         return None
     meta = body.get("metadata") or {}

@@ -96,3 +96,14 @@ def test_our_pod_counts_on_its_pinned_node_before_it_is_bound() -> None:
     assert nodeindex.indexed_used_resources(entry.values()) == {"node-00003": {"nvidia.com/gpu": 4}}
     theirs = {**ours, "metadata": {"name": "x", "namespace": "a", "labels": {}}}
     assert gpu_pod_entry(theirs) is None  # another controller's unbound pod: not placed yet
+
+
+def test_a_dra_pod_with_resource_claims_is_not_a_gpu_pod_entry_and_does_not_crash() -> None:
+    """A container's ``resources.claims`` (DRA) is a list of names, not a resource map: the pod
+    index function met it on DRA nodes and raised AttributeError on every event."""
+    from hetero_operator.runner import gpu_pod_entry
+    pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}},
+           "spec": {"nodeName": "node-a", "containers": [
+               {"name": "worker", "resources": {"claims": [{"name": "gpus"}]}}]},
+           "status": {"phase": "Running"}}
+    assert gpu_pod_entry(pod) is None
