@@ -42,9 +42,9 @@ FLAKY = textwrap.dedent("""
     if attempt < int(os.environ["FAIL_TIMES"]):
         if ct.rank == 1:  # fail once every rank of this attempt is up
             while len([f for f in os.listdir(out) if f.endswith(f"-{attempt}")]) < ct.world_size:
-                time.sleep(0.05)
+                time.sleep(0.05)  # sync-ok: the workload polls for its peers' marker files
             sys.exit(5)
-        time.sleep(60)  # stopped by the launcher when rank 1 fails
+        time.sleep(60)  # sync-ok: the workload; stopped by the launcher when rank 1 fails
     if ct.rank == 0:
         from hetero_worker.rundir import write_result
         write_result({"accuracy": 0.5})
@@ -264,7 +264,7 @@ def test_measured_speedup_over_equal_split():
 def test_active_deadline_stops_every_rank(tmp_path):
     job = _job(tmp_path, fail_times=0, checkpoint=True)
     doc = yaml.safe_load(job.read_text())
-    doc["spec"]["worker"]["command"] = ["python", "-c", "import time; time.sleep(60)"]
+    doc["spec"]["worker"]["command"] = ["python", "-c", "import time; time.sleep(60)"]  # sync-ok: the workload
     doc["spec"]["runPolicy"]["activeDeadlineSeconds"] = 2
     job.write_text(yaml.safe_dump(doc))
     done = _run(tmp_path, job)

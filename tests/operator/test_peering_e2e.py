@@ -33,7 +33,7 @@ from hetero_operator.config import OperatorConfig  # noqa: E402
 PODS = ("", "v1", "pods")
 BASE = dict(peering="heterotrain", metrics_port=0, health_port=0, simulate_devices=True,
             resync_s=1.0, progress_interval_s=0.3, unschedulable_retry_s=1.0)
-RUNS = "import time; time.sleep(120)"  # the ranks just stay up (deleted with the job)
+RUNS = "import time; time.sleep(120)"  # sync-ok: the workload; ranks stay up (deleted with the job)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(200)]
 
