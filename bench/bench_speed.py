@@ -272,9 +272,8 @@ def worker_main(scenario: str, out_dir: str) -> int:
     else:
         result = link_scenario(contract, slow=scenario == "slow")
     Path(out_dir, f"rank{contract.rank}.json").write_text(json.dumps(result))
-    import torch.distributed as dist
-    dist.barrier()
-    dist.destroy_process_group()
+    from hetero_worker.shutdown import leave_process_group
+    leave_process_group()
     return 0
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from hetero_worker.contract import parse_contract
 from hetero_worker.metrics import WorkerMetrics
+from hetero_worker.shutdown import leave_process_group
 
 
 def main(stop_file: str, step_sleep_s: float, max_s: float) -> int:
@@ -51,7 +52,7 @@ def main(stop_file: str, step_sleep_s: float, max_s: float) -> int:
         if stop.item() > 0:
             break
         time.sleep(step_sleep_s)  # sync-ok: the workload's deliberate step time
-    dist.destroy_process_group()
+    leave_process_group()
     metrics.stop_server()
     return 0
 

@@ -47,6 +47,7 @@ from hetero_worker.groups import ProcessGroups, build_process_groups, gather_com
 from hetero_worker.precision import PrecisionPolicy, agree_found_inf
 from hetero_worker.preflight import exit_on_setup_error, preflight
 from hetero_worker.sampler import HeteroBatchSampler
+from hetero_worker.shutdown import leave_process_group
 from hetero_worker.simulate import simulate_compute
 from hetero_worker.sync import WeightedGradSync
 from hetero_worker.topology import build_layout
@@ -555,12 +556,7 @@ class Trainer:
         self.metrics.flush()
         self.metrics.stop_server()
         self.sync.close()
-        if dist.is_initialized():
-            # Leave together: rank 0 hosts the TCPStore, and a rank still tearing down its Gloo
-            # pairs after rank 0 exited was seen to abort ("terminate called without an active
-            # exception") under load.
-            dist.barrier()
-            dist.destroy_process_group()
+        leave_process_group()  # together, and without torch 2.13's Gloo exit abort
 
 
 def _any_rank(value: bool) -> bool:
