@@ -13,6 +13,7 @@ from typing import Any
 from hetero_operator import conditions as c
 from hetero_operator.lifecycle import SHUTDOWN_REASONS, JobState, NodeLoss, PodState
 from hetero_operator.marginal import VALUE_STATUS_KEYS, value_status
+from hetero_operator.memory import MemoryPlan
 from hetero_operator.model import Plan
 from hetero_operator.rendering import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ATTEMPT,
                                        LABEL_RANK, pod_units)
@@ -24,7 +25,10 @@ STATUS_KEYS = frozenset({
     "completionTime", "restartNotBefore", "lastFailure", "plan", "progress",
 })
 PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
-                       "groups", "excluded", "pods"}) | VALUE_STATUS_KEYS
+                       "groups", "excluded", "pods", "memory"}) | VALUE_STATUS_KEYS
+MEMORY_KEYS = frozenset({"requested", "mode", "stateBytes", "reasons", "gpuTypes"})
+MEMORY_TYPE_KEYS = frozenset({"gpuType", "ranks", "usableBytes", "stateSharePercent", "stateBytes",
+                              "microBatches", "activationCheckpointing", "peakBytes"})
 GROUP_KEYS = frozenset({"index", "pod", "node", "gpuType", "architecture", "resourceName", "image",
                         "precision", "firstRank", "ranks", "localBatches"})
 PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "efficiency", "predictionRatio",
@@ -121,6 +125,30 @@ def plan_status(job_name: str, plan: Plan, *, master_addr: str, master_port: int
         "excluded": [{"node": e.node, "reason": e.reason, "message": e.message}
                      for e in plan.excluded],
         **value_status(plan.value),
+        **({"memory": memory_status(plan.memory)} if plan.memory is not None else {}),
+    }
+
+
+def memory_status(memory: MemoryPlan) -> dict[str, Any]:
+    """``status.plan.memory``: the sharding mode chosen and why, and per GPU type what a rank of it
+    holds (the largest figure among its ranks: most state, most micro-batches, highest peak).
+
+    Per GPU type rather than per rank, so the status stays small at 1,024 ranks; ``heterotrain
+    plan`` prints the per-rank table.
+    """
+    by_type: dict[str, list[Any]] = {}
+    for r in memory.ranks:
+        by_type.setdefault(r.gpu_type, []).append(r)
+    return {
+        "requested": memory.requested, "mode": memory.mode, "stateBytes": memory.state_bytes,
+        "reasons": list(memory.reasons),
+        "gpuTypes": [{
+            "gpuType": t, "ranks": len(rs), "usableBytes": min(r.usable_bytes for r in rs),
+            "stateSharePercent": f"{max(r.state_share_ppm for r in rs) / 1e4:.2f}",
+            "stateBytes": max(r.state_bytes for r in rs),
+            "microBatches": max(r.micro_batches for r in rs),
+            "activationCheckpointing": any(r.activation_checkpointing for r in rs),
+            "peakBytes": max(r.peak_bytes for r in rs)} for t, rs in by_type.items()],
     }
 
 

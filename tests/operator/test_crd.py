@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s import crdcheck  # noqa: E402
 
 from hetero_operator import spec as spec_mod  # noqa: E402
-from hetero_operator.status import GROUP_KEYS, PLAN_KEYS, PROGRESS_KEYS, STATUS_KEYS  # noqa: E402
+from hetero_operator.status import (GROUP_KEYS, MEMORY_KEYS, MEMORY_TYPE_KEYS, PLAN_KEYS,  # noqa: E402
+                                    PROGRESS_KEYS, STATUS_KEYS)
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = crdcheck.load_crd()
@@ -175,6 +176,9 @@ def test_status_declares_every_field_the_operator_writes() -> None:
     assert set(status["properties"]["plan"]["properties"]) == PLAN_KEYS
     assert set(status["properties"]["plan"]["properties"]["groups"]["items"]["properties"]) == GROUP_KEYS
     assert set(status["properties"]["progress"]["properties"]) == PROGRESS_KEYS
+    memory = status["properties"]["plan"]["properties"]["memory"]
+    assert set(memory["properties"]) == MEMORY_KEYS
+    assert set(memory["properties"]["gpuTypes"]["items"]["properties"]) == MEMORY_TYPE_KEYS
 
 
 def test_pruning_drops_an_undeclared_status_field() -> None:

@@ -9,17 +9,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
+from k8s import crdcheck
 
 from hetero_operator import model
 from hetero_operator.inventory import build_inventory
 from hetero_operator.planning import plan_job
 from hetero_operator.spec import parse_job
+from hetero_operator.status import plan_status
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "lm-large.yaml"
 NODES = ROOT / "examples" / "clusters" / "scaled-memory.yaml"
+CRD = ROOT / "crds" / "heterotrainingjobs.heterotrain.io.yaml"
 LOSS_THRESHOLD = 3.2  # stated in examples/lm-large.yaml
 MIB = 2**20
 
@@ -59,6 +63,29 @@ def test_auto_plans_group_with_micro_batches_on_the_t4s() -> None:
     assert [(r.state_bytes, r.micro_batch_size, r.micro_batches) for r in mem.ranks] == [
         (7528448, 22, 1), (3764224, 2, 3), (3764224, 2, 3)]
     assert all(r.peak_bytes <= r.usable_bytes for r in mem.ranks)
+
+
+def test_the_memory_decision_goes_into_status_plan_and_survives_pruning() -> None:
+    plan = _plan("Auto")
+    status = {"plan": plan_status("lm-large", plan, master_addr="lm-large-0.lm-large", master_port=29500)}
+    memory = status["plan"]["memory"]
+    assert {k: memory[k] for k in ("requested", "mode", "stateBytes")} == {
+        "requested": "Auto", "mode": "Group", "stateBytes": 7528448}
+    assert memory["reasons"] == list(plan.memory.reasons) and len(memory["reasons"]) == 2
+    usable = [r.usable_bytes for r in plan.memory.ranks]
+    assert memory["gpuTypes"] == [
+        {"gpuType": "NVIDIA-A100-SXM4-40GB", "ranks": 1, "usableBytes": usable[0],
+         "stateSharePercent": "100.00", "stateBytes": 7528448, "microBatches": 1,
+         "activationCheckpointing": plan.memory.ranks[0].activation_checkpointing,
+         "peakBytes": plan.memory.ranks[0].peak_bytes},
+        {"gpuType": "Tesla-T4", "ranks": 2, "usableBytes": usable[1], "stateSharePercent": "50.00",
+         "stateBytes": 3764224, "microBatches": 3,
+         "activationCheckpointing": plan.memory.ranks[1].activation_checkpointing,
+         "peakBytes": max(r.peak_bytes for r in plan.memory.ranks[1:])}]
+    schema = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    status_schema = schema["properties"]["status"]
+    assert crdcheck.prune(status_schema, status) == status  # every field declared: nothing pruned
+    jsonschema.validate(status, status_schema)
 
 
 def test_plan_cli_exit_codes() -> None:
