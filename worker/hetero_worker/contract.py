@@ -104,6 +104,11 @@ unset or ``0``: off."""
 MEMORY_CAP_BYTES = "HTJ_MEMORY_CAP_BYTES"
 """Usable memory of the rank's device, bytes (device memory minus the planner's reserve); a
 simulated device enforces it (state + activations saved for backward); unset or 0: no cap."""
+SHARD_PPM = "HTJ_SHARD_PPM"
+"""``full`` sharding only: each rank's share of the model state, parts per million, comma-separated
+in rank order (``"500000,250000,250000"``, summing to 1 000 000; the planner's shares, proportional
+to usable memory).  A job-wide value, so the pod form carries it.  Unset under ``full``: even
+shares."""
 SHARDINGS: tuple[str, ...] = ("none", "group", "full")
 DEFAULT_SIM_DELAY_PER_SAMPLE_S = 0.002
 DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0
@@ -117,7 +122,7 @@ OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALA
 KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS,
              PREDICTED_SAMPLES_PER_S)
 """Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
-MEMORY_VARS = (SHARDING, MICRO_BATCH_SIZE, ACTIVATION_CHECKPOINTING, MEMORY_CAP_BYTES)
+MEMORY_VARS = (SHARDING, MICRO_BATCH_SIZE, ACTIVATION_CHECKPOINTING, MEMORY_CAP_BYTES, SHARD_PPM)
 """The memory model's variables (issue 12); rendered only when not at their defaults (a job
 without ``spec.training.model`` gets none of them)."""
 
@@ -242,6 +247,7 @@ class Contract:
     micro_batch_size: int = 0
     activation_checkpointing: bool = False
     memory_cap_bytes: int = 0
+    shard_ppm: tuple[int, ...] = ()
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -311,6 +317,8 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         env[ACTIVATION_CHECKPOINTING] = "1"
     if contract.memory_cap_bytes:
         env[MEMORY_CAP_BYTES] = str(contract.memory_cap_bytes)
+    if contract.shard_ppm:
+        env[SHARD_PPM] = ",".join(str(p) for p in contract.shard_ppm)
     env.update(contract.extra)
     return env
 
@@ -398,6 +406,9 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         **memory_settings(environ),
     )
     _check_rank_against_topology(contract)
+    if contract.shard_ppm and len(contract.shard_ppm) != world:
+        raise ContractError(SHARD_PPM, f"has {len(contract.shard_ppm)} shares for WORLD_SIZE={world}; "
+                            "give one per rank, in rank order")
     return contract
 
 
@@ -445,10 +456,12 @@ def memory_settings(environ: Mapping[str, str]) -> dict[str, Any]:
 
     Returns:
         ``{"sharding": "none|group|full", "micro_batch_size": int >= 0,
-        "activation_checkpointing": bool, "memory_cap_bytes": int >= 0}``.
+        "activation_checkpointing": bool, "memory_cap_bytes": int >= 0,
+        "shard_ppm": tuple of int}``.
 
     Raises:
-        ContractError: naming the variable (unknown sharding, not an integer, a flag not 0/1).
+        ContractError: naming the variable (unknown sharding, not an integer, a flag not 0/1,
+            shares that are not integers >= 0 summing to 1 000 000).
     """
     sharding = environ.get(SHARDING) or "none"
     if sharding not in SHARDINGS:
@@ -459,7 +472,26 @@ def memory_settings(environ: Mapping[str, str]) -> dict[str, Any]:
     return {"sharding": sharding,
             "micro_batch_size": _int(environ, MICRO_BATCH_SIZE, minimum=0, default=0),
             "activation_checkpointing": flag == "1",
-            "memory_cap_bytes": _int(environ, MEMORY_CAP_BYTES, minimum=0, default=0)}
+            "memory_cap_bytes": _int(environ, MEMORY_CAP_BYTES, minimum=0, default=0),
+            "shard_ppm": shard_ppm(environ)}
+
+
+def shard_ppm(environ: Mapping[str, str]) -> tuple[int, ...]:
+    """``HTJ_SHARD_PPM`` as a tuple (unset or empty: ``()``, even shares).
+
+    Raises:
+        ContractError: an entry is not an integer >= 0, or they do not sum to 1 000 000.
+    """
+    text = (environ.get(SHARD_PPM) or "").strip()
+    if not text:
+        return ()
+    parts = text.split(",")
+    if not all(p.strip().isdigit() for p in parts):
+        raise ContractError(SHARD_PPM, f"must be integers >= 0 separated by commas, got {text!r}")
+    shares = tuple(int(p) for p in parts)
+    if sum(shares) != 10**6:
+        raise ContractError(SHARD_PPM, f"must sum to 1000000 (parts per million), got {sum(shares)}")
+    return shares
 
 
 def rebalance_interval_steps(environ: Mapping[str, str]) -> int:

@@ -18,8 +18,8 @@ local batch, ``B`` the global batch), so FSDP2's average over the group (divide 
 
 Not built: rebalancing and compression under Group sharding (they ride in the DDP reduction
 this replaces), fp16 with a loss scaler under Group sharding (FSDP2 needs ``ShardedGradScaler``-style
-unscaling of DTensor gradients), sharded checkpoints (``torch.distributed.checkpoint``), ``Full``
-sharding (uneven shards across types).  :func:`check_supported` refuses those with the fix.
+unscaling of DTensor gradients), sharded checkpoints (``torch.distributed.checkpoint``).  :func:`check_supported` refuses those
+with the fix, under ``Full`` sharding (:mod:`hetero_worker.fullshard`) too.
 """
 
 from __future__ import annotations
@@ -41,22 +41,19 @@ def check_supported(*, precision_has_scaler: bool, checkpoint_dir: str, sharding
     """Refuse what the worker does not build yet under sharding (the error names the fix).
 
     Raises:
-        RuntimeError: ``full`` sharding, fp16 with a loss scaler, a checkpoint directory, or
+        RuntimeError: fp16 with a loss scaler, a checkpoint directory, or
             rebalancing / compression (both ride in the DDP reduction that Group sharding
             replaces).
     """
-    if sharding == "full":
-        raise RuntimeError("HTJ_SHARDING=full: Full sharding is not built in the worker yet "
-                           "(docs/memory.md, \"What is built\"); plan with spec.training.sharding "
-                           "Auto or Group")
+    mode = sharding.capitalize()  # Group or Full (hetero_worker.fullshard)
     if precision_has_scaler:
-        raise RuntimeError("Group sharding with fp16 and a loss scaler is not built yet: set "
+        raise RuntimeError(f"{mode} sharding with fp16 and a loss scaler is not built yet: set "
                            "spec.training.precision to BF16 or FP32 (docs/memory.md)")
     if rebalance_interval_steps or compression != "none":
-        raise RuntimeError("Group sharding with rebalancing or compression is not built yet: leave "
+        raise RuntimeError(f"{mode} sharding with rebalancing or compression is not built yet: leave "
                            "spec.training.rebalance and spec.training.compression out (docs/memory.md)")
     if checkpoint_dir:
-        raise RuntimeError("Group sharding does not checkpoint yet (sharded checkpoints with "
+        raise RuntimeError(f"{mode} sharding does not checkpoint yet (sharded checkpoints with "
                            "torch.distributed.checkpoint are not built): leave "
                            "spec.training.checkpoint out (docs/memory.md)")
 
@@ -115,6 +112,12 @@ class GroupShardSync:
     def set_split(self, local_batches: Sequence[int]) -> None:
         """A new split (same call on every rank)."""
         self.local_batches = list(local_batches)
+
+    def micro_count(self, micro: int) -> int:
+        """Micro-batches every rank of the group runs (FSDP2's collectives are the group's): the
+        most any member needs with ``micro`` samples each (the group's value); 1 when 0."""
+        group = [self.local_batches[r] for r in self.intra_ranks]
+        return max(-(-b // micro) for b in group) if micro > 0 else 1
 
     def take_comm_s(self) -> float:
         """Seconds spent in :meth:`reduce` since the last call."""

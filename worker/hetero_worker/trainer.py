@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_worker import memcap, microbatch, profiling, rendezvous, resume, sharding
+from hetero_worker import fullshard, memcap, microbatch, profiling, rendezvous, resume, sharding
 from hetero_worker.commplan import CommRank, plan_communicators
 from hetero_worker.contract import Contract
 from hetero_worker.groups import ProcessGroups, build_process_groups, gather_comm_ranks
@@ -137,7 +137,8 @@ class Trainer:
         # The memory model's cap (issue 12): counted when the plan set one, enforced on a
         # simulated device (a real GPU's allocator enforces its own).
         self.memory: memcap.MemoryMeter | None = None
-        self.shard_sync: sharding.GroupShardSync | None = None  # HTJ_SHARDING=group after wrap()
+        # HTJ_SHARDING=group / full after wrap()
+        self.shard_sync: sharding.GroupShardSync | fullshard.FullShardSync | None = None
         if contract.memory_cap_bytes:
             self.memory = memcap.MemoryMeter(
                 contract.memory_cap_bytes if contract.device.simulated else 0,
@@ -211,7 +212,10 @@ class Trainer:
             model: the user's model.
             block: the model's repeated block class (e.g. a transformer layer); where the plan
                 turns activation checkpointing on (``HTJ_ACTIVATION_CHECKPOINTING=1``) each
-                instance recomputes its activations in backward (:mod:`hetero_worker.microbatch`).
+                instance recomputes its activations in backward (:mod:`hetero_worker.microbatch`);
+                under sharding it is the unit gathered and freed (``HTJ_SHARDING=full``: each
+                instance is gathered for its forward and recomputed in backward,
+                :mod:`hetero_worker.fullshard`).
 
         Raises:
             RuntimeError: the plan needs activation checkpointing and no ``block`` was named.
@@ -221,7 +225,8 @@ class Trainer:
                 raise RuntimeError("the plan turns activation checkpointing on for this rank "
                                    "(HTJ_ACTIVATION_CHECKPOINTING=1): name the model's block class, "
                                    "t.wrap(model, block=MyBlock)")
-            microbatch.checkpoint_blocks(model, block)
+            if self.contract.sharding != "full":  # Full recomputes every block already
+                microbatch.checkpoint_blocks(model, block)
         if self.speed is not None:
             self.speed.before_wrap(model)  # e.g. hierarchy auto: measure, then use_layout
         if self.contract.sharding != "none":
@@ -248,12 +253,15 @@ class Trainer:
 
     def _wrap_sharded(self, model: torch.nn.Module,
                       block: type[torch.nn.Module] | None) -> torch.nn.Module:
-        """``HTJ_SHARDING=group``: FSDP2 inside the rank's GPU-type group (:mod:`hetero_worker.sharding`)."""
+        """``HTJ_SHARDING=group``: FSDP2 inside the rank's GPU-type group (:mod:`hetero_worker.sharding`);
+        ``full``: :meth:`_wrap_full`."""
         sharding.check_supported(precision_has_scaler=self.scaler is not None,
                                  checkpoint_dir=self.contract.checkpoint_dir,
                                  sharding=self.contract.sharding,
                                  rebalance_interval_steps=self.contract.rebalance_interval_steps,
                                  compression=self.contract.compression)
+        if self.contract.sharding == "full":
+            return self._wrap_full(model, block)
         self.use_layout("group")  # intra = the topology group (one node, one GPU type)
         self.module = model.to(self.device)
         for tensor in self.module.state_dict().values():  # same start on every rank (Gloo world)
@@ -266,6 +274,37 @@ class Trainer:
             self.memory.set_state(self.module.parameters(), None)
         self.model = self.module
         return self.model
+
+    def _wrap_full(self, model: torch.nn.Module,
+                   block: type[torch.nn.Module] | None) -> torch.nn.Module:
+        """``HTJ_SHARDING=full``: uneven flat slices over all ranks (:mod:`hetero_worker.fullshard`),
+        every collective on the Gloo world group."""
+        self.module = model.to(self.device)
+        for tensor in self.module.state_dict().values():  # same start on every rank (Gloo world)
+            broadcast_from_rank0_(tensor)
+        world = self.contract.world_size
+        shares = self.contract.shard_ppm or tuple(fullshard.slice_sizes(10**6, [1] * world))
+        units = fullshard.shard_full(self.module, block=block, shares_ppm=shares, rank=self.rank,
+                                     groups_of_ranks=[e.group for e in self.contract.topology],
+                                     device=self.device)
+        micro = torch.zeros(world, dtype=torch.int64)  # every rank's micro-batch size (Gloo)
+        micro[self.rank] = self.contract.micro_batch_size
+        dist.all_reduce(micro)
+        self.shard_sync = fullshard.FullShardSync(units=units, local_batches=self.local_batches,
+                                                  micro_batch_sizes=micro.tolist(), rank=self.rank)
+        if self.memory is not None:
+            self.memory.set_state(self.module.parameters(), None)
+        self.model = self.module
+        return self.model
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full parameters by name (collective under ``Full`` sharding, where
+        ``model.parameters()`` are this rank's flat slices; else the module's own)."""
+        if isinstance(self.shard_sync, fullshard.FullShardSync):
+            return self.shard_sync.full_state_dict()
+        if self.module is None:
+            raise RuntimeError("call Trainer.wrap(model) first")
+        return {k: v.detach() for k, v in self.module.named_parameters()}
 
     def loader(self, dataset: Any, *, shuffle: bool = True,
                collate_fn: Callable[..., Any] | None = None) -> torch.utils.data.DataLoader:
@@ -341,14 +380,13 @@ class Trainer:
                 self._backward(loss)
         else:
             count = None
-            if self.shard_sync is not None:  # the group's ranks run equally many (FSDP2 collectives)
-                group = [self.local_batches[r] for r in self.shard_sync.intra_ranks]
-                count = max(-(-b // micro) for b in group) if micro > 0 else 1
+            if self.shard_sync is not None:  # ranks that share collectives run equally many
+                count = self.shard_sync.micro_count(micro)
             loss = microbatch.accumulate(self.model, loss_fn, batch, micro,
                                          autocast=self.precision.autocast,
                                          backward=self._backward, around_micro=around, count=count)
         self.sync.end_of_backward()
-        if self.shard_sync is not None:  # Group sharding: the one cross-group reduction
+        if self.shard_sync is not None:  # Group: the one cross-group reduction (Full: bookkeeping)
             self.shard_sync.reduce(list(self.module.parameters()))
             self.sync.add_comm_s(self.shard_sync.take_comm_s())
             self.metrics.add_inter_group_bytes(self.shard_sync.inter_group_bytes)
