@@ -57,6 +57,7 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
     predicted = value.predicted_throughput if value is not None and value.absolute else 0.0
     memory = {m.rank: m for m in plan.memory.ranks} if plan.memory is not None else {}
     sharding = plan.memory.mode.lower() if plan.memory is not None else "none"
+    shares = tuple(memory[k].state_share_ppm for k in sorted(memory)) if sharding == "full" else ()
     envs = []
     for r in plan.ranks:
         group = plan.groups[r.group]
@@ -79,17 +80,18 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
             profile_steps=job.profile_steps,
             compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank,
             restart_generation=restart_generation, predicted_samples_per_s=predicted,
-            **_memory_fields(memory.get(r.rank), sharding))
+            **_memory_fields(memory.get(r.rank), sharding, shares))
         envs.append(render_rank_env(contract))
     return envs
 
 
-def _memory_fields(m: Any, sharding: str) -> dict[str, Any]:
+def _memory_fields(m: Any, sharding: str, shares: tuple[int, ...] = ()) -> dict[str, Any]:
     """``Contract`` memory fields of one rank (:class:`hetero_operator.memory.RankMemory`, or
     None without a memory model); the micro-batch size is the memory bound (samples that fit), so a
-    rebalanced local batch stays within memory."""
+    rebalanced local batch stays within memory; ``shares``: every rank's ``state_share_ppm`` under
+    Full sharding (``HTJ_SHARD_PPM``), else empty."""
     if m is None:
         return {}
     return {"sharding": sharding, "micro_batch_size": m.samples_that_fit,
             "activation_checkpointing": m.activation_checkpointing,
-            "memory_cap_bytes": m.usable_bytes}
+            "memory_cap_bytes": m.usable_bytes, "shard_ppm": shares}

@@ -46,7 +46,7 @@ from .speed import effective_speed
 from .unschedulable import batch_too_small, insufficient_gpus, insufficient_memory
 
 P2P_DISABLE_ENV = {"NCCL_P2P_DISABLE": "1"}
-WORKER_SHARDINGS: tuple[str, ...] = ("None", "Group")
+WORKER_SHARDINGS: tuple[str, ...] = ("None", "Group", "Full")
 """Sharding modes the worker runs today (docs/memory.md, "What is built"): ``Auto`` chooses among
 these only, and an explicit other mode is refused rather than planned and left to fail."""
 MODEL_DOES_NOT_FIT = "ModelDoesNotFit"
@@ -183,9 +183,28 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
         elif t.rebalance_interval_steps or t.compression != "None":
             why["Group"] = ("Group sharding with rebalancing or compression is not built yet: leave "
                             "spec.training.rebalance and spec.training.compression out")
+    if "Full" in WORKER_SHARDINGS and (gap := _full_sharding_gap(job, ranks)):
+        why["Full"] = gap
     available = tuple(m for m in WORKER_SHARDINGS if m not in why)
     return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
                               cross_gbps=gbps, available=available, unavailable_why=why)
+
+
+def _full_sharding_gap(job: JobSpec, ranks: Iterable[RankPlacement]) -> str:
+    """What the worker's Full sharding (``hetero_worker.fullshard``) does not cover yet for this
+    job, as the reason with its fix; ``""`` when nothing."""
+    t = job.training
+    fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
+    if fp16:
+        return (f"Full sharding with fp16 is not built yet ({', '.join(fp16)} would run fp16 under "
+                "precision Auto): set spec.training.precision to FP32 or BF16")
+    if t.checkpoint_path:
+        return ("Full sharding does not checkpoint yet: leave spec.training.checkpoint out or use "
+                "spec.training.sharding Group")
+    if t.rebalance_interval_steps or t.compression != "None":
+        return ("Full sharding with rebalancing or compression is not built yet: leave "
+                "spec.training.rebalance and spec.training.compression out")
+    return ""
 
 
 # --- the step-time model: learned speeds, marginal value, leaving out what does not pay -------

@@ -179,14 +179,37 @@ def test_auto_that_nothing_fits_is_refused_per_mode(all_modes) -> None:
 
 
 def test_only_modes_the_worker_runs_are_planned() -> None:
-    assert planning.WORKER_SHARDINGS == ("None", "Group")
+    assert planning.WORKER_SHARDINGS == ("None", "Group", "Full")
     p = plan(job("1.15G", precision="FP32"))
-    assert isinstance(p, model.Plan) and p.memory.mode == "Group"
-    result = plan(job("6G", precision="FP32"))  # only Full fits, and the worker has no Full yet
+    assert isinstance(p, model.Plan) and p.memory.mode == "Group"  # Group moves less across types
+    p = plan(job("6G", precision="FP32"))  # only Full fits (hetero_worker.fullshard)
+    assert isinstance(p, model.Plan) and p.memory.mode == "Full"
+
+
+def test_full_sharding_env_carries_every_ranks_share() -> None:
+    """Full: shares proportional to usable memory (A100 75.0 GiB, 4x T4 13.25 GiB; largest
+    remainders), rendered job-wide as HTJ_SHARD_PPM and parsed back by the worker's contract."""
+    from hetero_worker import contract as c
+
+    from hetero_operator.envrender import render_rank_envs
+
+    j = job("6G", precision="FP32")
+    p = plan(j)
+    assert [r.state_share_ppm for r in p.memory.ranks] == [585937, 103516, 103516, 103516, 103515]
+    envs = render_rank_envs(p, j, master_addr="127.0.0.1", master_port=29500, simulated=True)
+    assert {e["HTJ_SHARD_PPM"] for e in envs} == {"585937,103516,103516,103516,103515"}
+    assert c.parse_contract(envs[1]).shard_ppm == (585937, 103516, 103516, 103516, 103515)
+
+
+@pytest.mark.parametrize(("kwargs", "reason"), [
+    ({"precision": "Auto"}, "Full sharding with fp16 is not built yet (Tesla-T4 would run fp16"),
+    ({"checkpoint": {"path": "/ckpt"}}, "Full sharding does not checkpoint yet: leave "
+                                        "spec.training.checkpoint out or use spec.training.sharding Group"),
+])
+def test_full_sharding_refused_where_the_worker_lacks_it(kwargs, reason) -> None:
+    result = plan(job("6G", **{"precision": "FP32", **kwargs}, sharding="Full"))
     assert isinstance(result, model.Unschedulable)
-    assert "Full: fits, but the worker does not run Full sharding yet" in result.message
-    result = plan(job("6G", precision="FP32", sharding="Full"))
-    assert result.message.startswith("spec.training.sharding Full: the worker does not run Full sharding yet")
+    assert result.message.startswith(f"spec.training.sharding Full: {reason}")
 
 
 def test_group_sharding_refused_where_the_worker_lacks_fp16_or_checkpoints() -> None:
