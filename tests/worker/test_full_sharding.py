@@ -154,3 +154,24 @@ def test_full_refuses_what_it_does_not_build_naming_the_fix(kwargs: dict, messag
     with pytest.raises(RuntimeError, match=message):
         sharding.check_supported(**args)
     sharding.check_supported(precision_has_scaler=False, checkpoint_dir="", sharding="full")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_slices_stage_through_cpu_and_equal_the_plain_model(world_of_one: None) -> None:
+    """On a GPU the slices go through CPU tensors on the Gloo group (the communicator rule); the
+    shards and their gradients stay on the device and equal the unsharded model's (float64)."""
+    device = torch.device("cuda:0")
+    x = torch.randn(4, 5, dtype=torch.float64, device=device)
+    plain = _net().to(device).eval()  # eval: no dropout, so no CUDA RNG in the comparison
+    plain(x).square().mean().backward()
+    model = _net().to(device).eval()
+    units = fullshard.shard_full(model, block=DropBlock, shares_ppm=[10**6], rank=0,
+                                 groups_of_ranks=[0], device=device)
+    model(x).square().mean().backward()
+    want = dict(plain.named_parameters())
+    for unit in units:
+        assert unit.shard.device == device and unit.shard.grad.device == device
+        for name, grad, shape in zip(unit.names, unit.shard.grad.split(unit.numels), unit.shapes,
+                                     strict=True):
+            assert (grad.view(shape) - want[name].grad).abs().max().item() <= 1e-12
