@@ -41,6 +41,10 @@ from hetero_worker.agreement import Finding, agree_on_resume
 CHECKPOINT_FILE = "checkpoint.pt"
 FORMAT = 2
 """Version of the file layout; 1 (before weights-only loading) held NumPy objects."""
+SHARDED_FORMAT = 3
+"""A manifest whose model and optimizer state lie in a DCP directory beside it (``sharded``:
+:mod:`hetero_worker.shardckpt`, Group sharding); everything else as :data:`FORMAT`."""
+FORMATS = (FORMAT, SHARDED_FORMAT)
 PLAN_KEYS = ("world_size", "planned_split", "devices")
 """What identifies a plan: a checkpoint's per-rank state is reused only when all of them match."""
 
@@ -146,7 +150,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _gather_to_rank0(mine: Any) -> list[Any] | None:
+def gather_to_rank0(mine: Any) -> list[Any] | None:
     """Every rank's ``mine`` on rank 0 (ordered by rank), None elsewhere; collective."""
     if not dist.is_initialized():
         return [mine]
@@ -180,22 +184,38 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
     """
     path = Path(directory) / CHECKPOINT_FILE
     mine = {"rng": rng_state(), **(dict(rank_state) if rank_state else {})}
-    ranks = _gather_to_rank0(mine)
+    ranks = gather_to_rank0(mine)
     if ranks is not None:
-        plan = dict(plan) if plan else {"world_size": len(ranks)}
-        save_atomic({
-            "format": FORMAT, "checkpoint_id": secrets.token_hex(8), "step": int(step),
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "data": sampler.state_dict() if sampler is not None else None,
-            "plan": {k: plan.get(k) for k in PLAN_KEYS},
-            "split": plan.get("split"), "layout": plan.get("layout"),
-            "compression": plan.get("compression"),
-            "ranks": ranks, "extra": dict(extra or {}),
-        }, path)
+        save_atomic(manifest(checkpoint_id=secrets.token_hex(8), step=step, model=model,
+                             optimizer=optimizer, scaler=scaler, sampler=sampler, plan=plan,
+                             ranks=ranks, extra=extra), path)
     if dist.is_initialized():
         dist.barrier()
     return path
+
+
+def manifest(*, checkpoint_id: str, step: int, model: torch.nn.Module | None,
+             optimizer: torch.optim.Optimizer | None, scaler: Any, sampler: Any,
+             plan: Mapping[str, Any] | None, ranks: list[Any],
+             extra: Mapping[str, Any] | None = None,
+             sharded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The checkpoint file's content (rank 0): :data:`FORMAT` with ``model`` and ``optimizer``
+    state dicts, or :data:`SHARDED_FORMAT` with both None and ``sharded`` naming the DCP
+    directory (:mod:`hetero_worker.shardckpt`). Tensors and plain types only."""
+    plan = dict(plan) if plan else {"world_size": len(ranks)}
+    return {
+        "format": SHARDED_FORMAT if sharded else FORMAT, "checkpoint_id": checkpoint_id,
+        "step": int(step),
+        "model": model.state_dict() if model is not None else None,
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "data": sampler.state_dict() if sampler is not None else None,
+        "plan": {k: plan.get(k) for k in PLAN_KEYS},
+        "split": plan.get("split"), "layout": plan.get("layout"),
+        "compression": plan.get("compression"),
+        "ranks": ranks, "extra": dict(extra or {}),
+        "sharded": dict(sharded) if sharded else None,
+    }
 
 
 def read_checkpoint(directory: str | Path | None) -> tuple[dict[str, Any] | None, Finding]:
@@ -213,9 +233,12 @@ def read_checkpoint(directory: str | Path | None) -> tuple[dict[str, Any] | None
         return None, Finding(rank=rank, path=str(path), missing=True)
     try:
         state = load_file(path)
-        if not isinstance(state, dict) or state.get("format") != FORMAT:
+        if not isinstance(state, dict) or state.get("format") not in FORMATS:
             found = state.get("format", 1) if isinstance(state, dict) else type(state).__name__
-            raise ValueError(f"checkpoint format {found}, expected {FORMAT}")
+            raise ValueError(f"checkpoint format {found}, expected {FORMAT} or {SHARDED_FORMAT}")
+        if state["format"] == SHARDED_FORMAT:  # the DCP directory it names must be complete
+            from hetero_worker.shardckpt import check_sharded_dir  # noqa: PLC0415 (DCP import)
+            check_sharded_dir(directory, state["sharded"])
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the agreement
         return None, Finding(rank=rank, path=str(path), error=f"{type(exc).__name__}: {exc}"[:300])
     return state, Finding(rank=rank, path=str(path), step=int(state["step"]),
@@ -252,8 +275,17 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
     agree_on_resume(finding)
     if state is None:
         return None
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    if not state.get("sharded") and _is_sharded(model):
+        raise ValueError("this checkpoint was taken without sharding (format 2: one full state "
+                         "dict) and this job shards its model (HTJ_SHARDING): resume it with "
+                         "spec.training.sharding None, or start a new checkpoint directory")
+    if state.get("sharded"):  # DCP: every rank loads its own chunks, resharded to its model
+        from hetero_worker.shardckpt import check_sharded_dir, load_sharded  # noqa: PLC0415
+        load_sharded(check_sharded_dir(directory, state["sharded"]), model=model,
+                     optimizer=optimizer)
+    else:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state["scaler"]:
         scaler.load_state_dict(state["scaler"])
     if sampler is not None and state["data"] is not None:
@@ -265,3 +297,9 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
     else:
         fresh_rng(seed, int(state["step"]), rank)
     return state
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    """True when any parameter is a ``DTensor`` (FSDP2)."""
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
+    return any(isinstance(p, DTensor) for p in model.parameters())

@@ -102,6 +102,18 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
     """Write the trainer's checkpoint (collective; rank 0 writes atomically). Returns its path."""
     if trainer.module is None:
         raise RuntimeError("wrap a model before checkpointing")
+    if trainer.contract.sharding == "full":
+        raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
+                           "out or use spec.training.sharding Group (docs/memory.md)")
+    if getattr(trainer, "shard_sync", None) is not None:  # Group sharding: DCP, one group writes
+        from hetero_worker import shardckpt  # noqa: PLC0415 (imports torch.distributed.checkpoint)
+        path = shardckpt.save_sharded_checkpoint(
+            directory, step=trainer.global_step, model=trainer.module, optimizer=optimizer,
+            groups=trainer.layout.groups, group=trainer.groups.intra, rank=trainer.rank,
+            scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
+            rank_state={"compression": codec_states(trainer)},
+            before_publish=getattr(trainer, "before_checkpoint_publish", None))
+        return str(path)
     path = checkpoint.save_checkpoint(
         directory, step=trainer.global_step, model=trainer.module, optimizer=optimizer,
         scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),

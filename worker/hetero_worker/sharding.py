@@ -18,8 +18,9 @@ local batch, ``B`` the global batch), so FSDP2's average over the group (divide 
 
 Not built: rebalancing and compression under Group sharding (they ride in the DDP reduction
 this replaces), fp16 with a loss scaler under Group sharding (FSDP2 needs ``ShardedGradScaler``-style
-unscaling of DTensor gradients), sharded checkpoints (``torch.distributed.checkpoint``).  :func:`check_supported` refuses those
-with the fix, under ``Full`` sharding (:mod:`hetero_worker.fullshard`) too.
+unscaling of DTensor gradients), checkpoints under ``Full`` sharding (uneven shards across types,
+:mod:`hetero_worker.fullshard`). :func:`check_supported` refuses those with the fix. Checkpoints under Group sharding are sharded
+with ``torch.distributed.checkpoint`` (:mod:`hetero_worker.shardckpt`).
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ def check_supported(*, precision_has_scaler: bool, checkpoint_dir: str, sharding
     """Refuse what the worker does not build yet under sharding (the error names the fix).
 
     Raises:
-        RuntimeError: fp16 with a loss scaler, a checkpoint directory, or
-            rebalancing / compression (both ride in the DDP reduction that Group sharding
-            replaces).
+        RuntimeError: a checkpoint directory under ``full`` sharding, fp16 with a loss
+            scaler, or rebalancing / compression (both ride in the DDP reduction that Group
+            sharding replaces). Group sharding checkpoints with :mod:`hetero_worker.shardckpt`.
     """
     mode = sharding.capitalize()  # Group or Full (hetero_worker.fullshard)
     if precision_has_scaler:
@@ -52,10 +53,9 @@ def check_supported(*, precision_has_scaler: bool, checkpoint_dir: str, sharding
     if rebalance_interval_steps or compression != "none":
         raise RuntimeError(f"{mode} sharding with rebalancing or compression is not built yet: leave "
                            "spec.training.rebalance and spec.training.compression out (docs/memory.md)")
-    if checkpoint_dir:
-        raise RuntimeError(f"{mode} sharding does not checkpoint yet (sharded checkpoints with "
-                           "torch.distributed.checkpoint are not built): leave "
-                           "spec.training.checkpoint out (docs/memory.md)")
+    if checkpoint_dir and sharding == "full":  # Group checkpoints: hetero_worker.shardckpt (DCP)
+        raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
+                           "out or use spec.training.sharding Group (docs/memory.md)")
 
 
 def shard_group(module: torch.nn.Module, group: Any, device: torch.device,

@@ -1,0 +1,238 @@
+"""Sharded checkpoints under Group sharding with torch.distributed.checkpoint (issue 12).
+
+Multi-process tests: real Gloo rank processes (tests/worker/shardckpt_ranks.py) with
+``HTJ_SHARDING=group`` on groups [A100] [V100] [T4, T4]: FSDP2 shards the model inside the T4
+pair, the groups are replicas. The reference is the same job never interrupted. Every rank records
+the dataset indices it trained per step; the lost work after the checkpoint is redone, so the
+samples of the epoch are the killed phase's records up to the checkpoint step plus the resumed
+phase's, each index exactly once.
+
+Single-process tests: what DCP would unpickle from the volume is refused (with the negative
+control that DCP's own reader runs it), the writing group, a manifest whose DCP directory is
+missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+from hetero_worker import agreement, checkpoint, shardckpt
+from rankproc import RankRun, assert_ok, mixed_cluster_envs, run_ranks
+
+HERE = Path(__file__).parent
+SAMPLES = 108  # 6 steps of a global batch of 18
+SPLIT4, SPLIT3 = [6, 4, 4, 4], [8, 6, 4]
+FULL_NUMEL = 2 * (6 * 10 + 10 + 10 * 6 + 6) + 6 * 2 + 2  # 286 parameters
+T4_PAIR_NUMEL = 143  # torch.chunk over 2 along dim 0 of every parameter: 5/5, 3/3, 1/1 rows
+
+
+def cmd(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(HERE / "shardckpt_ranks.py"), "--out", str(out),
+            "--samples", str(SAMPLES), *extra]
+
+
+def envs(split: list[int], ckpt: Path | None = None) -> list[dict[str, str]]:
+    made = mixed_cluster_envs(split, checkpoint_dir=str(ckpt) if ckpt else "")
+    for env in made:
+        env["HTJ_SHARDING"] = "group"
+    return made
+
+
+def reports(out: Path, world: int) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def records(out: Path, world: int) -> list[dict]:
+    return [json.loads(line) for r in range(world)
+            for line in (out / f"steps-rank{r}.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """The job never interrupted: 4 ranks, one epoch (6 steps)."""
+    out = tmp_path_factory.mktemp("reference")
+    assert_ok(run_ranks(cmd(out), envs(SPLIT4), timeout_s=200))
+    got = reports(out, 4)
+    assert [(r["step"], r["epoch"]) for r in got] == [(6, 1)] * 4
+    return got
+
+
+def manifest(ckpt: Path) -> dict:
+    return checkpoint.load_file(ckpt / checkpoint.CHECKPOINT_FILE)  # weights_only=True
+
+
+def assert_exact_epoch(phase1: list[dict], phase2: list[dict], saved_step: int) -> None:
+    assert any(r["step"] > saved_step for r in phase1), "nothing trained after the checkpoint"
+    kept = [i for r in phase1 if r["step"] <= saved_step for i in r["idx"]]
+    redone = [i for r in phase2 for i in r["idx"]]
+    counts = Counter(kept + redone)
+    assert sorted(counts) == list(range(SAMPLES)), "samples missing from the epoch"
+    assert set(counts.values()) == {1}, {i: c for i, c in counts.items() if c != 1}
+    # Negative control: the lost steps counted too would see samples twice.
+    assert max(Counter([i for r in phase1 for i in r["idx"]] + redone).values()) == 2
+
+
+def assert_failed_after(runs: list[RankRun], killed: int) -> None:
+    assert runs[killed].returncode == -9, f"rank {killed} was not killed"
+    assert all(r.returncode != 0 for r in runs), "a rank finished although a peer was killed"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_kill_while_publishing_resumes_from_the_previous_checkpoint_bit_identical(
+        tmp_path: Path, reference: list[dict]) -> None:
+    """Rank 0 dies after the T4 pair wrote step 4's shards, before the manifest moved: the
+    manifest still names step 2's complete directory; the job resumes from it on the same plan
+    and ends bit-identical to the run never interrupted."""
+    ckpt, out1, out2 = tmp_path / "ckpt", tmp_path / "phase1", tmp_path / "phase2"
+    runs1 = run_ranks(cmd(out1, "--checkpoint-every", "2", "--kill-at-publish", "4"),
+                      envs(SPLIT4, ckpt), timeout_s=200)
+    assert_failed_after(runs1, 0)
+    saved = manifest(ckpt)
+    assert (saved["format"], saved["step"], saved["model"]) == (checkpoint.SHARDED_FORMAT, 2, None)
+    assert saved["sharded"]["writers"] == [2, 3]  # the largest group writes
+    assert sorted(os.listdir(ckpt / saved["sharded"]["dir"])) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]
+    unpublished = [p for p in ckpt.iterdir() if p.name.endswith(".tmp")]
+    assert len(unpublished) == 1 and (unpublished[0] / ".metadata").is_file(), \
+        "step 4's data were complete: only publishing was cut"
+
+    runs2 = run_ranks(cmd(out2, "--checkpoint-every", "2"), envs(SPLIT4, ckpt), timeout_s=200)
+    assert_ok(runs2)
+    got = reports(out2, 4)
+    assert [r["resumed_step"] for r in got] == [2] * 4
+    assert [r["held_numel"] for r in got] == [FULL_NUMEL, FULL_NUMEL, T4_PAIR_NUMEL, T4_PAIR_NUMEL]
+    assert [r["optim_steps"] for r in got] == [[6.0]] * 4  # AdamW's step came back as 2
+    for mine, ref in zip(got, reference, strict=True):
+        assert mine["params"] == ref["params"], "continuation is not bit-identical"
+    assert_exact_epoch(records(out1, 4), records(out2, 4), 2)
+    final = manifest(ckpt)
+    assert final["step"] == 6
+    assert sorted(p.name for p in ckpt.iterdir()) == ["checkpoint.pt", final["sharded"]["dir"]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_resume_on_one_rank_fewer_reshards_and_sees_every_sample_once(
+        tmp_path: Path, reference: list[dict]) -> None:
+    """A T4 is killed after step 3; the job resumes step 2 on [A100] [V100] [T4]: DCP reshards the
+    T4 pair's two shards into one rank's whole state; exact epoch coverage, replicas equal, and
+    the result equals the uninterrupted 4-rank run up to float64 rounding (same samples per
+    step, another summation order)."""
+    ckpt, out1, out2 = tmp_path / "ckpt", tmp_path / "phase1", tmp_path / "phase2"
+    runs1 = run_ranks(cmd(out1, "--checkpoint-every", "2", "--kill-after", "3",
+                          "--kill-rank", "3"), envs(SPLIT4, ckpt), timeout_s=200)
+    assert_failed_after(runs1, 3)
+    assert manifest(ckpt)["step"] == 2
+
+    runs2 = run_ranks(cmd(out2, "--checkpoint-every", "2"), envs(SPLIT3, ckpt), timeout_s=200)
+    assert_ok(runs2)
+    assert "resume_replanned: step 2, world 4 -> 3, split [6, 4, 4, 4] -> [8, 6, 4]" \
+        in runs2[0].stderr
+    got = reports(out2, 3)
+    assert [(r["resumed_step"], r["step"], r["epoch"]) for r in got] == [(2, 6, 1)] * 3
+    assert [r["held_numel"] for r in got] == [FULL_NUMEL] * 3  # the lone T4 holds it all
+    assert all(r["params"] == got[0]["params"] for r in got), "replicas diverged"
+    steps = records(out2, 3)
+    assert sorted(len(r["idx"]) for r in steps if r["step"] == 3) == [4, 6, 8]
+    assert_exact_epoch(records(out1, 4), steps, 2)
+    diff = max(abs(a - b) for p, q in zip(got[0]["params"], reference[0]["params"], strict=True)
+               for a, b in zip(p, q, strict=True))
+    assert diff <= 1e-12, diff
+    assert manifest(ckpt)["plan"]["world_size"] == 3
+
+
+# --- single process: what is read from the volume ------------------------------------------
+
+class RunsOnLoad:
+    """Pickles as ``os.mkdir(marker)``: unpickling it creates a directory (a harmless stand-in
+    for code an attacker would run)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple:
+        return (os.mkdir, (str(self.marker),))
+
+
+pytestmark = pytest.mark.filterwarnings(  # dcp.save/load with no_dist=True say so
+    "ignore:torch.distributed is disabled:UserWarning")
+
+
+def _save_single(path: Path, state: dict) -> None:
+    dcp.save(state, storage_writer=FileSystemWriter(path), no_dist=True)
+
+
+def test_metadata_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    _save_single(ckpt, {"w": torch.arange(6.0)})
+    assert isinstance(shardckpt.load_metadata(ckpt / ".metadata"), dcp.Metadata)  # DCP's own: read
+    marker = tmp_path / "ran"
+    (ckpt / ".metadata").write_bytes(pickle.dumps(RunsOnLoad(marker)))
+    target = {"w": torch.zeros(6)}
+    with pytest.raises(CheckpointException, match=r"posix\.mkdir, which a checkpoint's metadata never holds"):
+        dcp.load(target, storage_reader=shardckpt.SafeFileSystemReader(ckpt), no_dist=True)
+    assert not marker.exists()
+    # Negative control: DCP's own reader unpickles it (and runs it).
+    with pytest.raises(CheckpointException):
+        dcp.load(target, storage_reader=FileSystemReader(ckpt), no_dist=True)
+    assert marker.is_dir()
+
+
+def test_value_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    ckpt, marker = tmp_path / "ckpt", tmp_path / "ran"
+    _save_single(ckpt, {"w": torch.arange(6.0), "lr": 0.5, "obj": RunsOnLoad(marker)})
+    assert not marker.exists()
+    fine = {"w": torch.zeros(6), "lr": 0.0}  # tensors and plain values load
+    dcp.load(fine, storage_reader=shardckpt.SafeFileSystemReader(ckpt),
+             planner=shardckpt.SafeLoadPlanner(allow_partial_load=True), no_dist=True)
+    assert fine["lr"] == 0.5 and torch.equal(fine["w"], torch.arange(6.0))
+    with pytest.raises(CheckpointException, match="Weights only load failed"):
+        dcp.load({"obj": None}, storage_reader=shardckpt.SafeFileSystemReader(ckpt),
+                 planner=shardckpt.SafeLoadPlanner(allow_partial_load=True), no_dist=True)
+    assert not marker.exists()
+    # Negative control: DCP's default planner loads values with weights_only=False.
+    dcp.load({"obj": None}, storage_reader=FileSystemReader(ckpt),
+             planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
+    assert marker.is_dir()
+
+
+def test_largest_group_writes() -> None:
+    assert shardckpt.saver_ranks([(0,), (1,), (2, 3)]) == (2, 3)
+    assert shardckpt.saver_ranks([(0, 1), (2, 3)]) == (0, 1)
+    assert shardckpt.saver_ranks([(0,), (1,)]) == (0,)
+
+
+def test_manifest_without_its_sharded_directory_is_not_resumed(tmp_path: Path) -> None:
+    """A manifest naming a missing (or outside) DCP directory is an unreadable checkpoint: the
+    agreement stops every rank instead of resuming half a state."""
+    ckpt = tmp_path / "ckpt"
+    state = checkpoint.manifest(checkpoint_id="ab", step=4, model=None, optimizer=None,
+                                scaler=None, sampler=None, plan={"world_size": 1},
+                                ranks=[{"rng": checkpoint.rng_state()}],
+                                sharded={"dir": "sharded-ab", "writers": [0]})
+    checkpoint.save_atomic(state, ckpt / checkpoint.CHECKPOINT_FILE)
+    got, finding = checkpoint.read_checkpoint(ckpt)
+    assert got is None
+    assert finding.error == (f"FileNotFoundError: sharded state {ckpt / 'sharded-ab' / '.metadata'} "
+                             "is missing")
+    with pytest.raises(agreement.ResumeDisagreement, match="rank 0 could not read"):
+        agreement.agree_on_resume(finding)
+    _save_single(ckpt / "sharded-ab", {"w": torch.zeros(1)})
+    got, finding = checkpoint.read_checkpoint(ckpt)
+    assert (got["step"], finding.step, finding.error) == (4, 4, "")
+    state["sharded"]["dir"] = "../elsewhere"
+    checkpoint.save_atomic(state, ckpt / checkpoint.CHECKPOINT_FILE)
+    assert "not a sharded-<id> entry" in checkpoint.read_checkpoint(ckpt)[1].error
