@@ -180,9 +180,6 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
             why["Group"] = (f"Group sharding with fp16 is not built yet ({', '.join(fp16)} would "
                             "run fp16 under precision Auto): set spec.training.precision to FP32 "
                             "or BF16")
-        elif t.checkpoint_path:
-            why["Group"] = ("Group sharding does not checkpoint yet: leave spec.training.checkpoint "
-                            "out")
         elif t.rebalance_interval_steps or t.compression != "None":
             why["Group"] = ("Group sharding with rebalancing or compression is not built yet: leave "
                             "spec.training.rebalance and spec.training.compression out")

@@ -212,14 +212,14 @@ def test_full_sharding_refused_where_the_worker_lacks_it(kwargs, reason) -> None
     assert result.message.startswith(f"spec.training.sharding Full: {reason}")
 
 
-def test_group_sharding_refused_where_the_worker_lacks_fp16_or_checkpoints() -> None:
+def test_group_sharding_refused_where_the_worker_lacks_fp16_or_rebalancing() -> None:
     result = plan(job("1.15G", precision="Auto"))  # the T4s run fp16
     assert isinstance(result, model.Unschedulable)
     assert ("Group: fits, but Group sharding with fp16 is not built yet (Tesla-T4 would run fp16 "
             "under precision Auto): set spec.training.precision to FP32 or BF16") in result.message
+    # Group checkpoints are sharded (hetero_worker.shardckpt, torch.distributed.checkpoint).
     result = plan(job("1.15G", precision="FP32", checkpoint={"path": "/ckpt"}, sharding="Group"))
-    assert result.message.startswith("spec.training.sharding Group: Group sharding does not "
-                                      "checkpoint yet")
+    assert isinstance(result, model.Plan) and result.memory.mode == "Group"
     j = job("1.15G", sharding="Group")
     rebalancing = parse_job(job_manifest(ranks=5, global_batch=64, gpus={"selection": "All"}, training={
         "model": {"parameters": "1.15G"}, "sharding": "Group", "precision": "FP32",

@@ -203,7 +203,7 @@ def test_value_that_would_run_code_is_refused(tmp_path: Path) -> None:
         dcp.load({"obj": None}, storage_reader=shardckpt.SafeFileSystemReader(ckpt),
                  planner=shardckpt.SafeLoadPlanner(allow_partial_load=True), no_dist=True)
     assert not marker.exists()
-    # Negative control: DCP's default planner loads values with weights_only=False.
+    # Negative control: DCP's default planner loads values with weights-only loading off.
     dcp.load({"obj": None}, storage_reader=FileSystemReader(ckpt),
              planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
     assert marker.is_dir()

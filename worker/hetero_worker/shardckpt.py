@@ -38,7 +38,7 @@ before anything is loaded.
 **No pickle from the volume.** DCP (torch 2.13) unpickles two things from the files:
 ``FileSystemReader.read_metadata`` reads ``.metadata`` with plain ``pickle.load``, and
 ``DefaultLoadPlanner.load_bytes`` reads non-tensor values (the optimizer's ``param_groups``) with
-``torch.load(weights_only=False)``; either would run code put in a file on a shared volume.
+``torch.load`` with weights-only loading off; either would run code put in a file on a shared volume.
 :class:`SafeFileSystemReader` reads ``.metadata`` with an unpickler that builds only DCP's own
 metadata classes, ``torch.Size``, dtypes, layouts and paths (:data:`METADATA_GLOBALS`) and refuses
 any other global; :class:`SafeLoadPlanner` reads values with ``torch.load(weights_only=True)``.
