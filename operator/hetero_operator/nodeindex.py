@@ -100,8 +100,10 @@ def build_indexed_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[M
     :class:`IndexedNode` and :class:`IndexedPod` values reuse their parses; any other mapping is
     parsed as usual.  When every value is the very one of the last call (nothing changed in the
     index since the last start), the last inventory is returned as it is; when only some node
-    values were replaced (same pods), only those are looked at again.  The result is equal to
-    ``build_inventory(nodes, pods)``.
+    values were replaced or the GPU pods changed, only the replaced nodes and the nodes whose
+    used devices changed are looked at again (in the operator every start leaves out its own
+    pods and adds other starts' held ones, so the pods differ from start to start).  The result
+    is equal to ``build_inventory(nodes, pods)``.
 
     Args:
         nodes: Node objects (the index's :class:`IndexedNode` values, or plain dicts).
@@ -110,13 +112,20 @@ def build_indexed_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[M
     """
     nodes, pods = list(nodes), list(pods)
     last = _last[0]
-    if last is not None and last.tolerated == tolerated_taint_keys and _same(last.pods, pods):
-        if _same(last.nodes, nodes):
-            return last.inventory  # the very same index values as the last start
-        incremental = _update(last, nodes, tolerated_taint_keys)
-        if incremental is not None:
-            return incremental
-    used = indexed_used_resources(pods)
+    used: dict[str, dict[str, int]] | None = None
+    if last is not None and last.tolerated == tolerated_taint_keys:
+        if _same(last.pods, pods):
+            if _same(last.nodes, nodes):
+                return last.inventory  # the very same index values as the last start
+            incremental = _update(last, nodes, pods, tolerated_taint_keys, last.used)
+            if incremental is not None:
+                return incremental
+        elif all(isinstance(p, IndexedPod) for p in pods):
+            used = indexed_used_resources(pods)
+            incremental = _update(last, nodes, pods, tolerated_taint_keys, used)
+            if incremental is not None:
+                return incremental
+    used = indexed_used_resources(pods) if used is None else used
     none: dict[str, int] = {}
     results: list[_Parsed] = []
     for node in nodes:
@@ -128,7 +137,8 @@ def build_indexed_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[M
     order = sorted(range(len(nodes)), key=lambda i: _name(nodes[i]))
     inventory = _assemble(results, order)
     if all(isinstance(n, IndexedNode) for n in nodes) and all(isinstance(p, IndexedPod) for p in pods):
-        _last[0] = _Last(nodes, pods, tolerated_taint_keys, used, results, order, inventory)
+        position = {_name(n): i for i, n in enumerate(nodes)}
+        _last[0] = _Last(nodes, pods, tolerated_taint_keys, used, results, order, inventory, position)
     return inventory
 
 
@@ -138,32 +148,42 @@ class _Last:
     the same object as last time has the same parse; holding the values also keeps their ids from
     being reused.  About 0.4 KiB per node is kept."""
 
-    __slots__ = ("nodes", "pods", "tolerated", "used", "results", "order", "inventory")
+    __slots__ = ("nodes", "pods", "tolerated", "used", "results", "order", "inventory", "position")
 
     def __init__(self, nodes: list[Any], pods: list[Any], tolerated: tuple[str, ...],
                  used: dict[str, dict[str, int]], results: list[_Parsed], order: list[int],
-                 inventory: Inventory) -> None:
+                 inventory: Inventory, position: dict[str, int]) -> None:
         self.nodes, self.pods, self.tolerated, self.used = nodes, pods, tolerated, used
         self.results, self.order, self.inventory = results, order, inventory
+        self.position = position  # node name -> its position in ``nodes``
 
 
 _last: list[_Last | None] = [None]
 
 
-def _update(last: _Last, nodes: list[Any], tolerated: tuple[str, ...]) -> Inventory | None:
-    """The inventory when only some node values were replaced in place (same pods, same names in
-    the same positions): re-read those, keep the rest and the sort order; None otherwise."""
+def _update(last: _Last, nodes: list[Any], pods: list[Any], tolerated: tuple[str, ...],
+            used: dict[str, dict[str, int]]) -> Inventory | None:
+    """The inventory when only some node values were replaced in place (same names in the same
+    positions) and/or the pods' ``used`` devices changed on some nodes: re-read those nodes,
+    keep the rest and the sort order; None otherwise."""
     if len(nodes) != len(last.nodes):
         return None
-    changed = [i for i, (old, new) in enumerate(zip(last.nodes, nodes)) if old is not new]
+    changed = {i for i, (old, new) in enumerate(zip(last.nodes, nodes)) if old is not new}
     if not all(isinstance(nodes[i], IndexedNode) and _name(nodes[i]) == _name(last.nodes[i])
                for i in changed):
         return None
-    results, none = list(last.results), {}
+    none: dict[str, int] = {}
+    if used is not last.used:  # only nodes with GPU pods now or last time can differ
+        for name in used.keys() | last.used.keys():
+            if (used.get(name) or none) != (last.used.get(name) or none):
+                i = last.position.get(name)
+                if i is not None:  # a pod on a node the index does not hold counts nowhere
+                    changed.add(i)
+    results = list(last.results)
     for i in changed:
-        results[i] = nodes[i].parsed(last.used.get(_name(nodes[i]), none), tolerated)
+        results[i] = nodes[i].parsed(used.get(_name(nodes[i]), none), tolerated)
     inventory = _assemble(results, last.order)
-    _last[0] = _Last(nodes, last.pods, tolerated, last.used, results, last.order, inventory)
+    _last[0] = _Last(nodes, pods, tolerated, used, results, last.order, inventory, last.position)
     return inventory
 
 

@@ -218,6 +218,9 @@ class Reconciler:
         nodes = self.nodes()
         if not nodes:
             return None
+        used = set(used)
+        if not used:  # a job without pods (every start): no map of all nodes
+            return {}
         by_name = {n["metadata"]["name"]: n for n in nodes}
         return {name: node_health(by_name[name], now) for name in used if name in by_name}
 
@@ -313,22 +316,23 @@ class Reconciler:
         from hetero_operator.planning import plan_job
 
         # Index values remember their parse: only nodes changed since the last start are re-read.
-        indexed = self.gpu_pods()
+        # Each index is read once per plan (a read lists every Store of the kopf index).
+        nodes, indexed = self.nodes(), self.gpu_pods()
         held = self.reservations.held_by_others((spec.namespace, spec.name), indexed,
                                                 now_s=self.clock())
         inventory = build_indexed_inventory(
-            self.nodes(), [p for p in indexed if not _owned_by(p, spec.name, spec.namespace)] + held)
+            nodes, [p for p in indexed if not _owned_by(p, spec.name, spec.namespace)] + held)
         slices, claims = dra_source
-        drainv = dra.merge_dra(inventory, self.nodes(), slices,
+        drainv = dra.merge_dra(inventory, nodes, slices,
                                [x for x in claims if not dra.claim_owned_by_job(x, spec.name, spec.namespace)])
         inventory = drainv.inventory
         if capacity:
             inventory = kueue.capacity_inventory(inventory)
         if allowed is not None:
-            inventory = kueue.restrict_inventory(inventory, self.nodes(), allowed)
+            inventory = kueue.restrict_inventory(inventory, nodes, allowed)
         result = plan_job(spec, inventory, inputs=inputs)
         log.info("%s/%s: planned over %d usable node(s), %d GPU pod(s) bound: %s", spec.namespace,
-                 spec.name, len(inventory.nodes), len(self.gpu_pods()),
+                 spec.name, len(inventory.nodes), len(indexed),
                  getattr(result, "message", None) or [(g.node, g.gpu_type, len(g.ranks)) for g in result.groups])
         return result, replace(drainv, inventory=Inventory(nodes=(), excluded=()))
 

@@ -107,3 +107,40 @@ def test_a_dra_pod_with_resource_claims_is_not_a_gpu_pod_entry_and_does_not_cras
                {"name": "worker", "resources": {"claims": [{"name": "gpus"}]}}]},
            "status": {"phase": "Running"}}
     assert gpu_pod_entry(pod) is None
+
+
+def test_when_the_gpu_pods_change_only_nodes_whose_used_devices_changed_are_looked_at(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The operator's starts differ in their pods (each leaves out its own and adds other starts'
+    # held ones): a start must not walk every node's parse again for that (bench_operator).
+    raw_nodes, pods = synthetic_cluster(200, seed=7)
+    index = {n["metadata"]["name"]: trim_node(n) for n in raw_nodes}
+    pods_index = [p for e in map(gpu_pod, pods) for p in e]
+    nodeindex.build_indexed_inventory(index.values(), pods_index)
+    looked_at: list[str] = []
+    real = nodeindex.IndexedNode.parsed
+
+    def parsed(self, used, tolerated):  # type: ignore[no-untyped-def]
+        looked_at.append(self.name)
+        return real(self, used, tolerated)
+
+    monkeypatch.setattr(nodeindex.IndexedNode, "parsed", parsed)
+    freed = pods_index[0]["spec"]["nodeName"]
+    busy = next(n for n in index if n not in {p["spec"]["nodeName"] for p in pods_index}
+                and "nvidia.com/gpu" in index[n]["status"]["allocatable"]
+                and int(index[n]["status"]["allocatable"]["nvidia.com/gpu"]) > 0)
+    added = gpu_pod({"metadata": {"name": "new", "namespace": "t"}, "spec": {"nodeName": busy, "containers": [
+        {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}, "status": {"phase": "Running"}})
+    now = pods_index[1:] + added
+    inventory = nodeindex.build_indexed_inventory(index.values(), now)
+    assert sorted(looked_at) == sorted([freed, busy])
+    assert inventory == build_inventory(list(index.values()), now)
+    free = {d.node: d.free for d in inventory.devices()}
+    assert free[busy] == int(index[busy]["status"]["allocatable"]["nvidia.com/gpu"]) - 1
+    looked_at.clear()  # the same pods again, one node relabelled: that node only
+    relabelled = raw_nodes[40]
+    relabelled["metadata"]["labels"]["nvidia.com/gpu.count"] = "1"
+    index[relabelled["metadata"]["name"]] = trim_node(relabelled)
+    assert nodeindex.build_indexed_inventory(index.values(), list(now)) == build_inventory(
+        list(index.values()), now)
+    assert looked_at == [relabelled["metadata"]["name"]]
