@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,9 +82,18 @@ class CodecReducer:
     wait accounting stay as they are; its DDP hook passes each bucket's parameter shapes along
     (PowerSGD needs the matrices).
 
+    With PowerSGD the step's buckets are reduced in **one exchange** (:meth:`stash`): the hook
+    keeps each bucket until DDP hands over the last one, then one reduction of all of them runs
+    (one in-group reduce, the codec's two leader all-reduces, one broadcast per step instead of
+    per bucket; pytorch/pytorch#74148 and torch's ``batched_powerSGD_hook`` make the same trade)
+    and completes every bucket's future.  The codec then holds one state for all parameters
+    (key 0), which also survives DDP's bucket rebuild after the first step (a permutation of the
+    same parameters).  Other codecs reduce per bucket, overlapping backward.
+
     Args:
         sync: the trainer's ``WeightedGradSync`` (weight, groups, byte counter are shared).
-        compression: codec choice; codecs are kept per DDP bucket (error feedback state).
+        compression: codec choice; codecs are kept per DDP bucket (error feedback state), or
+            one for the whole step (PowerSGD).
     """
 
     def __init__(self, sync: Any, compression: CompressionConfig) -> None:
@@ -97,6 +107,11 @@ class CodecReducer:
         self.pending: torch.Tensor | None = None
         self.merged: torch.Tensor | None = None
         self.hook = codec_hook
+        self.one_exchange = compression.mode == "powersgd"
+        self._step_buckets: list[tuple[torch.Tensor, list[torch.Size], Any]] = []
+        self._step_keys: list[int] = []
+        # (combined buffer, its buckets) in submission order; the comm thread pops them
+        self._jobs: deque[tuple[torch.Tensor, list[tuple[torch.Tensor, list[torch.Size], Any]]]] = deque()
 
     @property
     def codec_bytes_sent(self) -> int:
@@ -116,17 +131,68 @@ class CodecReducer:
         merged, self.merged = self.merged, None
         return merged
 
+    def stash(self, buffer: torch.Tensor, shapes: Sequence[torch.Size], keys: Sequence[int] | None,
+              last: bool) -> Any:
+        """Keep one DDP bucket for the step's single exchange; a future of its reduced buffer.
+
+        On the ``last`` bucket the step's buckets are concatenated (no copy when there is only
+        one) and handed to ``sync.submit`` as one reduction; :meth:`reduce_views_` copies the
+        result back into every bucket and completes their futures (or fails them all).
+
+        Args:
+            buffer: the bucket's flat gradient buffer.
+            shapes: its parameters' shapes, in buffer order.
+            keys: its parameters' indices in ``model.parameters()`` (None: unknown).
+            last: ``GradBucket.is_last()``.
+        """
+        from hetero_worker.sync import device_future
+        future = device_future(buffer.device)
+        self._step_buckets.append((buffer, list(shapes), future))
+        if keys is not None:
+            self._step_keys.extend(keys)
+        if last:
+            buckets, self._step_buckets = self._step_buckets, []
+            keys_all, self._step_keys = tuple(self._step_keys), []
+            if self.param_index and len(keys_all) == sum(len(b[1]) for b in buckets):
+                self.bucket_keys[0] = keys_all
+            flat = buckets[0][0] if len(buckets) == 1 else torch.cat([b[0] for b in buckets])
+            self._jobs.append((flat, buckets))
+            self.sync.submit(flat, [shape for b in buckets for shape in b[1]], 0)
+        return future
+
     def reduce_views_(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None,
                       key: int = 0) -> torch.Tensor:
         """Weight ``flat`` and SUM it over all ranks in place; ``shapes`` split it for PowerSGD.
 
-        Blocking; does not touch ``sync.comm_s`` (the caller accounts for waiting).
+        Blocking; does not touch ``sync.comm_s`` (the caller accounts for waiting).  When
+        ``flat`` is a step's combined buffer from :meth:`stash`, the buckets' futures are
+        completed here (with the exception, if the reduction fails).
 
         Args:
             flat: 1-D gradient buffer (CPU or CUDA), overwritten with the weighted sum.
             shapes: gradient shapes laid out back to back in ``flat`` (None: one 1-D tensor).
             key: codec slot (the DDP bucket index).
         """
+        job = self._jobs.popleft() if self._jobs and self._jobs[0][0] is flat else None
+        if job is None:
+            return self._reduce_views(flat, shapes, key)
+        buckets = job[1]
+        try:
+            self._reduce_views(flat, shapes, key)
+        except BaseException as exc:
+            for _, _, future in buckets:
+                future.set_exception(exc)
+            raise
+        offset = 0
+        for buffer, _, future in buckets:
+            if buffer is not flat:
+                buffer.copy_(flat[offset:offset + buffer.numel()])
+            offset += buffer.numel()
+            future.set_result(buffer)
+        return flat
+
+    def _reduce_views(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None,
+                      key: int) -> torch.Tensor:
         flat.mul_(self.sync.weight)
         stats, self.pending = self.pending, None
         n = flat.numel()
@@ -180,9 +246,12 @@ def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
         completes it; buckets run in DDP's order, the same on every rank).
     """
     params = bucket.parameters()
-    if reducer.param_index:
-        reducer.bucket_keys[bucket.index()] = tuple(reducer.param_index.get(id(p), -1)
-                                                    for p in params)
+    keys = (tuple(reducer.param_index.get(id(p), -1) for p in params)
+            if reducer.param_index else None)
+    if reducer.one_exchange:  # the step's buckets in one reduction (CodecReducer.stash)
+        return reducer.stash(bucket.buffer(), [p.shape for p in params], keys, bucket.is_last())
+    if keys is not None:
+        reducer.bucket_keys[bucket.index()] = keys
     return reducer.sync.submit(bucket.buffer(), [p.shape for p in params],
                                bucket.index())
 
