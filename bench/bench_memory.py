@@ -1,23 +1,28 @@
 #!/usr/bin/env python
-"""Memory benchmark (issue 12): the largest model each sharding mode plans, and the step time of
-Group vs None on a model that fits.
+"""Memory benchmark (issue 12): the largest model each sharding mode plans and trains, and the
+step time of Group and Full vs None on a model that fits.
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_memory.py                 # both parts, about 2 minutes on 2 cores
+    .venv/bin/python bench/bench_memory.py                 # all parts, about 15 minutes on 2 cores
     .venv/bin/python bench/bench_memory.py --only largest  # part 1 only (a second)
 
 1. ``largest`` (planned, the planner's memory model, no run): binary search for the largest
    ``spec.training.model.parameters`` (AdamW, 16 B per parameter) for which a mode fits every rank,
    on the issue's cluster (1x A100-80GB next to 4x T4-16GB on one node) and on the example's
    scaled-down node list, with no activations and with the example's 900 kB per sample at a
-   micro-batch of one.  ``Full`` is evaluated though the worker does not run it yet.
-2. ``steptime`` (measured): ``heterotrain run`` of ``examples/lm-large.yaml`` on a node list whose
-   T4 memory label is raised to 64 MiB (so that None fits too), forced ``sharding: None`` and
-   ``Group`` in turn, ``--repeats`` times each, 20 steps; the figure is rank 0's mean step time
-   (``step_seconds / steps`` of ``rank-0.json``), median and range over the repeats.
+   micro-batch of one.
+2. ``trains`` (measured): the example's LM (width 128) with as many blocks as the planner allows
+   per mode on ``examples/clusters/scaled-memory.yaml`` (activation bytes measured per size),
+   trained for 3 steps with ``heterotrain run`` under the simulated caps; a size that fails steps
+   down until one trains.  Target (issue 12): Full or Group >= 3x the parameters None trains.
+3. ``steptime`` (measured): ``heterotrain run`` of ``examples/lm-large.yaml`` on a node list whose
+   T4 memory label is raised to 64 MiB (so that None fits too), forced ``sharding: None``,
+   ``Group`` and ``Full`` in turn, ``--repeats`` times each, 20 steps; the figure is rank 0's mean
+   step time (``step_seconds / steps`` of ``rank-0.json``), median and range over the repeats.
 
-Writes ``bench/results/memory.json``.
+Writes ``bench/results/memory.json`` in the shape of :mod:`benchlib` (targets met/missed from the
+median; nothing written when a run fails or time runs out).
 """
 
 from __future__ import annotations
@@ -25,11 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -38,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT / "worker"))
 
+sys.path.insert(0, str(ROOT / "bench"))
+
+import benchlib  # noqa: E402
 from hetero_operator import memory  # noqa: E402
 
 JOB = ROOT / "examples" / "lm-large.yaml"
@@ -91,18 +97,120 @@ def part_largest() -> dict:
     return out
 
 
-def _run(job: Path, nodes: Path, workdir: Path) -> float:
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--nodes",
-                           str(nodes), "--workdir", str(workdir), "--max-steps", "20"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, "XDG_CACHE_HOME": str(workdir / "xdg")})
+def _run(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline,
+         max_steps: int | None = 20) -> subprocess.CompletedProcess:
+    """``heterotrain run`` of ``job`` (learned speeds kept in ``workdir``, not the user's cache).
+
+    Raises:
+        BenchTimeout: no time left, or the run passed it.
+    """
+    limit = deadline.left_s(f"run {job.name}")
+    cmd = [sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--nodes", str(nodes),
+           "--workdir", str(workdir)] + (["--max-steps", str(max_steps)] if max_steps else [])
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=min(limit, 600), cwd=ROOT,
+                              env={**os.environ, "XDG_CACHE_HOME": str(workdir / "xdg")})
+    except subprocess.TimeoutExpired:
+        raise benchlib.BenchTimeout(f"run {job.name}: out of time") from None
+
+
+def _step_s(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline) -> float:
+    """Rank 0's mean step time of a 20-step run, seconds.
+
+    Raises:
+        ValueError: the run failed (nothing is reported from it).
+    """
+    done = _run(job, nodes, workdir, deadline)
     if done.returncode != 0:
-        raise SystemExit(f"run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        raise ValueError(f"run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     stats = json.loads((workdir / "rank-0.json").read_text())
     return stats["step_seconds"] / stats["steps"]
 
 
-def part_steptime(repeats: int) -> dict:
+def _job(mode: str, *, layers: int = 2, steps: int = 40, model_bytes: tuple[int, int, int] | None = None,
+         ) -> dict:
+    """``examples/lm-large.yaml`` with ``sharding: mode``; ``model_bytes`` = (parameters,
+    activation bytes per sample, checkpointed) of the LM with ``layers`` blocks."""
+    doc = yaml.safe_load(JOB.read_text())
+    doc["spec"]["training"]["sharding"] = mode
+    doc["spec"]["worker"]["args"] = ["--max-steps", str(steps), "--layers", str(layers)]
+    if model_bytes is not None:
+        params, act, ckpt = model_bytes
+        doc["spec"]["training"]["model"] = {"parameters": params, "activationBytesPerSample": act,
+                                            "checkpointedActivationBytesPerSample": ckpt}
+    return doc
+
+
+def lm_bytes(layers: int) -> tuple[int, int, int]:
+    """(parameters, activation bytes per sample, with its blocks checkpointed) of the example's LM
+    (context 64, width 128, 4 heads) with ``layers`` blocks, measured with
+    ``hetero_worker.memcap.measure_activation_bytes`` on 4 windows."""
+    import torch
+
+    from hetero_worker.examples.lm import lm_loss, make_model
+    from hetero_worker.memcap import measure_activation_bytes
+    from hetero_worker.microbatch import checkpoint_blocks
+
+    windows = torch.randint(0, 256, (4, 65), generator=torch.Generator().manual_seed(0))
+    plain = make_model(64, 128, layers, 4)
+    act, _ = measure_activation_bytes(plain, lm_loss, (windows,))
+    ckpt_model = make_model(64, 128, layers, 4)
+    checkpoint_blocks(ckpt_model, torch.nn.TransformerEncoderLayer)
+    ckpt, _ = measure_activation_bytes(ckpt_model, lm_loss, (windows,))
+    return sum(p.numel() for p in plain.parameters()), act, ckpt
+
+
+def _plans(doc: dict) -> bool:
+    from hetero_operator import model
+    from hetero_operator.inventory import build_inventory
+    from hetero_operator.planning import plan_job
+    from hetero_operator.spec import parse_job
+    nodes = yaml.safe_load(NODES.read_text())["items"]
+    return isinstance(plan_job(parse_job(doc), build_inventory(nodes)), model.Plan)
+
+
+def part_trains(deadline: benchlib.Deadline, max_layers: int = 24) -> dict:
+    """Largest LM (blocks of width 128) each mode *trains* on the example cluster, measured.
+
+    The planner's largest block count per mode (its real plan, activation bytes measured per size)
+    is run for 3 steps with ``heterotrain run``; a size whose run fails (e.g. the simulated cap)
+    is stepped down until one trains.  Whether a size trains does not vary between runs, so each
+    size runs once.
+    """
+    sizes: dict[int, tuple[int, int, int]] = {}
+    out: dict = {}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-memory-trains-"))
+    for mode in memory.MODES:
+        layers = 0
+        for n in range(1, max_layers + 1):
+            sizes.setdefault(n, lm_bytes(n))
+            if not _plans(_job(mode, layers=n, model_bytes=sizes[n])):
+                break
+            layers = n
+        tried = []
+        while layers >= 1:
+            path = tmp / f"{mode}-{layers}.yaml"
+            path.write_text(yaml.safe_dump(_job(mode, layers=layers, steps=3, model_bytes=sizes[layers])))
+            work = tmp / f"{mode}-{layers}"
+            done = _run(path, NODES, work, deadline, max_steps=None)
+            peaks = [json.loads((work / f"rank-{r}.json").read_text()) for r in range(3)
+                     ] if (work / "rank-2.json").exists() else []
+            tried.append({"layers": layers, "parameters": sizes[layers][0], "exit": done.returncode,
+                          "peak_bytes": [p.get("memory_peak_bytes") for p in peaks],
+                          "cap_bytes": [p.get("memory_cap_bytes") for p in peaks]})
+            print(f"{mode}: {layers} blocks, {sizes[layers][0]:,} parameters: "
+                  + ("trains" if done.returncode == 0 else f"failed (exit {done.returncode})"), flush=True)
+            if done.returncode == 0:
+                break
+            layers -= 1
+        out[mode] = {"planned_layers": tried[0]["layers"] if tried else 0,
+                     "layers": layers, "parameters": sizes[layers][0] if layers else 0, "runs": tried}
+    return out
+
+
+def part_steptime(repeats: int, deadline: benchlib.Deadline) -> dict:
+    """Rank 0's step time of examples/lm-large.yaml per mode (T4 label raised to 64 MiB so None
+    fits too), ``repeats`` times, the modes alternating so load drift hits all."""
     tmp = Path(tempfile.mkdtemp(prefix="bench-memory-"))
     nodes = yaml.safe_load(NODES.read_text())
     for node in nodes["items"]:
@@ -111,39 +219,69 @@ def part_steptime(repeats: int) -> dict:
     roomy = tmp / "nodes.yaml"
     roomy.write_text(yaml.safe_dump(nodes))
     jobs = {}
-    for mode in ("None", "Group"):
-        doc = yaml.safe_load(JOB.read_text())
-        doc["spec"]["training"]["sharding"] = mode
+    for mode in memory.MODES:
         jobs[mode] = tmp / f"job-{mode}.yaml"
-        jobs[mode].write_text(yaml.safe_dump(doc))
-    runs: dict[str, list[float]] = {"None": [], "Group": []}
+        jobs[mode].write_text(yaml.safe_dump(_job(mode)))
+    runs: dict[str, list[float]] = {mode: [] for mode in memory.MODES}
     for r in range(repeats):
-        for mode in ("None", "Group"):  # alternating, so load drift hits both
-            runs[mode].append(_run(jobs[mode], roomy, tmp / f"{mode}-{r}"))
+        for mode in memory.MODES:
+            runs[mode].append(_step_s(jobs[mode], roomy, tmp / f"{mode}-{r}", deadline))
             print(f"repeat {r + 1}: {mode} {runs[mode][-1] * 1000:.1f} ms per step (rank 0)", flush=True)
-    out = {mode: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "runs_s": v}
-           for mode, v in runs.items()}
-    out["group_over_none"] = out["Group"]["median_s"] / out["None"]["median_s"]
-    print(f"step time Group / None: {out['group_over_none']:.2f} (medians of {repeats})")
+    return {mode: benchlib.spread(v) for mode, v in runs.items()}
+
+
+def targets_of(result: dict) -> list[benchlib.Target]:
+    """The issue's targets (largest model that trains, Full or Group >= 3x None) and the reported
+    figures (step time ratios, planned largest on the issue's cluster)."""
+    out = []
+    trains = result.get("trains_measured")
+    if trains:
+        none = trains["None"]["parameters"]
+        for mode in ("Group", "Full"):
+            out.append(benchlib.Target(
+                f"largest LM that trains on scaled-memory.yaml, {mode} / None", ">=", 3.0, "x",
+                [trains[mode]["parameters"] / none],
+                f"{trains[mode]['parameters']:,} vs {none:,} parameters; heterotrain run, 3 steps, "
+                "simulated caps enforced; one run per size (pass/fail does not vary)"))
+    steps = result.get("steptime_measured")
+    if steps:
+        for mode in ("Group", "Full"):
+            ratios = [a / b for a, b in zip(steps[mode]["runs"], steps["None"]["runs"], strict=True)]
+            out.append(benchlib.Target(
+                f"step time {mode} / None (lm-large, 470 528 parameters, CPU/Gloo)", "info", 0.0, "x",
+                ratios, "rank 0's mean of 20 steps; per repeat, modes alternating"))
+    planned = result.get("largest_planned")
+    if planned:
+        row = planned["issue: 1x A100-80GB + 4x T4-16GB (reserve 1024 MiB); no activations"]
+        for mode in ("Group", "Full"):
+            out.append(benchlib.Target(
+                f"largest model planned on 1x A100-80GB + 4x T4, {mode} / None", ">=", 3.0, "x",
+                [row[mode] / row["None"]], "the planner's memory model (no run)"))
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("largest", "steptime"), default=None)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=("largest", "trains", "steptime"), default=None)
+    parser.add_argument("--repeats", type=int, default=benchlib.REPEATS)
+    parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument("--output", default=str(benchlib.RESULTS / "memory.json"))
     args = parser.parse_args()
-    result: dict = {"date_unix_s": time.time(), "load_1min": os.getloadavg()[0],
-                    "cpus": os.cpu_count()}
+    deadline = benchlib.Deadline(args.timeout_s)
+    run_meta = benchlib.meta()
+    result: dict = {}
     if args.only in (None, "largest"):
         result["largest_planned"] = part_largest()
+    if args.only in (None, "trains"):
+        result["trains_measured"] = part_trains(deadline)
     if args.only in (None, "steptime"):
-        result["steptime_measured"] = part_steptime(args.repeats)
-    out = ROOT / "bench" / "results" / "memory.json"
-    out.write_text(json.dumps(result, indent=2, sort_keys=True))
-    print(f"wrote {out}")
+        result["steptime_measured"] = part_steptime(args.repeats, deadline)
+    doc = benchlib.write_results(Path(args.output), benchmark="memory", run_meta=run_meta,
+                                 targets=targets_of(result), details=result)
+    benchlib.print_targets(doc)
+    print(f"wrote {args.output}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.main_guard(main))
