@@ -1,6 +1,7 @@
 """Run inside each rank process by tests/worker/test_sharded_checkpoint.py (issue 12).
 
-One job phase under ``HTJ_SHARDING=group`` (FSDP2 inside each GPU-type group): the real Trainer,
+One job phase under ``HTJ_SHARDING=group`` (FSDP2 inside each GPU-type group; or without sharding
+when the env says so): the real Trainer,
 a float64 model of two residual blocks and a head, AdamW, the job's loader; sharded checkpoints
 (``torch.distributed.checkpoint``) every ``--checkpoint-every`` steps; optionally one rank
 SIGKILLs itself after step ``--kill-after``, or rank 0 SIGKILLs itself while publishing the
@@ -85,8 +86,10 @@ def main() -> int:
     params = list(t.module.parameters())
     report.update({
         "step": t.global_step, "epoch": t.epoch,
-        "params": [p.full_tensor().detach().reshape(-1).tolist() for p in params],
-        "held_numel": sum(p.to_local().numel() for p in params),
+        "params": [(p.full_tensor() if hasattr(p, "full_tensor") else p).detach().reshape(-1)
+                   .tolist() for p in params],
+        "held_numel": sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params),
+        "sharded": hasattr(params[0], "to_local"),
         "optim_steps": sorted({float(s["step"]) for s in opt.state.values()}),
     })
     (args.out / f"rank{t.rank}.json").write_text(json.dumps(report))

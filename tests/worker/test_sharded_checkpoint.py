@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -43,11 +44,16 @@ def cmd(out: Path, *extra: str) -> list[str]:
             "--samples", str(SAMPLES), *extra]
 
 
-def envs(split: list[int], ckpt: Path | None = None) -> list[dict[str, str]]:
+def envs(split: list[int], ckpt: Path | None = None, sharding: str = "group",
+         ) -> list[dict[str, str]]:
     made = mixed_cluster_envs(split, checkpoint_dir=str(ckpt) if ckpt else "")
     for env in made:
-        env["HTJ_SHARDING"] = "group"
+        env["HTJ_SHARDING"] = sharding
     return made
+
+
+def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for p, q in zip(a, b, strict=True) for x, y in zip(p, q, strict=True))
 
 
 def reports(out: Path, world: int) -> list[dict]:
@@ -130,12 +136,14 @@ def test_resume_on_one_rank_fewer_reshards_and_sees_every_sample_once(
     """A T4 is killed after step 3; the job resumes step 2 on [A100] [V100] [T4]: DCP reshards the
     T4 pair's two shards into one rank's whole state; exact epoch coverage, replicas equal, and
     the result equals the uninterrupted 4-rank run up to float64 rounding (same samples per
-    step, another summation order)."""
+    step, another summation order). The same checkpoint also resumes into a job without
+    sharding."""
     ckpt, out1, out2 = tmp_path / "ckpt", tmp_path / "phase1", tmp_path / "phase2"
     runs1 = run_ranks(cmd(out1, "--checkpoint-every", "2", "--kill-after", "3",
                           "--kill-rank", "3"), envs(SPLIT4, ckpt), timeout_s=200)
     assert_failed_after(runs1, 3)
     assert manifest(ckpt)["step"] == 2
+    shutil.copytree(ckpt, tmp_path / "ckpt-unsharded")  # for the resume without sharding below
 
     runs2 = run_ranks(cmd(out2, "--checkpoint-every", "2"), envs(SPLIT3, ckpt), timeout_s=200)
     assert_ok(runs2)
@@ -148,11 +156,20 @@ def test_resume_on_one_rank_fewer_reshards_and_sees_every_sample_once(
     steps = records(out2, 3)
     assert sorted(len(r["idx"]) for r in steps if r["step"] == 3) == [4, 6, 8]
     assert_exact_epoch(records(out1, 4), steps, 2)
-    diff = max(abs(a - b) for p, q in zip(got[0]["params"], reference[0]["params"], strict=True)
-               for a, b in zip(p, q, strict=True))
-    assert diff <= 1e-12, diff
+    assert max_diff(got[0]["params"], reference[0]["params"]) <= 1e-12
     assert manifest(ckpt)["plan"]["world_size"] == 3
 
+    # The same checkpoint resumed by a job that no longer shards (HTJ_SHARDING=none, DDP): DCP
+    # assembles whole tensors from the T4 pair's shards; it then writes a format-2 checkpoint.
+    plain, out3 = tmp_path / "ckpt-unsharded", tmp_path / "phase2-unsharded"
+    runs3 = run_ranks(cmd(out3, "--checkpoint-every", "2"), envs(SPLIT3, plain, "none"),
+                      timeout_s=200)
+    assert_ok(runs3)
+    got = reports(out3, 3)
+    assert [(r["resumed_step"], r["step"], r["sharded"]) for r in got] == [(2, 6, False)] * 3
+    assert_exact_epoch(records(out1, 4), records(out3, 3), 2)
+    assert max_diff(got[0]["params"], reference[0]["params"]) <= 1e-12
+    assert manifest(plain)["format"] == checkpoint.FORMAT
 
 # --- single process: what is read from the volume ------------------------------------------
 

@@ -18,6 +18,10 @@ with ``torch.load(weights_only=True)``: a file on a shared volume cannot run cod
   used only when the resuming plan is the same (:func:`same_plan`); otherwise every rank starts
   with fresh RNG (:func:`fresh_rng`) and nothing is indexed by a rank that may no longer exist.
 
+Under Group sharding the file is a manifest of format :data:`SHARDED_FORMAT`: the same keys with
+``model`` and ``optimizer`` None and ``sharded`` naming a ``torch.distributed.checkpoint``
+directory beside it (:mod:`hetero_worker.shardckpt` writes, checks and loads it).
+
 :func:`load_checkpoint` is collective: rank 0's reading decides the resume step and every rank
 confirms it (:func:`hetero_worker.agreement.agree_on_resume`) before anything is restored.
 """

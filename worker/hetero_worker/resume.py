@@ -18,6 +18,10 @@ On resume (:func:`resume_trainer`):
   gets fresh RNG, and the compression state is discarded with a ``compression_state_reset`` line
   (its tensors belong to the old leaders' group).
 
+Under ``Group`` sharding no rank holds the whole model: model and optimizer state are saved
+sharded with ``torch.distributed.checkpoint`` and resharded onto the resuming plan's groups
+(:mod:`hetero_worker.shardckpt`); everything above holds the same way.
+
 Codec state is restored into the reducer's codecs, which are handed the live leaders' process group
 on every call: a process group is never serialised, so it can never come back as the default
 (world) group (case 37; pytorch/pytorch#79334 drops the group on pickling and substitutes the
@@ -99,7 +103,12 @@ def restore_codecs(trainer: Any, states: Mapping[str, Any]) -> int:
 
 def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
                             directory: str) -> str:
-    """Write the trainer's checkpoint (collective; rank 0 writes atomically). Returns its path."""
+    """Write the trainer's checkpoint (collective; rank 0 writes atomically). Returns its path.
+
+    Under Group sharding the model and optimizer state go through
+    :func:`hetero_worker.shardckpt.save_sharded_checkpoint` (the largest group writes, DCP);
+    a ``before_checkpoint_publish(step)`` attribute on the trainer, if set, is that function's
+    test hook. Full sharding is refused (not built)."""
     if trainer.module is None:
         raise RuntimeError("wrap a model before checkpointing")
     if trainer.contract.sharding == "full":

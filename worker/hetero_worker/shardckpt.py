@@ -251,9 +251,11 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
     tmp = directory / f".{DIR_PREFIX}{checkpoint_id}{TMP_SUFFIX}"
     final = f"{DIR_PREFIX}{checkpoint_id}"
     error = ""
+    # Every rank: get_state_dict initialises an optimizer without state by a zero-lr step
+    # (torch's _init_optim_state); on the writers alone that would make the replicas differ.
+    model_sd, optim_sd = get_state_dict(model, optimizer)
     if rank in writers:
         try:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
             dcp.save({"model": model_sd, "optim": optim_sd},
                      storage_writer=FileSystemWriter(tmp, sync_files=True),
                      process_group=group)
