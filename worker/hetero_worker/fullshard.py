@@ -11,13 +11,15 @@ times a T4's share; this module does the uneven part itself, on PyTorch's own pi
   Rank r keeps only its slice, as one ``nn.Parameter`` ``htj_shard`` registered on the unit; the
   optimizer sees only these, so its state is sharded the same way. The original parameters are
   removed from the modules.
-* **Gather for forward, free after.** A unit's forward gathers the full flat buffer
+* **Gather for forward, free after.** A unit's forward gathers its full parameters
   (``all_gather`` of slices padded to the largest one; Gloo all-gathers equal sizes only), binds
-  views of it as the modules' attributes (``linear.weight``), runs, and unbinds them.  A block's
+  them, each in its own storage, as the modules' attributes (``linear.weight``), runs, and
+  unbinds them.  A block's
   forward runs under ``torch.utils.checkpoint`` (non-reentrant, RNG preserved), so nothing of the
   gathered block is kept for backward: backward re-gathers and recomputes the block, the way
-  activation checkpointing does.  The root unit stays gathered from its forward to its backward
-  (what autograd saves of it; FSDP2 keeps the root unsharded after forward too).
+  activation checkpointing does.  Of the root unit, what autograd saves (a head ``Linear``'s
+  weight; an ``Embedding`` saves only its indices) stays from forward to backward, the rest is
+  freed after forward.
 * **Reduce-scatter in backward.** The gather is a ``torch.autograd.Function`` whose backward sums
   the full gradient over all ranks and hands each rank its slice (``reduce_scatter_tensor`` of the
   padded layout), accumulated into ``htj_shard.grad``.  Rank r's loss carries the weight
@@ -168,11 +170,22 @@ class FlatUnit:
         self.stats.cross_group_bytes += element_bytes * sum(
             n for n, other in zip(self.sizes, self.cross, strict=True) if other)
 
-    def bind(self, flat: torch.Tensor) -> None:
-        """Make the modules' attributes views of ``flat`` ``[numel]`` (autograd flows to it)."""
-        pieces = flat.split(self.numels)
+    def gather_pieces(self) -> list[torch.Tensor]:
+        """The full parameters, each in its own storage, by index (collective, no autograd).
+
+        Separate storages let autograd keep only the parameters an op saves for backward (a
+        ``Linear``'s weight) and free the rest (an ``Embedding`` saves only its indices).
+        """
+        full = self.gather()
+        pieces = full.split(self.numels)
+        if len(pieces) > 1:
+            pieces = tuple(p.clone() for p in pieces)
+        return [p.view(shape) for p, shape in zip(pieces, self.shapes, strict=True)]
+
+    def bind(self, pieces: Sequence[torch.Tensor]) -> None:
+        """Make the modules' attributes the gathered ``pieces`` (autograd flows to the slice)."""
         for module, attr, i in self.bindings:
-            setattr(module, attr, pieces[i].view(self.shapes[i]))
+            setattr(module, attr, pieces[i])
 
     def unbind(self) -> None:
         """Replace the views by empty placeholders (the gathered buffer can be freed)."""
@@ -182,23 +195,25 @@ class FlatUnit:
 
 
 class _Gather(torch.autograd.Function):
-    """Forward: the unit's full flat parameters from the slices. Backward: the summed gradient's
-    slice of this rank, for ``htj_shard``."""
+    """Forward: the unit's full parameters from the slices, one tensor per parameter. Backward:
+    this rank's slice of their gradients summed over all ranks, for ``htj_shard``."""
 
     @staticmethod
-    def forward(ctx: Any, shard: torch.Tensor, unit: FlatUnit) -> torch.Tensor:  # noqa: ARG004
+    def forward(ctx: Any, shard: torch.Tensor, unit: FlatUnit) -> tuple[torch.Tensor, ...]:  # noqa: ARG004
         ctx.unit = unit
-        return unit.gather()
+        return tuple(unit.gather_pieces())
 
     @staticmethod
-    def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.unit.reduce(grad_full), None
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        # unused parameters arrive as zeros (materialized grads)
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        return ctx.unit.reduce(flat), None
 
 
 def _run_gathered(unit: FlatUnit, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Gather ``unit``, run ``forward`` with its parameters bound, unbind (views stay alive only
     where autograd saved them)."""
-    unit.bind(_Gather.apply(unit.shard, unit))
+    unit.bind(_Gather.apply(unit.shard, unit))  # a tuple, one tensor per parameter
     try:
         return forward(*args, **kwargs)
     finally:
