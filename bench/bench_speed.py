@@ -62,10 +62,12 @@ GLOBAL_BATCH = 64
 LINK_BATCH = 4           # per rank in the link setups
 LOSS_STEPS = 500         # fixed number of steps for the codec loss comparison (fast link)
 CODEC_TIMING_STEPS = 14  # timed steps per codec on the slow link (2 warm-up)
-TIMING_STEPS = 12        # timed steps per hierarchy mode (after 2 warm-up steps), x 3 repeats
+TIMING_STEPS = 12        # timed steps per hierarchy mode on the shaped link (after 2 warm-up steps)
+FAST_TIMING_STEPS = 60   # interleaved steps per mode on the unshaped link (~30 ms each: cheap, and
+                         # the median of 24 had a spread of about +-7 % on the loaded machine)
 LINK_MBIT = 100
 if os.environ.get("HTJ_BENCH_QUICK"):  # --quick: a smoke run of the whole script (numbers meaningless)
-    LOSS_STEPS, CODEC_TIMING_STEPS, TIMING_STEPS = 12, 4, 3
+    LOSS_STEPS, CODEC_TIMING_STEPS, TIMING_STEPS, FAST_TIMING_STEPS = 12, 4, 3, 6
 
 
 # ================================ rank side =====================================================
@@ -189,7 +191,10 @@ def link_run(contract, *, hierarchy: str, compression: str = "none", steps: int,
         mode=mode, powersgd_rank=int(rank) if rank else POWERSGD_RANK)))
     if count_bytes:
         speed.reducer.install()  # also for "none": count the leaders' bytes with the same code
-    model = t.wrap(_link_model(torch))
+    dist.barrier()
+    start = time.perf_counter()
+    model = t.wrap(_link_model(torch))  # with auto: the link probe (one-time start cost)
+    wrap_s = time.perf_counter() - start
     data = _link_data(torch, LINK_BATCH * 4 * steps)
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     # cosine decay to 0: the usual recipe; it also damps the run-to-run chaos of the final loss
@@ -210,30 +215,52 @@ def link_run(contract, *, hierarchy: str, compression: str = "none", steps: int,
             loss = float(torch.nn.functional.cross_entropy(t.module(data.tensors[0]), data.tensors[1]))
     return {"hierarchy": speed.chosen_hierarchy, "step_s": step_s, "loss": loss,
             "counted_bytes": speed.reducer.codec_bytes_sent, "veth_tx_bytes": tx,
-            "predicted_s": speed.predicted_sync_s,
+            "predicted_s": speed.predicted_sync_s, "wrap_s": wrap_s, "probe_s": speed.probe_s,
             "link": dataclasses.asdict(speed.link) if speed.link else None}
 
 
+INTERLEAVE_BARRIER = os.environ.get("BENCH_SPEED_NO_BARRIER") is None
+"""Start every interleaved step from a barrier (untimed); off only to show the artefact."""
+
+
 def link_modes_interleaved(contract, *, steps: int) -> dict:
-    """Step times of flat / node / arch / auto, one step of each in turn (load drift cancels)."""
+    """Step times of flat / node / arch / auto, one step of each in turn (load drift cancels).
+
+    Each round starts with another mode (the order rotates) and every timed step starts after a
+    barrier: rank 0 returns from a hierarchical step while the other ranks may still be busy
+    with it, and without the barrier the *next* mode's step would be billed that skew (the
+    mode after ``arch`` was ``auto`` in every round: 0.86-0.93x of the same flat layout).
+    ``flat-control`` is a second, identical flat layout: its ratio to ``flat`` is the noise of
+    this comparison.
+    """
     torch = _torch()
+    import torch.distributed as dist
     from hetero_worker.speed import SpeedConfig, attach
     runs = {}
-    for mode in ("flat", "node", "arch", "auto"):
-        t = _trainer(contract, hierarchy=mode)
+    for mode in ("flat", "node", "arch", "auto", "flat-control"):
+        t = _trainer(contract, hierarchy=mode.removesuffix("-control"))
         speed = attach(t, SpeedConfig())
-        model = t.wrap(_link_model(torch))
+        dist.barrier()
+        start = time.perf_counter()
+        model = t.wrap(_link_model(torch))  # with auto: the link probe (one-time start cost)
+        wrap_s = time.perf_counter() - start
         data = _link_data(torch, LINK_BATCH * 4 * steps)
         runs[mode] = {"t": t, "speed": speed, "opt": torch.optim.SGD(model.parameters(), lr=0.02),
-                      "batches": iter(t.loader(data, shuffle=False)), "step_s": []}
-    for _ in range(steps):
-        for mode, r in runs.items():
+                      "batches": iter(t.loader(data, shuffle=False)), "step_s": [],
+                      "wrap_s": wrap_s}
+    modes = list(runs)
+    for k in range(steps):
+        for mode in modes[k % len(modes):] + modes[:k % len(modes)]:
+            r = runs[mode]
             x, y = next(r["batches"])
+            if INTERLEAVE_BARRIER:
+                dist.barrier()
             start = time.perf_counter()
             r["speed"].step(r["opt"], lambda m: torch.nn.functional.cross_entropy(m(x), y))
             r["step_s"].append(time.perf_counter() - start)
     return {mode: {"hierarchy": r["speed"].chosen_hierarchy, "step_s": r["step_s"],
-                   "predicted_s": r["speed"].predicted_sync_s,
+                   "predicted_s": r["speed"].predicted_sync_s, "wrap_s": r["wrap_s"],
+                   "probe_s": r["speed"].probe_s,
                    "link": dataclasses.asdict(r["speed"].link) if r["speed"].link else None}
             for mode, r in runs.items()}
 
@@ -245,7 +272,7 @@ def link_scenario(contract, *, slow: bool) -> dict:
         out = {"modes": {m: link_run(contract, hierarchy=m, steps=TIMING_STEPS + 2)
                          for m in ("flat", "node", "arch", "auto")}}
     else:  # fast link: no queue; interleave so that the load drift of the machine cancels
-        out = {"modes": link_modes_interleaved(contract, steps=2 * TIMING_STEPS + 2)}
+        out = {"modes": link_modes_interleaved(contract, steps=FAST_TIMING_STEPS + 2)}
     if slow:
         out["codecs"] = {mode: link_run(contract, hierarchy="node", compression=mode,
                                         steps=CODEC_TIMING_STEPS, count_bytes=True)
@@ -362,12 +389,18 @@ def summarize_rebalance(r: dict) -> dict:
 
 
 def summarize_modes(r: dict) -> dict:
+    """Steady state: median step after 2 warm-up steps.  The ``auto`` probe runs once inside
+    ``Trainer.wrap``, before the first step, and is reported on its own (``auto_probe_s``)."""
     med = {m: _median(v) for m, v in r["modes"].items()}
     fixed = {m: med[m] for m in ("flat", "node", "arch")}
     best = min(fixed, key=fixed.get)
     auto = r["modes"]["auto"]
     return {"step_s": med, "best_fixed": best, "auto_chose": auto["hierarchy"],
             "auto_over_best": fixed[best] / med["auto"], "node_over_flat": med["flat"] / med["node"],
+            "auto_probe_s": auto.get("probe_s"), "auto_wrap_s": auto.get("wrap_s"),
+            "wrap_s": {m: v.get("wrap_s") for m, v in r["modes"].items()},
+            "flat_over_control": (med["flat"] / med["flat-control"]
+                                  if "flat-control" in med else None),
             "model_matches_fastest": auto["hierarchy"] == best,
             # a different pick among modes within 5 % of each other is a tie, not a miss
             "model_choice_within_5pct": fixed.get(auto["hierarchy"], float("inf")) <= 1.05 * fixed[best],
@@ -420,14 +453,21 @@ def targets(summaries: list[dict]) -> list[benchlib.Target]:
     for key, name in (("slow_modes", f"{LINK_MBIT} Mbit/s"), ("fast_modes", "unshaped veth")):
         add(f"{name}: Auto / best fixed layout", ">=", 0.95, "x",
             lambda s, key=key: s[key]["auto_over_best"] if key in s else None,
-            "median step time of the best of flat/node/arch over Auto's")
+            "steady state: median step of the best of flat/node/arch over Auto's; Auto's "
+            "one-time link probe is the next row")
+        add(f"{name}: Auto's one-time link probe at start (inside Trainer.wrap, not in the steps)",
+            "info", 0, " s", lambda s, key=key: s[key]["auto_probe_s"] if key in s else None,
+            "probe all-reduces, close-call trial and regrouping; paid once per start")
+    add("unshaped veth: flat / flat again (control: the same layout twice, interleaved)", "info",
+        0, "x", lambda s: s["fast_modes"]["flat_over_control"] if "fast_modes" in s else None,
+        "the noise of the Auto / best ratio on this machine")
 
     def c(s: dict, mode: str, key: str):
         return s["codecs"][mode][key] if "codecs" in s else None
 
     for mode, goal in (("int8", 3.0), ("powersgd", 10.0), (HIGH_RANK, 10.0)):
         label = {"int8": "int8 + error feedback", "powersgd": f"PowerSGD rank {POWERSGD_RANK}",
-                 HIGH_RANK: "PowerSGD rank 16"}[mode]
+                 HIGH_RANK: "PowerSGD rank 16 (the default)"}[mode]
         add(f"{label}: step speed-up over fp32, {LINK_MBIT} Mbit/s", ">=", goal, "x",
             lambda s, mode=mode: c(s, mode, "speedup_over_fp32"))
         add(f"{label}: loss after {LOSS_STEPS} steps vs uncompressed", "<=", 2.0, " %",
@@ -518,7 +558,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.quick:
         os.environ["HTJ_BENCH_QUICK"] = "1"
-        globals().update(LOSS_STEPS=12, CODEC_TIMING_STEPS=4, TIMING_STEPS=3)
+        globals().update(LOSS_STEPS=12, CODEC_TIMING_STEPS=4, TIMING_STEPS=3, FAST_TIMING_STEPS=6)
     if args.worker:
         return worker_main(*args.worker)
     os.environ["BENCH_SPEED_POWERSGD_RANK"] = str(args.powersgd_rank)

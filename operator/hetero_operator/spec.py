@@ -148,7 +148,7 @@ class TrainingSpec:
     checkpoint_interval_steps: int = 50
     rebalance_interval_steps: int = 0
     compression: str = "None"
-    powersgd_rank: int = 4
+    powersgd_rank: int = 16
     profile_key: str = ""
     gradient_mib: int = 0
     reference_samples_per_second: int = 0
@@ -372,7 +372,7 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         checkpoint_interval_steps=_int(ckpt, "intervalSteps", f"{p}.checkpoint.intervalSteps", 50, 1, 10**7),
         rebalance_interval_steps=_int(rebalance, "intervalSteps", f"{p}.rebalance.intervalSteps", 0, 0, 10**6),
         compression=_enum(compression, "mode", f"{p}.compression.mode", COMPRESSIONS),
-        powersgd_rank=_int(compression, "powerSGDRank", f"{p}.compression.powerSGDRank", 4, 1, 64),
+        powersgd_rank=_int(compression, "powerSGDRank", f"{p}.compression.powerSGDRank", 16, 1, 64),
         profile_key=_profile_key(t, f"{p}.profileKey"),
         gradient_mib=_int(t, "gradientMiB", f"{p}.gradientMiB", 0, 0, 10**7),
         reference_samples_per_second=_int(t, "referenceSamplesPerSecond",

@@ -107,7 +107,7 @@ def test_defaults_equal_spec_py_defaults() -> None:
     assert s["training"]["memoryReserveMiB"] == 1024
     assert s["training"]["checkpoint"]["intervalSteps"] == 50
     assert s["training"]["rebalance"]["intervalSteps"] == 0
-    assert s["training"]["compression"] == {"mode": "None", "powerSGDRank": 4}
+    assert s["training"]["compression"] == {"mode": "None", "powerSGDRank": 16}
     assert s["runPolicy"]["backoffLimit"] == 3 and s["runPolicy"]["cleanPodPolicy"] == "Running"
     assert s["runPolicy"]["suspend"] is False
     assert spec_mod.parse_job(defaulted) == spec_mod.parse_job(minimal)

@@ -50,7 +50,7 @@ def test_exact_rank_env_of_the_second_t4() -> None:
         "HTJ_TOPOLOGY": json.dumps(topology, sort_keys=True, separators=(",", ":")),
         "HTJ_METRICS_PORT": "9481", "HTJ_CHECKPOINT_DIR": "/ckpt",
         "HTJ_CHECKPOINT_INTERVAL_STEPS": "50", "HTJ_REBALANCE_INTERVAL_STEPS": "0",
-        "HTJ_COMPRESSION": "none", "HTJ_POWERSGD_RANK": "4", "HTJ_RESTART_GENERATION": "0",
+        "HTJ_COMPRESSION": "none", "HTJ_POWERSGD_RANK": "16", "HTJ_RESTART_GENERATION": "0",
         "TORCHELASTIC_RESTART_COUNT": "0"}
     assert [parse_contract(e).rank for e in envs] == [0, 1, 2]
 

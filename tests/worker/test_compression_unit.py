@@ -57,7 +57,7 @@ def test_orthonormalize():
 
 
 @pytest.mark.parametrize(("env", "expected"), [
-    ({}, CompressionConfig(mode="none", powersgd_rank=4)),
+    ({}, CompressionConfig(mode="none", powersgd_rank=16)),
     ({"HTJ_COMPRESSION": "PowerSGD", "HTJ_POWERSGD_RANK": "8"}, CompressionConfig(mode="powersgd", powersgd_rank=8)),
     ({"HTJ_COMPRESSION": "Int8"}, CompressionConfig(mode="int8")),
     ({"HTJ_COMPRESSION": "None"}, CompressionConfig(mode="none")),

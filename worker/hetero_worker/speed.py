@@ -265,6 +265,8 @@ class SpeedController:
         rebalancer: the split controller (``None`` when rebalancing is off).
         chosen_hierarchy: the layout mode in use.
         predicted_sync_s: cost-model seconds per mode (``auto`` only).
+        probe_s: wall seconds the ``auto`` link probe and trial took in ``Trainer.wrap`` (a
+            one-time start cost; None without ``auto``).
     """
 
     def __init__(self, trainer: Any, config: SpeedConfig) -> None:
@@ -276,6 +278,7 @@ class SpeedController:
         self.chosen_hierarchy = trainer.layout.mode
         self.predicted_sync_s: dict[str, float] = {}
         self.link: LinkModel | None = None
+        self.probe_s: float | None = None
         self.world = dist.get_world_size()
 
     def step(self, optimizer: torch.optim.Optimizer, loss_fn: Any) -> Any:
@@ -289,8 +292,10 @@ class SpeedController:
         if self.trainer.contract.hierarchy != "auto":
             return
         grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+        start = time.perf_counter()
         link, costs, mode = measure_and_choose(self.trainer, grad_bytes=grad_bytes)
         self.trainer.use_layout(mode)
+        self.probe_s = time.perf_counter() - start
         self.link, self.predicted_sync_s, self.chosen_hierarchy = link, costs, mode
 
     def after_step(self, compute_s: float, batch: int) -> None:
@@ -402,15 +407,19 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
 
 
 def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float, *,
-                        margin: float = 4.0, budget_s: float = 0.5, repeats: int = 3) -> str:
+                        margin: float = 4.0, budget_s: float = 0.5, repeats: int = 5) -> str:
     """The cost model's pick, or, when other modes are predicted within ``margin`` x of it and
     cheap to try (predicted under ``budget_s``), the fastest of them timed on a real sync.
 
     The link model ignores per-call software costs (a hierarchy runs three collectives per DDP
     bucket on the sync's Python thread, flat one all-reduce per bucket in DDP's C++), so the
     trial runs exactly those paths, with the training backends on the training device, on a
-    gradient-sized buffer cut like DDP's buckets (1 MiB first, then up to 25 MiB).  Collective;
-    times are MAX-reduced so every rank picks the same.  The trial groups are destroyed.
+    gradient-sized buffer cut like DDP's buckets (1 MiB first, then up to 25 MiB).  The modes
+    take turns, one sync each per round and each round starting with the next mode, after a
+    barrier, so the load drift of a shared machine hits every mode alike (timed one mode after
+    the other, a busy second on a 2-core machine picked the wrong layout); the median of
+    ``repeats`` rounds counts (one more round opens the connections).  Collective; times are
+    MAX-reduced so every rank picks the same.  The trial groups are destroyed.
     """
     from hetero_worker.linkcost import FIXED_MODES
     from hetero_worker.sync import WeightedGradSync
@@ -422,13 +431,15 @@ def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float
     numel = int(min(grad_bytes, 64 << 20) // 4)
     first = min(numel, (1 << 20) // 4)
     sizes = [first] + [min(25 << 18, numel - o) for o in range(first, numel, 25 << 18)]
-    timed = torch.zeros(len(close), dtype=torch.float64)
-    for i, mode in enumerate(close):
-        groups = trainer.build_groups(mode)
-        sync = WeightedGradSync(groups, [1] * len(trainer.contract.topology))
-        samples = []
-        try:
-            for _ in range(repeats + 1):  # the first one opens connections
+    trials = []
+    try:
+        for mode in close:  # collective, same order on every rank
+            groups = trainer.build_groups(mode)
+            trials.append((groups, WeightedGradSync(groups, [1] * len(trainer.contract.topology))))
+        samples: list[list[float]] = [[] for _ in close]
+        for round_ in range(repeats + 1):  # round 0 opens the connections
+            for i in [(round_ + k) % len(close) for k in range(len(close))]:
+                groups, sync = trials[i]
                 pieces = [torch.zeros(n, device=trainer.device) for n in sizes if n > 0]
                 dist.barrier()
                 start = time.perf_counter()
@@ -440,11 +451,13 @@ def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float
                         future.wait()
                 if trainer.device.type == "cuda":
                     torch.cuda.synchronize(trainer.device)
-                samples.append(time.perf_counter() - start)
-        finally:
+                if round_:
+                    samples[i].append(time.perf_counter() - start)
+    finally:
+        for groups, sync in trials:
             sync.close()
             groups.destroy()
-        timed[i] = sorted(samples[1:])[len(samples[1:]) // 2]
+    timed = torch.tensor([sorted(x)[len(x) // 2] for x in samples], dtype=torch.float64)
     dist.all_reduce(timed, op=dist.ReduceOp.MAX)
     return close[int(torch.argmin(timed))]
 
