@@ -253,3 +253,68 @@ def test_manifest_without_its_sharded_directory_is_not_resumed(tmp_path: Path) -
     state["sharded"]["dir"] = "../elsewhere"
     checkpoint.save_atomic(state, ckpt / checkpoint.CHECKPOINT_FILE)
     assert "not a sharded-<id> entry" in checkpoint.read_checkpoint(ckpt)[1].error
+
+
+@pytest.fixture
+def world_of_one():  # type: ignore[no-untyped-def]
+    """A one-rank Gloo world in this process (FSDP2 and DCP need a process group)."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def _sharded_model(group) -> tuple[torch.nn.Module, torch.optim.Optimizer]:  # type: ignore[no-untyped-def]
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(1)
+    model = fully_shard(torch.nn.Sequential(torch.nn.Linear(4, 3)).double(),
+                        mesh=DeviceMesh.from_group(group, "cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(2, 4, dtype=torch.float64)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, world_of_one,  # type: ignore[no-untyped-def]
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    ckpt = tmp_path / "ckpt"
+    model, opt = _sharded_model(world_of_one)
+    saved = [p.full_tensor().clone() for p in model.parameters()]
+    shardckpt.save_sharded_checkpoint(ckpt, step=1, model=model, optimizer=opt, groups=[(0,)],
+                                      group=world_of_one, rank=0)
+    first = manifest(ckpt)
+
+    def disk_full(*_a: object, **_k: object) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(shardckpt.dcp, "save", disk_full)
+    with pytest.raises(RuntimeError, match=r"^sharded checkpoint of step 2 failed on every rank's "
+                       r"account \(rank 0: writing .*\.sharded-[0-9a-f]{16}\.tmp: OSError: No space "
+                       r"left on device\); the previous checkpoint is kept$"):
+        shardckpt.save_sharded_checkpoint(ckpt, step=2, model=model, optimizer=opt,
+                                          groups=[(0,)], group=world_of_one, rank=0)
+    monkeypatch.undo()
+    assert manifest(ckpt)["checkpoint_id"] == first["checkpoint_id"]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    state = checkpoint.load_checkpoint(ckpt, model=model, optimizer=opt)
+    assert state is not None and state["step"] == 1
+    for p, q in zip(model.parameters(), saved, strict=True):
+        assert torch.equal(p.full_tensor(), q)
+    assert all(torch.count_nonzero(s["momentum_buffer"].full_tensor()) > 0
+               for s in opt.state.values())
+
+
+def test_replicated_checkpoint_is_not_loaded_into_a_sharded_model(tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                   world_of_one) -> None:
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 3)).double()
+    checkpoint.save_checkpoint(tmp_path, step=3, model=plain,
+                               optimizer=torch.optim.SGD(plain.parameters(), lr=0.1))
+    model, opt = _sharded_model(world_of_one)
+    with pytest.raises(ValueError, match=r"taken without sharding \(format 2.*resume it with "
+                                         r"spec.training.sharding None"):
+        checkpoint.load_checkpoint(tmp_path, model=model, optimizer=opt)
