@@ -53,6 +53,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from hetero_worker.flatbuf import flat_reduce_
+from hetero_worker.commplan import GLOO
 from hetero_worker.groups import ProcessGroups, hierarchical_all_reduce_
 
 
@@ -165,11 +166,15 @@ class WeightedGradSync:
         ``flat``'s device, so completing it from the thread synchronises CUDA streams.
         """
         self.mark_ready()
-        future = device_future(flat.device)
         if not self.overlap:
+            future = device_future(flat.device)
             future.set_result(self.reduce_(flat, shapes, key))
             self.comm_s += time.perf_counter() - self.last_ready_s
             return future
+        direct = self._direct_future(flat)
+        if direct is not None:
+            return direct
+        future = device_future(flat.device)
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="htj-comm")
 
@@ -184,9 +189,62 @@ class WeightedGradSync:
         self._executor.submit(run)
         return future
 
+    def _direct_future(self, flat: torch.Tensor) -> torch.futures.Future[torch.Tensor] | None:
+        """The bucket's reduction issued right here as asynchronous collectives, or None.
+
+        Used where no collective of the bucket has to wait for another one's result, so nothing
+        needs the communication thread: a flat layout (one all-reduce, as torch's own
+        ``allreduce_hook`` issues it) and a non-leader of a hierarchical layout (its reduce to the
+        leader and the leader's broadcast back are both issued now; the broadcast lands in a
+        separate buffer, so it never races the reduce, which gloo may run on another of its
+        threads). Every rank issues its group's collectives in DDP's bucket order, the order the
+        leader's communication thread follows, so they pair up. Only for CPU tensors on Gloo
+        groups without a reducer (a codec or the rebalancer's piggyback stay on the thread).
+        """
+        groups = self.groups
+        if (self.reducer is not None or flat.device.type != "cpu"
+                or groups.intra_backend != GLOO):
+            return None
+        nbytes = flat.numel() * flat.element_size()
+        if groups.layout.is_flat:
+            flat.mul_(self.weight)
+            work = dist.all_reduce(flat, group=groups.intra, async_op=True)
+            self.count_inter_group_bytes(nbytes if groups.intra_crosses else 0)
+            return work.get_future().then(_first_tensor)
+        if groups.is_leader:
+            return None
+        flat.mul_(self.weight)
+        dist.reduce(flat, dst=groups.leader, group=groups.intra, async_op=True)
+        self.count_inter_group_bytes(nbytes if groups.intra_crosses else 0)
+        out = torch.empty_like(flat)
+        work = dist.broadcast(out, src=groups.leader, group=groups.intra, async_op=True)
+        return work.get_future().then(_first_tensor)
+
     def mark_ready(self) -> None:
-        """Record that a gradient just became ready (a post-accumulate-grad hook calls this)."""
+        """Record that a gradient just became ready (a bucket reached the hook, or backward's
+        compute finished: :meth:`watch_backward`)."""
         self.last_ready_s = time.perf_counter()
+
+    def watch_backward(self, root: torch.Tensor) -> None:
+        """Mark the end of backward's compute for the backward pass about to start from ``root``.
+
+        A hook on ``root`` (the first node backward runs) queues :meth:`mark_ready` as a final
+        callback of that backward pass (``Variable._execution_engine.queue_callback``, as FSDP
+        does). Final callbacks run in queue order once every gradient is computed, and DDP queues
+        its own (which waits for the reductions) later, when its last bucket is ready; so the mark
+        is the moment the last gradient became ready, at one Python call per backward instead of
+        one per parameter (a post-accumulate-grad hook on each parameter cost several per cent of
+        a small model's step on a loaded machine). No-op when ``root`` needs no gradient.
+        """
+        if not root.requires_grad:
+            return
+        queue = torch.autograd.Variable._execution_engine.queue_callback
+
+        def at_start(grad: torch.Tensor) -> torch.Tensor:
+            queue(self.mark_ready)
+            return grad
+
+        root.register_hook(at_start)
 
     def end_of_backward(self) -> None:
         """Account the wait after the last gradient (call right after ``backward()`` returns).
@@ -249,6 +307,11 @@ def device_future(device: torch.device) -> torch.futures.Future:
     if device.type == "cuda":
         return torch.futures.Future(devices=[device])
     return torch.futures.Future()
+
+
+def _first_tensor(future: torch.futures.Future) -> torch.Tensor:
+    """A collective's future value (the list of its tensors) -> its one tensor (DDP wants that)."""
+    return future.value()[0]
 
 
 def weighted_hook(sync: WeightedGradSync,
