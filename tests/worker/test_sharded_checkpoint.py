@@ -318,3 +318,14 @@ def test_replicated_checkpoint_is_not_loaded_into_a_sharded_model(tmp_path: Path
     with pytest.raises(ValueError, match=r"taken without sharding \(format 2.*resume it with "
                                          r"spec.training.sharding None"):
         checkpoint.load_checkpoint(tmp_path, model=model, optimizer=opt)
+
+
+def test_resume_under_full_sharding_is_refused_naming_the_fix(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from hetero_worker import resume as resume_mod
+    trainer = SimpleNamespace(module=torch.nn.Linear(2, 1), contract=SimpleNamespace(sharding="full"))
+    with pytest.raises(RuntimeError, match="Full sharding does not resume from checkpoints yet: "
+                                           "leave spec.training.checkpoint out"):
+        resume_mod.resume_trainer(trainer, torch.optim.SGD(trainer.module.parameters(), lr=0.1),
+                                  str(tmp_path))

@@ -146,6 +146,10 @@ def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,
     """
     if trainer.module is None:
         raise RuntimeError("wrap a model before resume()")
+    if trainer.contract.sharding == "full":
+        raise RuntimeError("Full sharding does not resume from checkpoints yet: leave "
+                           "spec.training.checkpoint out or use spec.training.sharding Group "
+                           "(docs/memory.md)")
     current = plan_of(trainer)
     state = checkpoint.load_checkpoint(
         directory, model=trainer.module, optimizer=optimizer, scaler=trainer.scaler,
