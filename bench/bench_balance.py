@@ -17,10 +17,12 @@ Run from the repository root (takes about 4 minutes on 2 idle CPU cores)::
    time of our ``Trainer.step`` vs plain ``DistributedDataParallel`` (its default all-reduce),
    interleaved in ABBA blocks inside the same processes so machine noise hits both alike; the
    ratio is the median over adjacent block pairs. Target: ours <= 1.05 x plain. Three paths, each
-   really run: ``hook`` (our Python comm hook and sync thread forced on a flat layout: the same
-   single all-reduce as DDP, so the ratio is the hook's own cost), ``hierarchical`` (2 simulated
-   nodes x 2 ranks: the path of every job with more than one group; on one machine its three
-   collectives only add latency), ``fast_flat`` (one group: no hook, weight in the loss).
+   really run: ``hook`` (our Python comm hook forced on a flat layout: the same single all-reduce
+   as DDP, issued as an async future, so the ratio is the hook's own cost), ``hierarchical``
+   (2 simulated nodes x 2 ranks: the path of every job with more than one group; on one machine
+   its three dependent collectives per bucket only add latency), ``fast_flat`` (one group: no
+   hook, weight in the loss). Both sides run the same model; ours is built by ``Trainer.wrap``
+   (``gradient_as_bucket_view``), plain DDP with its defaults.
 
 Every comparison runs ``--repeats`` (3) times within the invocation; the results file carries the
 median, the spread and every run, the date and load average, and met/missed per target
@@ -152,8 +154,13 @@ def worker_overhead(args: argparse.Namespace) -> None:
     base = mlp(width=512, depth=3)
     plain = DistributedDataParallel(copy.deepcopy(base))
     ours = t.wrap(base)
-    path = ("fast-flat (no hook, weight in the loss)" if t.sync.weight_in_loss
-            else "comm hook (weighted_hook on the sync thread)")
+    if t.sync.weight_in_loss:
+        path = "fast-flat (no hook, weight in the loss)"
+    elif t.layout.is_flat:
+        path = "comm hook: weight, then one async all-reduce future (no comm thread)"
+    else:
+        path = ("comm hook: leaders reduce, all-reduce, broadcast on the comm thread; "
+                "non-leaders' reduce + broadcast as async futures")
     opt_plain = torch.optim.SGD(plain.parameters(), lr=0.01)
     opt_ours = torch.optim.SGD(ours.parameters(), lr=0.01)
     x, y = torch.randn(t.local_batch, 64), torch.randint(0, 10, (t.local_batch,))
@@ -266,7 +273,13 @@ def balance_once(delay_s: float, args: argparse.Namespace, deadline: benchlib.De
     ideal = sum(standalone)
     allreduce = launch("allreduce", split, SPEEDS, nodes, delay_s=delay_s, args=args, deadline=deadline)
     slowest_alone_s = max(b / a for b, a in zip(split, standalone, strict=True))
-    return {"proportional_samples_per_s": prop["samples_per_s"],
+    big = split.index(max(split))  # the largest batch: most loading and real compute
+    parts = prop["per_rank_mean_step_parts_s"][big]
+    return {"fixed_parts_largest_batch_rank_s": {
+                "rank": big, "load_s": parts["load_s"],
+                "compute_over_standalone_s": parts["compute_s"] - split[big] / standalone[big],
+                "comm_wait_s": parts["comm_wait_s"]},
+            "proportional_samples_per_s": prop["samples_per_s"],
             "proportional_step_s": prop["step_s"], "slowest_standalone_step_s": slowest_alone_s,
             "fixed_per_step_s": prop["step_s"] - slowest_alone_s,
             "gloo_allreduce_after_sleep_s": allreduce["allreduce_s"],
@@ -282,8 +295,8 @@ def balance_once(delay_s: float, args: argparse.Namespace, deadline: benchlib.De
 VARIANTS = {
     # name: (nodes, hierarchy, variant flag, what it is)
     "hook": (["localhost"] * 4, "flat", "hook",
-             "our comm hook (Python hook, sync thread, weighting) with the same single flat "
-             "all-reduce as plain DDP: the hook path's own overhead"),
+             "our comm hook (Python hook, weighting, async all-reduce future) with the same single "
+             "flat all-reduce as plain DDP: the hook path's own overhead"),
     "hierarchical": (["node-a", "node-a", "node-b", "node-b"], "group", "",
                      "2 simulated nodes x 2 ranks: reduce, leaders' all-reduce, broadcast (the "
                      "path every job with more than one group takes); on one machine it only adds "
@@ -327,6 +340,13 @@ def run_benchmark(args: argparse.Namespace, deadline: benchlib.Deadline) -> tupl
         targets.append(benchlib.Target(
             f"fixed per-step cost at {ms}: step - slowest rank's standalone step", "info", 0, " ms",
             [1000 * r["fixed_per_step_s"] for r in runs]))
+        for key, what in (("load_s", "data loading"),
+                          ("compute_over_standalone_s", "step compute over its standalone step"),
+                          ("comm_wait_s", "wait in the gradient all-reduce")):
+            targets.append(benchlib.Target(
+                f"... largest-batch rank at {ms}: {what}", "info", 0, " ms",
+                [1000 * r["fixed_parts_largest_batch_rank_s"][key] for r in runs],
+                "the rank's mean per step; the three add up to its step minus its standalone step"))
         targets.append(benchlib.Target(
             f"... of which one gloo all-reduce of the MLP's gradient at {ms} (4 processes, after a "
             "sleep as long as the step's compute)", "info", 0, " ms", [1000 * r["gloo_allreduce_after_sleep_s"] for r in runs],

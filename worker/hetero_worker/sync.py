@@ -10,14 +10,20 @@ gradient is weighted by ``b_r / B`` and the weighted gradients are *summed*:
 hook weights the bucket and reduces it hierarchically (reduce in the group, all-reduce among the
 leaders, broadcast in the group; :func:`hetero_worker.groups.hierarchical_all_reduce_`).
 
-Why no ``Future.then`` chain: chaining the three collectives through future callbacks can deadlock
-on Gloo in torch 2.13 (its own PowerSGD hook does on CPU). Instead each bucket's collectives run
-*blocking*, one after another, on a single communication thread owned by the sync object (buckets
-are queued in DDP's order, which is the same on every rank, so every rank issues the same
-collectives in the same order). The hook returns a future that the thread completes, so the
-autograd thread keeps computing the next buckets' gradients meanwhile: DDP's overlap is kept.
-With ``overlap=False`` the hook runs the collectives on the autograd thread and returns a
-completed future (simplest, no overlap).
+Why no ``Future.then`` chain of collectives: chaining the three collectives through future
+callbacks can deadlock on Gloo in torch 2.13 (its own PowerSGD hook does on CPU). Where a bucket's
+collectives depend on each other (a group leader: its all-reduce among the leaders needs the
+in-group reduce's result, its broadcast that all-reduce's), they run *blocking*, one after
+another, on a single communication thread owned by the sync object (buckets are queued in DDP's
+order, which is the same on every rank, so every rank issues the same collectives in the same
+order). The hook returns a future that the thread completes, so the autograd thread keeps
+computing the next buckets' gradients meanwhile: DDP's overlap is kept. Where nothing waits for
+anything (a flat layout: one all-reduce; a non-leader: its reduce to the leader and the leader's
+broadcast, which it only receives), the hook issues the collectives itself as async work and
+returns their future, as torch's own ``allreduce_hook`` does (``.then`` only unwraps the result,
+it issues nothing): no thread hop, no Python wake-up between collectives (issue 11: the forced
+flat hook cost 1.16x plain DDP through the thread). With ``overlap=False`` the hook runs the
+collectives on the autograd thread and returns a completed future (simplest, no overlap).
 
 Flat fast path: when the layout is a single group, :meth:`WeightedGradSync.register` installs no
 Python hook at all. The trainer multiplies the local loss by ``loss_factor = world_size * b_r / B``
@@ -27,8 +33,8 @@ cost. The same identity, ``sum_r (W * b_r / B) * g_r / W``, holds bit for bit wh
 of two and to rounding otherwise.
 
 Communication wait: the time from the last gradient becoming ready (backward compute is done; a
-post-accumulate-grad hook per parameter marks it) to the end of backward is time spent only
-waiting for collectives, including waiting for slower ranks.
+final callback of the backward pass marks it, :meth:`WeightedGradSync.watch_backward`) to the end
+of backward is time spent only waiting for collectives, including waiting for slower ranks.
 
 The split is pluggable: :meth:`WeightedGradSync.set_split` takes the list of local batches for the
 next step, so a rebalancer only passes new numbers at a step boundary. So is the reduction itself:
