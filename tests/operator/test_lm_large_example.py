@@ -15,6 +15,7 @@ import yaml
 from k8s import crdcheck
 
 from hetero_operator import model
+from hetero_worker import checkpoint
 from hetero_operator.inventory import build_inventory
 from hetero_operator.planning import plan_job
 from hetero_operator.spec import parse_job
@@ -98,8 +99,12 @@ def test_plan_cli_exit_codes() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_heterotrain_run_trains_it_within_each_simulated_cap(tmp_path: Path) -> None:
+    body = yaml.safe_load(JOB.read_text())
+    body["spec"]["training"]["checkpoint"] = {"path": "/ckpt", "intervalSteps": 20}
+    job = tmp_path / "lm-large.yaml"
+    job.write_text(yaml.safe_dump(body))
     work = tmp_path / "work"
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(JOB), "--nodes",
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--nodes",
                            str(NODES), "--workdir", str(work)], capture_output=True, text=True,
                           timeout=220, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -109,3 +114,10 @@ def test_heterotrain_run_trains_it_within_each_simulated_cap(tmp_path: Path) -> 
         stats = json.loads((work / f"rank-{rank}.json").read_text())
         assert 0 < stats["memory_peak_bytes"] <= stats["memory_cap_bytes"]
     assert "(simulated cap)" in done.stdout
+    # Group sharding checkpoints through torch.distributed.checkpoint: the manifest names the
+    # complete DCP directory of the last save (step 40), the only one left
+    manifest = checkpoint.load_file(work / "checkpoints" / "checkpoint.pt")
+    assert (manifest["format"], manifest["step"]) == (checkpoint.SHARDED_FORMAT, 40)
+    saved = sorted(p.name for p in (work / "checkpoints").iterdir() if p.name != "checkpoint.pt")
+    assert len(saved) == 1 and saved[0].startswith("sharded-")
+    assert (work / "checkpoints" / saved[0] / ".metadata").is_file()

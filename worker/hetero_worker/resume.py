@@ -111,7 +111,7 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
     test hook. Full sharding is refused (not built)."""
     if trainer.module is None:
         raise RuntimeError("wrap a model before checkpointing")
-    if trainer.contract.sharding == "full":
+    if trainer.contract.sharding == "full" and directory:
         raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
                            "out or use spec.training.sharding Group (docs/memory.md)")
     if getattr(trainer, "shard_sync", None) is not None:  # Group sharding: DCP, one group writes
@@ -146,7 +146,7 @@ def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,
     """
     if trainer.module is None:
         raise RuntimeError("wrap a model before resume()")
-    if trainer.contract.sharding == "full":
+    if trainer.contract.sharding == "full" and directory:
         raise RuntimeError("Full sharding does not resume from checkpoints yet: leave "
                            "spec.training.checkpoint out or use spec.training.sharding Group "
                            "(docs/memory.md)")

@@ -45,11 +45,14 @@ def train(args: argparse.Namespace) -> int:
     loader = t.loader(torch.utils.data.TensorDataset(train_set))
     steps_per_epoch = len(train_set) // sum(t.local_batches)
     t.metrics.set_total_steps(min(args.max_steps, args.epochs * steps_per_epoch))
+    if t.resume(optimizer) and t.rank == 0:  # sharded under Group (torch.distributed.checkpoint)
+        print(f"resumed at step {t.global_step}, epoch {t.epoch}", flush=True)
     first_loss = None
     while t.epoch < args.epochs and t.global_step < args.max_steps:
         for (batch,) in loader:
             result = t.step(optimizer, lm_loss, batch=(t.to_device(batch),))
             first_loss = result.loss if first_loss is None else first_loss
+            t.maybe_checkpoint(optimizer, args.checkpoint_every)
             if t.rank == 0 and t.global_step % 10 == 0:
                 print(f"step {t.global_step} loss {result.loss:.3f}", flush=True)
             if t.global_step >= args.max_steps:
