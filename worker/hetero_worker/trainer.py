@@ -243,11 +243,9 @@ class Trainer:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         # DDP's start-up check and broadcast (and the flat fast path) run on a group that obeys
         # the communicator rule: the flat NCCL group of a one-type job, else the Gloo world.
-        # gradient_as_bucket_view: the gradients are views into DDP's buckets, which saves the
-        # two copies per step between them (torch DDP docs) and one gradient's memory.
         ddp = DistributedDataParallel(self.module, device_ids=device_ids,
                                       process_group=self.groups.ddp_group,
-                                      gradient_as_bucket_view=True)
+                                      **self.sync.ddp_options())  # bucket views, bucket cap
         self.sync.register(ddp)  # "backward compute done" is marked by _backward (watch_backward)
         self.model = ddp
         return ddp
