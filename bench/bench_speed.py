@@ -260,7 +260,7 @@ def link_modes_interleaved(contract, *, steps: int) -> dict:
             r["step_s"].append(time.perf_counter() - start)
     return {mode: {"hierarchy": r["speed"].chosen_hierarchy, "step_s": r["step_s"],
                    "predicted_s": r["speed"].predicted_sync_s, "wrap_s": r["wrap_s"],
-                   "probe_s": r["speed"].probe_s,
+                   "probe_s": r["speed"].probe_s, "trial_s": r["speed"].trial_s,
                    "link": dataclasses.asdict(r["speed"].link) if r["speed"].link else None}
             for mode, r in runs.items()}
 
@@ -404,7 +404,8 @@ def summarize_modes(r: dict) -> dict:
             "model_matches_fastest": auto["hierarchy"] == best,
             # a different pick among modes within 5 % of each other is a tie, not a miss
             "model_choice_within_5pct": fixed.get(auto["hierarchy"], float("inf")) <= 1.05 * fixed[best],
-            "predicted_sync_s": auto["predicted_s"], "measured_link": auto["link"]}
+            "predicted_sync_s": auto["predicted_s"], "trial_sync_s": auto.get("trial_s"),
+            "measured_link": auto["link"]}
 
 
 def summarize_codecs(slow: dict, fast: dict | None) -> dict:

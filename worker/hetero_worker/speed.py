@@ -267,6 +267,7 @@ class SpeedController:
         predicted_sync_s: cost-model seconds per mode (``auto`` only).
         probe_s: wall seconds the ``auto`` link probe and trial took in ``Trainer.wrap`` (a
             one-time start cost; None without ``auto``).
+        trial_s: the close-call trial's median sync seconds per mode (empty when none ran).
     """
 
     def __init__(self, trainer: Any, config: SpeedConfig) -> None:
@@ -279,6 +280,7 @@ class SpeedController:
         self.predicted_sync_s: dict[str, float] = {}
         self.link: LinkModel | None = None
         self.probe_s: float | None = None
+        self.trial_s: dict[str, float] = {}
         self.world = dist.get_world_size()
 
     def step(self, optimizer: torch.optim.Optimizer, loss_fn: Any) -> Any:
@@ -293,7 +295,8 @@ class SpeedController:
             return
         grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
         start = time.perf_counter()
-        link, costs, mode = measure_and_choose(self.trainer, grad_bytes=grad_bytes)
+        link, costs, mode = measure_and_choose(self.trainer, grad_bytes=grad_bytes,
+                                               trial_s=self.trial_s)
         self.trainer.use_layout(mode)
         self.probe_s = time.perf_counter() - start
         self.link, self.predicted_sync_s, self.chosen_hierarchy = link, costs, mode
@@ -358,7 +361,8 @@ def places_of(topology: Sequence[Any]) -> list[RankPlace]:
 
 
 def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
-                       probe_bytes: int = 1 << 20) -> tuple[LinkModel, dict[str, float], str]:
+                       probe_bytes: int = 1 << 20, trial_s: dict[str, float] | None = None,
+                       ) -> tuple[LinkModel, dict[str, float], str]:
     """Measure intra- and inter-node bandwidth once, then pick the cheapest hierarchy.
 
     Collective on all ranks.  The probe builds the groups the ``node`` and ``flat`` layouts would
@@ -374,6 +378,7 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
         grad_bytes: fp32 gradient bytes per rank (default: 100 MiB; only the ratio between modes
             matters once bandwidth dominates).
         probe_bytes: bytes per probe all-reduce.
+        trial_s: filled with the close-call trial's seconds per mode when one runs.
 
     Returns:
         ``(link model, predicted seconds per mode, chosen mode)``.
@@ -403,11 +408,16 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
     link = _link_from_times(times.tolist(), probe_bytes, node.layout, dist.get_world_size())
     size = grad_bytes or float(100 << 20)
     costs = predict_modes(places, size, link)
-    return link, costs, _settle_close_calls(trainer, costs, size)
+    return link, costs, _settle_close_calls(trainer, costs, size, record=trial_s)
+
+
+FLAT_TRIAL_MARGIN = 0.15
+"""A hierarchy must beat ``flat``'s trial sync by more than this share to be chosen over it."""
 
 
 def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float, *,
-                        margin: float = 4.0, budget_s: float = 0.5, repeats: int = 5) -> str:
+                        margin: float = 4.0, budget_s: float = 0.5, repeats: int = 5,
+                        record: dict[str, float] | None = None) -> str:
     """The cost model's pick, or, when other modes are predicted within ``margin`` x of it and
     cheap to try (predicted under ``budget_s``), the fastest of them timed on a real sync.
 
@@ -420,6 +430,12 @@ def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float
     the other, a busy second on a 2-core machine picked the wrong layout); the median of
     ``repeats`` rounds counts (one more round opens the connections).  Collective; times are
     MAX-reduced so every rank picks the same.  The trial groups are destroyed.
+
+    ``flat`` wins unless another mode's sync is more than :data:`FLAT_TRIAL_MARGIN` faster: the
+    trial times the syncs alone, while in a step flat's all-reduce overlaps backward inside DDP
+    and a hierarchy adds a Python communication thread next to autograd.  On the benchmark's
+    unshaped link (2 cores, 4 ranks) the trial put ``node`` level with or ahead of ``flat``
+    while the steps of ``node`` took 25-40 % longer.
     """
     from hetero_worker.linkcost import FIXED_MODES
     from hetero_worker.sync import WeightedGradSync
@@ -459,7 +475,12 @@ def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float
             groups.destroy()
     timed = torch.tensor([sorted(x)[len(x) // 2] for x in samples], dtype=torch.float64)
     dist.all_reduce(timed, op=dist.ReduceOp.MAX)
-    return close[int(torch.argmin(timed))]
+    if record is not None:
+        record.update({mode: float(t) for mode, t in zip(close, timed)})
+    fastest = int(torch.argmin(timed))
+    if "flat" in close and timed[close.index("flat")] <= (1 + FLAT_TRIAL_MARGIN) * timed[fastest]:
+        return "flat"
+    return close[fastest]
 
 
 def _time_allreduce(nbytes: int, group: Any, backend: str, device: torch.device,
