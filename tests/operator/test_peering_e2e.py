@@ -103,7 +103,8 @@ async def test_rolling_upgrade_and_crash_restart_never_double_act(tmp_path: Path
         assert sorted(p["metadata"]["labels"]["heterotrain.io/rank"] for p in pods) == ["0", "1", "2"]
         assert sorted(creations(cluster, "job-upg", "team-x")) == ["job-upg-g0", "job-upg-g1", "job-upg-g2"]
         assert {p["metadata"]["labels"]["heterotrain.io/attempt"] for p in pods} == {"1"}
-        assert old.pods_created + new.pods_created == 3
+        await cluster.wait_for(lambda: old.pods_created + new.pods_created == 3, 30,
+                               "the replicas' pods_created")
         assert cluster.job("job-upg", "team-x")["status"].get("restarts", 0) == 0
 
         await cluster.api.delete(HTJ, "team-x", "job-upg")  # its pods go with it: GPUs free again
@@ -123,5 +124,7 @@ async def test_rolling_upgrade_and_crash_restart_never_double_act(tmp_path: Path
         first = min(dt.datetime.fromisoformat(p["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
                     for p in job_pods(cluster, "job-gap", "team-y"))
         assert first >= deadline - dt.timedelta(seconds=1)  # not while the dead peer outranked it
-        assert gap.pods_created == 3
+        # the counter moves once every create has returned, after the pods are in the store
+        await cluster.wait_for(lambda: gap.pods_created == 3, 30, "the gap replica's pods_created")
+        assert sorted(creations(cluster, "job-gap", "team-y")) == ["job-gap-g0", "job-gap-g1", "job-gap-g2"]
         await gap.stop()
