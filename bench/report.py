@@ -25,10 +25,10 @@ BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
 BENCHMARKS = [  # (results file stem, title, command)
     ("balance", "Batch split and sync overhead", "bench/bench_balance.py"),
     ("speed", "Speed features", "bench/bench_speed.py (as root: network namespaces)"),
-    ("speed-link", "Speed features, link part only: rerun on an idle machine after the Auto probe "
-     "fix (issue 9), before issue 11's PowerSGD and Auto changes (superseded by the table above; "
-     "kept for its idle-machine figures)", "bench/bench_speed.py --only link --out DIR; "
-     "DIR/speed.json copied to bench/results/speed-link.json"),
+    ("speed-link", "Speed features, link part only: rerun after Auto's trial margin (issue 11); "
+     "its link and codec rows supersede those of the full run above, which ran the commit before",
+     "bench/bench_speed.py --only link --out DIR; DIR/speed.json copied to "
+     "bench/results/speed-link.json"),
     ("plan", "Planner", "bench/bench_plan.py"),
     ("operator", "Operator", "bench/bench_operator.py"),
 ]
