@@ -301,8 +301,8 @@ class CompressionConfig:
     Attributes:
         mode: one of :data:`MODES` (lower case).
         powersgd_rank: rank of the PowerSGD factors (>= 1; default 16, as the CRD's: rank 4
-            trained the speed benchmark's MLP to a loss 5-7 % above uncompressed over 3 seeds,
-            rank 16 within 1.4 %, at about 1/22 of fp32's bytes; docs/speed.md).
+            trained the speed benchmark's MLP to a loss 4.5-6.7 % above uncompressed (3 seeds,
+            3 runs), rank 16 within 1.4 %, at about 1/22 of fp32's bytes; docs/speed.md).
         powersgd_start_iter: PowerSGD's uncompressed warm-up, in steps (torch's
             ``start_powerSGD_iter``; 0 compresses from the first step).
     """

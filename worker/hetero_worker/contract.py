@@ -517,8 +517,8 @@ def compression_mode(environ: Mapping[str, str]) -> str:
 
 
 def powersgd_rank(environ: Mapping[str, str]) -> int:
-    """``HTJ_POWERSGD_RANK`` (default 16: rank 4 trained the speed benchmark's MLP to a loss 5-7 %
-    above uncompressed, rank 16 within 1.4 %; docs/speed.md).
+    """``HTJ_POWERSGD_RANK`` (default 16: rank 4 trained the speed benchmark's MLP to a loss
+    4.5-6.7 % above uncompressed, rank 16 within 1.4 %; docs/speed.md).
 
     Raises:
         ContractError: not an integer in 1..64.
