@@ -10,14 +10,13 @@ batch, what the rank holds, and its memory peak and cap.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from hetero_worker import trainer as ht
+from rank_main import run_and_write
 
 STEPS = 2
 
@@ -120,14 +119,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    def run() -> int:
-        t = ht.init()
-        facts = run_full(t)
-        Path(args.out, f"rank{t.rank}.json").write_text(json.dumps(facts))
-        t.close()
-        return 0
-
-    return ht.exit_on_setup_error(run)
+    return run_and_write(run_full, args.out)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ difference to one process on the whole global batch, the rank's memory peak and 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import torch
 
 from hetero_worker import trainer as ht
+from rank_main import run_and_write
 
 STEPS = 2
 
@@ -72,14 +71,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    def run() -> int:
-        t = ht.init()
-        facts = accumulate(t)
-        Path(args.out, f"rank{t.rank}.json").write_text(json.dumps(facts))
-        t.close()
-        return 0
-
-    return ht.exit_on_setup_error(run)
+    return run_and_write(accumulate, args.out)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_worker import trainer as ht
+from rank_main import run_and_write
 from hetero_worker.groups import build_process_groups, hierarchical_all_reduce_
 from hetero_worker.precision import AgreeingGradScaler
 from hetero_worker.sync import WeightedGradSync
@@ -234,14 +233,7 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    def run() -> int:
-        t = ht.init()
-        facts = SCENARIOS[args.scenario](t)
-        Path(args.out, f"rank{t.rank}.json").write_text(json.dumps(facts))
-        t.close()
-        return 0
-
-    return ht.exit_on_setup_error(run)
+    return run_and_write(SCENARIOS[args.scenario], args.out)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 
 from hetero_worker import checkpoint
+from epoch_checks import assert_every_sample_once
 from rankproc import assert_ok, mixed_cluster_envs, run_ranks
 
 HERE = Path(__file__).parent
@@ -56,15 +56,7 @@ def kill_and_resume(tmp_path: Path, before: list[int], after: list[int], *,
 
 def assert_exact_epoch(phase1: list[dict], phase2: list[dict], out2: Path, world2: int,
                        saved_step: int = 2) -> None:
-    assert any(r["step"] > saved_step for r in phase1), "nothing trained after the checkpoint"
-    kept = [i for r in phase1 if r["step"] <= saved_step for i in r["idx"]]
-    redone = [i for r in phase2 for i in r["idx"]]
-    counts = Counter(kept + redone)
-    assert sorted(counts) == list(range(SAMPLES)), "samples missing from the epoch"
-    assert set(counts.values()) == {1}, {i: c for i, c in counts.items() if c != 1}
-    # Negative control: counting the lost steps too would see samples twice.
-    everything = Counter([i for r in phase1 for i in r["idx"]] + redone)
-    assert max(everything.values()) == 2
+    assert_every_sample_once(phase1, phase2, saved_step, SAMPLES)
     reports = [json.loads((out2 / f"rank{r}.json").read_text()) for r in range(world2)]
     assert [r["resumed_step"] for r in reports] == [saved_step] * world2
     assert [(r["step"], r["epoch"]) for r in reports] == [(6, 1)] * world2

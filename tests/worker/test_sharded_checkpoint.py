@@ -19,7 +19,6 @@ import os
 import pickle
 import shutil
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from hetero_worker import agreement, checkpoint, shardckpt
+from epoch_checks import assert_every_sample_once
 from rankproc import RankRun, assert_ok, mixed_cluster_envs, run_ranks
 
 HERE = Path(__file__).parent
@@ -80,14 +80,7 @@ def manifest(ckpt: Path) -> dict:
 
 
 def assert_exact_epoch(phase1: list[dict], phase2: list[dict], saved_step: int) -> None:
-    assert any(r["step"] > saved_step for r in phase1), "nothing trained after the checkpoint"
-    kept = [i for r in phase1 if r["step"] <= saved_step for i in r["idx"]]
-    redone = [i for r in phase2 for i in r["idx"]]
-    counts = Counter(kept + redone)
-    assert sorted(counts) == list(range(SAMPLES)), "samples missing from the epoch"
-    assert set(counts.values()) == {1}, {i: c for i, c in counts.items() if c != 1}
-    # Negative control: the lost steps counted too would see samples twice.
-    assert max(Counter([i for r in phase1 for i in r["idx"]] + redone).values()) == 2
+    assert_every_sample_once(phase1, phase2, saved_step, SAMPLES)
 
 
 def assert_failed_after(runs: list[RankRun], killed: int) -> None:
