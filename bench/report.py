@@ -31,10 +31,14 @@ BENCHMARKS = [  # (results file stem, title, command)
      "bench/results/speed-link.json"),
     ("plan", "Planner", "bench/bench_plan.py"),
     ("operator", "Operator", "bench/bench_operator.py"),
+    ("memory", "Memory and sharding (issue 12)", "bench/bench_memory.py"),
+    ("sharded-checkpoint", "Sharded checkpoints (issue 12)", "bench/bench_sharded_checkpoint.py"),
 ]
 
 
 def _num(value: float, unit: str) -> str:
+    if unit.strip() == "s" and abs(value) < 1:  # 0.036 s as "36.0 ms", not "0.0 s"
+        return _num(value * 1000, " ms")
     if unit.strip() in ("ms", "MiB", "s"):
         u = unit.strip()
         return f"{value:.1f} {u}" if abs(value) < 1000 else f"{value:,.0f} {u}"
@@ -52,8 +56,8 @@ def table(doc: dict[str, Any]) -> str:
     runs = max((len(t["runs"]) for t in doc["targets"]), default=0)
     lines = [f"Run {m['date_utc']} at commit `{m.get('git_commit')}` on {m.get('cpus')} CPUs; "
              f"load average (1, 5, 15 min) {', '.join(map(str, start or []))} at the start, "
-             f"{', '.join(map(str, end or []))} at the end; {runs} runs per comparison; "
-             f"{m.get('wall_s', 0):.0f} s in all.", "",
+             f"{', '.join(map(str, end or []))} at the end; {runs} runs per comparison"
+             + (f"; {m['wall_s']:.0f} s in all." if m.get("wall_s") else "."), "",
              "| measured | median | range of the runs | target | result |", "|---|---|---|---|---|"]
     for t in doc["targets"]:
         lo, hi = t["spread"]
