@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
 BENCHMARKS = [  # (results file stem, title, command)
     ("balance", "Batch split and sync overhead", "bench/bench_balance.py"),
-    ("speed", "Speed features", "bench/bench_speed.py (as root: network namespaces)"),
+    ("speed", "Speed features, full run (its link and codec rows are superseded by the link-part "
+     "rerun in the next table)", "bench/bench_speed.py (as root: network namespaces)"),
     ("speed-link", "Speed features, link part only: rerun after Auto's trial margin (issue 11); "
      "its link and codec rows supersede those of the full run above, which ran the commit before",
      "bench/bench_speed.py --only link --out DIR; DIR/speed.json copied to "
@@ -53,10 +54,13 @@ def table(doc: dict[str, Any]) -> str:
     m = doc["meta"]
     load = m.get("load_average", {})
     start, end = load.get("start"), load.get("end")
-    runs = max((len(t["runs"]) for t in doc["targets"]), default=0)
+    counts = sorted({len(t["runs"]) for t in doc["targets"]})
+    runs = f"{' or '.join(map(str, counts))} runs per comparison" + (
+        "" if len(counts) == 1 else " (by row)") + (
+        "; rows with fewer than 3 say why in the results file (fewer_runs)" if counts and counts[0] < 3 else "")
     lines = [f"Run {m['date_utc']} at commit `{m.get('git_commit')}` on {m.get('cpus')} CPUs; "
              f"load average (1, 5, 15 min) {', '.join(map(str, start or []))} at the start, "
-             f"{', '.join(map(str, end or []))} at the end; {runs} runs per comparison"
+             f"{', '.join(map(str, end or []))} at the end; {runs}"
              + (f"; {m['wall_s']:.0f} s in all." if m.get("wall_s") else "."), "",
              "| measured | median | range of the runs | target | result |", "|---|---|---|---|---|"]
     for t in doc["targets"]:
@@ -64,7 +68,11 @@ def table(doc: dict[str, Any]) -> str:
         unit = t["unit"]
         target, result = ((f"{t['op']} {_num(t['target'], unit)}", "met" if t["met"] else "**missed**")
                           if t["op"] != "info" else ("(no target)", "-"))
-        lines.append(f"| {t['name']} | {_num(t['median'], unit)} | {_num(lo, unit)} - {_num(hi, unit)} "
+        median = _num(t["median"], unit)
+        if t["op"] != "info" and median == _num(t["target"], unit):  # 1.0503 vs 1.05: show why
+            sep = " " if unit.strip() in ("ms", "MiB", "s", "%") else ""
+            median = f"{t['median']:.4f}{sep}{unit.strip()}"
+        lines.append(f"| {t['name']} | {median} | {_num(lo, unit)} - {_num(hi, unit)} "
                      f"| {target} | {result} |")
     return "\n".join(lines)
 

@@ -88,8 +88,9 @@ def helm_path() -> Path:
     if explicit:
         return Path(explicit)
     tarball = _bundle_tarball()
-    stamp = hashlib.sha256(f"{tarball}:{tarball.stat().st_size}:{tarball.stat().st_mtime_ns}"
-                           .encode()).hexdigest()[:12]
+    # by content, not path or mtime: every checkout's venv has its own copy of the same tarball,
+    # and one unpacked helm (about 60 MB) serves them all
+    stamp = hashlib.sha256(tarball.read_bytes()).hexdigest()[:12]
     dest = cache_dir() / f"helm-{stamp}"
     if not dest.exists():
         _extract_helm(tarball, dest)
