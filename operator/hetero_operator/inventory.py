@@ -317,12 +317,26 @@ def _whole_or_single(name: str, labels: Mapping[str, str], alloc: Mapping[str, i
 
 def _whole_gpu_cap(name: str, count_label: int | None, mig_gpus: int, advertised: int,
                    from_allocatable: bool, warnings: list[InventoryWarning]) -> int:
-    """Most whole GPUs the node can have next to its MIG slices (``advertised`` without slices)."""
+    """Most whole GPUs the node can have next to its MIG slices (``advertised`` without slices).
+
+    Allocatable is trusted when it is consistent with the slices (``advertised + mig_gpus <=
+    gpu.count``); when it is not, it still counts carved GPUs, and since only a lower bound of the
+    carved GPUs is known, no GPU is offered whole (a plan never requests a device that does not
+    exist; tests/operator/test_inventory.py's property test).
+    """
     if not mig_gpus:
         return advertised
     if count_label is None:
         cap, why = 0, (f"{gfd.COUNT} is missing, so which GPUs are still whole cannot be told; "
                        "offering none")
+    elif from_allocatable and advertised + mig_gpus > count_label:
+        # Stale: the whole count still includes carved GPUs. How many are carved is not known
+        # (``mig_gpus`` is only a lower bound: 3 x 2g.20gb leave a GPU's 7th compute slice idle),
+        # so none is offered whole until the device plugin re-registers.
+        cap = 0
+        why = (f"the slices occupy at least {mig_gpus} of the {count_label} GPUs ({gfd.COUNT}), so "
+               "allocatable's whole count is stale and which GPUs are still whole cannot be told; "
+               "offering none")
     else:
         cap = max(0, count_label - mig_gpus)
         why = (f"the slices occupy at least {mig_gpus} of the {count_label} GPUs ({gfd.COUNT}); "

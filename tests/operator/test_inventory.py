@@ -284,17 +284,33 @@ def test_stale_whole_gpus_next_to_mig_slices_are_not_offered() -> None:
     assert "occupy at least 2 of the 2 GPUs" in warning.message
 
 
-def test_a_partly_carved_node_offers_its_uncarved_gpus_whole() -> None:
-    """4 GPUs, one of them carved (7 x 1g.10gb): at most 3 whole, although allocatable says 4."""
-    node = make_node(product=A100_80, count=4, memory_mib=81920,
-                     mig_mixed={"1g.10gb": (7, 9728)}, whole_allocatable=4)
-    inv = build_inventory([node], [make_pod("node-a", {"nvidia.com/gpu": 1})])
-    assert [(d.resource_name, d.total, d.free) for d in inv.devices()] == [
-        ("nvidia.com/gpu", 3, 2), ("nvidia.com/mig-1g.10gb", 7, 7)]
-    assert [w.reason for w in inv.warnings] == ["GpuOfferedTwice"]
+def test_a_partly_carved_node_offers_whole_gpus_only_when_allocatable_is_consistent() -> None:
+    """4 GPUs, one of them carved (7 x 1g.10gb). Allocatable saying 3 whole is consistent and
+    trusted; saying 4 it is stale, and since the slices could sit on more GPUs than the fewest
+    they fit (a layout may leave compute slices idle), none is offered whole."""
     consistent = make_node(product=A100_80, count=4, memory_mib=81920,
                            mig_mixed={"1g.10gb": (7, 9728)}, whole_allocatable=3)
-    assert build_inventory([consistent]).warnings == ()
+    inv = build_inventory([consistent], [make_pod("node-a", {"nvidia.com/gpu": 1})])
+    assert [(d.resource_name, d.total, d.free) for d in inv.devices()] == [
+        ("nvidia.com/gpu", 3, 2), ("nvidia.com/mig-1g.10gb", 7, 7)]
+    assert inv.warnings == ()
+    stale = make_node(product=A100_80, count=4, memory_mib=81920,
+                      mig_mixed={"1g.10gb": (7, 9728)}, whole_allocatable=4)
+    inv = build_inventory([stale])
+    assert [(d.resource_name, d.total) for d in inv.devices()] == [("nvidia.com/mig-1g.10gb", 7)]
+    (warning,) = inv.warnings
+    assert warning.reason == "GpuOfferedTwice" and "offering none" in warning.message
+
+
+def test_slices_that_leave_compute_idle_do_not_free_a_whole_gpu() -> None:
+    """The property test's counterexample: 7 GPUs each carved 3 x 2g.20gb (6 of 7 compute slices
+    used) with allocatable still saying 7 whole. 42 compute slices would fit 6 GPUs, but all 7
+    are carved: no whole GPU exists, and none may be offered."""
+    node = make_node(product=A100_80, count=7, memory_mib=81920,
+                     mig_mixed={"2g.20gb": (21, 19968)}, whole_allocatable=7)
+    inv = build_inventory([node])
+    assert [(d.resource_name, d.total) for d in inv.devices()] == [("nvidia.com/mig-2g.20gb", 21)]
+    assert [w.reason for w in inv.warnings] == ["GpuOfferedTwice"]
 
 
 def test_whole_gpus_next_to_slices_without_a_gpu_count_are_not_offered() -> None:
@@ -434,5 +450,11 @@ def test_no_plan_requests_a_device_that_does_not_exist(cluster: tuple, ranks: in
         requested[key] = requested.get(key, 0) + g.gpu_count
     for (node, resource), n in requested.items():
         assert n <= truth[node].get(resource, 0), (node, resource, n, truth[node])
-    # every device that exists is found: the plan takes min(ranks, all devices)
-    assert plan.world_size == min(ranks, sum(sum(t.values()) for t in truth.values()))
+    # every device that exists is found (the plan takes min(ranks, all devices)), except whole GPUs
+    # next to slices while allocatable still counts the carved ones: how many GPUs the slices
+    # occupy is then unknown (3 x 2g.20gb leave a compute slice idle), so none is offered whole
+    def offered(node: dict) -> int:
+        t = truth[node["metadata"]["name"]]
+        stale = int(node["status"]["allocatable"].get("nvidia.com/gpu", 0)) > t["nvidia.com/gpu"]
+        return sum(t.values()) - (t["nvidia.com/gpu"] if stale else 0)
+    assert plan.world_size == min(ranks, sum(offered(n) for n in nodes))
