@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up HeteroTrain on a fresh machine: a virtual environment in .venv with the exact versions of
-# requirements.lock (torch==2.13.0, CPU build where no GPU build is asked for) and the project.
+# requirements.lock and the project. torch==2.13.0 comes from PyPI, whose Linux x86_64 build is the
+# CUDA 13.0 one (torch 2.13.0+cu130) with its CUDA libraries as pinned dependencies (nvidia-*,
+# cuda-*, triton: about 3 GB to download, 5.8 GB in .venv); it runs on the CPU where no GPU is.
 #   bash scripts/setup.sh          # to run jobs (heterotrain run / plan)
 #   bash scripts/setup.sh --test   # also the test tools: Prometheus + promtool from Debian
 set -euo pipefail
@@ -12,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-# torch first and alone: pinned exactly, so pip never reaches for a multi-GB CUDA build.
+# torch first and alone, pinned exactly (its CUDA dependencies are pinned in requirements.lock too).
 .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0"
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.lock
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
