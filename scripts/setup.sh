@@ -29,5 +29,6 @@ if [ "$want_test" = 1 ]; then
   fi
   # The Debian package starts a service on :9090 where systemd runs; tests start their own.
   (systemctl stop prometheus >/dev/null 2>&1 || service prometheus stop >/dev/null 2>&1 || true)
+  bash scripts/build-controlplane.sh >/dev/null  # real control plane for tests/cluster; fails setup if a binary cannot be built
 fi
 echo "setup done: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"
