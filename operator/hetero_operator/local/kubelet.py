@@ -1,0 +1,472 @@
+"""The local kubelet: the node agent of ``heterotrain cluster up`` against the REAL API server.
+
+For each Node of a NodeList file it registers the Node (labels, taints, capacity and allocatable,
+``Ready=True``), keeps its Lease in ``kube-node-lease`` renewed every ``renew_s`` seconds, watches
+the pods bound to its nodes (the real kube-scheduler binds them) and runs each container's
+``command + args`` as a local process group (cwd: the checkout; ``PATH`` starts with the
+project's .venv), with the pod's env (downward-API ``fieldRef``, ConfigMap/Secret keys; cluster
+DNS names -> 127.0.0.1 and per-pod ports remapped: :mod:`.podenv`).  It reports status as a
+kubelet does (``Running`` with ``containerStatuses``, then ``Succeeded``/``Failed`` with exit
+codes; ``restartPolicy: Always/OnFailure`` restarts with ``restartCount``) and honours graceful
+deletion: SIGTERM, SIGKILL after the pod's grace, terminal status, then
+``DELETE gracePeriodSeconds=0`` with the pod's uid as precondition.
+
+Pods that talk to the API server (``automountServiceAccountToken`` not false) get a kubeconfig
+with a TokenRequest token of their service account in ``$KUBECONFIG`` (no projected volume:
+docs/cluster.md lists every difference from a real kubelet).  The real ports behind remapped
+ones are written to the pod annotation ``local.heterotrain.io/ports`` (JSON).
+
+With ``run_pods=False`` it only registers and heartbeats (2,000 nodes from one process for the
+benchmark).  :meth:`LocalKubelet.stop_heartbeat` is a dead kubelet (its processes die, nothing
+is reported any more: the node lifecycle controller turns the node ``Ready=Unknown``).
+
+Run it: ``python -m hetero_operator.local.kubelet --kubeconfig K --nodes FILE --dir DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import podenv
+from .controlplane import free_ports
+from .kubeapi import Api, ApiError
+
+REPO = Path(__file__).resolve().parents[3]
+LEASE_NS = "kube-node-lease"
+PORTS_ANNOTATION = "local.heterotrain.io/ports"
+
+
+def load_nodes(path: Path) -> list[dict[str, Any]]:
+    """The Node objects of a NodeList (or a single Node) YAML file."""
+    doc = yaml.safe_load(path.read_text())
+    return list(doc["items"]) if doc.get("kind", "NodeList").endswith("List") else [doc]
+
+
+class _Pod:
+    def __init__(self, pod: Mapping[str, Any]) -> None:
+        self.pod = dict(pod)
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.started: dict[str, str] = {}
+        self.restarts: dict[str, int] = {}
+        self.exits: dict[str, int] = {}
+        self.terminating = False
+        self.done = False
+
+
+class LocalKubelet:
+    """Registers ``nodes`` and runs their pods.
+
+    Args:
+        api: an open :class:`~.kubeapi.Api`.
+        nodes: Node objects (a NodeList's items).
+        pod_dir: logs (``<ns>_<pod>.log``), pid files and pod kubeconfigs go here.
+        lease_s: the Lease's ``leaseDurationSeconds``.
+        renew_s: seconds between renewals of every lease (spread over the interval).
+        run_pods: watch and run pods (False: nodes and leases only).
+        python_bin: the dir put first on the pods' ``PATH`` (default: this interpreter's).
+    """
+
+    def __init__(self, api: Api, nodes: list[Mapping[str, Any]], *, pod_dir: Path, lease_s: int = 40,
+                 renew_s: float = 10.0, run_pods: bool = True, python_bin: Path | None = None) -> None:
+        self.api, self.nodes = api, {n["metadata"]["name"]: n for n in nodes}
+        self.pod_dir, self.lease_s, self.renew_s, self.run_pods = pod_dir, lease_s, renew_s, run_pods
+        self.python_bin = python_bin or Path(sys.executable).parent
+        self.dead: set[str] = set()
+        self.pods: dict[tuple[str, str], _Pod] = {}
+        self.master_ports: dict[tuple[str, str, str], int] = {}
+        self.renewals = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
+        self.registered = asyncio.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Register every node, then heartbeat and run pods until cancelled."""
+        self.pod_dir.mkdir(parents=True, exist_ok=True)
+        sem = asyncio.Semaphore(16)
+
+        async def one(name: str) -> None:
+            async with sem:
+                await self.register(name)
+        await asyncio.gather(*(one(n) for n in self.nodes))
+        self.registered.set()
+        workers = [self._spawn(self._heartbeat())]
+        if self.run_pods:
+            workers += [self._spawn(self._watch()), self._spawn(self._handle_loop())]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Kill every pod process (SIGTERM, SIGKILL after 2 s), report nothing: a kubelet stopping."""
+        for state in self.pods.values():
+            for proc in state.procs.values():
+                _killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 2
+        for state in self.pods.values():
+            for proc in state.procs.values():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), max(0.01, deadline - time.monotonic()))
+                _killpg(proc.pid, signal.SIGKILL)
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def register(self, name: str) -> None:
+        """Create (or update) the Node, post its status, create its Lease."""
+        src = self.nodes[name]
+        meta = {"name": name, "labels": {**(src["metadata"].get("labels") or {}),
+                                         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                         "kubernetes.io/arch": "amd64"},
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0"}}
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": dict(src.get("spec") or {})}
+        try:
+            node = await self.api.create("/api/v1/nodes", body)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            node = await self.api.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": meta["labels"]}})
+        await self.api.patch(f"/api/v1/nodes/{name}/status", {"status": podenv.node_status(src)})
+        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": name, "namespace": LEASE_NS, "ownerReferences": [
+                     {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}]},
+                 "spec": {"holderIdentity": name, "leaseDurationSeconds": self.lease_s,
+                          "renewTime": _micro_now()}}
+        try:
+            await self.api.create(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases", lease)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            await self._renew(name)
+
+    async def _renew(self, name: str) -> None:
+        await self.api.patch(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{name}",
+                             {"spec": {"holderIdentity": name, "leaseDurationSeconds": self.lease_s,
+                                       "renewTime": _micro_now()}})
+        self.renewals += 1
+
+    async def _heartbeat(self) -> None:
+        """Renew every live node's lease each ``renew_s``, spread evenly over the interval."""
+        sem = asyncio.Semaphore(16)
+
+        async def one(name: str) -> None:
+            async with sem:
+                with contextlib.suppress(ApiError, OSError, asyncio.TimeoutError):
+                    await self._renew(name)
+        while True:
+            t0 = time.monotonic()
+            names = [n for n in self.nodes if n not in self.dead]
+            gap = self.renew_s / max(1, len(names)) * 0.8
+            pending = []
+            for name in names:
+                pending.append(asyncio.ensure_future(one(name)))
+                if gap > 0.002:
+                    await asyncio.sleep(gap)
+            await asyncio.gather(*pending)
+            await asyncio.sleep(max(0.05, self.renew_s - (time.monotonic() - t0)))
+
+    # --- node faults (tests) --------------------------------------------------------------
+
+    def stop_heartbeat(self, name: str) -> None:
+        """The node's machine dies: its pods' processes are killed, its lease is no longer
+        renewed and nothing about its pods is reported any more."""
+        self.dead.add(name)
+        for state in self.pods.values():
+            if (state.pod.get("spec") or {}).get("nodeName") == name:
+                for proc in state.procs.values():
+                    _killpg(proc.pid, signal.SIGKILL)
+                state.done = True
+
+    async def revive(self, name: str) -> None:
+        """A new kubelet on the node: it posts Ready again and renews the lease."""
+        self.dead.discard(name)
+        await self.api.patch(f"/api/v1/nodes/{name}/status", {"status": podenv.node_status(self.nodes[name])})
+        await self._renew(name)
+
+    async def revive_registered(self, name: str) -> None:
+        """A new kubelet on a node whose Node object was deleted: it registers the Node again."""
+        self.dead.discard(name)
+        await self.register(name)
+
+    # --- pods ------------------------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        async for type_, pod in self.api.watch("/api/v1/pods", {"fieldSelector": "spec.nodeName!="}):
+            if type_ != "SYNC" and (pod.get("spec") or {}).get("nodeName") in self.nodes:
+                self._queue.put_nowait((type_, pod))
+
+    async def _handle_loop(self) -> None:
+        while True:
+            type_, pod = await self._queue.get()
+            try:
+                await self._handle(type_, pod)
+            except Exception as exc:  # noqa: BLE001 - a node agent reports and goes on
+                print(f"kubelet: {type_} {pod['metadata'].get('name')}: {exc!r}", file=sys.stderr, flush=True)
+
+    async def _handle(self, type_: str, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        state = self.pods.get(key)
+        if state is not None and state.pod["metadata"]["uid"] != meta["uid"]:
+            state = None  # a new pod of the same name
+        if pod["spec"]["nodeName"] in self.dead:
+            return
+        if type_ == "DELETED":
+            if state is not None:
+                for proc in state.procs.values():
+                    _killpg(proc.pid, signal.SIGKILL)
+                self.pods.pop(key, None)
+            return
+        if meta.get("deletionTimestamp"):
+            if state is None or not state.terminating:
+                state = state or self._adopt(key, pod)
+                state.terminating = True
+                self._spawn(self._terminate(key, state, pod))
+            return
+        if state is not None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return
+        state = self._adopt(key, pod)
+        await self._start(key, state)
+
+    def _adopt(self, key: tuple[str, str], pod: Mapping[str, Any]) -> _Pod:
+        state = _Pod(pod)
+        self.pods[key] = state
+        return state
+
+    async def _start(self, key: tuple[str, str], state: _Pod) -> None:
+        pod = state.pod
+        ports: dict[str, int] = {}
+        kubeconfig = await self._pod_kubeconfig(key, pod)
+        for c in pod["spec"]["containers"]:
+            await self._start_container(key, state, c, ports, kubeconfig)
+        if ports:
+            with contextlib.suppress(ApiError):
+                await self.api.patch(f"/api/v1/namespaces/{key[0]}/pods/{key[1]}",
+                                     {"metadata": {"annotations": {PORTS_ANNOTATION: json.dumps(ports, sort_keys=True)}}})
+        await self._status(key, podenv.running_status(pod, state.started, state.restarts))
+
+    async def _start_container(self, key: tuple[str, str], state: _Pod, c: Mapping[str, Any],
+                               ports: dict[str, int], kubeconfig: Path | None) -> None:
+        pod = state.pod
+        labels = pod["metadata"].get("labels") or {}
+        job_key = (key[0], labels.get("heterotrain.io/job-name", key[1]), labels.get("heterotrain.io/attempt", "0"))
+        base = {k: os.environ[k] for k in ("HOME", "LANG", "TMPDIR", "USER", "XDG_CACHE_HOME",
+                                           "HETEROTRAIN_CACHE_DIR") if k in os.environ}
+        base.update(PATH=f"{self.python_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+                    HOSTNAME=pod["spec"].get("hostname") or key[1], OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                    PYTHONUNBUFFERED="1")
+        if kubeconfig is not None:
+            base["KUBECONFIG"] = str(kubeconfig)
+        secrets_cache: dict[tuple[str, str], dict[str, str]] = {}
+
+        def port_for(name: str, count: int) -> int:
+            original = int(_env_value(c, name) or 0)
+            if name == "MASTER_PORT":
+                if job_key not in self.master_ports:
+                    self.master_ports[job_key] = free_ports(1)[0]
+                port = self.master_ports[job_key]
+            else:
+                port = _free_range(count)
+            for i in range(count):
+                ports[str(original + i)] = port + i
+            return port
+
+        env = podenv.container_env(pod, c, base, lookup=lambda kind, name, k: secrets_cache.get((kind, name), {}).get(k),
+                                   port_for=port_for)
+        for item in c.get("env") or ():  # ConfigMap / Secret keys (fetched only when asked for)
+            ref = (item.get("valueFrom") or {})
+            for kind, field in (("configmaps", "configMapKeyRef"), ("secrets", "secretKeyRef")):
+                if field in ref:
+                    obj = await self.api.get(f"/api/v1/namespaces/{key[0]}/{kind}/{ref[field]['name']}")
+                    data = obj.get("data") or {}
+                    if kind == "secrets":
+                        import base64
+                        data = {k: base64.b64decode(v).decode() for k, v in data.items()}
+                    env[item["name"]] = data.get(ref[field]["key"], "")
+        argv = [*(c.get("command") or []), *(c.get("args") or [])]
+        if not argv:
+            argv = ["sleep", "infinity"]  # an image's entrypoint cannot be known here
+        log_path = self.pod_dir / f"{key[0]}_{key[1]}.log"
+        with open(log_path, "ab") as log:
+            log.write(f"--- {key[1]}/{c['name']} on {pod['spec']['nodeName']} ---\n".encode())
+            log.flush()
+            proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=str(c.get("workingDir") or REPO),
+                                                        stdout=log, stderr=asyncio.subprocess.STDOUT,
+                                                        stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+        (self.pod_dir / f"{key[0]}_{key[1]}_{c['name']}.pid").write_text(str(proc.pid))
+        state.procs[c["name"]] = proc
+        state.started[c["name"]] = podenv.now()
+        self._spawn(self._reap(key, state, c, proc, ports, kubeconfig))
+
+    async def _pod_kubeconfig(self, key: tuple[str, str], pod: Mapping[str, Any]) -> Path | None:
+        """A kubeconfig with a TokenRequest token of the pod's service account (1 h), when the
+        pod mounts one; ``None`` when ``automountServiceAccountToken`` is false."""
+        spec = pod["spec"]
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        sa = spec.get("serviceAccountName") or "default"
+        try:
+            answer = await self.api.create(
+                f"/api/v1/namespaces/{key[0]}/serviceaccounts/{sa}/token",
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+                    "expirationSeconds": 3600, "boundObjectRef": {
+                        "kind": "Pod", "apiVersion": "v1", "name": key[1], "uid": pod["metadata"]["uid"]}}})
+        except ApiError as exc:
+            print(f"kubelet: no token for {key}: {exc}", file=sys.stderr, flush=True)
+            return None
+        from .cpflags import kubeconfig_text
+        path = self.pod_dir / f"{key[0]}_{key[1]}.kubeconfig"
+        path.write_text(kubeconfig_text(self.api.server, self.api.ca or Path(""), answer["status"]["token"],
+                                        user=f"system:serviceaccount:{key[0]}:{sa}"))
+        path.chmod(0o600)
+        return path
+
+    async def _reap(self, key: tuple[str, str], state: _Pod, c: Mapping[str, Any],
+                    proc: asyncio.subprocess.Process, ports: dict[str, int], kubeconfig: Path | None) -> None:
+        code = await proc.wait()
+        (self.pod_dir / f"{key[0]}_{key[1]}_{c['name']}.pid").unlink(missing_ok=True)
+        if state.done or state.terminating or self.pods.get(key) is not state:
+            state.exits[c["name"]] = code if code >= 0 else 128 - code
+            return
+        exit_code = code if code >= 0 else 128 - code
+        policy = state.pod["spec"].get("restartPolicy", "Always")
+        if policy == "Always" or (policy == "OnFailure" and exit_code != 0):
+            state.restarts[c["name"]] = state.restarts.get(c["name"], 0) + 1
+            await asyncio.sleep(min(10.0, 0.5 * 2 ** state.restarts[c["name"]]))  # crash-loop back-off
+            if not (state.done or state.terminating):
+                await self._start_container(key, state, c, ports, kubeconfig)
+                await self._status(key, podenv.running_status(state.pod, state.started, state.restarts))
+            return
+        state.procs.pop(c["name"], None)
+        state.exits[c["name"]] = exit_code
+        if not state.procs:
+            state.done = True
+            await self._status(key, podenv.terminated_status(state.pod, state.exits, state.started, state.restarts))
+
+    async def _terminate(self, key: tuple[str, str], state: _Pod, pod: Mapping[str, Any]) -> None:
+        """Graceful deletion: SIGTERM, SIGKILL after the grace, terminal status, then the final
+        ``DELETE gracePeriodSeconds=0`` (uid precondition)."""
+        grace = pod["metadata"].get("deletionGracePeriodSeconds")
+        grace = float(pod["spec"].get("terminationGracePeriodSeconds", 30) if grace is None else grace)
+        procs = list(state.procs.values())
+        for proc in procs:
+            _killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), max(0.01, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                _killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            code = proc.returncode or 0
+            name = next(n for n, p in state.procs.items() if p is proc)
+            state.exits[name] = code if code >= 0 else 128 - code
+        state.done = True
+        ns, name = key
+        if procs and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            with contextlib.suppress(ApiError):
+                await self._status(key, podenv.terminated_status(pod, state.exits, state.started, state.restarts))
+        with contextlib.suppress(ApiError):
+            await self.api.delete(f"/api/v1/namespaces/{ns}/pods/{name}",
+                                  {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": 0,
+                                   "preconditions": {"uid": pod["metadata"]["uid"]}})
+        if self.pods.get(key) is state:
+            self.pods.pop(key, None)
+
+    async def _status(self, key: tuple[str, str], status: Mapping[str, Any]) -> None:
+        if key in self.pods and (self.pods[key].pod["spec"]["nodeName"] in self.dead):
+            return
+        with contextlib.suppress(ApiError):
+            await self.api.patch(f"/api/v1/namespaces/{key[0]}/pods/{key[1]}/status", {"status": dict(status)})
+
+    def log(self, namespace: str, name: str) -> str:
+        path = self.pod_dir / f"{namespace}_{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def metrics_url(self, pod: Mapping[str, Any], port: int) -> str | None:
+        """Where the pod's container port ``port`` really is (the operator's metrics reader)."""
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        real = json.loads(ann.get(PORTS_ANNOTATION, "{}")).get(str(port))
+        return f"http://127.0.0.1:{real}/metrics" if real else None
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+
+def _env_value(c: Mapping[str, Any], name: str) -> str | None:
+    return next((str(e.get("value")) for e in c.get("env") or () if e.get("name") == name), None)
+
+
+def _free_range(count: int) -> int:
+    """A port ``p`` with ``p .. p+count-1`` free right now."""
+    import socket
+    for _ in range(50):
+        base = free_ports(1)[0]
+        if base + count > 65535:
+            continue
+        try:
+            for p in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free port range")
+
+
+def _micro_now() -> str:
+    """MicroTime: RFC 3339 with microseconds (a Lease's renewTime)."""
+    import datetime as dt
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _killpg(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    nodes = load_nodes(Path(args.nodes))
+    async with Api.from_kubeconfig(Path(args.kubeconfig)) as api:
+        kubelet = LocalKubelet(api, nodes, pod_dir=Path(args.dir), lease_s=args.lease_s, renew_s=args.renew_s,
+                               run_pods=not args.no_pods)
+        task = asyncio.ensure_future(kubelet.run())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await kubelet.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hetero_operator.local.kubelet``: run until SIGTERM."""
+    p = argparse.ArgumentParser(prog="hetero_operator.local.kubelet", description=__doc__.splitlines()[0])
+    p.add_argument("--kubeconfig", required=True)
+    p.add_argument("--nodes", required=True, help="NodeList YAML file")
+    p.add_argument("--dir", required=True, help="pod logs, pid files, pod kubeconfigs")
+    p.add_argument("--lease-s", type=int, default=40, help="leaseDurationSeconds (default 40)")
+    p.add_argument("--renew-s", type=float, default=10.0, help="seconds between lease renewals (default 10)")
+    p.add_argument("--no-pods", action="store_true", help="register and heartbeat only")
+    return asyncio.run(_main(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

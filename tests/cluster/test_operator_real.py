@@ -1,0 +1,267 @@
+"""The operator (kopf, in process) against the REAL API server, scheduler, controllers and the
+local kubelet: ports of tests/operator/test_e2e.py and test_nodeloss_e2e.py, and what only the
+real components show (garbage collection, ResourceQuota admission, Pod Security admission, the
+node lifecycle controller)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from realcluster import GRACE_S, GROUP, PLURAL, REPO, SPARE, VERSION, RealCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def digits(name: str, tmp: Path, *, args: list[str], **spec: Any) -> dict[str, Any]:
+    """examples/digits.yaml, renamed, with few steps, no simulated delay, a test checkpoint dir."""
+    body = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
+    body["metadata"]["name"] = name
+    body["spec"]["worker"]["args"] = args
+    body["spec"]["worker"]["env"] = [{"name": "HTJ_SIM_DELAY_PER_SAMPLE_S", "value": "0"}]
+    body["spec"]["training"]["checkpoint"]["path"] = str(tmp / name / "ckpt")
+    for section, values in spec.items():
+        body["spec"].setdefault(section, {}).update(values)
+    return body
+
+
+def script(name: str, code: str, **spec: Any) -> dict[str, Any]:
+    """A job whose 4 ranks (3 pods: A100, V100, 2x T4) run ``python -c code``."""
+    body = digits(name, Path("/tmp"), args=[])
+    body["spec"]["worker"]["command"] = ["python", "-c", code]
+    body["spec"]["gpus"]["minRanks"] = 4
+    body["spec"]["training"].pop("checkpoint")
+    for section, values in spec.items():
+        body["spec"].setdefault(section, {}).update(values)
+    return body
+
+
+GEN0_WAITS = ("import os, sys, time\n"
+              "if os.environ['HTJ_RESTART_GENERATION'] != '0':\n"
+              "    sys.exit(0)\n"
+              "time.sleep(300)  # sync-ok: generation 0 runs until it is stopped\n")
+
+
+def cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (job.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def posted(cl: RealCluster, name: str, ns: str, reason: str, times: int = 1) -> dict[str, int]:
+    cl.wait_for(lambda: cl.event_counts(name, ns).get(reason, 0) >= times, 30, f"event {reason} x{times}")
+    return cl.event_counts(name, ns)
+
+
+def created(cl: RealCluster) -> float:
+    return cl.memo.metrics.pods_created._value.get()
+
+
+def logs(cl: RealCluster, ns: str) -> str:
+    return "\n".join(cl.log(ns, p["metadata"]["name"]) for p in cl.pods(ns))
+
+
+def test_digits_trains_on_the_real_cluster_and_succeeds_with_the_plan(
+        cluster: RealCluster, tmp_path: Path) -> None:
+    ns = cluster.namespace("train")
+    result = tmp_path / "result.json"
+    cluster.apply(digits("digits", tmp_path, args=["--max-steps", "12", "--result-json", str(result)]), ns)
+    job = cluster.finished("digits", ns)
+    status = job["status"]
+    assert status["phase"] == "Succeeded", (status, logs(cluster, ns))
+    assert [(g["pod"], g["node"], g["gpuType"], g["localBatches"]) for g in status["plan"]["groups"]] == [
+        ("digits-g0", "node-a100", "NVIDIA-A100-SXM4-40GB", [70]),
+        ("digits-g1", "node-v100", "Tesla-V100-SXM2-16GB", [28]),
+        ("digits-g2", "node-t4", "Tesla-T4", [15, 15])]
+    assert json.loads(result.read_text())["steps"] == 12
+    pods = cluster.pods(ns, job="digits")
+    # the real scheduler bound each pod to its planned node
+    assert {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods}["digits-g0"] == "node-a100"
+    svc = cluster.core.read_namespaced_service("digits", ns)
+    assert svc.spec.cluster_ip == "None"
+    counts = posted(cluster, "digits", ns, "JobSucceeded")
+    assert counts["Planned"] == 1
+
+
+def test_job_that_does_not_fit_waits_and_starts_when_the_spare_node_is_uncordoned(cluster: RealCluster) -> None:
+    ns = cluster.namespace("pending")
+    cluster.apply(script("big", "pass", gpus={"ranks": 5, "minRanks": 5}, training={"globalBatchSize": 40}), ns)
+    cluster.wait_for(lambda: cluster.phase("big", ns) == "Pending", 30, "Pending")
+    job = cluster.job("big", ns)
+    assert job["status"]["message"].startswith("Unschedulable: ")
+    assert cond(job, "Created")["reason"] == "InsufficientGPUs"
+    assert cluster.pods(ns) == []
+    cluster.core.patch_node(SPARE, {"spec": {"unschedulable": False}})
+    try:
+        job = cluster.finished("big", ns, 90)
+    finally:
+        cluster.core.patch_node(SPARE, {"spec": {"unschedulable": True}})
+    assert job["status"]["phase"] == "Succeeded", logs(cluster, ns)
+    assert job["status"]["plan"]["worldSize"] == 5
+    assert SPARE in {g["node"] for g in job["status"]["plan"]["groups"]}
+
+
+def test_killed_rank_restarts_all_pods_and_succeeds(cluster: RealCluster) -> None:
+    ns = cluster.namespace("crash")
+    cluster.apply(script("crash", GEN0_WAITS, runPolicy={"backoffLimit": 3}), ns)
+    cluster.wait_for(lambda: cluster.phase("crash", ns) == "Running" and len(
+        [p for p in cluster.pods(ns) if (p.get("status") or {}).get("phase") == "Running"]) == 3, 90, "Running")
+    first = {p["metadata"]["uid"] for p in cluster.pods(ns)}
+    assert cluster.kubelet is not None
+    state = cluster.kubelet.pods[(ns, "crash-g2")]
+    os.killpg(next(iter(state.procs.values())).pid, signal.SIGKILL)
+    job = cluster.finished("crash", ns, 90)
+    assert job["status"]["phase"] == "Succeeded", logs(cluster, ns)
+    assert job["status"]["restarts"] == 1 and job["status"]["attempt"] == 2
+    assert job["status"]["lastFailure"].startswith("crash-g2 (Tesla-T4) failed: Error exit 137")
+    assert not first & {p["metadata"]["uid"] for p in cluster.pods(ns)}
+    counts = posted(cluster, "crash", ns, "JobSucceeded")
+    assert counts["Planned"] == 2 and counts["RankFailed"] == 1
+
+
+def test_exceeding_backoff_limit_fails_the_job_and_removes_all_pods(cluster: RealCluster) -> None:
+    ns = cluster.namespace("loop")
+    before = created(cluster)
+    cluster.apply(script("loop", "import sys; sys.exit(3)", runPolicy={"backoffLimit": 2, "cleanPodPolicy": "All"}), ns)
+    job = cluster.finished("loop", ns, 120)
+    assert job["status"]["phase"] == "Failed" and cond(job, "Failed")["reason"] == "BackoffLimitExceeded"
+    assert job["status"]["restarts"] == 2
+    cluster.wait_for(lambda: cluster.pods(ns) == [], 60, "all pods removed")
+    assert created(cluster) - before == 9  # 3 pods x 3 attempts, never a duplicate
+
+
+def test_operator_restart_mid_job_creates_no_duplicates(cluster: RealCluster) -> None:
+    ns = cluster.namespace("steady")
+    cluster.apply(script("steady", "import time; time.sleep(8)"), ns)  # sync-ok: the workload
+    cluster.wait_for(lambda: cluster.phase("steady", ns) == "Running", 60, "Running")
+    uids = {p["metadata"]["uid"] for p in cluster.pods(ns)}
+    cluster.stop_operator()
+    from conftest import CONFIG
+    cluster.start_operator(CONFIG)
+    job = cluster.finished("steady", ns, 60)
+    assert job["status"]["phase"] == "Succeeded" and job["status"]["attempt"] == 1
+    assert {p["metadata"]["uid"] for p in cluster.pods(ns)} == uids and len(uids) == 3
+
+
+def test_deleting_the_job_garbage_collects_every_child(cluster: RealCluster) -> None:
+    ns = cluster.namespace("gone")
+    cluster.apply(script("gone", "import time; time.sleep(120)"), ns)  # sync-ok: the workload
+    cluster.wait_for(lambda: cluster.phase("gone", ns) == "Running", 60, "Running")
+    assert not cluster.job("gone", ns)["metadata"].get("finalizers")
+    children = cluster.kubectl("get", "pods,services,networkpolicies,configmaps", "-n", ns,
+                               "-l", "heterotrain.io/job-name=gone", "-o", "name").stdout.split()
+    assert len([c for c in children if c.startswith("pod/")]) == 3 and "service/gone" in children
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "gone")
+    assert cluster.job("gone", ns) is None  # no finalizer holds it
+    # the real garbage collector deletes the owned objects; the kubelet stops the pods gracefully
+    cluster.wait_for(lambda: cluster.kubectl("get", "pods,services,networkpolicies,configmaps", "-n", ns,
+                                             "-o", "name").stdout.split() == ["configmap/kube-root-ca.crt"],
+                     60, "every child garbage-collected")
+
+
+def test_suspended_job_starts_only_when_resumed(cluster: RealCluster) -> None:
+    ns = cluster.namespace("queued")
+    cluster.apply(script("queued", "pass", runPolicy={"suspend": True}), ns)
+    cluster.wait_for(lambda: cluster.phase("queued", ns) == "Suspended", 30, "Suspended")
+    assert cluster.pods(ns) == []
+    cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "queued",
+                                                  {"spec": {"runPolicy": {"suspend": False}}})
+    job = cluster.finished("queued", ns, 60)
+    assert job["status"]["phase"] == "Succeeded" and cond(job, "Suspended")["status"] == "False"
+
+
+def test_pod_security_restricted_namespace_admits_the_worker_pods(cluster: RealCluster) -> None:
+    ns = cluster.namespace("restricted", labels={"pod-security.kubernetes.io/enforce": "restricted",
+                                                 "pod-security.kubernetes.io/enforce-version": "latest"})
+    # the admission plugin is on: a privileged pod is refused in this namespace
+    bad = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "priv"},
+           "spec": {"containers": [{"name": "c", "image": "x", "securityContext": {"privileged": True}}]}}
+    with pytest.raises(kubernetes.client.ApiException) as err:
+        cluster.core.create_namespaced_pod(ns, bad)
+    assert err.value.status == 403 and "violates PodSecurity" in err.value.body
+    cluster.apply(script("secure", "pass"), ns)
+    job = cluster.finished("secure", ns, 60)
+    assert job["status"]["phase"] == "Succeeded", cluster.event_counts("secure", ns)
+    assert len(cluster.pods(ns, job="secure")) == 3
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "found by this test on the real API server: a 403 'exceeded quota' on one pod of the gang makes "
+    "the operator retry the whole reconcile every backoff (1 s here) with a traceback, and no condition "
+    "names the quota (the stand-in has no admission chain); the fix belongs to the operator"))
+def test_resource_quota_refusing_part_of_the_gang_causes_no_storm(cluster: RealCluster) -> None:
+    ns = cluster.namespace("quota")
+    cluster.core.create_namespaced_resource_quota(ns, {"metadata": {"name": "gpus"},
+                                                       "spec": {"hard": {"requests.nvidia.com/gpu": "2"}}})
+    cluster.wait_for(lambda: (cluster.core.read_namespaced_resource_quota("gpus", ns).status.hard or {}), 30,
+                     "the quota controller to count the namespace")
+    before = created(cluster)
+    cluster.apply(script("gang", "import time; time.sleep(60)"), ns)  # sync-ok: the workload
+    try:
+        cluster.wait_for(lambda: "exceeded quota: gpus" in json.dumps(cluster.job("gang", ns).get("status") or {}),
+                         30, "a status naming the quota")
+    finally:
+        count = created(cluster) - before
+        status = (cluster.job("gang", ns) or {}).get("status")
+        cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "gang")
+        cluster.wait_for(lambda: cluster.pods(ns) == [], 60, "the gang's pods gone")
+    # bounded: the first attempt's creates and at most one retry, never a storm
+    assert count <= 6, (count, status)
+
+
+def test_a_dead_kubelet_turns_its_node_not_ready_and_the_job_moves_to_the_spare(cluster: RealCluster) -> None:
+    ns = cluster.namespace("dead")
+    body = script("dead", GEN0_WAITS, runPolicy={"backoffLimit": 0, "nodeLossGraceSeconds": 2})
+    cluster.apply(body, ns)
+    cluster.wait_for(lambda: cluster.phase("dead", ns) == "Running", 90, "Running")
+    groups = cluster.job("dead", ns)["status"]["plan"]["groups"]
+    assert [(g["pod"], g["node"]) for g in groups][2] == ("dead-g2", "node-t4")
+    cluster.core.patch_node(SPARE, {"spec": {"unschedulable": False}})
+    assert cluster.kubelet is not None
+    cluster.loop.call_soon_threadsafe(cluster.kubelet.stop_heartbeat, "node-t4")
+    try:
+        # the real node lifecycle controller notices the stale lease after its grace
+        node = cluster.wait_for(lambda: next((c for c in cluster.node("node-t4")["status"]["conditions"]
+                                              if c["type"] == "Ready" and c["status"] == "Unknown"), None),
+                                GRACE_S + 30, "node-t4 Ready=Unknown")
+        assert node["reason"] == "NodeStatusUnknown"
+        cluster.wait_for(lambda: any(t["key"] == "node.kubernetes.io/unreachable"
+                                     for t in cluster.node("node-t4")["spec"].get("taints") or ()),
+                         30, "the unreachable taint")
+        job = cluster.finished("dead", ns, 120)
+        status = job["status"]
+        assert status["phase"] == "Succeeded", status
+        assert (status.get("restarts", 0), status["infrastructureRestarts"]) == (0, 1)
+        assert status["lastNodeLoss"]["node"] == "node-t4"
+        assert "NodeStatusUnknown" in status["lastNodeLoss"]["reason"]
+        assert [(g["pod"], g["node"]) for g in status["plan"]["groups"]][2] == ("dead-g2", SPARE)
+        posted(cluster, "dead", ns, "NodeLost")
+    finally:
+        cluster.core.patch_node(SPARE, {"spec": {"unschedulable": True}})
+        cluster.on_kubelet(cluster.kubelet.revive("node-t4"))
+        cluster.wait_for(lambda: "node-t4" in cluster.ready_nodes() and not any(
+            t["key"].startswith("node.kubernetes.io/") for t in cluster.node("node-t4")["spec"].get("taints") or ()),
+            60, "node-t4 Ready again, untainted")
+
+
+def test_deleted_node_restarts_onto_the_remaining_capacity(cluster: RealCluster) -> None:
+    ns = cluster.namespace("shrink")
+    cluster.apply(script("shrink", GEN0_WAITS, gpus={"ranks": 4, "minRanks": 2}), ns)
+    cluster.wait_for(lambda: cluster.phase("shrink", ns) == "Running", 60, "Running")
+    assert cluster.kubelet is not None
+    cluster.loop.call_soon_threadsafe(cluster.kubelet.stop_heartbeat, "node-t4")
+    cluster.core.delete_node("node-t4")
+    try:
+        job = cluster.finished("shrink", ns, 90)
+    finally:
+        cluster.on_kubelet(cluster.kubelet.revive_registered("node-t4"))
+        cluster.wait_for(lambda: "node-t4" in cluster.ready_nodes(), 60, "node-t4 registered again")
+    status = job["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["infrastructureRestarts"] == 1 and "restarts" not in status
+    assert (status["lastNodeLoss"]["node"], status["lastNodeLoss"]["reason"]) == ("node-t4", "Deleted")
+    assert [(g["node"], g["ranks"]) for g in status["plan"]["groups"]] == [("node-a100", 1), ("node-v100", 1)]
