@@ -6,7 +6,7 @@ Run from the repository root (takes about 4 minutes on 2 idle CPU cores)::
 
 1. **Balance.** Four simulated ranks with relative speeds 1, 1, 2, 4 and global batch 256 train the
    digits MLP on random inputs. Simulated compute is ``local_batch * delay / speed`` on top of the
-   real CPU forward/backward (:mod:`hetero_worker.simulate`); all ranks on one machine, so the
+   real CPU forward/backward (:mod:`hetero_worker.runtime.simulation`); all ranks on one machine, so the
    ``auto`` hierarchy is flat. We measure the job's samples/s with
    the proportional split [32, 32, 64, 128] and with the equal split [64]*4, and the *ideal*: the
    sum of each rank's standalone throughput (one process, no communication, its proportional
@@ -77,6 +77,7 @@ def worker_balance(args: argparse.Namespace) -> None:
     """Train ``args.steps`` measured steps; rank 0 writes samples/s and each rank's time budget."""
     import torch
     import torch.nn.functional as F
+
     from hetero_worker import trainer as ht
 
     t = ht.init(seed=0)
@@ -117,8 +118,9 @@ def worker_allreduce(args: argparse.Namespace) -> None:
     rank 0 writes the median over steps of the slowest rank's all-reduce time."""
     import torch
     import torch.distributed as dist
-    from hetero_worker import simulate
+
     from hetero_worker import trainer as ht
+    from hetero_worker.runtime import simulation as simulate
 
     t = ht.init(seed=0, delay_per_sample_s=0.0)
     sleep_s = 32 * simulate.delay_per_sample_s()
@@ -145,8 +147,9 @@ def worker_overhead(args: argparse.Namespace) -> None:
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
+
     from hetero_worker import trainer as ht
-    from hetero_worker.sync import WeightedGradSync
+    from hetero_worker.comm.sync import WeightedGradSync
 
     t = ht.init(seed=0, delay_per_sample_s=0.0)
     if args.variant == "hook":  # the Python hook + comm thread even though the layout is flat
@@ -213,7 +216,7 @@ def launch(mode: str, batches: list[int], speeds: list[float], nodes: list[str],
         BenchTimeout: the ranks did not finish before ``deadline``.
         RuntimeError: a rank failed.
     """
-    from hetero_worker.simulate import free_port, local_rank_envs, simulated_cluster
+    from hetero_worker.runtime.simulation import free_port, local_rank_envs, simulated_cluster
 
     products = [(f"sim-speed-{s:g}", "8.0", s) for s in speeds]
     entries, profiles = simulated_cluster(products=products, nodes=nodes, local_batches=batches)
@@ -240,8 +243,9 @@ def standalone_samples_per_s(batch: int, speed: float, *, delay_s: float, steps:
     """One rank alone: its batch, its simulated speed, real forward/backward, no communication."""
     import torch
     import torch.nn.functional as F
-    from hetero_worker.contract import DeviceProfile
-    from hetero_worker.simulate import simulate_compute
+
+    from hetero_worker.runtime.simulation import simulate_compute
+    from heterotrain_common.contract import DeviceProfile
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -45,19 +45,21 @@ sys.path.insert(0, str(ROOT / "worker"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import benchlib  # noqa: E402
-from hetero_operator import memory  # noqa: E402
+
+from hetero_operator.api import memoryplan
+from hetero_operator.planning import memory  # noqa: E402
 
 JOB = ROOT / "examples" / "lm-large.yaml"
 NODES = ROOT / "examples" / "clusters" / "scaled-memory.yaml"
 GIB = 2**30
 
 
-def _slots(cluster: list[tuple[int, str, int, int]], batches: list[int]) -> list[memory.RankSlot]:
+def _slots(cluster: list[tuple[int, str, int, int]], batches: list[int]) -> list[memoryplan.RankSlot]:
     """``cluster``: (group, gpu_type, memory_mib, ranks) rows on one node each group."""
     slots, rank = [], 0
     for group, gpu_type, mib, count in cluster:
         for _ in range(count):
-            slots.append(memory.RankSlot(rank=rank, group=group, node=f"node-{group}",
+            slots.append(memoryplan.RankSlot(rank=rank, group=group, node=f"node-{group}",
                                          gpu_type=gpu_type, memory_mib=mib, precision="fp32",
                                          local_batch=batches[rank]))
             rank += 1
@@ -69,10 +71,10 @@ FEWER_RUNS_WHY = ("one search: the largest size is found by a search over model 
                   "fails), not by a timed comparison that noise moves")
 
 
-def largest(slots: list[memory.RankSlot], mode: str, *, act: int, reserve_mib: int) -> int:
+def largest(slots: list[memoryplan.RankSlot], mode: str, *, act: int, reserve_mib: int) -> int:
     """Largest parameter count for which ``mode`` fits (binary search, exact to one parameter)."""
     def fits(n: int) -> bool:
-        m = memory.ModelMemory(parameters=n, optimizer="AdamW", activation_bytes_per_sample=act)
+        m = memoryplan.ModelMemory(parameters=n, optimizer="AdamW", activation_bytes_per_sample=act)
         return memory.evaluate_mode(slots, m, mode, reserve_mib=reserve_mib, cross_gbps=10.0)[0].fits
     lo, hi = 0, 10**13
     while lo < hi:
@@ -93,12 +95,12 @@ def part_largest() -> dict:
         world = sum(c[3] for c in cluster)
         for act_name, act in (("no activations", 0), ("900 kB per sample, micro-batch 1", 900_000)):
             slots = _slots(cluster, [1] * world)
-            row = {mode: largest(slots, mode, act=act, reserve_mib=reserve) for mode in memory.MODES}
+            row = {mode: largest(slots, mode, act=act, reserve_mib=reserve) for mode in memoryplan.MODES}
             row["group_over_none"] = round(row["Group"] / row["None"], 2) if row["None"] else None
             row["full_over_none"] = round(row["Full"] / row["None"], 2) if row["None"] else None
             out[f"{name}; {act_name}"] = row
             print(f"{name}; {act_name}: " + ", ".join(
-                f"{m} {row[m]:,} parameters" for m in memory.MODES)
+                f"{m} {row[m]:,} parameters" for m in memoryplan.MODES)
                 + f" (Group {row['group_over_none']}x, Full {row['full_over_none']}x None)")
     return out
 
@@ -111,7 +113,7 @@ def _run(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline,
         BenchTimeout: no time left, or the run passed it.
     """
     limit = deadline.left_s(f"run {job.name}")
-    cmd = [sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--nodes", str(nodes),
+    cmd = [sys.executable, "-m", "hetero_operator.local.cli", "run", str(job), "--nodes", str(nodes),
            "--workdir", str(workdir)] + (["--max-steps", str(max_steps)] if max_steps else [])
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=min(limit, 600), cwd=ROOT,
@@ -150,12 +152,12 @@ def _job(mode: str, *, layers: int = 2, steps: int = 40, model_bytes: tuple[int,
 def lm_bytes(layers: int) -> tuple[int, int, int]:
     """(parameters, activation bytes per sample, with its blocks checkpointed) of the example's LM
     (context 64, width 128, 4 heads) with ``layers`` blocks, measured with
-    ``hetero_worker.memcap.measure_activation_bytes`` on 4 windows."""
+    ``hetero_worker.memory.caps.measure_activation_bytes`` on 4 windows."""
     import torch
 
     from hetero_worker.examples.lm import lm_loss, make_model
-    from hetero_worker.memcap import measure_activation_bytes
-    from hetero_worker.microbatch import checkpoint_blocks
+    from hetero_worker.memory.caps import measure_activation_bytes
+    from hetero_worker.memory.microbatch import checkpoint_blocks
 
     windows = torch.randint(0, 256, (4, 65), generator=torch.Generator().manual_seed(0))
     plain = make_model(64, 128, layers, 4)
@@ -167,10 +169,10 @@ def lm_bytes(layers: int) -> tuple[int, int, int]:
 
 
 def _plans(doc: dict) -> bool:
-    from hetero_operator import model
-    from hetero_operator.inventory import build_inventory
-    from hetero_operator.planning import plan_job
-    from hetero_operator.spec import parse_job
+    from hetero_operator.api import types as model
+    from hetero_operator.api.spec import parse_job
+    from hetero_operator.cluster.inventory import build_inventory
+    from hetero_operator.planning.plan import plan_job
     nodes = yaml.safe_load(NODES.read_text())["items"]
     return isinstance(plan_job(parse_job(doc), build_inventory(nodes)), model.Plan)
 
@@ -186,7 +188,7 @@ def part_trains(deadline: benchlib.Deadline, max_layers: int = 24) -> dict:
     sizes: dict[int, tuple[int, int, int]] = {}
     out: dict = {}
     tmp = Path(tempfile.mkdtemp(prefix="bench-memory-trains-"))
-    for mode in memory.MODES:
+    for mode in memoryplan.MODES:
         layers = 0
         for n in range(1, max_layers + 1):
             sizes.setdefault(n, lm_bytes(n))
@@ -225,12 +227,12 @@ def part_steptime(repeats: int, deadline: benchlib.Deadline) -> dict:
     roomy = tmp / "nodes.yaml"
     roomy.write_text(yaml.safe_dump(nodes))
     jobs = {}
-    for mode in memory.MODES:
+    for mode in memoryplan.MODES:
         jobs[mode] = tmp / f"job-{mode}.yaml"
         jobs[mode].write_text(yaml.safe_dump(_job(mode)))
-    runs: dict[str, list[float]] = {mode: [] for mode in memory.MODES}
+    runs: dict[str, list[float]] = {mode: [] for mode in memoryplan.MODES}
     for r in range(repeats):
-        for mode in memory.MODES:
+        for mode in memoryplan.MODES:
             runs[mode].append(_step_s(jobs[mode], roomy, tmp / f"{mode}-{r}", deadline))
             print(f"repeat {r + 1}: {mode} {runs[mode][-1] * 1000:.1f} ms per step (rank 0)", flush=True)
     return {mode: benchlib.spread(v) for mode, v in runs.items()}

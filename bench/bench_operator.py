@@ -43,11 +43,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "operator")]
 
+import benchlib  # noqa: E402
 from k8s import crdcheck  # noqa: E402
 from k8s.fakeapi import CRDS, HTJ, FakeApiServer, kubeconfig  # noqa: E402
 
-import benchlib  # noqa: E402
-from hetero_operator.rendering import LABEL_JOB  # noqa: E402
+from hetero_operator.api.labels import LABEL_JOB  # noqa: E402
 
 PODS = ("", "v1", "pods")
 NODES = ("", "v1", "nodes")
@@ -80,7 +80,7 @@ def job(name: str, ranks: int) -> dict[str, Any]:
 def start_operator(kubeconfig_path: Path, log_path: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, KUBECONFIG=str(kubeconfig_path), HTJ_PEERING="", HTJ_METRICS_PORT="0",
                HTJ_HEALTH_PORT="0", HTJ_RESYNC_S="30", HTJ_PENDING_TIMEOUT_S="3600", PYTHONPATH=f"{ROOT / 'operator'}:{ROOT / 'worker'}")
-    return subprocess.Popen([sys.executable, "-m", "hetero_operator.cli", "operator"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "hetero_operator.local.cli", "operator"], env=env,
                             stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
 
 
@@ -128,7 +128,7 @@ async def wait_for(predicate: Any, timeout_s: float, poll_s: float = 0.01, what:
 
 
 async def new_server_with_crd(api: FakeApiServer) -> None:
-    """The operator refuses to start without the CRD (hetero_operator.schemacheck)."""
+    """The operator refuses to start without the CRD (hetero_operator.controller.schemacheck)."""
     await api.create(CRDS, None, crdcheck.load_crd())
 
 

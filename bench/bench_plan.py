@@ -2,11 +2,11 @@
 
 Six GPU types (H100, A100, A100 under MIG mixed, L40S, T4, V100), random free counts (other
 tenants' pods), seeded.  Each measurement runs in a fresh interpreter that fills the node index as
-the operator does (:func:`hetero_operator.runner.trim_node`, one node at a time) and times whole
+the operator does (:func:`hetero_operator.cluster.nodeindex.trim_node`, one node at a time) and times whole
 starts: inventory from the index plus ``plan_job`` (``Reconciler._plan``).  The first start parses
 every node; before each later start 1 % of the nodes change (new index values, as kopf stores them
 for a changed Node), so a start parses those and reuses the parses the other index values keep
-(:mod:`hetero_operator.nodeindex`); starts with nothing changed reuse the last inventory.
+(:mod:`hetero_operator.cluster.nodeindex`); starts with nothing changed reuse the last inventory.
 Peak memory is the process's ``VmHWM``.  Plan quality: on random small instances the plan is
 compared with an exhaustive search over every choice of free GPUs (max total relative speed, then
 fewest nodes), which does not use the planner's pools or selection.
@@ -37,11 +37,11 @@ import benchlib
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "worker")]
 
-from hetero_operator.inventory import build_inventory  # noqa: E402
-from hetero_operator.model import Inventory, Plan  # noqa: E402
-from hetero_operator.nodeindex import build_indexed_inventory  # noqa: E402
-from hetero_operator.planning import plan_job  # noqa: E402
-from hetero_operator.spec import parse_job  # noqa: E402
+from hetero_operator.api.spec import parse_job  # noqa: E402
+from hetero_operator.api.types import Inventory, Plan  # noqa: E402
+from hetero_operator.cluster.inventory import build_inventory  # noqa: E402
+from hetero_operator.cluster.nodeindex import build_indexed_inventory  # noqa: E402
+from hetero_operator.planning.plan import plan_job  # noqa: E402
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 TYPES: list[dict[str, Any]] = [
@@ -121,7 +121,7 @@ def child(n_nodes: int, starts: int, seed: int) -> dict[str, Any]:
     ``Reconciler._plan`` runs).  The first start parses every node (cold: right after the operator
     started); the next ones reuse the parses kept on the index values (warm).
     """
-    from hetero_operator.runner import gpu_pod_entry, trim_node
+    from hetero_operator.cluster.nodeindex import gpu_pod_entry, trim_node
 
     job = parse_job(JOB)
     index, pod_index = [], []

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Sharded checkpoint benchmark (issue 12): save and resume time and bytes on disk, Group
-sharding (``torch.distributed.checkpoint``, :mod:`hetero_worker.shardckpt`) vs None (rank 0 writes
+sharding (``torch.distributed.checkpoint``, :mod:`hetero_worker.ckpt.sharded`) vs None (rank 0 writes
 one ``checkpoint.pt``).
 
 Run from the repository root::
@@ -38,13 +38,13 @@ PRODUCTS = [("NVIDIA-A100-SXM4-40GB", "8.0", 1.0), ("Tesla-V100-SXM2-16GB", "7.0
 
 def rank_main(out: Path, ckpt: Path, repeats: int) -> int:
     """One rank: wrap the LM, one AdamW step, then ``repeats`` x (save, resume), timed."""
+    import warnings  # the LM's loss only reads the logits (docs/memory.md, FSDP2's view warning)
+
     import torch
     import torch.distributed as dist
 
     from hetero_worker import trainer as ht
     from hetero_worker.examples.lm import lm_loss, make_model
-
-    import warnings  # the LM's loss only reads the logits (docs/memory.md, FSDP2's view warning)
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     t = ht.init(seed=3)
     model = t.wrap(make_model(64, 128, 2, 4), block=torch.nn.TransformerEncoderLayer)
@@ -75,7 +75,7 @@ def rank_main(out: Path, ckpt: Path, repeats: int) -> int:
 
 def run_mode(mode: str, repeats: int, workdir: Path, timeout_s: float) -> dict:
     """Start the 4 ranks with ``HTJ_SHARDING=mode``; rank 0's figures."""
-    from hetero_worker.simulate import free_port, local_rank_envs, simulated_cluster
+    from hetero_worker.runtime.simulation import free_port, local_rank_envs, simulated_cluster
 
     entries, profiles = simulated_cluster(products=PRODUCTS, nodes=["a", "a", "b", "b"],
                                           local_batches=SPLIT)

@@ -7,7 +7,7 @@ One script, every ratio measured within one run.  Run as root from the repositor
     .venv/bin/python bench/bench_speed.py --only rebalance # no root needed for this part
 
 Setups (4 real gloo rank processes each, via :class:`hetero_worker.trainer.Trainer` and
-:func:`hetero_worker.speed.attach`):
+:func:`hetero_worker.speed.controller.attach`):
 
 1. ``rebalance`` (loopback): simulated speeds 1,1,2,4 (a sleep of ``batch * delay / speed`` on
    top of real compute).  Equal split vs rebalancing from equal; then the fastest rank drops to
@@ -107,8 +107,8 @@ def rebalance_run(contract, *, split: list[int], dynamic: bool, steps: int,
                   slow_at: int | None = None) -> dict:
     """One training run of the rebalance setup; returns per-step times and splits (rank 0)."""
     torch = _torch()
-    from hetero_worker.rebalance import RebalanceConfig
-    from hetero_worker.speed import SpeedConfig, attach
+    from hetero_worker.speed.controller import SpeedConfig, attach
+    from hetero_worker.speed.rebalance import RebalanceConfig
     t = _trainer(contract, hierarchy="flat", delay_s=DELAY_S)
     t.set_split(split)
     interval = 5 if dynamic else 0
@@ -132,7 +132,8 @@ def rebalance_run(contract, *, split: list[int], dynamic: bool, steps: int,
 
 def rebalance_scenario(contract) -> dict:
     import torch.distributed as dist
-    from hetero_worker.rebalance import proportional_split
+
+    from hetero_worker.speed.rebalance import proportional_split
     prop = proportional_split(GLOBAL_BATCH, SPEEDS)
     prop_slow = proportional_split(GLOBAL_BATCH, SLOW_SPEEDS)
     rank = contract.rank
@@ -183,8 +184,9 @@ def link_run(contract, *, hierarchy: str, compression: str = "none", steps: int,
     """Train the link model ``steps`` steps; step times, loss, bytes (counted and on the veth)."""
     torch = _torch()
     import torch.distributed as dist
-    from hetero_worker.compression import CompressionConfig
-    from hetero_worker.speed import SpeedConfig, attach
+
+    from hetero_worker.speed.codecs import CompressionConfig
+    from hetero_worker.speed.controller import SpeedConfig, attach
     t = _trainer(contract, hierarchy=hierarchy)
     mode, _, rank = compression.partition("-r")  # "powersgd-r16": PowerSGD at rank 16
     speed = attach(t, SpeedConfig(compression=CompressionConfig(
@@ -235,7 +237,8 @@ def link_modes_interleaved(contract, *, steps: int) -> dict:
     """
     torch = _torch()
     import torch.distributed as dist
-    from hetero_worker.speed import SpeedConfig, attach
+
+    from hetero_worker.speed.controller import SpeedConfig, attach
     runs = {}
     for mode in ("flat", "node", "arch", "auto", "flat-control"):
         t = _trainer(contract, hierarchy=mode.removesuffix("-control"))
@@ -288,8 +291,8 @@ def link_scenario(contract, *, slow: bool) -> dict:
 
 
 def worker_main(scenario: str, out_dir: str) -> int:
-    from hetero_worker import rendezvous
-    from hetero_worker.contract import parse_contract
+    from hetero_worker.runtime import rendezvous
+    from heterotrain_common.contract import parse_contract
     contract = parse_contract(os.environ)
     rendezvous.init_distributed(rank=contract.rank, world_size=contract.world_size,
                                 master_addr=contract.master_addr, master_port=contract.master_port,
@@ -299,14 +302,14 @@ def worker_main(scenario: str, out_dir: str) -> int:
     else:
         result = link_scenario(contract, slow=scenario == "slow")
     Path(out_dir, f"rank{contract.rank}.json").write_text(json.dumps(result))
-    from hetero_worker.shutdown import leave_process_group
+    from hetero_worker.runtime.shutdown import leave_process_group
     leave_process_group()
     return 0
 
 
 # ================================ orchestrator ==================================================
 def _envs(scenario: str, master_addr: str, port: int) -> list[dict[str, str]]:
-    from hetero_worker.simulate import local_rank_envs, simulated_cluster
+    from hetero_worker.runtime.simulation import local_rank_envs, simulated_cluster
     if scenario == "rebalance":
         products = [("Tesla-T4", "7.5", s) for s in SPEEDS]
         nodes = ["local"] * 4
@@ -325,7 +328,7 @@ def _envs(scenario: str, master_addr: str, port: int) -> list[dict[str, str]]:
 
 def launch(scenario: str, link=None, timeout_s: float = 420, seed: int = 0) -> list[dict]:
     """Start the 4 ranks of ``scenario`` (in namespaces A, A, B, B when ``link`` is given)."""
-    from hetero_worker.simulate import free_port
+    from hetero_worker.runtime.simulation import free_port
     master = link.address("A") if link else "127.0.0.1"
     port = 29400 + os.getpid() % 500 if link else free_port()
     with tempfile.TemporaryDirectory() as out:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetero_operator.spec import JobSpec, parse_job
+from hetero_operator.api.spec import JobSpec, parse_job
 
 CATALOG_118_124_128 = [
     {"image": "reg/train:cu118", "cudaVersion": "11.8",

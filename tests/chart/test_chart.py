@@ -18,7 +18,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-
 from custom_schemas import custom_schema, validate_custom
 from helm import helm
 
@@ -237,7 +236,7 @@ def test_rbac_is_least_privilege() -> None:
                 assert "*" not in (group, resource) and "*" not in verbs, obj["metadata"]["name"]
                 assert resource != "secrets", "the operator reads no secrets"
                 assert not ({"escalate", "bind", "impersonate"} & verbs)
-            # one ConfigMap by name, read and patched: the learned speeds (hetero_operator.profiles);
+            # one ConfigMap by name, read and patched: the learned speeds (hetero_operator.planning.profiles);
             # create cannot be limited by name, so it is the only verb allowed without one
             cms = [r for r in obj["rules"] if "configmaps" in r["resources"]]
             assert all(r.get("resourceNames") == ["heterotrain-profiles"] and r["verbs"] == ["get", "patch"]
@@ -310,16 +309,16 @@ def test_service_and_monitors_select_the_operator_pod() -> None:
 
 
 def test_pod_monitor_keeps_worker_job_label_and_selects_operator_pods() -> None:
-    from hetero_operator import rendering  # the labels the operator puts on its pods
+    from hetero_operator.api import labels  # the labels the operator puts on its pods
 
     monitor = one("servicemonitor-values.yaml", "PodMonitor")["spec"]
-    assert monitor["selector"]["matchLabels"] == {rendering.LABEL_MANAGED_BY: rendering.MANAGED_BY}
+    assert monitor["selector"]["matchLabels"] == {labels.LABEL_MANAGED_BY: labels.MANAGED_BY}
     assert monitor["selector"]["matchExpressions"] == [
-        {"key": rendering.LABEL_JOB, "operator": "Exists"}]
-    assert monitor["jobLabel"] == rendering.LABEL_JOB
+        {"key": labels.LABEL_JOB, "operator": "Exists"}]
+    assert monitor["jobLabel"] == labels.LABEL_JOB
     endpoint = monitor["podMetricsEndpoints"][0]
     assert endpoint["honorLabels"] is True  # the worker's `job` label is the job name
-    assert monitor["podTargetLabels"] == [rendering.LABEL_JOB, rendering.LABEL_GROUP]
+    assert monitor["podTargetLabels"] == [labels.LABEL_JOB, labels.LABEL_GROUP]
     keep = endpoint["relabelings"][0]
     assert keep["action"] == "keep"
     regex = re.compile(keep["regex"])
@@ -455,7 +454,7 @@ def test_helm_binary_is_helm_3() -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_operator_config_parses_the_rendered_environment(scenario: str) -> None:
     """The Deployment's HTJ_* variables are OperatorConfig's and mean what the values say."""
-    from hetero_operator.config import OperatorConfig
+    from hetero_operator.api.settings import OperatorConfig
 
     env = {k: v for k, v in env_of(operator_container(scenario)).items() if k.startswith("HTJ_")}
     fields = {"HTJ_" + name.upper() for name in OperatorConfig.__dataclass_fields__}
@@ -516,7 +515,7 @@ def test_case_26_two_replicas_with_peering_render_and_still_recreate() -> None:
 
 
 def test_watch_timeouts_and_worker_hardening_reach_the_operator_config() -> None:
-    from hetero_operator.config import OperatorConfig
+    from hetero_operator.api.settings import OperatorConfig
 
     env = {k: v for k, v in env_of(operator_container()).items() if k.startswith("HTJ_")}
     config = OperatorConfig.from_env(env)
@@ -548,7 +547,7 @@ def test_case_27_upgrade_hook_brings_every_field_the_operator_checks_for() -> No
     """Case 27: ``helm upgrade`` never touches ``crds/``; the pre-upgrade hook server-side-applies
     the chart's CRD.  What it applies passes the operator's start-up check, while the stale CRD
     that a plain upgrade would leave behind (case 27 mapped onto ours) is refused by it."""
-    from hetero_operator import schemacheck
+    from hetero_operator.controller import schemacheck
 
     upgrade = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--is-upgrade").stdout
     cm = next(d for d in yaml.safe_load_all(upgrade)
@@ -581,7 +580,7 @@ def test_case28_the_pod_monitor_is_selected_by_kube_prometheus_stack_once_labell
     ``release: <its release>``. Unlabelled (the chart default), ours is ignored; with
     ``metrics.podMonitor.labels.release`` it is selected, and it selects the operator's rank pods
     on their ``metrics`` ports."""
-    from hetero_operator import rendering
+    from hetero_operator.api import labels
 
     docs = list(yaml.safe_load_all((REPO / "tests" / "fixtures" / "cases" /
                                     "28-podmonitor-not-selected.yaml").read_text()))
@@ -591,7 +590,7 @@ def test_case28_the_pod_monitor_is_selected_by_kube_prometheus_stack_once_labell
     assert not _selects(prometheus["podMonitorSelector"], bare["metadata"].get("labels", {}))
     labelled = one("default", "PodMonitor", on, "metrics.podMonitor.labels.release=kube-prometheus-stack")
     assert _selects(prometheus["podMonitorSelector"], labelled["metadata"]["labels"])
-    pod_labels = {rendering.LABEL_MANAGED_BY: rendering.MANAGED_BY, rendering.LABEL_JOB: "job-m"}
+    pod_labels = {labels.LABEL_MANAGED_BY: labels.MANAGED_BY, labels.LABEL_JOB: "job-m"}
     assert _selects(labelled["spec"]["selector"], pod_labels)
     assert labelled["spec"]["namespaceSelector"] == {"any": True}
     port_regex = re.compile(labelled["spec"]["podMetricsEndpoints"][0]["relabelings"][0]["regex"])

@@ -132,8 +132,8 @@ def test_worker_image_runs_as_non_root_and_documents_its_health() -> None:
     users = [a for k, a in WORKER if k == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
     # numeric, so the kubelet can verify runAsNonRoot; the group is the fsGroup the operator gives
-    # a checkpoint volume (hetero_operator.rendering.WORKER_FS_GROUP)
-    from hetero_operator.rendering import WORKER_FS_GROUP
+    # a checkpoint volume (hetero_operator.render.pods.WORKER_FS_GROUP)
+    from hetero_operator.render.pods import WORKER_FS_GROUP
 
     uid, gid = users[-1].split(":")
     assert uid.isdigit() and int(uid) != 0 and int(gid) == WORKER_FS_GROUP

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from test_chart import env_of, operator_container
 
-from hetero_operator.config import OperatorConfig
+from hetero_operator.api.settings import OperatorConfig
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -3,7 +3,7 @@ Prometheus server (tests/prom, the session fixture) that scrapes a real 2-rank t
 
 The run: ``heterotrain run`` of examples/digits.yaml cut to 2 ranks (the embedded default: real
 torch.distributed over gloo, simulated A100/V100/T4 devices, the worker metrics on a port per rank),
-plus the operator's metrics (hetero_operator.opmetrics) served standalone and fed a few events.
+plus the operator's metrics (hetero_operator.controller.metrics) served standalone and fed a few events.
 Prometheus scrapes both every second with the labels the chart's PodMonitor/ServiceMonitor give
 (namespace, heterotrain_io_job_name on workers; honor_labels keeps the worker's own ``job``).
 
@@ -31,10 +31,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import start_http_server
-
 from dashboards import REPO, Query, grafana_regex, load_dashboards, queries, substitute
 from prom.prometheus_server import PrometheusServer, free_port
+from prometheus_client import start_http_server
 from waiting import wait_until
 
 JOB = "digits-live"
@@ -91,8 +90,8 @@ def two_free_ports() -> int:
 
 
 def serve_operator_metrics(port: int) -> tuple[Any, Any]:
-    """Serve hetero_operator.opmetrics on ``port``; returns (metrics, HTTP server)."""
-    from hetero_operator.opmetrics import OperatorMetrics
+    """Serve hetero_operator.controller.metrics on ``port``; returns (metrics, HTTP server)."""
+    from hetero_operator.controller.metrics import OperatorMetrics
 
     op = OperatorMetrics()
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=op.registry)
@@ -126,7 +125,7 @@ def live(prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory)
     log = (workdir / "run.log").open("wb")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
     run = subprocess.Popen(
-        [sys.executable, "-m", "hetero_operator.cli", "run", str(job_file), "--workdir",
+        [sys.executable, "-m", "hetero_operator.local.cli", "run", str(job_file), "--workdir",
          str(workdir / "run"), "--epochs", "200", "--metrics-port-base", str(port_base)],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     op_port = free_port()
@@ -217,7 +216,7 @@ def test_dashboard_query_returns_series(live: PrometheusServer, variables: dict[
     if "{{job}}" in query.legend:
         assert labels("job") == {JOB}, query.id
     if "{{phase}}" in query.legend:
-        from hetero_operator.conditions import PHASES
+        from hetero_operator.api.conditions import PHASES
         assert labels("phase") == set(PHASES), query.id
     if "{{result}}" in query.legend:
         assert labels("result") == {"planned", "unschedulable"}, query.id

@@ -97,7 +97,7 @@ def scenario(name: str, t, args) -> dict:  # type: ignore[no-untyped-def]
         [g.backend, list(g.ranks)] for g in t.groups.plan.to_create()],
         "ddp_backend": dist.get_backend(t.groups.ddp_group)}
     if name == "steal":
-        from hetero_worker.stealing import MicroBatchDispenser, default_store
+        from hetero_worker.speed.stealing import MicroBatchDispenser, default_store
         model = t.wrap(make_model())
         data = make_data(sum(batches) * STEPS)
         t.loader(data, shuffle=False)
@@ -134,7 +134,7 @@ def scenario(name: str, t, args) -> dict:  # type: ignore[no-untyped-def]
 
 def codec_on_cuda(mode: str, leaders, rank: int) -> float:  # type: ignore[no-untyped-def]
     """The codec's SUM on CUDA tensors equals the same codec on CPU tensors (max abs diff)."""
-    from hetero_worker.compression import CompressionConfig, make_codec
+    from hetero_worker.speed.codecs import CompressionConfig, make_codec
     g = torch.Generator().manual_seed(30 + rank)
     cpu = [torch.randn(64, 32, generator=g), torch.randn(32, generator=g)]
     gpu = [x.to(DEVICE) for x in cpu]

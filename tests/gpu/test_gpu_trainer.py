@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from hetero_worker import contract as c  # noqa: E402
-from hetero_worker.simulate import free_port, local_rank_envs  # noqa: E402
+from hetero_worker.runtime.simulation import free_port, local_rank_envs  # noqa: E402
+from heterotrain_common import contract as c  # noqa: E402
 
 HERE = Path(__file__).parent
 SCRIPT = HERE / "gpu_ranks.py"

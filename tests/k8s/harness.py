@@ -2,7 +2,7 @@
 
 ``async with Cluster(tmp_path) as cluster:`` starts the kmock server, a kubeconfig pointing at it
 (``$KUBECONFIG``), the kubelet, and ``cluster.start_operator()`` runs kopf's ``operator()`` as
-a task with the registrations of ``hetero_operator.main``.
+a task with the registrations of ``hetero_operator.controller.main``.
 """
 
 from __future__ import annotations
@@ -77,8 +77,8 @@ class Cluster:
         started in its loop when it stops, which must not hit the server or the kubelet)."""
         import kopf
 
-        import hetero_operator.main  # noqa: F401 - registers the handlers
-        from hetero_operator import runner
+        import hetero_operator.controller.main  # noqa: F401 - registers the handlers
+        from hetero_operator.controller import runner
 
         memo = runner.make_memo(config, metrics_url=(self.kubelet.metrics_url if self.kubelet
                                                      else runner.default_metrics_url))

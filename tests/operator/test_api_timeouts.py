@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.fakeapi import HTJ  # noqa: E402
 from k8s.harness import PODS, Cluster, load_nodes  # noqa: E402
 
-from hetero_operator.config import OperatorConfig  # noqa: E402
-from hetero_operator.k8s import Api, CallLimits, load_configuration  # noqa: E402
-from hetero_operator.opmetrics import OperatorMetrics  # noqa: E402
-from hetero_operator.reconcile import Reconciler  # noqa: E402
+from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from hetero_operator.controller.k8s import Api, CallLimits, load_configuration  # noqa: E402
+from hetero_operator.controller.metrics import OperatorMetrics  # noqa: E402
+from hetero_operator.controller.reconcile import Reconciler  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = REPO / "tests" / "fixtures" / "cases" / "25-kopf-watch-silently-stalls.yaml"

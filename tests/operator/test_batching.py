@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_operator.batching import continuous_shares, split_global_batch, step_time
+from hetero_operator.planning.batching import continuous_shares, split_global_batch, step_time
 
 
 @pytest.mark.parametrize(("batch", "speeds", "caps", "expected"), [

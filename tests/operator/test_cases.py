@@ -16,11 +16,11 @@ import pytest
 import yaml
 from builders import CATALOG_118_124_128, make_job
 
-from hetero_operator import model
-from hetero_operator.envrender import render_rank_envs
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
-from hetero_worker.contract import parse_contract
+from hetero_operator.api import types as model
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render.env import render_rank_envs
+from heterotrain_common.contract import parse_contract
 
 CASES = Path(__file__).resolve().parent.parent / "fixtures" / "cases"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_operator import conditions as c
+from hetero_operator.api import conditions as c
 
 T0, T1 = 1_800_000_000.0, 1_800_000_060.0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_operator.config import DEFAULT_IMAGES, OperatorConfig, parse_images
-from hetero_operator.errors import ConfigError
+from hetero_operator.api.errors import ConfigError
+from hetero_operator.api.settings import DEFAULT_IMAGES, OperatorConfig, parse_images
 
 
 def test_documented_defaults() -> None:
@@ -69,7 +69,7 @@ def test_case_25_startup_bounds_every_watch() -> None:
     inactivity timeout <= 120 s, so a silently dropped watch connection is re-opened."""
     import kopf
 
-    from hetero_operator.runner import apply_settings
+    from hetero_operator.controller.runner import apply_settings
 
     settings = kopf.OperatorSettings()
     assert settings.watching.server_timeout is None and settings.watching.client_timeout is None
@@ -87,7 +87,7 @@ def test_named_peering_is_mandatory_and_standalone_has_none() -> None:
     it; standalone operators get no peering at all."""
     import kopf
 
-    from hetero_operator.runner import apply_settings, make_memo, operator_kwargs
+    from hetero_operator.controller.runner import apply_settings, make_memo, operator_kwargs
 
     settings = kopf.OperatorSettings()
     config = OperatorConfig.from_env({"HTJ_PEERING_PRIORITY": "42"})

@@ -1,4 +1,4 @@
-"""The CRD: structural schema equal to spec.py, examples valid, bad manifests refused clearly."""
+"""The CRD: structural schema equal to api/spec.py, examples valid, bad manifests refused clearly."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s import crdcheck  # noqa: E402
 
-from hetero_operator import spec as spec_mod  # noqa: E402
-from hetero_operator.status import (GROUP_KEYS, MEMORY_KEYS, MEMORY_TYPE_KEYS, PLAN_KEYS,  # noqa: E402
-                                    PROGRESS_KEYS, STATUS_KEYS)
+from hetero_operator.api import spec as spec_mod  # noqa: E402
+from hetero_operator.lifecycle.status import (GROUP_KEYS, MEMORY_KEYS,  # noqa: E402
+                                              MEMORY_TYPE_KEYS, PLAN_KEYS, PROGRESS_KEYS,
+                                              STATUS_KEYS)
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = crdcheck.load_crd()

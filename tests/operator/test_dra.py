@@ -19,10 +19,14 @@ import pytest
 import yaml
 from builders import CATALOG_118_124_128, make_job
 
-from hetero_operator import dra, model, rendering
-from hetero_operator.envrender import render_rank_envs
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
+from hetero_operator.api import labels
+from hetero_operator.api import types as model
+from hetero_operator.cluster import dra
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render import pods as rendering
+from hetero_operator.render.claims import use_claims
+from hetero_operator.render.env import render_rank_envs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dra"
 K8S_VERSION = "1.34.0"
@@ -105,8 +109,8 @@ def rendered(ranks: int = 6) -> tuple[model.Plan, list[dict[str, Any]], list[dic
     envs = render_rank_envs(plan, spec, master_addr=addr, master_port=29500, simulated=False)
     pods = rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--"))
     before = copy.deepcopy(pods)
-    out, templates = dra.use_claims(spec.name, spec.namespace, plan, pods, inv,
-                                    labels=rendering.selector(spec.name))
+    out, templates = use_claims(spec.name, spec.namespace, plan, pods, inv,
+                                    labels=labels.selector(spec.name))
     assert pods == before, "use_claims must not modify its input"
     return plan, out, templates
 
@@ -164,7 +168,7 @@ def test_gfd_nodes_keep_extended_resources_beside_dra_nodes() -> None:
     plan = plan_job(spec, inv.inventory)
     envs = render_rank_envs(plan, spec, master_addr="x", master_port=29500, simulated=False)
     pods = rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--"))
-    out, templates = dra.use_claims(spec.name, spec.namespace, plan, pods, inv, labels={})
+    out, templates = use_claims(spec.name, spec.namespace, plan, pods, inv, labels={})
     assert [t["metadata"]["name"] for t in templates] == ["mixed-g1", "mixed-g2", "mixed-g3"]
     assert "resourceClaims" not in out[0]["spec"]
     assert out[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"

@@ -18,8 +18,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.harness import Cluster  # noqa: E402
 
-from hetero_operator.config import OperatorConfig  # noqa: E402
-from hetero_operator.kueue_gate import RESOURCE_CLAIM_TEMPLATES, RESOURCE_CLAIMS, RESOURCE_SLICES  # noqa: E402
+from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from hetero_operator.controller.objects import (RESOURCE_CLAIM_TEMPLATES,  # noqa: E402
+                                                RESOURCE_CLAIMS, RESOURCE_SLICES)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dra"
 CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,

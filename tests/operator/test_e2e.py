@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.fakeapi import HTJ  # noqa: E402
 from k8s.harness import Cluster, load_nodes  # noqa: E402
 
-from hetero_operator.config import OperatorConfig  # noqa: E402
+from hetero_operator.api.settings import OperatorConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PODS = ("", "v1", "pods")

@@ -7,8 +7,8 @@ import io
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from rich.console import Console
 
-from hetero_operator.progress import parse_progress, progress_status
-from hetero_operator.report import print_report, row_from_stats
+from hetero_operator.controller.progress import parse_progress, progress_status
+from hetero_operator.local.report import print_report, row_from_stats
 
 
 def rank0_metrics(efficiency: float | None) -> str:

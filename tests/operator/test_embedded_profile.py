@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hetero_worker import contract as c
 from hetero_worker import profiling
+from heterotrain_common import contract as c
+from heterotrain_common import envnames
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = {
@@ -35,7 +36,7 @@ def test_two_ranks_each_leave_one_trace_of_the_profiled_steps(tmp_path: Path) ->
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(JOB))
     work = tmp_path / "work"
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--workdir", str(work),
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "run", str(job), "--workdir", str(work),
                            "--metrics-port-base", "0", "--profile-steps", "3-4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -68,11 +69,12 @@ def test_profiling_is_off_unless_asked_and_the_trace_goes_to_the_run_or_checkpoi
 
 
 def test_the_job_annotation_reaches_every_rank_through_the_contract() -> None:
-    from hetero_operator.envrender import render_rank_envs
-    from hetero_operator.inventory import build_inventory
-    from hetero_operator.planning import plan_job
-    from hetero_operator.plancli import load_objects
-    from hetero_operator.spec import SpecError, parse_job
+    from hetero_operator.api.errors import SpecError
+    from hetero_operator.api.spec import parse_job
+    from hetero_operator.cluster.inventory import build_inventory
+    from hetero_operator.local.plan import load_objects
+    from hetero_operator.planning.plan import plan_job
+    from hetero_operator.render.env import render_rank_envs
 
     manifest = yaml.safe_load(yaml.safe_dump(JOB))
     manifest["metadata"]["annotations"] = {"heterotrain.io/profile-steps": "20-25"}
@@ -80,7 +82,7 @@ def test_the_job_annotation_reaches_every_rank_through_the_contract() -> None:
     assert job.profile_steps == (20, 25)
     plan = plan_job(job, build_inventory(load_objects(ROOT / "examples" / "clusters" / "mixed.yaml", "Node")))
     envs = render_rank_envs(plan, job, master_addr="h", master_port=1, simulated=True)
-    assert [e[c.PROFILE_STEPS] for e in envs] == ["20-25", "20-25"]
+    assert [e[envnames.PROFILE_STEPS] for e in envs] == ["20-25", "20-25"]
     assert [c.parse_contract(e).profile_steps for e in envs] == [(20, 25), (20, 25)]
     # the pod form (what the operator puts in a pod) keeps it for `heterotrain launch`
     assert c.parse_contract(c.expand_pod_env(c.pod_env(envs[1]), 0)).profile_steps == (20, 25)
@@ -89,5 +91,5 @@ def test_the_job_annotation_reaches_every_rank_through_the_contract() -> None:
                                         "FIRST-LAST with 1 <= FIRST <= LAST, got '25-20'"):
         parse_job(manifest)
     del manifest["metadata"]["annotations"]
-    assert c.PROFILE_STEPS not in render_rank_envs(
+    assert envnames.PROFILE_STEPS not in render_rank_envs(
         plan, parse_job(manifest), master_addr="h", master_port=1, simulated=True)[0]

@@ -17,18 +17,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hetero_operator import embedded, localnodes
-from hetero_operator.report import RankRow, measured_speedup_over_equal
-from hetero_worker import contract as c
-from hetero_worker import procs, rundir
-from hetero_worker.nvml import GpuInfo
+from hetero_operator.local import nodes as localnodes
+from hetero_operator.local import run as embedded
+from hetero_operator.local import supervise
+from hetero_operator.local.report import RankRow, measured_speedup_over_equal
+from heterotrain_common import contract as c
+from heterotrain_common import envnames, procs, rundir
+from heterotrain_common.nvml import GpuInfo
 
-RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
+RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
 
 # Rank program: records its contract, fails with code 5 on rank 1 while attempts < FAIL_TIMES.
 FLAKY = textwrap.dedent("""
     import json, os, sys, time
-    from hetero_worker.contract import parse_contract
+    from heterotrain_common.contract import parse_contract
     from hetero_worker.metrics import WorkerMetrics
     ct = parse_contract(os.environ)
     out = os.environ["OUT"]
@@ -46,7 +48,7 @@ FLAKY = textwrap.dedent("""
             sys.exit(5)
         time.sleep(60)  # sync-ok: the workload; stopped by the launcher when rank 1 fails
     if ct.rank == 0:
-        from hetero_worker.rundir import write_result
+        from heterotrain_common.rundir import write_result
         write_result({"accuracy": 0.5})
 """)
 
@@ -164,10 +166,10 @@ def test_worker_argv_overrides_and_uses_this_interpreter(args, overrides, expect
 
 
 def test_process_env_is_the_rank_contract_over_a_clean_base(tmp_path):
-    rank_env = {c.RANK: "1", c.WORLD_SIZE: "2", c.METRICS_PORT: "9481"}
+    rank_env = {envnames.RANK: "1", envnames.WORLD_SIZE: "2", envnames.METRICS_PORT: "9481"}
     base = {"PATH": "/usr/bin", "RANK": "7", "HTJ_FIRST_RANK": "3", "CUDA_VISIBLE_DEVICES": "5",
             "HOME": "/root", "OMP_NUM_THREADS": "3"}
-    envs = embedded.process_envs([rank_env, rank_env], base_env=base, run_dir=tmp_path,
+    envs = supervise.process_envs([rank_env, rank_env], base_env=base, run_dir=tmp_path,
                                  worker_env=[{"name": "A", "value": "1"},
                                              {"name": "B", "valueFrom": {"fieldRef": {}}}],
                                  gpu_ids=None)
@@ -175,7 +177,7 @@ def test_process_env_is_the_rank_contract_over_a_clean_base(tmp_path):
     assert envs[0] == {"PATH": f"{bin_dir}{os.pathsep}/usr/bin", "HOME": "/root",
                        "OMP_NUM_THREADS": "3", "A": "1", **rank_env,
                        rundir.RUN_DIR: str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    pinned = embedded.process_envs([rank_env, rank_env], base_env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
+    pinned = supervise.process_envs([rank_env, rank_env], base_env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"},
                                    run_dir=tmp_path, worker_env=[], gpu_ids=["GPU-3", "GPU-1"])
     assert [e["CUDA_VISIBLE_DEVICES"] for e in pinned] == ["GPU-3", "GPU-1"]
     assert {e["CUDA_DEVICE_ORDER"] for e in pinned} == {"FASTEST_FIRST"}  # left as given
@@ -184,7 +186,7 @@ def test_process_env_is_the_rank_contract_over_a_clean_base(tmp_path):
 
 def test_free_port_range_is_free():
     import socket
-    base = embedded.free_port_range(4)
+    base = supervise.free_port_range(4)
     for port in range(base, base + 4):
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
@@ -198,7 +200,7 @@ def _gpu(index, product, cc, mem_mib, mig=False):
 def test_real_gpus_become_one_node_per_product_and_plan_onto_their_indices(monkeypatch):
     """The NVML path of ``heterotrain run`` on a fake machine: 2x A100 (NVML 0, 2), 1x T4 (1),
     and a MIG-enabled A100 (3) that is left out."""
-    from hetero_worker import nvml
+    from heterotrain_common import nvml
     gpus = [_gpu(0, "NVIDIA-A100-SXM4-40GB", "8.0", 40960), _gpu(1, "Tesla-T4", "7.5", 15360),
             _gpu(2, "NVIDIA-A100-SXM4-40GB", "8.0", 40960),
             _gpu(3, "NVIDIA-A100-SXM4-40GB", "8.0", 40960, mig=True)]
@@ -277,7 +279,7 @@ def test_too_few_real_gpus_fall_back_to_the_simulated_default(monkeypatch):
     """One real GPU cannot host digits.yaml (minRanks 2): the default node file is simulated."""
     from rich.console import Console
 
-    from hetero_worker import nvml
+    from heterotrain_common import nvml
     monkeypatch.setattr(nvml, "list_gpus", lambda: [_gpu(0, "NVIDIA-H200", "9.0", 143771)])
     monkeypatch.setattr(nvml, "driver_versions", lambda: ("570.124.06", "12.8"))
     args = _run_args(str(Path(__file__).parents[2] / "examples" / "digits.yaml"))
@@ -294,5 +296,5 @@ def test_too_few_real_gpus_fall_back_to_the_simulated_default(monkeypatch):
 def test_the_last_line_says_interrupted_not_failed_after_ctrl_c(exit_code, verdict):
     from rich.text import Text
 
-    from hetero_operator import report
+    from hetero_operator.local import report
     assert Text.from_markup(report.ending(exit_code)).plain == verdict

@@ -7,11 +7,11 @@ import json
 import pytest
 from builders import make_job, make_node
 
-from hetero_operator import model
-from hetero_operator.envrender import render_rank_envs
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
-from hetero_worker.contract import expand_pod_env, parse_contract, pod_env
+from hetero_operator.api import types as model
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render.env import render_rank_envs
+from heterotrain_common.contract import expand_pod_env, parse_contract, pod_env
 
 A100 = "NVIDIA-A100-SXM4-40GB"
 

@@ -11,13 +11,14 @@ import kopf
 import pytest
 import yaml
 
-import hetero_operator.main  # noqa: F401 - registers the handlers
-from hetero_operator import runner
-from hetero_operator.config import OperatorConfig
-from hetero_operator.opmetrics import OperatorMetrics
-from hetero_operator.leadership import peering_leader
-from hetero_operator.reconcile import Reconciler
-from hetero_operator.status import STATUS_KEYS
+import hetero_operator.controller.main  # noqa: F401 - registers the handlers
+from hetero_operator.api.settings import OperatorConfig
+from hetero_operator.cluster import nodeindex
+from hetero_operator.controller import runner
+from hetero_operator.controller.leadership import peering_leader
+from hetero_operator.controller.metrics import OperatorMetrics
+from hetero_operator.controller.reconcile import Reconciler
+from hetero_operator.lifecycle.status import STATUS_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0
@@ -340,26 +341,26 @@ def test_peering_rule_matches_kopf() -> None:
 
 def test_node_index_keeps_what_the_planner_reads_and_gpu_pod_index_skips_finished() -> None:
     node = _nodes()[0]
-    trimmed = runner.trim_node({**node, "metadata": {**node["metadata"], "managedFields": [1]}})
+    trimmed = nodeindex.trim_node({**node, "metadata": {**node["metadata"], "managedFields": [1]}})
     assert "managedFields" not in trimmed["metadata"]
     assert trimmed["metadata"]["labels"] == node["metadata"]["labels"]
     assert trimmed["status"]["allocatable"] == node["status"]["allocatable"]
     pod = {"metadata": {"name": "p", "namespace": "n"},
            "spec": {"nodeName": "node-t4", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
            "status": {"phase": "Running"}}
-    assert list(runner.gpu_pod_entry(pod)) == ["node-t4"]
-    assert runner.gpu_pod_entry({**pod, "status": {"phase": "Succeeded"}}) is None
+    assert list(nodeindex.gpu_pod_entry(pod)) == ["node-t4"]
+    assert nodeindex.gpu_pod_entry({**pod, "status": {"phase": "Succeeded"}}) is None
     cpu = copy.deepcopy(pod)
     cpu["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
-    assert runner.gpu_pod_entry(cpu) is None
+    assert nodeindex.gpu_pod_entry(cpu) is None
 
 
 async def test_case_34_one_restart_generation_on_every_pod_and_backoff_limit_per_job() -> None:
     """shared/cases/34: after two gang restarts every pod says generation 2 (torchrun-style
     per-agent counters would say 0/0/2); a third failure with backoffLimit 2 fails the job
     whichever rank failed; restarts are the operator's, not a per-pod agent's."""
-    from hetero_worker.contract import (RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT, expand_pod_env,
-                                        parse_contract)
+    from heterotrain_common.contract import expand_pod_env, parse_contract
+    from heterotrain_common.envnames import RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT
 
     case = list(yaml.safe_load_all((REPO / "tests" / "fixtures" / "cases" / "34-restart-count-not-global.yaml").read_text()))
     assert case[0]["job"]["spec"]["backoffLimit"] == 2 and case[1]["expected"]["store_prefix_allgather"] == ["gen-2"] * 3

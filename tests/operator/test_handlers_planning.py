@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from test_handlers import FakeApi, _job, _reconciler, _status
 
-from hetero_operator import profiles
+from hetero_operator.planning import profiles
 
 pytestmark = pytest.mark.asyncio
 

@@ -7,12 +7,12 @@ from builders import CATALOG_118_124_128, make_job, make_node
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_operator import model
-from hetero_operator.cuda_table import cuda_for_driver, min_driver_for
-from hetero_operator.images import choose_image
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
-from hetero_operator.spec import ImageVariant
+from hetero_operator.api import types as model
+from hetero_operator.api.spec import ImageVariant
+from hetero_operator.cluster.cudatable import cuda_for_driver, min_driver_for
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.images import choose_image
+from hetero_operator.planning.plan import plan_job
 
 CATALOG = make_job(images=CATALOG_118_124_128).images
 
@@ -141,7 +141,7 @@ def test_minor_version_compatibility_is_opt_in_per_variant(driver: str | None, r
 
 
 def test_minor_compat_table_follows_nvidias_guide() -> None:
-    from hetero_operator.cuda_table import minor_version_compatible as ok
+    from hetero_operator.cluster.cudatable import minor_version_compatible as ok
     assert [ok((11, 8), driver_version=d, max_cuda=None) for d in ("450.80.02", "450.36.06")] == [True, False]
     assert [ok((13, 0), driver_version=d, max_cuda=None) for d in ("580.65.06", "575.51.03")] == [True, False]
     assert ok((11, 8), driver_version="", max_cuda=(11, 4)) is False  # 11.0's 450.36 < 450.80
@@ -195,7 +195,7 @@ def test_torch_versions_compare_only_the_chosen_variants() -> None:
 
 @pytest.mark.parametrize("bad", ["2.13.0 ", "latest", "v2.13", ""])
 def test_torch_version_field_is_validated(bad: str) -> None:
-    from hetero_operator.spec import SpecError
+    from hetero_operator.api.errors import SpecError
     manifest = [dict(COMPAT_CATALOG[1], torchVersion=bad)]
     if bad == "":
         assert make_job(images=manifest).images[0].torch_version == ""
@@ -209,7 +209,7 @@ def test_default_catalog_is_one_torch_release_equal_to_the_example_catalog() -> 
 
     import yaml
 
-    from hetero_operator.config import DEFAULT_IMAGES, parse_images
+    from hetero_operator.api.settings import DEFAULT_IMAGES, parse_images
     example = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "digits.yaml")
                              .read_text())
     assert make_job(images=example["spec"]["images"]).images == DEFAULT_IMAGES

@@ -6,14 +6,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from builders import CATALOG_118_124_128, make_job, make_node, make_pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from builders import CATALOG_118_124_128, make_job, make_node, make_pod
 
-from hetero_operator import gfd, model
-from hetero_operator.images import choose_image
-from hetero_operator.inventory import build_inventory, used_resources
-from hetero_operator.planning import plan_job
+from hetero_operator.api import types as model
+from hetero_operator.cluster import gfd
+from hetero_operator.cluster.inventory import build_inventory, used_resources
+from hetero_operator.planning.images import choose_image
+from hetero_operator.planning.plan import plan_job
 
 NODES = Path(__file__).resolve().parent.parent / "fixtures" / "nodes"
 A100_80 = "NVIDIA-A100-SXM4-80GB"

@@ -21,11 +21,13 @@ import yaml
 from builders import CATALOG_118_124_128, make_node
 from k8s import crdcheck, kueuecheck
 
-from hetero_operator import kueue, model, rendering
-from hetero_operator.envrender import render_rank_envs
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
-from hetero_operator.spec import parse_job
+from hetero_operator.api import types as model
+from hetero_operator.api.spec import parse_job
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render import pods as rendering
+from hetero_operator.render import workload as kueue
+from hetero_operator.render.env import render_rank_envs
 
 CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s import kueuecheck  # noqa: E402
 from k8s.harness import Cluster, load_nodes  # noqa: E402
 
-from hetero_operator import kueue  # noqa: E402
-from hetero_operator.config import OperatorConfig  # noqa: E402
+from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from hetero_operator.render import workload as kueue  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PODS = ("", "v1", "pods")

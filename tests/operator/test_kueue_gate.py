@@ -1,4 +1,4 @@
-"""The operator's Kueue adapter (hetero_operator.kueue_gate) over an in-memory CustomObjectsApi:
+"""The operator's Kueue adapter (hetero_operator.controller.objects) over an in-memory CustomObjectsApi:
 the Workload it creates (with the PriorityClass's value), what each Kueue state means for the
 job, the status it writes back, and a cluster without Kueue."""
 
@@ -11,13 +11,13 @@ import pytest
 from builders import CATALOG_118_124_128, make_node
 from k8s import kueuecheck
 
-from hetero_operator import conditions as c
-from hetero_operator import kueue
-from hetero_operator import lifecycle as lc
-from hetero_operator.inventory import build_inventory
-from hetero_operator.kueue_gate import KueueGate
-from hetero_operator.planning import plan_job
-from hetero_operator.spec import parse_job
+from hetero_operator.api import conditions as c
+from hetero_operator.api.spec import parse_job
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.controller.objects import KueueGate
+from hetero_operator.lifecycle import decisions as lc
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render import workload as kueue
 
 NOW = "2026-12-01T09:00:00Z"
 
@@ -83,7 +83,7 @@ class Custom:
 
 
 class Api:
-    """Just what kueue_gate uses of hetero_operator.k8s.Api: ``custom`` and the bounded call."""
+    """Just what kueue_gate uses of hetero_operator.controller.k8s.Api: ``custom`` and the bounded call."""
 
     def __init__(self, custom: Custom) -> None:
         self.custom = custom

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kopf._core.engines.peering import Peer
 
-from hetero_operator.leadership import Leadership, peering_leader
+from hetero_operator.controller.leadership import Leadership, peering_leader
 
 T0 = 1_800_000_000.0
 

@@ -1,5 +1,5 @@
 """The operator writes learned speeds: a rank's metrics -> observations -> the ConfigMap's data,
-merged under optimistic concurrency (hetero_operator.learning, profiles.configmap_update)."""
+merged under optimistic concurrency (hetero_operator.controller.learning, profiles.configmap_update)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from hetero_operator import learning
-from hetero_operator import profiles as p
-from hetero_worker import contract as c
+from hetero_operator.controller import learning
+from hetero_operator.planning import profiles as p
+from heterotrain_common import contract as c
 
 DAY = 86400.0
 

@@ -18,8 +18,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.harness import Cluster, load_nodes  # noqa: E402
 
-from hetero_operator import profiles  # noqa: E402
-from hetero_operator.config import OperatorConfig  # noqa: E402
+from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from hetero_operator.planning import profiles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGMAPS = ("", "v1", "configmaps")

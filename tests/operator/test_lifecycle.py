@@ -1,12 +1,12 @@
-"""Every lifecycle decision, through the pure :func:`hetero_operator.lifecycle.decide`."""
+"""Every lifecycle decision, through the pure :func:`hetero_operator.lifecycle.decisions.decide`."""
 
 from __future__ import annotations
 
 import pytest
 
-from hetero_operator import lifecycle as lc
-from hetero_operator.nodehealth import NodeHealth
-from hetero_operator.spec import RunPolicy
+from hetero_operator.api.spec import RunPolicy
+from hetero_operator.cluster.nodehealth import NodeHealth
+from hetero_operator.lifecycle import decisions as lc
 
 NOW = 1_800_000_000.0
 TIMING = lc.Timing(pending_timeout_s=300, backoff_base_s=10, backoff_max_s=300)
@@ -281,7 +281,7 @@ def test_leftover_pods_of_a_recorded_restart_are_only_deleted() -> None:
 
 
 def test_node_health_is_read_from_conditions_and_taints() -> None:
-    from hetero_operator.nodehealth import node_health
+    from hetero_operator.cluster.nodehealth import node_health
     node = {"metadata": {"name": "n"}, "spec": {"taints": [
         {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": "2027-01-15T08:00:05Z"},
         {"key": "nvidia.com/gpu", "effect": "NoSchedule"}]},

@@ -14,12 +14,12 @@ import pytest
 import yaml
 from k8s import crdcheck
 
-from hetero_operator import model
-from hetero_worker import checkpoint
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
-from hetero_operator.spec import parse_job
-from hetero_operator.status import plan_status
+from hetero_operator.api import types as model
+from hetero_operator.api.spec import parse_job
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.lifecycle.status import plan_status
+from hetero_operator.planning.plan import plan_job
+from hetero_worker.ckpt import checkpoint, files
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "lm-large.yaml"
@@ -90,7 +90,7 @@ def test_the_memory_decision_goes_into_status_plan_and_survives_pruning() -> Non
 
 
 def test_plan_cli_exit_codes() -> None:
-    ok = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", str(JOB), "--nodes",
+    ok = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "plan", str(JOB), "--nodes",
                          str(NODES)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
     assert "a SCALED-DOWN node list" in " ".join(ok.stdout.split())  # rich wraps lines
@@ -104,7 +104,7 @@ def test_heterotrain_run_trains_it_within_each_simulated_cap(tmp_path: Path) -> 
     job = tmp_path / "lm-large.yaml"
     job.write_text(yaml.safe_dump(body))
     work = tmp_path / "work"
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--nodes",
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "run", str(job), "--nodes",
                            str(NODES), "--workdir", str(work)], capture_output=True, text=True,
                           timeout=220, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -116,8 +116,8 @@ def test_heterotrain_run_trains_it_within_each_simulated_cap(tmp_path: Path) -> 
     assert "(simulated cap)" in done.stdout
     # Group sharding checkpoints through torch.distributed.checkpoint: the manifest names the
     # complete DCP directory of the last save (step 40), the only one left
-    manifest = checkpoint.load_file(work / "checkpoints" / "checkpoint.pt")
-    assert (manifest["format"], manifest["step"]) == (checkpoint.SHARDED_FORMAT, 40)
+    manifest = files.load_file(work / "checkpoints" / "checkpoint.pt")
+    assert (manifest["format"], manifest["step"]) == (files.SHARDED_FORMAT, 40)
     saved = sorted(p.name for p in (work / "checkpoints").iterdir() if p.name != "checkpoint.pt")
     assert len(saved) == 1 and saved[0].startswith("sharded-")
     assert (work / "checkpoints" / saved[0] / ".metadata").is_file()

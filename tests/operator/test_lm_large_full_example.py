@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hetero_operator import model
-from hetero_operator.envrender import render_rank_envs
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
-from hetero_operator.spec import parse_job
+from hetero_operator.api import types as model
+from hetero_operator.api.spec import parse_job
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render.env import render_rank_envs
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "lm-large-full.yaml"
@@ -56,7 +56,7 @@ def test_heterotrain_run_trains_it_with_full_sharding_within_each_cap(tmp_path: 
     its simulated cap, and a T4's peak is below the whole model state it could not hold."""
     work = tmp_path / "work"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # learned speeds stay here
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(JOB), "--nodes",
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "run", str(JOB), "--nodes",
                            str(NODES), "--workdir", str(work)], capture_output=True, text=True,
                           timeout=280, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -9,12 +9,12 @@ import pytest
 import yaml
 from builders import make_job, make_node
 
-from hetero_operator import model
-from hetero_operator.cli import main
-from hetero_operator.inventory import build_inventory
-from hetero_operator.marginal import PlanInputs, value_status
-from hetero_operator.planning import plan_job
-from hetero_operator.profiles import LearnedSpeed
+from hetero_operator.api import types as model
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.local.cli import main
+from hetero_operator.planning.marginal import PlanInputs, value_status
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.planning.profiles import LearnedSpeed
 
 T4 = 65 / 312  # NVIDIA T4 datasheet 65 TFLOPS / A100 312
 NODES = [make_node("node-a"),
@@ -141,7 +141,7 @@ def test_every_type_that_pays_is_kept_as_before() -> None:
     nodes = list(yaml.safe_load_all((Path(__file__).resolve().parents[2] / "examples" / "clusters"
                                      / "mixed.yaml").read_text()))
     nodes = nodes[0]["items"] if "items" in nodes[0] else nodes
-    from hetero_operator.spec import parse_job
+    from hetero_operator.api.spec import parse_job
     inv = build_inventory(nodes)
     throughput = plan_job(parse_job(manifest), inv)
     manifest["spec"]["gpus"]["selection"] = "All"
@@ -214,7 +214,7 @@ def test_plan_cli_json_carries_marginal_values_and_costs(tmp_path: Path,
 def test_gradient_size_from_the_model_parameters_when_gradient_mib_is_unset() -> None:
     from dataclasses import fields, replace
 
-    from hetero_operator.planning import gradient_bytes
+    from hetero_operator.planning.plan import gradient_bytes
     job = _job()
     assert gradient_bytes(job) == 0 and gradient_bytes(_job(gradientMiB=3)) == 3 * 2**20
     if "model_parameters" not in {f.name for f in fields(job.training)}:

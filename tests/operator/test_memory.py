@@ -5,10 +5,14 @@ from __future__ import annotations
 import pytest
 from builders import job_manifest, make_job, make_node
 
-from hetero_operator import memory, model, planning
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
-from hetero_operator.spec import SpecError, parse_job
+from hetero_operator.api import memoryplan, quantities
+from hetero_operator.api import types as model
+from hetero_operator.api.errors import SpecError
+from hetero_operator.api.spec import parse_job
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning import memory
+from hetero_operator.planning import plan as planning
+from hetero_operator.planning.plan import plan_job
 
 A100_80 = "NVIDIA-A100-SXM4-80GB"
 MIB = 2**20
@@ -38,7 +42,7 @@ def job(parameters, *, sharding="Auto", optimizer=None, act=None, ckpt=None, bat
 @pytest.fixture
 def all_modes(monkeypatch):
     """Plan as if the worker ran every mode (the mode choice itself, independent of what is built)."""
-    monkeypatch.setattr(planning, "WORKER_SHARDINGS", memory.MODES)
+    monkeypatch.setattr(planning, "WORKER_SHARDINGS", memoryplan.MODES)
 
 
 def plan(j) -> model.Plan | model.Unschedulable:
@@ -51,15 +55,15 @@ def plan(j) -> model.Plan | model.Unschedulable:
     ("1.3G", False, 1_300_000_000), ("1300M", False, 1_300_000_000), (7, False, 7),
     ("48Mi", True, 48 * MIB), ("1.5Gi", True, 3 * 2**29), ("2k", True, 2000), (".5k", False, 500)])
 def test_quantities_are_exact(text, binary, value) -> None:
-    assert memory.parse_quantity(text, binary=binary) == value
+    assert quantities.parse_quantity(text, binary=binary) == value
 
 
 @pytest.mark.parametrize(("text", "binary", "words"), [
     ("1.3", False, "whole number"), ("48Mi", False, "decimal suffix"), ("-1", True, "quantity"),
     (1.5, True, "integer or a quantity"), (True, True, "integer or a quantity"), ("1.5x", True, "quantity")])
 def test_quantities_refused(text, binary, words) -> None:
-    with pytest.raises(memory.QuantityError, match=words):
-        memory.parse_quantity(text, binary=binary)
+    with pytest.raises(quantities.QuantityError, match=words):
+        quantities.parse_quantity(text, binary=binary)
 
 
 def test_state_bytes_per_parameter_by_optimizer_and_precision() -> None:
@@ -182,16 +186,16 @@ def test_only_modes_the_worker_runs_are_planned() -> None:
     assert planning.WORKER_SHARDINGS == ("None", "Group", "Full")
     p = plan(job("1.15G", precision="FP32"))
     assert isinstance(p, model.Plan) and p.memory.mode == "Group"  # Group moves less across types
-    p = plan(job("6G", precision="FP32"))  # only Full fits (hetero_worker.fullshard)
+    p = plan(job("6G", precision="FP32"))  # only Full fits (hetero_worker.memory.full)
     assert isinstance(p, model.Plan) and p.memory.mode == "Full"
 
 
 def test_full_sharding_env_carries_every_ranks_share() -> None:
     """Full: shares proportional to usable memory (A100 75.0 GiB, 4x T4 13.25 GiB; largest
     remainders), rendered job-wide as HTJ_SHARD_PPM and parsed back by the worker's contract."""
-    from hetero_worker import contract as c
-
-    from hetero_operator.envrender import render_rank_envs
+    from hetero_operator.render.env import render_rank_envs
+    from heterotrain_common import contract as c
+    from heterotrain_common import envnames, envread
 
     j = job("6G", precision="FP32")
     p = plan(j)
@@ -217,7 +221,7 @@ def test_group_sharding_refused_where_the_worker_lacks_fp16_or_rebalancing() -> 
     assert isinstance(result, model.Unschedulable)
     assert ("Group: fits, but Group sharding with fp16 is not built yet (Tesla-T4 would run fp16 "
             "under precision Auto): set spec.training.precision to FP32 or BF16") in result.message
-    # Group checkpoints are sharded (hetero_worker.shardckpt, torch.distributed.checkpoint).
+    # Group checkpoints are sharded (hetero_worker.ckpt.sharded, torch.distributed.checkpoint).
     result = plan(job("1.15G", precision="FP32", checkpoint={"path": "/ckpt"}, sharding="Group"))
     assert isinstance(result, model.Plan) and result.memory.mode == "Group"
     j = job("1.15G", sharding="Group")
@@ -231,10 +235,10 @@ def test_group_sharding_refused_where_the_worker_lacks_fp16_or_rebalancing() -> 
 
 
 def test_pure_choice_prefers_the_cheaper_mode_by_the_link_model() -> None:
-    slots = [memory.RankSlot(rank=r, group=0 if r < 2 else 1, node="a" if r < 2 else "b",
+    slots = [memoryplan.RankSlot(rank=r, group=0 if r < 2 else 1, node="a" if r < 2 else "b",
                              gpu_type="X" if r < 2 else "Y", memory_mib=16384, precision="bf16",
                              local_batch=4) for r in range(4)]
-    m = memory.ModelMemory(parameters=1_000_000_000, optimizer="AdamW")  # 16 GB: no card holds it
+    m = memoryplan.ModelMemory(parameters=1_000_000_000, optimizer="AdamW")  # 16 GB: no card holds it
     chosen = memory.plan_memory(slots, m, "Auto", reserve_mib=1024, cross_gbps=10.0)
     assert chosen.mode == "Group"
     group = chosen.options[1]
@@ -245,15 +249,15 @@ def test_pure_choice_prefers_the_cheaper_mode_by_the_link_model() -> None:
 
 
 def test_envrender_carries_the_memory_decision(all_modes) -> None:
-    from hetero_worker import contract as c
-
-    from hetero_operator.envrender import render_rank_envs
+    from hetero_operator.render.env import render_rank_envs
+    from heterotrain_common import contract as c
+    from heterotrain_common import envnames, envread
 
     j = job("1.15G", act="1Gi", batch=512)
     p = plan(j)
     envs = render_rank_envs(p, j, master_addr="127.0.0.1", master_port=29500, simulated=True)
     t4 = envs[1]
-    assert {k: t4[k] for k in c.MEMORY_VARS if k in t4} == {
+    assert {k: t4[k] for k in envnames.MEMORY_VARS if k in t4} == {
         "HTJ_SHARDING": "group", "HTJ_MICRO_BATCH_SIZE": "8", "HTJ_MEMORY_CAP_BYTES": str(T4_USABLE)}
     parsed = c.parse_contract(t4)
     assert (parsed.sharding, parsed.micro_batch_size, parsed.activation_checkpointing,
@@ -261,26 +265,27 @@ def test_envrender_carries_the_memory_decision(all_modes) -> None:
     # no model in the spec: none of the memory variables
     j0 = make_job(ranks=5, global_batch=64, gpus={"selection": "All"})
     envs0 = render_rank_envs(plan(j0), j0, master_addr="h", master_port=1, simulated=True)
-    assert not set(envs0[1]) & set(c.MEMORY_VARS)
+    assert not set(envs0[1]) & set(envnames.MEMORY_VARS)
 
 
 @pytest.mark.parametrize(("variable", "value", "needle"), [
     ("HTJ_SHARDING", "zero3", "none, group, full"), ("HTJ_MICRO_BATCH_SIZE", "-1", ">= 0"),
     ("HTJ_ACTIVATION_CHECKPOINTING", "yes", "0 or 1"), ("HTJ_MEMORY_CAP_BYTES", "1e9", "integer")])
 def test_memory_variables_refused_by_name(variable, value, needle) -> None:
-    from hetero_worker import contract as c
+    from heterotrain_common import contract as c
+    from heterotrain_common import envnames, envread
 
-    with pytest.raises(c.ContractError) as err:
-        c.memory_settings({variable: value})
+    with pytest.raises(envread.ContractError) as err:
+        envread.memory_settings({variable: value})
     assert err.value.variable == variable and needle in str(err.value)
 
 
 def test_memory_variables_survive_the_pod_form(all_modes) -> None:
     """The operator sends local rank 0's env as the pod form; every local rank gets the group's
     memory settings back (they are per group, not per rank)."""
-    from hetero_worker import contract as c
-
-    from hetero_operator.envrender import render_rank_envs
+    from hetero_operator.render.env import render_rank_envs
+    from heterotrain_common import contract as c
+    from heterotrain_common import envnames, envread
 
     j = job("1.15G", act="1Gi", batch=512)
     envs = render_rank_envs(plan(j), j, master_addr="svc", master_port=29500, simulated=False)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hetero_operator import nodeindex
-from hetero_operator.inventory import build_inventory
-from hetero_operator.runner import trim_node
+from hetero_operator.cluster import nodeindex
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.cluster.nodeindex import trim_node
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from bench_plan import synthetic_cluster  # noqa: E402
@@ -65,7 +65,7 @@ def test_only_replaced_node_values_are_read_again_when_pods_did_not_change(count
 
 
 def gpu_pod(pod: dict) -> list:
-    from hetero_operator.runner import gpu_pod_entry
+    from hetero_operator.cluster.nodeindex import gpu_pod_entry
     entry = gpu_pod_entry(pod)
     return list(entry.values()) if entry else []
 
@@ -80,8 +80,8 @@ def test_unchanged_node_keeps_its_value_in_a_kopf_store() -> None:
 
 
 def test_our_pod_counts_on_its_pinned_node_before_it_is_bound() -> None:
-    from hetero_operator.rendering import LABEL_MANAGED_BY, MANAGED_BY
-    from hetero_operator.runner import gpu_pod_entry
+    from hetero_operator.api.labels import LABEL_MANAGED_BY, MANAGED_BY
+    from hetero_operator.cluster.nodeindex import gpu_pod_entry
 
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In",
@@ -101,7 +101,7 @@ def test_our_pod_counts_on_its_pinned_node_before_it_is_bound() -> None:
 def test_a_dra_pod_with_resource_claims_is_not_a_gpu_pod_entry_and_does_not_crash() -> None:
     """A container's ``resources.claims`` (DRA) is a list of names, not a resource map: the pod
     index function met it on DRA nodes and raised AttributeError on every event."""
-    from hetero_operator.runner import gpu_pod_entry
+    from hetero_operator.cluster.nodeindex import gpu_pod_entry
     pod = {"metadata": {"name": "p", "namespace": "ns", "labels": {}},
            "spec": {"nodeName": "node-a", "containers": [
                {"name": "worker", "resources": {"claims": [{"name": "gpus"}]}}]},

@@ -28,8 +28,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.harness import NODES, PODS, Cluster, load_nodes  # noqa: E402
 
-from hetero_operator import conditions as c  # noqa: E402
-from hetero_operator.config import OperatorConfig  # noqa: E402
+from hetero_operator.api import conditions as c  # noqa: E402
+from hetero_operator.api.settings import OperatorConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,

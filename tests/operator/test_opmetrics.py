@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from hetero_operator.opmetrics import OperatorMetrics
+from hetero_operator.controller.metrics import OperatorMetrics
 
 
 def _value(m: OperatorMetrics, name: str, labels: dict[str, str] | None = None) -> float | None:

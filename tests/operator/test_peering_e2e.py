@@ -27,8 +27,8 @@ from k8s.fakeapi import HTJ, PEERINGS  # noqa: E402
 from k8s.harness import Cluster, load_nodes  # noqa: E402
 from test_e2e import script  # noqa: E402
 
-from hetero_operator import runner  # noqa: E402
-from hetero_operator.config import OperatorConfig  # noqa: E402
+from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from hetero_operator.controller import runner  # noqa: E402
 
 PODS = ("", "v1", "pods")
 BASE = dict(peering="heterotrain", metrics_port=0, health_port=0, simulate_devices=True,
@@ -42,7 +42,7 @@ class Replica:
     """One operator process (kopf in its own thread and event loop), as one pod of the Deployment."""
 
     def __init__(self, cluster: Cluster, priority: int) -> None:
-        import hetero_operator.main  # noqa: F401 - registers the handlers
+        import hetero_operator.controller.main  # noqa: F401 - registers the handlers
 
         self.config = OperatorConfig(**BASE, peering_priority=priority)
         self.memo = runner.make_memo(self.config, metrics_url=cluster.kubelet.metrics_url)

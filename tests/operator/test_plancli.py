@@ -12,7 +12,7 @@ import pytest
 import yaml
 from builders import job_manifest, make_node
 
-from hetero_operator.cli import main
+from hetero_operator.local.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = str(ROOT / "examples" / "digits.yaml")
@@ -141,7 +141,7 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.Capture
 
 @pytest.mark.timeout(60)
 def test_module_entry_point_as_a_subprocess() -> None:
-    proc = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", DIGITS, "--nodes", MIXED,
+    proc = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "plan", DIGITS, "--nodes", MIXED,
                            "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["world_size"] == 4
@@ -181,7 +181,7 @@ def test_a_closed_pipe_ends_quietly_with_141(output: str, tmp_path: Path) -> Non
     nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
         make_node(f"cordoned-node-with-a-long-name-{i}", product="Tesla-T4", cc="7.5", unschedulable=True)
         for i in range(300)] + [make_node("a100")]}))
-    proc = subprocess.Popen([sys.executable, "-m", "hetero_operator.cli", "plan", DIGITS, "--nodes", str(nodes),
+    proc = subprocess.Popen([sys.executable, "-m", "hetero_operator.local.cli", "plan", DIGITS, "--nodes", str(nodes),
                              "-o", output], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.read(1)
@@ -192,7 +192,7 @@ def test_a_closed_pipe_ends_quietly_with_141(output: str, tmp_path: Path) -> Non
 
 
 def test_unknown_fields_come_from_the_crd_schema() -> None:
-    from hetero_operator.knownfields import crd_schema, unknown_fields
+    from hetero_operator.api.strictfields import crd_schema, unknown_fields
 
     schema = yaml.safe_load((ROOT / "crds" / "heterotrainingjobs.heterotrain.io.yaml").read_text())
     assert crd_schema() == schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -9,9 +9,11 @@ from builders import make_job, make_node, make_pod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetero_operator import model
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import is_consumer_gpu, plan_job, precision_for
+from hetero_operator.api import types as model
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.eligibility import precision_for
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.planning.pools import is_consumer_gpu
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -8,11 +8,12 @@ from builders import make_job, make_node
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetero_operator.envrender import render_rank_envs
-from hetero_operator.inventory import build_inventory
-from hetero_operator.planning import plan_job
-from hetero_operator.progress import parse_progress, progress_status
-from hetero_worker import contract as c
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.controller.progress import parse_progress, progress_status
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render.env import render_rank_envs
+from heterotrain_common import contract as c
+from heterotrain_common import envnames
 
 NODES = [make_node("node-a"), make_node("node-b", product="Tesla-T4", count=2, cc="7.5",
                                         memory_mib=15360, driver="570.124.06", runtime="12.8")]
@@ -26,12 +27,12 @@ def _envs(training: dict) -> list[dict[str, str]]:
 
 def test_an_absolute_prediction_reaches_every_rank() -> None:
     envs = _envs({"referenceSamplesPerSecond": 1000})
-    assert {e[c.PREDICTED_SAMPLES_PER_S] for e in envs} == {"1333.333333"}  # rounded to 1e-6
+    assert {e[envnames.PREDICTED_SAMPLES_PER_S] for e in envs} == {"1333.333333"}  # rounded to 1e-6
     assert c.parse_contract(envs[0]).predicted_samples_per_s == pytest.approx(64 / 0.048)
 
 
 def test_no_absolute_figure_no_prediction_variable() -> None:
-    assert all(c.PREDICTED_SAMPLES_PER_S not in e for e in _envs({}))
+    assert all(envnames.PREDICTED_SAMPLES_PER_S not in e for e in _envs({}))
 
 
 def test_status_progress_carries_rank0s_prediction_ratio() -> None:

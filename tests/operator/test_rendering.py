@@ -14,13 +14,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hetero_operator import rendering
-from hetero_operator.envrender import render_rank_envs
-from hetero_operator.inventory import build_inventory
-from hetero_operator.model import Plan
-from hetero_operator.planning import plan_job
-from hetero_operator.spec import JobSpec, parse_job
-from hetero_worker import contract
+from hetero_operator.api import labels
+from hetero_operator.api.spec import JobSpec, parse_job
+from hetero_operator.api.types import Plan
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render import pods as rendering
+from hetero_operator.render.env import render_rank_envs
+from heterotrain_common import contract
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = REPO / "tests" / "fixtures" / "cases"
@@ -86,7 +87,7 @@ def test_master_addr_is_one_namespaced_service_name_on_every_pod() -> None:
         "heterotrain.io/job-name": "digits", "app.kubernetes.io/managed-by": "heterotrain-operator"}}
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
-    assert all(rendering.selector("digits").items() <= p["metadata"]["labels"].items() for p in pods)
+    assert all(labels.selector("digits").items() <= p["metadata"]["labels"].items() for p in pods)
 
 
 def test_world_size_counts_training_ranks_and_ranks_expand_to_0_to_3() -> None:
@@ -206,7 +207,6 @@ def test_rendered_objects_validate_against_kubernetes_schemas(kind: str) -> None
         kubernetes_validate.validate(json.loads(json.dumps(obj)), K8S_VERSION, strict=True)
 
 
-
 def test_every_local_rank_gets_a_named_metrics_port() -> None:
     """The chart's PodMonitor keeps ports named ``metrics(-N)?``; the T4 pod hosts two ranks."""
     job = _job()
@@ -287,7 +287,7 @@ def test_network_policy_selects_exactly_the_jobs_pods_and_admits_only_them_and_m
     assert (policy["metadata"]["name"], policy["metadata"]["namespace"]) == ("digits", "train")
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     other = copy.deepcopy(pods[0])  # a pod of another job, "digits-2", in the same namespace
-    other["metadata"]["labels"][rendering.LABEL_JOB] = "digits-2"
+    other["metadata"]["labels"][labels.LABEL_JOB] = "digits-2"
     stranger = {"metadata": {"labels": {"app": "web"}}}
     selector = policy["spec"]["podSelector"]
     assert [_selects(selector, p["metadata"]["labels"]) for p in pods] == [True, True, True]
@@ -312,4 +312,4 @@ def test_network_policy_without_metrics_admits_only_the_job() -> None:
     job = _job(worker={"metricsPort": 0})
     plan, pods = _render(job, _mixed_nodes())
     policy = rendering.render_network_policy(job, plan, metrics_namespaces=["monitoring"])
-    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": rendering.selector(job.name)}}]}]
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": labels.selector(job.name)}}]}]

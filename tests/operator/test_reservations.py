@@ -1,8 +1,8 @@
-"""Holds of planned pods until the pod index shows them (``hetero_operator.reservations``)."""
+"""Holds of planned pods until the pod index shows them (``hetero_operator.controller.reservations``)."""
 
 from __future__ import annotations
 
-from hetero_operator.reservations import Reservations
+from hetero_operator.controller.reservations import Reservations
 
 
 def _pod(name: str, ns: str = "team-x") -> dict:

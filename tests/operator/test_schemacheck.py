@@ -12,7 +12,7 @@ import pytest
 import yaml
 from k8s import crdcheck
 
-from hetero_operator import runner, schemacheck
+from hetero_operator.controller import runner, schemacheck
 
 CASE_27 = Path(__file__).resolve().parent.parent / "fixtures" / "cases" / "27-helm-upgrade-leaves-old-crd.yaml"
 

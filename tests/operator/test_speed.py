@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_operator.speed import (GPU_MODELS, base_speed, effective_speed, lookup_model, memory_from_name,
-                                   normalise_product)
+from hetero_operator.cluster.gputable import (GPU_MODELS, base_speed, effective_speed, lookup_model,
+                                              memory_from_name, normalise_product)
 
 
 @pytest.mark.parametrize(("product", "model", "cc"), [

@@ -16,9 +16,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from hetero_worker.contract import parse_contract
 from hetero_worker.metrics import WorkerMetrics
-from hetero_worker.shutdown import leave_process_group
+from hetero_worker.runtime.shutdown import leave_process_group
+from heterotrain_common.contract import parse_contract
 
 
 def main(stop_file: str, step_sleep_s: float, max_s: float) -> int:

@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hetero_worker import contract as c
-from hetero_worker import procs
-
 from prom.prometheus_server import free_port
 from waiting import wait_until
+
+from heterotrain_common import contract as c
+from heterotrain_common import envnames, procs
 
 WORKER_SCRIPT = Path(__file__).with_name("ddp_metrics_worker.py")
 
@@ -84,13 +84,13 @@ class MetricsRun:
         self.stop_file = self.workdir / "stop"
         self.step_sleep_s = step_sleep_s
         self.max_s = max_s
-        self.targets = [f"127.0.0.1:{e[c.METRICS_PORT]}" for e in self.envs]
+        self.targets = [f"127.0.0.1:{e[envnames.METRICS_PORT]}" for e in self.envs]
         self.gang: procs.Gang | None = None
         self.logs = [self.workdir / f"rank-{i}.log" for i in range(len(self.envs))]
 
     def __enter__(self) -> MetricsRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        base = {k: v for k, v in os.environ.items() if k not in c.REQUIRED_VARS}
+        base = {k: v for k, v in os.environ.items() if k not in envnames.REQUIRED_VARS}
         envs = [{**base, **e, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"} for e in self.envs]
         files = [procs.open_log(p) for p in self.logs]
         try:
@@ -159,7 +159,7 @@ class EmbeddedRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hetero_operator.cli", "run", str(self.job), "--workdir",
+                [sys.executable, "-m", "hetero_operator.local.cli", "run", str(self.job), "--workdir",
                  str(self.workdir), *self.extra_args], cwd=self.cwd, stdout=out,
                 stderr=subprocess.STDOUT)
         targets_file = self.workdir / "targets.json"

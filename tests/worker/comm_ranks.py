@@ -45,7 +45,7 @@ def _spy() -> None:
 
 def trainer_run() -> tuple[object, dict]:
     from hetero_worker import trainer as ht
-    from hetero_worker.stealing import MicroBatchDispenser, default_store
+    from hetero_worker.speed.stealing import MicroBatchDispenser, default_store
     t = ht.init(sync_mode="hook")
     torch.manual_seed(3)
     model = t.wrap(torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(),
@@ -76,10 +76,10 @@ def trainer_run() -> tuple[object, dict]:
 
 
 def planned_as_cuda(t) -> dict:  # type: ignore[no-untyped-def]
-    from hetero_worker.commplan import plan_communicators
-    from hetero_worker.contract import HIERARCHIES
-    from hetero_worker.groups import build_process_groups, hierarchical_all_reduce_
-    from hetero_worker.topology import build_layout
+    from hetero_worker.comm.commplan import plan_communicators
+    from hetero_worker.comm.groups import build_process_groups, hierarchical_all_reduce_
+    from heterotrain_common.envnames import HIERARCHIES
+    from heterotrain_common.topology import build_layout
     as_cuda = [dataclasses.replace(r, on_cuda=True) for r in t.comm_ranks]
     out = {}
     for mode in HIERARCHIES:

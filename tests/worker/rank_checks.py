@@ -17,15 +17,14 @@ import sys
 
 import torch
 import torch.distributed as dist
+from rank_main import run_and_write
 from torch.nn.parallel import DistributedDataParallel
 
 from hetero_worker import trainer as ht
-from rank_main import run_and_write
-from hetero_worker.groups import build_process_groups, hierarchical_all_reduce_
+from hetero_worker.comm.groups import build_process_groups, hierarchical_all_reduce_
+from hetero_worker.comm.sync import WeightedGradSync
 from hetero_worker.precision import AgreeingGradScaler
-from hetero_worker.sync import WeightedGradSync
-from hetero_worker.topology import build_layout, layout_from_node_sizes
-
+from heterotrain_common.topology import build_layout, layout_from_node_sizes
 
 
 def case16(t: ht.Trainer) -> dict:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetero_worker.simulate import free_port, local_rank_envs, simulated_cluster
+from hetero_worker.runtime.simulation import free_port, local_rank_envs, simulated_cluster
 
 HERE = Path(__file__).parent
 RANK_CHECKS = HERE / "rank_checks.py"

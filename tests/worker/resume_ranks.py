@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hetero_worker import speed
 from hetero_worker import trainer as ht
-from hetero_worker.compression import CompressionConfig
+from hetero_worker.speed import controller as speed
+from hetero_worker.speed.codecs import CompressionConfig
 
 
 def make_model(scenario: str, layers: list[int], seed: int) -> torch.nn.Module:

@@ -21,13 +21,13 @@ import torch
 import torch.distributed as dist
 
 from hetero_worker import trainer as ht
-from hetero_worker.compression import CompressionConfig, MODES, theoretical_bytes
-from hetero_worker.groups import build_process_groups
-from hetero_worker.rebalance import RebalanceConfig
-from hetero_worker.speed import CodecReducer, SpeedConfig, attach
-from hetero_worker.stealing import MicroBatchDispenser, default_store, steal_step
-from hetero_worker.sync import WeightedGradSync
-from hetero_worker.topology import build_layout
+from hetero_worker.comm.groups import build_process_groups
+from hetero_worker.comm.sync import WeightedGradSync
+from hetero_worker.speed.codecs import MODES, CompressionConfig, theoretical_bytes
+from hetero_worker.speed.controller import CodecReducer, SpeedConfig, attach
+from hetero_worker.speed.rebalance import RebalanceConfig
+from hetero_worker.speed.stealing import MicroBatchDispenser, default_store, steal_step
+from heterotrain_common.topology import build_layout
 
 CODEC_STEPS = 150
 CODEC_BATCH = 16
@@ -109,7 +109,7 @@ def stealing_check(rank: int) -> dict:
 
 def int8_pieces(groups) -> dict:
     """Pipelined pieces give the same sum as one piece; the sum equals the decoded inputs' sum."""
-    from hetero_worker.compression import Int8Compression, dequantize_int8, quantize_int8
+    from hetero_worker.speed.int8 import Int8Compression, dequantize_int8, quantize_int8
     if groups.leaders is None:
         return {}
     g = torch.Generator().manual_seed(20 + groups.rank)
@@ -127,7 +127,7 @@ def int8_pieces(groups) -> dict:
 
 def trainer_stealing(t: ht.Trainer) -> dict:
     """Two work-stealing steps through the trainer (sampler order, hierarchical reduction)."""
-    from hetero_worker.stealing import trainer_steal_step
+    from hetero_worker.speed.stealing import trainer_steal_step
     torch.manual_seed(3)
     model = t.wrap(torch.nn.Linear(5, 2).double())
     g = torch.Generator().manual_seed(9)
@@ -207,7 +207,7 @@ def spawn(scenario: str, out: Path, *, speeds: list[float], batches: list[int],
     """
     from rankproc import assert_ok, read_rank_json, run_ranks
 
-    from hetero_worker.simulate import free_port, local_rank_envs, simulated_cluster
+    from hetero_worker.runtime.simulation import free_port, local_rank_envs, simulated_cluster
     products = [("NVIDIA-A100-SXM4-40GB" if s >= 1 else "Tesla-T4", "8.0" if s >= 1 else "7.5", s)
                 for s in speeds]
     entries, profiles = simulated_cluster(products=products, nodes=nodes, local_batches=batches)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hetero_worker import checkpoint
 from epoch_checks import assert_every_sample_once
 from rankproc import assert_ok, mixed_cluster_envs, run_ranks
+
+from hetero_worker.ckpt import checkpoint, files
 
 HERE = Path(__file__).parent
 SAMPLES = 108  # 6 steps of a global batch of 18, no remainder
@@ -47,7 +47,7 @@ def kill_and_resume(tmp_path: Path, before: list[int], after: list[int], *,
                       mixed_cluster_envs(before, checkpoint_dir=str(ckpt)), timeout_s=120)
     assert runs1[killed].returncode == -9, "the last rank was not killed"
     assert all(r.returncode != 0 for r in runs1), "a rank finished although a peer was killed"
-    assert checkpoint.load_file(ckpt / "checkpoint.pt")["step"] == 2
+    assert files.load_file(ckpt / "checkpoint.pt")["step"] == 2
     runs2 = run_ranks(cmd(out2, "--checkpoint-every", "2", "--compression", compression),
                       mixed_cluster_envs(after, checkpoint_dir=str(ckpt)), timeout_s=120)
     assert_ok(runs2)
@@ -93,7 +93,7 @@ def test_rank_that_cannot_read_the_checkpoint_stops_every_rank(tmp_path: Path) -
     checkpoint.save_checkpoint(shared, step=4, model=model,
                                optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                plan={"world_size": 3})
-    saved_id = checkpoint.load_file(shared / "checkpoint.pt")["checkpoint_id"]
+    saved_id = files.load_file(shared / "checkpoint.pt")["checkpoint_id"]
     empty.mkdir()
     broken.mkdir()
     (broken / "checkpoint.pt").write_bytes(b"not a checkpoint")

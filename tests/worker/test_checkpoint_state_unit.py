@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hetero_worker import checkpoint
-from hetero_worker.agreement import Finding, ResumeDisagreement, disagreement_message
-from hetero_worker.compression import Int8Compression
-from hetero_worker.powersgd import PowerSGDCompression
+from hetero_worker.ckpt import checkpoint, files
+from hetero_worker.ckpt.agreement import Finding, ResumeDisagreement, disagreement_message
 from hetero_worker.precision import AgreeingGradScaler
+from hetero_worker.speed.int8 import Int8Compression
+from hetero_worker.speed.powersgd import PowerSGDCompression
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,9 +139,9 @@ def test_new_plan_gets_fresh_rng_not_an_old_ranks(tmp_path: Path) -> None:
                                        seed=9)
     assert state is not None and not state["resumed_same_plan"]
     fresh = torch.rand(4)
-    checkpoint.fresh_rng(9, 5, 0)
+    files.fresh_rng(9, 5, 0)
     assert torch.equal(torch.rand(4), fresh) and not torch.equal(fresh, saved_draw)
-    checkpoint.fresh_rng(9, 5, 1)
+    files.fresh_rng(9, 5, 1)
     assert not torch.equal(torch.rand(4), fresh)  # another rank, another stream
 
 
@@ -180,7 +180,7 @@ def test_no_unsafe_torch_load_in_the_repository() -> None:
 
 
 def test_finding_records_round_trip_and_fit_their_size() -> None:
-    from hetero_worker.agreement import FINDING_BYTES, decode_finding, encode_finding
+    from hetero_worker.ckpt.agreement import FINDING_BYTES, decode_finding, encode_finding
     long = Finding(rank=3, path="/v/" + "d" * 2000 + "/checkpoint.pt", error="E: " + "x" * 2000)
     record = encode_finding(long)
     assert len(record) <= FINDING_BYTES

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetero_worker import checkpoint
+from hetero_worker.ckpt import checkpoint, files
 from hetero_worker.sampler import HeteroBatchSampler
 
 
@@ -18,9 +18,9 @@ class Boom:
 
 def test_failed_write_keeps_the_previous_file_and_leaves_no_temp(tmp_path: Path) -> None:
     path = tmp_path / "checkpoint.pt"
-    checkpoint.save_atomic({"step": 1}, path)
+    files.save_atomic({"step": 1}, path)
     with pytest.raises(RuntimeError, match="disk full"):
-        checkpoint.save_atomic({"step": 2, "x": Boom()}, path)
+        files.save_atomic({"step": 2, "x": Boom()}, path)
     assert torch.load(path)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
 

@@ -7,11 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from rankproc import assert_ok, mixed_cluster_envs, read_rank_json, run_ranks
 
-from hetero_worker.commplan import CommRank, rule_violations
-from hetero_worker.contract import HIERARCHIES
+from hetero_worker.comm.commplan import CommRank, rule_violations
+from heterotrain_common.envnames import HIERARCHIES
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 SCRIPT = Path(__file__).parent / "comm_ranks.py"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_worker.commplan import (CommRank, comm_ranks, nccl_verdict, plan_communicators,
-                                    rule_violations)
-from hetero_worker.contract import HIERARCHIES, RankEntry
-from hetero_worker.topology import build_layout
+from hetero_worker.comm.commplan import (CommRank, comm_ranks, nccl_verdict, plan_communicators,
+                                         rule_violations)
+from heterotrain_common.contract import RankEntry
+from heterotrain_common.envnames import HIERARCHIES
+from heterotrain_common.topology import build_layout
 
 BUILD = "2.13.0+cu128/nccl-2.27.5"
 MIG1 = "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"

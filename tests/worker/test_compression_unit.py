@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hetero_worker.compression import (CompressionConfig, dequantize_int8, quantize_int8,
-                                       ring_allgather_bytes, ring_allreduce_bytes,
-                                       theoretical_bytes)
-from hetero_worker.powersgd import compressible, orthonormalize_, powersgd_payload_elems
+from hetero_worker.speed.codec import ring_allgather_bytes, ring_allreduce_bytes
+from hetero_worker.speed.codecs import CompressionConfig, theoretical_bytes
+from hetero_worker.speed.int8 import dequantize_int8, quantize_int8
+from hetero_worker.speed.powersgd import compressible, orthonormalize_, powersgd_payload_elems
 
 
 def test_int8_round_trip_error_is_at_most_half_a_step():

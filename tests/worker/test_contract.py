@@ -2,7 +2,8 @@
 
 import pytest
 
-from hetero_worker import contract as c
+from heterotrain_common import contract as c
+from heterotrain_common import envnames, envread
 
 
 def _contract(**over):
@@ -23,7 +24,7 @@ def _contract(**over):
 
 def test_rank_env_has_exactly_the_contract_variables():
     env = c.render_rank_env(_contract())
-    assert set(env) == set(c.REQUIRED_VARS) | set(c.OPTIONAL_VARS)
+    assert set(env) == set(envnames.REQUIRED_VARS) | set(envnames.OPTIONAL_VARS)
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3" and env["HTJ_LOCAL_BATCH_SIZE"] == "5"
 
 
@@ -61,7 +62,7 @@ def test_pod_form_expands_to_each_rank():
 def test_malformed_variable_names_itself(variable, value, needle):
     env = c.render_rank_env(_contract())
     env[variable] = value
-    with pytest.raises(c.ContractError) as err:
+    with pytest.raises(envread.ContractError) as err:
         c.parse_contract(env)
     named = "HTJ_TOPOLOGY" if variable == "WORLD_SIZE" else variable
     assert err.value.variable == named
@@ -75,14 +76,14 @@ def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
                       compression="int8", powersgd_rank=8, rebalance_interval_steps=3,
                       profile_steps=(20, 25), predicted_samples_per_s=812.5)
     env = c.render_rank_env(knobs)
-    assert {k: env[k] for k in c.KNOB_VARS} == {"HTJ_SIM_DELAY_PER_SAMPLE_S": "0.0125",
+    assert {k: env[k] for k in envnames.KNOB_VARS} == {"HTJ_SIM_DELAY_PER_SAMPLE_S": "0.0125",
                                                 "HTJ_RENDEZVOUS_TIMEOUT_S": "42.0",
                                                 "HTJ_RUN_DIR": "/runs/x",
                                                 "HTJ_PROFILE_STEPS": "20-25",
                                                 "HTJ_PREDICTED_SAMPLES_PER_S": "812.5"}
     assert c.parse_contract(env) == knobs
     # defaults are not rendered (the operator's pods carry exactly the contract)
-    assert not set(c.render_rank_env(_contract())) & set(c.KNOB_VARS)
+    assert not set(c.render_rank_env(_contract())) & set(envnames.KNOB_VARS)
 
 
 @pytest.mark.parametrize(("variable", "value", "needle"), [
@@ -99,7 +100,7 @@ def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
 ])
 def test_malformed_knob_names_itself(variable, value, needle):
     env = dict(c.render_rank_env(_contract()), **{variable: value})
-    with pytest.raises(c.ContractError, match=needle) as err:
+    with pytest.raises(envread.ContractError, match=needle) as err:
         c.parse_contract(env)
     assert err.value.variable == variable
 
@@ -123,14 +124,14 @@ def test_no_worker_module_spells_an_htj_name_outside_the_contract():
         names = literal.findall(path.read_text())
         if names:
             found[str(path.relative_to(root))] = names
-    assert found == {}, "define HTJ_* names (and their parsing) in hetero_worker/contract.py"
+    assert found == {}, "define HTJ_* names (and their parsing) in heterotrain_common/contract.py"
 
 
 def test_modules_read_their_knobs_from_the_parsed_contract_not_os_environ(monkeypatch, tmp_path):
     """What init(environ=...) parsed wins over the process environment everywhere."""
-    from hetero_worker.compression import CompressionConfig
     from hetero_worker.metrics import WorkerMetrics
-    from hetero_worker.speed import SpeedConfig
+    from hetero_worker.speed.codecs import CompressionConfig
+    from hetero_worker.speed.controller import SpeedConfig
 
     for var, value in (("HTJ_COMPRESSION", "fp16"), ("HTJ_POWERSGD_RANK", "2"),
                        ("HTJ_REBALANCE_INTERVAL_STEPS", "9"), ("HTJ_RUN_DIR", "/elsewhere")):
@@ -146,5 +147,5 @@ def test_modules_read_their_knobs_from_the_parsed_contract_not_os_environ(monkey
     assert (tmp_path / "rank-1.json").is_file()
     # the module-level readers take an explicit mapping too and parse through the contract
     assert SpeedConfig.from_env({"HTJ_REBALANCE_INTERVAL_STEPS": "7"}).rebalance.interval_steps == 7
-    with pytest.raises(c.ContractError, match="HTJ_POWERSGD_RANK"):
+    with pytest.raises(envread.ContractError, match="HTJ_POWERSGD_RANK"):
         CompressionConfig.from_env({"HTJ_POWERSGD_RANK": "0"})

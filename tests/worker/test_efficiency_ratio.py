@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hetero_worker.metrics import job_efficiency_ratio
-from hetero_worker.simulate import free_port, local_rank_envs, simulated_cluster
+from hetero_worker.runtime.simulation import free_port, local_rank_envs, simulated_cluster
 
 RANK = """
 import os, sys, torch, torch.nn.functional as F

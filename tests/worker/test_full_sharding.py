@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from rankproc import assert_ok, mixed_cluster_envs, read_rank_json, run_ranks
 from torch import nn
 
-from hetero_worker import contract as c
-from hetero_worker import fullshard, sharding
-from rankproc import assert_ok, mixed_cluster_envs, read_rank_json, run_ranks
+from hetero_worker.memory import full as fullshard
+from hetero_worker.memory import group as sharding
+from heterotrain_common import contract as c
+from heterotrain_common import envnames, envread
 
 FULL_RANKS = Path(__file__).parent / "full_ranks.py"
 TOL = 1e-6
@@ -30,19 +32,19 @@ def test_slice_sizes_follow_the_shares_exactly() -> None:
 
 
 def test_shard_ppm_is_parsed_checked_and_rendered() -> None:
-    assert c.shard_ppm({c.SHARD_PPM: "500000,250000,250000"}) == (500000, 250000, 250000)
-    assert c.shard_ppm({}) == ()
-    with pytest.raises(c.ContractError, match="HTJ_SHARD_PPM.*sum to 1000000"):
-        c.shard_ppm({c.SHARD_PPM: "500000,250000"})
-    with pytest.raises(c.ContractError, match="HTJ_SHARD_PPM.*integers"):
-        c.shard_ppm({c.SHARD_PPM: "5e5,5e5"})
+    assert envread.shard_ppm({envnames.SHARD_PPM: "500000,250000,250000"}) == (500000, 250000, 250000)
+    assert envread.shard_ppm({}) == ()
+    with pytest.raises(envread.ContractError, match="HTJ_SHARD_PPM.*sum to 1000000"):
+        envread.shard_ppm({envnames.SHARD_PPM: "500000,250000"})
+    with pytest.raises(envread.ContractError, match="HTJ_SHARD_PPM.*integers"):
+        envread.shard_ppm({envnames.SHARD_PPM: "5e5,5e5"})
     env = mixed_cluster_envs([2, 5, 8, 4])[1]
-    env.update({c.SHARDING: "full", c.SHARD_PPM: SHARES})
+    env.update({envnames.SHARDING: "full", envnames.SHARD_PPM: SHARES})
     parsed = c.parse_contract(env)
     assert parsed.shard_ppm == (500000, 250000, 125000, 125000)
-    assert c.render_rank_env(parsed)[c.SHARD_PPM] == SHARES
-    env[c.SHARD_PPM] = "500000,500000"
-    with pytest.raises(c.ContractError, match="HTJ_SHARD_PPM.*2 shares for WORLD_SIZE=4"):
+    assert c.render_rank_env(parsed)[envnames.SHARD_PPM] == SHARES
+    env[envnames.SHARD_PPM] = "500000,500000"
+    with pytest.raises(envread.ContractError, match="HTJ_SHARD_PPM.*2 shares for WORLD_SIZE=4"):
         c.parse_contract(env)
 
 
@@ -59,8 +61,8 @@ def test_full_sharding_equals_single_process_and_fits_each_cap(tmp_path: Path) -
     envs = mixed_cluster_envs([2, 5, 8, 4])
     caps = [18432, 9216, 4608, 4608]  # bytes, proportional to the shares
     for r, env in enumerate(envs):
-        env.update({c.SHARDING: "full", c.MICRO_BATCH_SIZE: "3" if r >= 2 else "2",
-                    c.MEMORY_CAP_BYTES: str(caps[r]), c.SHARD_PPM: SHARES})
+        env.update({envnames.SHARDING: "full", envnames.MICRO_BATCH_SIZE: "3" if r >= 2 else "2",
+                    envnames.MEMORY_CAP_BYTES: str(caps[r]), envnames.SHARD_PPM: SHARES})
     runs = run_ranks([sys.executable, str(FULL_RANKS), "--out", str(tmp_path)], envs, timeout_s=180)
     assert_ok(runs)
     facts = read_rank_json(tmp_path, 4)

@@ -1,6 +1,6 @@
 """The device identity each rank exports as ``htj_gpu_info`` (case 30), read through a fake NVML.
 
-The fake answers the pynvml calls :func:`hetero_worker.nvml.device_identity` makes for one node with
+The fake answers the pynvml calls :func:`heterotrain_common.nvml.device_identity` makes for one node with
 a whole A100 (NVML index 0, ``GPU-eeee0000``) and an A100 in MIG mode (index 1, ``GPU-dddd0000``)
 holding one 1g.10gb slice (``MIG-1111``, GPU instance 12), as ``nvidia-smi -L`` would list them.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import types
 
 import pytest
-
-import hetero_worker.contract as c
-from hetero_worker import nvml
-from hetero_worker.metrics import GPU_INFO, WorkerMetrics
 from prom.workload import rank_envs
+
+import heterotrain_common.contract as c
+from hetero_worker.metrics import GPU_INFO, WorkerMetrics
+from heterotrain_common import envnames, nvml
 
 
 class MigNvml(types.SimpleNamespace):
@@ -74,9 +74,9 @@ def mig_nvml():
 def _contract(*, simulated: bool, product: str, local_rank: int = 0) -> c.Contract:
     env = rank_envs(job="job-mig", batches=[8], products=[product], groups=[0],
                     metrics_ports=[0])[0]
-    env[c.DEVICE_PROFILE] = c.DeviceProfile(product=product, compute_capability="8.0",
+    env[envnames.DEVICE_PROFILE] = c.DeviceProfile(product=product, compute_capability="8.0",
                                             simulated=simulated).to_json()
-    env[c.LOCAL_RANK] = str(local_rank)
+    env[envnames.LOCAL_RANK] = str(local_rank)
     return c.parse_contract(env)
 
 

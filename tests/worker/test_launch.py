@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from hetero_worker import contract as c
-from hetero_worker import nvml, procs
-from hetero_worker.launch import LaunchError, _visible_gpus, child_envs
+from hetero_worker.runtime.launch import LaunchError, _visible_gpus, child_envs
+from heterotrain_common import contract as c
+from heterotrain_common import envnames, nvml, procs
 
-LAUNCH = [sys.executable, "-m", "hetero_operator.cli", "launch"]
+LAUNCH = [sys.executable, "-m", "hetero_operator.local.cli", "launch"]
 
 
 def _pod(*, simulated: bool = True, product: str = "Tesla-T4", mig_profile: str = "",
@@ -45,7 +45,7 @@ def _pod(*, simulated: bool = True, product: str = "Tesla-T4", mig_profile: str 
 def test_each_local_rank_gets_exactly_its_rank_form_and_metrics_port():
     pod = _pod(PATH="/bin", HOME="/root")
     envs = child_envs(pod, visible_gpus=None)
-    shared = {k: v for k, v in pod.items() if k != c.FIRST_RANK}
+    shared = {k: v for k, v in pod.items() if k != envnames.FIRST_RANK}
     assert envs == [
         {**shared, "RANK": "1", "LOCAL_RANK": "0", "HTJ_LOCAL_BATCH_SIZE": "3", "HTJ_GROUP_RANK": "0",
          "HTJ_METRICS_PORT": "9480"},
@@ -109,16 +109,16 @@ DUMP_ENV = "import os, json; json.dump(dict(os.environ), open(os.path.join(os.en
 @pytest.mark.timeout(60)
 def test_launch_starts_one_process_per_local_rank_with_its_env(tmp_path: Path):
     pod = {**os.environ, **_pod(), "OUT": str(tmp_path)}
-    pod = {k: v for k, v in pod.items() if k not in c.RANK_ONLY_VARS}
+    pod = {k: v for k, v in pod.items() if k not in envnames.RANK_ONLY_VARS}
     done = subprocess.run([*LAUNCH, "--", sys.executable, "-c", DUMP_ENV], env=pod,
                           capture_output=True, text=True, timeout=50)
     assert done.returncode == 0, done.stderr
     seen = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
     expected = child_envs(pod, visible_gpus=None)
-    contract_vars = set(c.REQUIRED_VARS) | set(c.OPTIONAL_VARS)
+    contract_vars = set(envnames.REQUIRED_VARS) | set(envnames.OPTIONAL_VARS)
     for got, want in zip(seen, expected):
         assert {k: got.get(k) for k in contract_vars} == {k: want[k] for k in contract_vars}
-        assert c.FIRST_RANK not in got and "CUDA_VISIBLE_DEVICES" not in got
+        assert envnames.FIRST_RANK not in got and "CUDA_VISIBLE_DEVICES" not in got
         assert got["PATH"] == pod["PATH"] and got["OUT"] == str(tmp_path)
     assert [s["RANK"] for s in seen] == ["1", "2"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_worker.linkcost import (LinkModel, RankPlace, choose_hierarchy, collective_s,
-                                    partition, predict_modes)
+from heterotrain_common.linkcost import (LinkModel, RankPlace, choose_hierarchy, collective_s,
+                                         partition, predict_modes)
 
 MBIT = 1e6 / 8
 TWO_NODES = [RankPlace(node="a", arch="8.0", group=0), RankPlace(node="a", arch="7.5", group=1),

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from hetero_worker import contract as c
-from hetero_worker.metrics import WorkerMetrics
-
 from prom.workload import rank_envs
+
+from hetero_worker.metrics import WorkerMetrics
+from heterotrain_common import contract as c
+from heterotrain_common import envnames
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
@@ -21,7 +21,7 @@ def _value(m: WorkerMetrics, name: str) -> float | None:
 def test_real_gpu_exports_nvml_and_allocator_gauges():
     env = rank_envs(job="gpu", batches=[4], products=["gpu"],
                     metrics_ports=[0])[0]
-    env[c.DEVICE_PROFILE] = c.DeviceProfile(product="gpu", compute_capability="8.0").to_json()
+    env[envnames.DEVICE_PROFILE] = c.DeviceProfile(product="gpu", compute_capability="8.0").to_json()
     m = WorkerMetrics(c.parse_contract(env), environ={})
     torch.cuda.set_device(0)
     block = torch.ones(1024, 1024, device="cuda")  # 4 MiB held by a tensor

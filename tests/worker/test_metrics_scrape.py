@@ -13,13 +13,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prom.workload import rank_envs
 from prometheus_client.parser import text_string_to_metric_families
 
-from hetero_worker import contract as c
-from hetero_worker import nvml, rundir
 from hetero_worker.metrics import METRIC_NAMES, WorkerMetrics
-
-from prom.workload import rank_envs
+from heterotrain_common import contract as c
+from heterotrain_common import envnames, nvml, rundir
 
 LABELS = {"job", "rank", "group", "gpu_product"}
 DEVICE_FAMILIES = {"htj_gpu_utilization_ratio", "htj_gpu_memory_used_bytes",
@@ -30,7 +29,7 @@ DEVICE_FAMILIES = {"htj_gpu_utilization_ratio", "htj_gpu_memory_used_bytes",
 # three steps; it prints "ready" and serves until its stdin closes.
 WORKER = textwrap.dedent("""
     import os, sys
-    from hetero_worker.contract import parse_contract
+    from heterotrain_common.contract import parse_contract
     from hetero_worker.metrics import WorkerMetrics
     m = WorkerMetrics(parse_contract(os.environ))
     assert m.start_server(addr="127.0.0.1") == int(os.environ["HTJ_METRICS_PORT"])
@@ -55,9 +54,9 @@ def _contract(*, simulated: bool, product: str = "NVIDIA-A100-SXM4-40GB", port: 
               local_rank: int = 1) -> c.Contract:
     env = rank_envs(job="unit", batches=[3, 5], products=["Tesla-T4", product], groups=[0, 1],
                     metrics_ports=[0, port])[1]
-    env[c.DEVICE_PROFILE] = c.DeviceProfile(product=product, compute_capability="8.0",
+    env[envnames.DEVICE_PROFILE] = c.DeviceProfile(product=product, compute_capability="8.0",
                                             simulated=simulated).to_json()
-    env[c.LOCAL_RANK] = str(local_rank)
+    env[envnames.LOCAL_RANK] = str(local_rank)
     return c.parse_contract(env)
 
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hetero_worker import memcap, microbatch
 from rankproc import assert_ok, mixed_cluster_envs, read_rank_json, run_ranks
+
+from hetero_worker.memory import caps as memcap
+from hetero_worker.memory import microbatch
 
 MEMORY_RANKS = Path(__file__).parent / "memory_ranks.py"
 TOL = 1e-6

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hetero_worker.powersgd import PowerSGDCompression, compressible
+from hetero_worker.speed.powersgd import PowerSGDCompression, compressible
 
 
 @pytest.fixture()

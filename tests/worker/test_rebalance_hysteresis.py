@@ -12,7 +12,8 @@ from __future__ import annotations
 import random
 import statistics
 
-from hetero_worker.rebalance import RebalanceConfig, Rebalancer, proportional_split, step_time_s
+from hetero_worker.speed.rebalance import (RebalanceConfig, Rebalancer, proportional_split,
+                                           step_time_s)
 
 MEANS_S = [0.0153, 0.160, 0.168, 0.164]
 PLANNED = [35, 14, 8, 7]  # the plan's split of 64 for A100, V100, T4, T4

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from hetero_worker.rebalance import (RebalanceConfig, Rebalancer, bounded_step, pack_stats,
-                                     proportional_split, unpack_stats)
+from hetero_worker.speed.rebalance import (RebalanceConfig, Rebalancer, bounded_step, pack_stats,
+                                           proportional_split, unpack_stats)
 
 
 @pytest.mark.parametrize(("global_batch", "speeds", "caps", "expected"), [

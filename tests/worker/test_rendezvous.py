@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from rankproc import (RANK_CHECKS, assert_ok, mixed_cluster_envs, read_rank_json, start_rank,
+                      wait_all)
 
-from hetero_worker.contract import ContractError
-from hetero_worker.rendezvous import RendezvousTimeout, timeout_from_env, wait_for_master
-from rankproc import RANK_CHECKS, assert_ok, mixed_cluster_envs, read_rank_json, start_rank, wait_all
+from hetero_worker.runtime.rendezvous import RendezvousTimeout, timeout_from_env, wait_for_master
+from heterotrain_common.envread import ContractError
 
 CASE = Path(__file__).parent.parent / "fixtures" / "cases" / "17-workers-start-before-rank0.yaml"
 

@@ -24,13 +24,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from epoch_checks import assert_every_sample_once
+from rankproc import RankRun, assert_ok, mixed_cluster_envs, run_ranks
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from hetero_worker import agreement, checkpoint, shardckpt
-from epoch_checks import assert_every_sample_once
-from rankproc import RankRun, assert_ok, mixed_cluster_envs, run_ranks
+from hetero_worker.ckpt import agreement, checkpoint, files
+from hetero_worker.ckpt import sharded as shardckpt
 
 HERE = Path(__file__).parent
 SAMPLES = 108  # 6 steps of a global batch of 18
@@ -76,7 +77,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 
 def manifest(ckpt: Path) -> dict:
-    return checkpoint.load_file(ckpt / checkpoint.CHECKPOINT_FILE)  # weights_only=True
+    return files.load_file(ckpt / files.CHECKPOINT_FILE)  # weights_only=True
 
 
 def assert_exact_epoch(phase1: list[dict], phase2: list[dict], saved_step: int) -> None:
@@ -100,7 +101,7 @@ def test_kill_while_publishing_resumes_from_the_previous_checkpoint_bit_identica
                       envs(SPLIT4, ckpt), timeout_s=200)
     assert_failed_after(runs1, 0)
     saved = manifest(ckpt)
-    assert (saved["format"], saved["step"], saved["model"]) == (checkpoint.SHARDED_FORMAT, 2, None)
+    assert (saved["format"], saved["step"], saved["model"]) == (files.SHARDED_FORMAT, 2, None)
     assert saved["sharded"]["writers"] == [2, 3]  # the largest group writes
     assert sorted(os.listdir(ckpt / saved["sharded"]["dir"])) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -162,7 +163,7 @@ def test_resume_on_one_rank_fewer_reshards_and_sees_every_sample_once(
     assert [(r["resumed_step"], r["step"], r["sharded"]) for r in got] == [(2, 6, False)] * 3
     assert_exact_epoch(records(out1, 4), records(out3, 3), 2)
     assert max_diff(got[0]["params"], reference[0]["params"]) <= 1e-12
-    assert manifest(plain)["format"] == checkpoint.FORMAT
+    assert manifest(plain)["format"] == files.FORMAT
 
 # --- single process: what is read from the volume ------------------------------------------
 
@@ -229,11 +230,11 @@ def test_manifest_without_its_sharded_directory_is_not_resumed(tmp_path: Path) -
     """A manifest naming a missing (or outside) DCP directory is an unreadable checkpoint: the
     agreement stops every rank instead of resuming half a state."""
     ckpt = tmp_path / "ckpt"
-    state = checkpoint.manifest(checkpoint_id="ab", step=4, model=None, optimizer=None,
+    state = files.manifest(checkpoint_id="ab", step=4, model=None, optimizer=None,
                                 scaler=None, sampler=None, plan={"world_size": 1},
-                                ranks=[{"rng": checkpoint.rng_state()}],
+                                ranks=[{"rng": files.rng_state()}],
                                 sharded={"dir": "sharded-ab", "writers": [0]})
-    checkpoint.save_atomic(state, ckpt / checkpoint.CHECKPOINT_FILE)
+    files.save_atomic(state, ckpt / files.CHECKPOINT_FILE)
     got, finding = checkpoint.read_checkpoint(ckpt)
     assert got is None
     assert finding.error == (f"FileNotFoundError: sharded state {ckpt / 'sharded-ab' / '.metadata'} "
@@ -244,7 +245,7 @@ def test_manifest_without_its_sharded_directory_is_not_resumed(tmp_path: Path) -
     got, finding = checkpoint.read_checkpoint(ckpt)
     assert (got["step"], finding.step, finding.error) == (4, 4, "")
     state["sharded"]["dir"] = "../elsewhere"
-    checkpoint.save_atomic(state, ckpt / checkpoint.CHECKPOINT_FILE)
+    files.save_atomic(state, ckpt / files.CHECKPOINT_FILE)
     assert "not a sharded-<id> entry" in checkpoint.read_checkpoint(ckpt)[1].error
 
 
@@ -316,7 +317,7 @@ def test_replicated_checkpoint_is_not_loaded_into_a_sharded_model(tmp_path: Path
 def test_resume_under_full_sharding_is_refused_naming_the_fix(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from hetero_worker import resume as resume_mod
+    from hetero_worker.ckpt import resume as resume_mod
     trainer = SimpleNamespace(module=torch.nn.Linear(2, 1), contract=SimpleNamespace(sharding="full"))
     with pytest.raises(RuntimeError, match="Full sharding does not resume from checkpoints yet: "
                                            "leave spec.training.checkpoint out"):

@@ -1,6 +1,6 @@
 """Leaving the process group: every rank passes the barrier, the groups are destroyed, and the
 barrier's Work stays referenced from the module (so Gloo's thread never drops its last reference
-while Python finalises: torch 2.13's exit abort, see hetero_worker.shutdown)."""
+while Python finalises: torch 2.13's exit abort, see hetero_worker.runtime.shutdown)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
 import torch.distributed as dist
-from hetero_worker import shutdown
+from hetero_worker.runtime import shutdown
 dist.init_process_group("gloo")
 shutdown.leave_process_group()
 work = shutdown._LAST_WORK[-1]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_worker.contract import ContractError, DeviceProfile, parse_contract
-from hetero_worker.simulate import (delay_per_sample_s, local_rank_envs, simulated_cluster,
-                                    simulated_delay_s)
-from hetero_worker.sync import rank_weight
+from hetero_worker.comm.sync import rank_weight
+from hetero_worker.runtime.simulation import (delay_per_sample_s, local_rank_envs,
+                                              simulated_cluster, simulated_delay_s)
+from heterotrain_common.contract import DeviceProfile, parse_contract
+from heterotrain_common.envread import ContractError
 
 
 @pytest.mark.parametrize(("speed", "batch", "expected_s"), [(1.0, 32, 0.064), (0.25, 8, 0.064),

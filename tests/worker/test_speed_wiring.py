@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from hetero_worker import contract as c
 from hetero_worker.trainer import wants_speed_features
+from heterotrain_common import contract as c
 
 
 def _contract(**over):

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hetero_worker.flatbuf import copy_back_, flat_reduce_, flatten
-from hetero_worker.stealing import MicroBatchDispenser, steal_step
+from hetero_worker.comm.collectives import copy_back_, flat_reduce_, flatten
+from hetero_worker.speed.stealing import MicroBatchDispenser, steal_step
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from hetero_worker.sync import WeightedGradSync
-from hetero_worker.trainer import BatchedTensors, _as_fetched
+from hetero_worker.comm.sync import WeightedGradSync
+from hetero_worker.sampler import BatchedTensors, as_fetched
 
 
 def _bare_sync() -> WeightedGradSync:
@@ -62,7 +62,7 @@ def test_batched_tensors_equal_the_default_fetch_and_collate() -> None:
     batches = [[7, 3, 39, 0], [5], [12, 11, 10, 9, 8, 30]]
     default = list(torch.utils.data.DataLoader(dataset, batch_sampler=batches))
     batched = list(torch.utils.data.DataLoader(BatchedTensors(dataset), batch_sampler=batches,
-                                               collate_fn=_as_fetched))
+                                               collate_fn=as_fetched))
     assert len(default) == len(batched) == 3
     for ours, theirs in zip(batched, default, strict=True):
         assert type(ours) is type(theirs) is list

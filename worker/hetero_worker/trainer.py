@@ -19,7 +19,7 @@ weighted by ``local_batch / global_batch`` and summed hierarchically inside back
 fp16 scaler with cross-rank skip agreement, the optimizer step, and records step / compute /
 communication-wait time, samples and loss to the rank's metrics.
 
-Process groups follow the communicator rule (:mod:`hetero_worker.commplan`): the default group
+Process groups follow the communicator rule (:mod:`hetero_worker.comm.commplan`): the default group
 is Gloo only; NCCL only inside a group of one GPU type and PyTorch build; DDP is built on the
 plan's DDP group. Speed features compose through :meth:`Trainer.use_speed` (the controller's
 ``before_wrap`` / ``after_step``), never by replacing the trainer's methods.
@@ -40,24 +40,30 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hetero_worker import fullshard, memcap, microbatch, profiling, rendezvous, resume, sharding
-from hetero_worker.commplan import CommRank, plan_communicators
-from hetero_worker.contract import Contract
-from hetero_worker.groups import ProcessGroups, build_process_groups, gather_comm_ranks
+from hetero_worker import profiling
+from hetero_worker.ckpt.trainer_state import Checkpointing
+from hetero_worker.comm.collectives import broadcast_from_rank0_
+from hetero_worker.comm.commplan import CommRank, plan_communicators
+from hetero_worker.comm.groups import ProcessGroups, build_process_groups, gather_comm_ranks
+from hetero_worker.comm.sync import WeightedGradSync
+from hetero_worker.efficiency import EFFICIENCY_WINDOW_STEPS, EfficiencyWindow
+from hetero_worker.memory import caps as memcap
+from hetero_worker.memory import full as fullshard
+from hetero_worker.memory import group as sharding
+from hetero_worker.memory import microbatch
+from hetero_worker.memory.wrap import ShardedWrapping
 from hetero_worker.precision import PrecisionPolicy, agree_found_inf
-from hetero_worker.preflight import exit_on_setup_error, preflight
-from hetero_worker.sampler import HeteroBatchSampler
-from hetero_worker.shutdown import leave_process_group
-from hetero_worker.simulate import simulate_compute
-from hetero_worker.sync import WeightedGradSync
-from hetero_worker.topology import build_layout
+from hetero_worker.runtime import rendezvous
+from hetero_worker.runtime.preflight import exit_on_setup_error, preflight
+from hetero_worker.runtime.shutdown import leave_process_group
+from hetero_worker.runtime.simulation import simulate_compute
+from hetero_worker.sampler import BatchedTensors, HeteroBatchSampler, as_fetched
+from hetero_worker.speed.controller import attach
+from hetero_worker.speed.stealing import WorkStealing
+from heterotrain_common.contract import Contract
+from heterotrain_common.topology import build_layout
 
 __all__ = ["StepResult", "Trainer", "exit_on_setup_error", "init", "seed_everything"]
-
-EFFICIENCY_WINDOW_STEPS = 10
-"""Every this many steps rank 0 learns each rank's samples and compute time of the window (one
-reduce of ``2 * world_size`` float64 on the CPU/gloo group) and exports
-``htj_job_efficiency_ratio`` (docs/metrics.md)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,13 +94,13 @@ class _NullMetrics:
 
 def _make_metrics(contract: Contract) -> Any:
     try:
-        from hetero_worker.metrics import WorkerMetrics
+        from hetero_worker.metrics import WorkerMetrics  # prometheus-client absent: no metrics
     except ImportError:
         return _NullMetrics()
     return WorkerMetrics(contract)
 
 
-class Trainer:
+class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
     """One rank of a heterogeneous data-parallel job. Build it with :func:`init`.
 
     Args:
@@ -117,7 +123,7 @@ class Trainer:
         self.rank = contract.rank
         self.seed = seed
         self.sync_mode = sync_mode
-        self.speed: Any = None  # hetero_worker.speed.SpeedController when init() attached one
+        self.speed: Any = None  # hetero_worker.speed.controller.SpeedController when init() attached one
         use_cuda = torch.cuda.is_available() and not contract.device.simulated
         self.device = torch.device(f"cuda:{cuda_index(contract)}" if use_cuda else "cpu")
         self.delay_per_sample_s = (delay_per_sample_s if delay_per_sample_s is not None
@@ -147,7 +153,7 @@ class Trainer:
                                      on_inter_group_bytes=self.metrics.add_inter_group_bytes)
         # One fp16 rank makes every rank scale (same loss scale in the summed gradients).
         self.scaler = self.precision.make_scaler(
-            job_has_fp16=_any_rank(contract.precision == "fp16"))
+            job_has_fp16=agree_found_inf(contract.precision == "fp16"))
         self.sampler: HeteroBatchSampler | None = None
         self.model: torch.nn.Module | None = None
         self.module: torch.nn.Module | None = None
@@ -186,7 +192,7 @@ class Trainer:
 
     def use_speed(self, controller: Any) -> None:
         """Compose a speed controller (``before_wrap(model)``, ``after_step(compute_s, batch)``;
-        :func:`hetero_worker.speed.attach` calls this)."""
+        :func:`hetero_worker.speed.controller.attach` calls this)."""
         if self.model is not None:
             raise RuntimeError("use_speed() must run before wrap()")
         self.speed = controller
@@ -206,17 +212,17 @@ class Trainer:
         """Move ``model`` to the rank's device and make it data-parallel.
 
         In ``hook`` mode returns a ``DistributedDataParallel`` whose communication hook is the
-        weighted hierarchical sum (:mod:`hetero_worker.sync`); in ``manual`` mode returns the
+        weighted hierarchical sum (:mod:`hetero_worker.comm.sync`); in ``manual`` mode returns the
         model itself after broadcasting rank 0's parameters.
 
         Args:
             model: the user's model.
             block: the model's repeated block class (e.g. a transformer layer); where the plan
                 turns activation checkpointing on (``HTJ_ACTIVATION_CHECKPOINTING=1``) each
-                instance recomputes its activations in backward (:mod:`hetero_worker.microbatch`);
+                instance recomputes its activations in backward (:mod:`hetero_worker.memory.microbatch`);
                 under sharding it is the unit gathered and freed (``HTJ_SHARDING=full``: each
                 instance is gathered for its forward and recomputed in backward,
-                :mod:`hetero_worker.fullshard`).
+                :mod:`hetero_worker.memory.full`).
 
         Raises:
             RuntimeError: the plan needs activation checkpointing and no ``block`` was named.
@@ -250,52 +256,6 @@ class Trainer:
         self.model = ddp
         return ddp
 
-    def _wrap_sharded(self, model: torch.nn.Module,
-                      block: type[torch.nn.Module] | None) -> torch.nn.Module:
-        """``HTJ_SHARDING=group``: FSDP2 inside the rank's GPU-type group (:mod:`hetero_worker.sharding`);
-        ``full``: :meth:`_wrap_full`."""
-        sharding.check_supported(precision_has_scaler=self.scaler is not None,
-                                 checkpoint_dir=self.contract.checkpoint_dir,
-                                 sharding=self.contract.sharding,
-                                 rebalance_interval_steps=self.contract.rebalance_interval_steps,
-                                 compression=self.contract.compression)
-        if self.contract.sharding == "full":
-            return self._wrap_full(model, block)
-        self.use_layout("group")  # intra = the topology group (one node, one GPU type)
-        self.module = model.to(self.device)
-        for tensor in self.module.state_dict().values():  # same start on every rank (Gloo world)
-            broadcast_from_rank0_(tensor)
-        sharding.shard_group(self.module, self.groups.intra, self.device, block)
-        self.shard_sync = sharding.GroupShardSync(
-            intra=self.groups.intra, intra_ranks=self.groups.intra_ranks, leaders=self.groups.leaders,
-            local_batches=self.local_batches, rank=self.rank)
-        if self.memory is not None:
-            self.memory.set_state(self.module.parameters(), None)
-        self.model = self.module
-        return self.model
-
-    def _wrap_full(self, model: torch.nn.Module,
-                   block: type[torch.nn.Module] | None) -> torch.nn.Module:
-        """``HTJ_SHARDING=full``: uneven flat slices over all ranks (:mod:`hetero_worker.fullshard`),
-        every collective on the Gloo world group."""
-        self.module = model.to(self.device)
-        for tensor in self.module.state_dict().values():  # same start on every rank (Gloo world)
-            broadcast_from_rank0_(tensor)
-        world = self.contract.world_size
-        shares = self.contract.shard_ppm or tuple(fullshard.slice_sizes(10**6, [1] * world))
-        units = fullshard.shard_full(self.module, block=block, shares_ppm=shares, rank=self.rank,
-                                     groups_of_ranks=[e.group for e in self.contract.topology],
-                                     device=self.device)
-        micro = torch.zeros(world, dtype=torch.int64)  # every rank's micro-batch size (Gloo)
-        micro[self.rank] = self.contract.micro_batch_size
-        dist.all_reduce(micro)
-        self.shard_sync = fullshard.FullShardSync(units=units, local_batches=self.local_batches,
-                                                  micro_batch_sizes=micro.tolist(), rank=self.rank)
-        if self.memory is not None:
-            self.memory.set_state(self.module.parameters(), None)
-        self.model = self.module
-        return self.model
-
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full parameters by name (collective under ``Full`` sharding, where
         ``model.parameters()`` are this rank's flat slices; else the module's own)."""
@@ -317,7 +277,7 @@ class Trainer:
         self.sampler = HeteroBatchSampler(len(dataset), self.local_batches, self.rank,
                                           seed=self.seed, shuffle=shuffle)
         if collate_fn is None and type(dataset) is torch.utils.data.TensorDataset:
-            dataset, collate_fn = BatchedTensors(dataset), _as_fetched
+            dataset, collate_fn = BatchedTensors(dataset), as_fetched
         return torch.utils.data.DataLoader(dataset, batch_sampler=self.sampler,
                                            collate_fn=collate_fn, num_workers=0)
 
@@ -349,7 +309,7 @@ class Trainer:
                 mean loss over that micro-batch. It runs under the rank's autocast.
             batch: the local batch's tensors (samples along dim 0); given, the step runs it in
                 micro-batches of at most ``HTJ_MICRO_BATCH_SIZE`` samples with gradient
-                accumulation and one synchronisation (:mod:`hetero_worker.microbatch`).
+                accumulation and one synchronisation (:mod:`hetero_worker.memory.microbatch`).
 
         Returns:
             The :class:`StepResult`.
@@ -357,7 +317,7 @@ class Trainer:
         Raises:
             RuntimeError: no model yet, or the plan needs micro-batches and ``batch`` is missing.
             torch.OutOfMemoryError: a simulated device's memory cap was exceeded
-                (:mod:`hetero_worker.memcap`).
+                (:mod:`hetero_worker.memory.caps`).
         """
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
@@ -408,52 +368,6 @@ class Trainer:
             self.profiler.after_step(self.global_step)
         return result
 
-    def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: Any,
-                   loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]) -> Any:
-        """One work-stealing optimizer step (:mod:`hetero_worker.stealing`).
-
-        The step's samples are the next ``global_batch`` positions of the sampler's order (epochs
-        stay covered exactly as with the fixed split); micro-batches run on the unwrapped module
-        on this rank's device, under its autocast and loss scaler, and are reduced once with the
-        hierarchical groups. Call :meth:`wrap` and :meth:`loader` first.
-
-        Args:
-            optimizer: over the model's parameters.
-            dispenser: a :class:`~hetero_worker.stealing.MicroBatchDispenser` whose
-                ``global_batch`` equals the trainer's global batch.
-            loss_sum_fn: ``loss_sum_fn(module, dataset_indices)`` returns the *summed* loss of
-                those samples (scalar tensor).
-
-        Returns:
-            The :class:`~hetero_worker.stealing.StealResult` (the optimizer step is taken, or
-            skipped on every rank when the fp16 scaler found inf/NaN).
-
-        Raises:
-            RuntimeError: no model or loader yet.
-        """
-        from hetero_worker.stealing import hierarchical_allreduce, steal_step
-        sampler, module = self.sampler, self.module
-        if sampler is None or module is None:
-            raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
-        if sampler.num_samples - sampler.cursor < sampler.global_batch:
-            sampler.set_epoch(sampler.epoch + 1)
-        order = sampler.permutation(sampler.epoch)
-        base = sampler.cursor
-        optimizer.zero_grad(set_to_none=True)
-
-        def compute(lo: int, hi: int) -> torch.Tensor:
-            return loss_sum_fn(module, order[base + lo:base + hi].tolist())
-
-        result = steal_step(step=self.global_step, dispenser=dispenser,
-                            params=[p for p in module.parameters() if p.requires_grad],
-                            compute=compute, allreduce=hierarchical_allreduce(self.groups),
-                            autocast=self.precision.autocast,
-                            scale=self.scaler.scale if self.scaler is not None else None)
-        self._optimizer_step(optimizer)
-        sampler.cursor += sampler.global_batch
-        self.global_step += 1
-        return result
-
     def _backward(self, loss: torch.Tensor) -> None:
         """Backward of one (micro-)batch loss: the rank weight where the flat fast path moved it
         into the loss (``loss_factor``, else 1) and the fp16 scaler."""
@@ -496,99 +410,6 @@ class Trainer:
             self._publish_efficiency()
         return result
 
-    def _publish_efficiency(self) -> None:
-        """Close the efficiency window (collective: every rank calls it at the same step).
-
-        Rank 0 gets every rank's samples and compute seconds of the window and exports
-        ``samples of all ranks / rank 0's window wall time`` over ``sum_r samples_r / compute_r``
-        (:func:`hetero_worker.metrics.job_efficiency_ratio`). The next window starts at this
-        window's end, so anything between steps counts against the job. The reduce runs
-        asynchronously (a blocking one stalled every rank for a collective's latency every 10
-        steps); rank 0 exports at the first step boundary after it completed
-        (:meth:`_finish_efficiency`), i.e. typically one step later.
-        """
-        end = time.perf_counter()
-        window, self._window = self._window, {"start": end, "samples": 0, "compute_s": 0.0}
-        if not dist.is_initialized() or window["start"] is None:
-            return
-        self._finish_efficiency(wait=True)  # the previous window's (long done)
-        world = dist.get_world_size()
-        buf = torch.zeros(2 * world, dtype=torch.float64)  # CPU: the gloo side of the group
-        buf[2 * self.rank] = window["samples"]
-        buf[2 * self.rank + 1] = window["compute_s"]
-        self._efficiency_pending = (dist.reduce(buf, dst=0, async_op=True), buf,
-                                    end - window["start"])
-
-    def _finish_efficiency(self, *, wait: bool) -> None:
-        """Export the pending window's ratio on rank 0 once its reduce completed (``wait``: block
-        until it has); every rank drops its handle then."""
-        if self._efficiency_pending is None:
-            return
-        work, buf, wall_s = self._efficiency_pending
-        if not wait and not work.is_completed():
-            return
-        work.wait()
-        self._efficiency_pending = None
-        if self.rank != 0:
-            return
-        try:
-            from hetero_worker.metrics import job_efficiency_ratio
-        except ImportError:  # no prometheus_client: no metrics at all
-            return
-        ratio = job_efficiency_ratio(wall_s, buf[0::2].tolist(), buf[1::2].tolist())
-        if ratio is not None:
-            self.efficiency_ratio = ratio
-            self.metrics.set_job_efficiency(ratio)
-        if self.contract.predicted_samples_per_s > 0 and wall_s > 0:  # htj_job_prediction_ratio
-            self.metrics.set_job_prediction(self.contract.predicted_samples_per_s,
-                                            float(buf[0::2].sum()) / wall_s)
-
-    # --- checkpoints ------------------------------------------------------------------------
-    def _checkpoint_dir(self, directory: str | None) -> str:
-        chosen = directory or self.contract.checkpoint_dir
-        if not chosen:
-            raise ValueError("no checkpoint directory: set HTJ_CHECKPOINT_DIR or pass one")
-        return chosen
-
-    def save_checkpoint(self, optimizer: torch.optim.Optimizer,
-                        directory: str | None = None) -> str:
-        """Write a checkpoint (collective; rank 0 writes atomically). Returns its path.
-
-        Holds model, optimizer, scaler, the job's global data position, the plan and per-rank
-        RNG and compression state (:mod:`hetero_worker.resume`)."""
-        return resume.save_trainer_checkpoint(self, optimizer, self._checkpoint_dir(directory))
-
-    def maybe_checkpoint(self, optimizer: torch.optim.Optimizer,
-                         every_steps: int | None = None) -> bool:
-        """Checkpoint when :attr:`global_step` is a multiple of the interval; True if saved.
-
-        Args:
-            optimizer: saved with the model.
-            every_steps: interval; None uses ``HTJ_CHECKPOINT_INTERVAL_STEPS`` (default 50) when
-                ``HTJ_CHECKPOINT_DIR`` is set, and never saves without a directory; 0 never saves.
-        """
-        if every_steps is None:
-            if not self.contract.checkpoint_dir:
-                return False
-            every_steps = getattr(self.contract, "checkpoint_interval_steps", 50)
-        if every_steps <= 0 or self.global_step % every_steps:
-            return False
-        self.save_checkpoint(optimizer)
-        return True
-
-    def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
-        """Restore the latest checkpoint if there is one; True when resumed (collective).
-
-        Rank 0's reading decides the step and every rank confirms it (a rank that finds another
-        checkpoint, none, or cannot read it makes every rank raise
-        :class:`~hetero_worker.agreement.ResumeDisagreement`). Under the same plan the split, RNG
-        and compression state continue exactly; under a new plan (another world size or split)
-        the data continue from the global position with fresh RNG
-        (:func:`hetero_worker.resume.resume_trainer`). Call it after :meth:`wrap` and
-        :meth:`loader`, before the first step.
-        """
-        return resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint_dir)
-
     # --- results ----------------------------------------------------------------------------
     def rank_summary(self) -> dict[str, Any]:
         """This rank's totals: device, batch, samples/s, share of step time spent waiting."""
@@ -621,43 +442,6 @@ class Trainer:
         if dist.is_initialized():
             self._finish_efficiency(wait=True)
         leave_process_group()  # together, and without torch 2.13's Gloo exit abort
-
-
-class BatchedTensors(torch.utils.data.Dataset):
-    """A ``TensorDataset`` that ``DataLoader`` fetches a whole batch at a time.
-
-    ``__getitems__`` (which ``DataLoader``'s map-style fetcher calls when a dataset has it) returns
-    each tensor's ``index_select`` of the batch's indices: what the default per-sample fetch plus ``default_collate``
-    make of a ``TensorDataset`` batch (a list of stacked tensors, same values, dtypes and shapes),
-    with one indexing op per tensor. The benchmark's 128-sample batches took 0.7 ms per step the
-    default way, on the slowest rank's critical path.
-
-    Args:
-        inner: the user's dataset (its tensors are indexed, never copied up front).
-    """
-
-    def __init__(self, inner: torch.utils.data.TensorDataset) -> None:
-        self.inner = inner
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
-        return self.inner[index]
-
-    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
-        index = torch.as_tensor(indices, dtype=torch.long)
-        return [tensor.index_select(0, index.to(tensor.device)) for tensor in self.inner.tensors]
-
-
-def _as_fetched(batch: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Collation for :class:`BatchedTensors`: the batch is already collated."""
-    return batch
-
-
-def _any_rank(value: bool) -> bool:
-    """True when ``value`` is True on any rank (collective; used once at start-up)."""
-    return agree_found_inf(value)
 
 
 def seed_everything(seed: int) -> None:
@@ -703,19 +487,8 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
                       sync_mode=sync_mode)
     if wants_speed_features(contract) and sync_mode == "hook":
-        from hetero_worker.speed import attach  # rebalancing, compression, link-aware hierarchy
         attach(trainer)
     return trainer
-
-
-def broadcast_from_rank0_(tensor: torch.Tensor) -> None:
-    """Broadcast ``tensor`` from rank 0 over the (Gloo) default group; CUDA through the host."""
-    if tensor.device.type == "cpu":
-        dist.broadcast(tensor, src=0)
-        return
-    host = tensor.cpu()
-    dist.broadcast(host, src=0)
-    tensor.copy_(host)
 
 
 def wants_speed_features(contract: Contract) -> bool:

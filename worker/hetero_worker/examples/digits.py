@@ -97,8 +97,8 @@ def _report(args: argparse.Namespace, t: Any, accuracy: float, summaries: list[d
             elapsed_s: float) -> None:
     import torch
 
-    from hetero_worker import rundir
     from hetero_worker.examples import format_table, write_result
+    from heterotrain_common import rundir
 
     print(format_table(summaries))
     print(f"held-out accuracy {accuracy:.4f} after {t.global_step} steps "
@@ -115,7 +115,7 @@ def _report(args: argparse.Namespace, t: Any, accuracy: float, summaries: list[d
 def main(argv: list[str] | None = None) -> int:
     """Entry point; a bad contract or a rendezvous timeout exits non-zero with a message."""
     from hetero_worker.examples import add_common_args
-    from hetero_worker.preflight import exit_on_setup_error, preflight
+    from hetero_worker.runtime.preflight import exit_on_setup_error, preflight
 
     parser = argparse.ArgumentParser(prog="python -m hetero_worker.examples.digits",
                                      description=__doc__.splitlines()[0])

@@ -82,9 +82,9 @@ def train(args: argparse.Namespace) -> int:
     """Train, evaluate, report; returns the exit code."""
     import torch
 
-    from hetero_worker import rundir
     from hetero_worker import trainer as ht
     from hetero_worker.examples import format_table, write_result
+    from heterotrain_common import rundir
 
     t = ht.init(seed=args.seed)
     start = time.perf_counter()
@@ -138,7 +138,7 @@ def run_lm_main(argv: list[str] | None, *, prog: str, doc: str | None,
                 train: Any) -> int:
     """The LM examples' shared command line (model shape, text, learning rate) around ``train``."""
     from hetero_worker.examples import add_common_args
-    from hetero_worker.preflight import exit_on_setup_error, preflight
+    from hetero_worker.runtime.preflight import exit_on_setup_error, preflight
 
     parser = argparse.ArgumentParser(prog=prog, description=(doc or "").splitlines()[0])
     add_common_args(parser)

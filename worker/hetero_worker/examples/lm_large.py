@@ -25,10 +25,10 @@ def train(args: argparse.Namespace) -> int:
     """Train, evaluate, report; returns the exit code."""
     import torch
 
-    from hetero_worker import rundir
     from hetero_worker import trainer as ht
     from hetero_worker.examples import format_table, write_result
     from hetero_worker.examples.lm import lm_loss, make_model, make_windows, stdlib_text
+    from heterotrain_common import rundir
 
     # FSDP2 warns whenever the sharded root returns a view (the LM head's Linear on [B, T, W]
     # does): an in-place op on that view would skip its all-gather. lm_loss only reads the

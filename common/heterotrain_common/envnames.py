@@ -1,0 +1,116 @@
+"""The names of the environment contract between the operator (or ``heterotrain run``) and a worker
+rank, and the values each may take."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+# --- torchrun-compatible names -------------------------------------------------------------
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+# --- ours ----------------------------------------------------------------------------------
+JOB_NAME = "HTJ_JOB_NAME"
+"""Name of the HeteroTrainingJob; a metric label."""
+GROUP = "HTJ_GROUP"
+"""Index of this rank's group (same node, same GPU type: the fast interconnect)."""
+GROUP_RANK = "HTJ_GROUP_RANK"
+"""Rank inside the group, 0 is the group leader."""
+GROUP_SIZE = "HTJ_GROUP_SIZE"
+"""Number of ranks in the group."""
+FIRST_RANK = "HTJ_FIRST_RANK"
+"""Pod form only: global rank of the pod's local rank 0."""
+LOCAL_BATCH_SIZE = "HTJ_LOCAL_BATCH_SIZE"
+"""Samples per optimizer step on this rank."""
+GLOBAL_BATCH_SIZE = "HTJ_GLOBAL_BATCH_SIZE"
+"""Samples per optimizer step over all ranks; equals the sum of local batches."""
+PRECISION = "HTJ_PRECISION"
+"""One of :data:`PRECISIONS`: the autocast dtype this rank uses."""
+HIERARCHY = "HTJ_HIERARCHY"
+"""One of :data:`HIERARCHIES`: how gradients are reduced."""
+DEVICE_PROFILE = "HTJ_DEVICE_PROFILE"
+"""JSON of :class:`DeviceProfile`: the real or simulated device this rank runs on."""
+TOPOLOGY = "HTJ_TOPOLOGY"
+"""JSON list of :class:`RankEntry`, one per rank, ordered by rank."""
+METRICS_PORT = "HTJ_METRICS_PORT"
+"""TCP port of this rank's Prometheus endpoint; 0 disables it."""
+CHECKPOINT_DIR = "HTJ_CHECKPOINT_DIR"
+"""Directory for checkpoints; empty disables checkpointing."""
+CHECKPOINT_INTERVAL_STEPS = "HTJ_CHECKPOINT_INTERVAL_STEPS"
+"""Optimizer steps between checkpoints (default 50)."""
+REBALANCE_INTERVAL_STEPS = "HTJ_REBALANCE_INTERVAL_STEPS"
+"""Steps between re-solves of the batch split from measured speeds; 0 (default) keeps it static."""
+COMPRESSION = "HTJ_COMPRESSION"
+"""One of :data:`COMPRESSIONS`: codec for gradients crossing the inter-group link (default none)."""
+POWERSGD_RANK = "HTJ_POWERSGD_RANK"
+"""Matrix rank for ``powersgd`` compression (default 4)."""
+RESTART_GENERATION = "HTJ_RESTART_GENERATION"
+"""Job-wide restart generation: 0 for the first start, +1 for every whole-gang restart of any
+cause.  Identical on every rank of one generation, so anything that must agree across ranks
+(store key prefixes, per-attempt scratch paths, per-attempt seeds) derives from it; a
+torchrun-style per-agent counter does not agree (shared/cases/34)."""
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+"""torchrun's name, set to the same job-wide value so code written for torchrun agrees too."""
+PREDICTED_SAMPLES_PER_S = "HTJ_PREDICTED_SAMPLES_PER_S"
+"""The planner's predicted job throughput, samples/s (optional; unset or 0: no prediction).  Rank 0
+exports measured / predicted as ``htj_job_prediction_ratio``."""
+# --- worker knobs beside the contract (set by `heterotrain run`, tests and benchmarks) ----------
+SIM_DELAY_PER_SAMPLE_S = "HTJ_SIM_DELAY_PER_SAMPLE_S"
+"""Simulated seconds per sample at relative speed 1.0 (default
+:data:`DEFAULT_SIM_DELAY_PER_SAMPLE_S`); only simulated devices sleep."""
+RENDEZVOUS_TIMEOUT_S = "HTJ_RENDEZVOUS_TIMEOUT_S"
+"""Seconds a rank waits for rank 0 before giving up (default :data:`DEFAULT_RENDEZVOUS_TIMEOUT_S`)."""
+RUN_DIR = "HTJ_RUN_DIR"
+"""Directory for the per-rank statistics and the result of ``heterotrain run``; unset in a pod."""
+PROFILE_STEPS = "HTJ_PROFILE_STEPS"
+"""Steps to trace with the PyTorch Profiler, ``"20-25"`` (inclusive, 1-based: step n is the n-th
+optimizer step of the run) or ``"20"``; unset or empty: no profiler (zero cost). Set by
+``heterotrain run --profile-steps`` and by the operator from the job annotation
+``heterotrain.io/profile-steps``."""
+MAX_PROFILE_STEPS = 100
+"""Most steps one trace may span (a Chrome trace grows with every step)."""
+SHARDING = "HTJ_SHARDING"
+"""How model state is spread (planner, ``spec.training.sharding``): ``none`` (replicated, the
+default), ``group`` (sharded inside this rank's group), ``full`` (sharded over all ranks)."""
+MICRO_BATCH_SIZE = "HTJ_MICRO_BATCH_SIZE"
+"""Most samples one forward/backward may hold (the planner's memory model); a larger local batch
+runs as ``ceil(local / micro)`` micro-batches with gradient accumulation and one synchronisation per
+step.  Unset or 0: the whole local batch at once.  A per-group value (same device, same share), so
+the pod form carries it and it stays right when rebalancing changes the local batch."""
+ACTIVATION_CHECKPOINTING = "HTJ_ACTIVATION_CHECKPOINTING"
+"""``1``: recompute the user's blocks' activations in backward (``torch.utils.checkpoint``);
+unset or ``0``: off."""
+MEMORY_CAP_BYTES = "HTJ_MEMORY_CAP_BYTES"
+"""Usable memory of the rank's device, bytes (device memory minus the planner's reserve); a
+simulated device enforces it (state + activations saved for backward); unset or 0: no cap."""
+SHARD_PPM = "HTJ_SHARD_PPM"
+"""``full`` sharding only: each rank's share of the model state, parts per million, comma-separated
+in rank order (``"500000,250000,250000"``, summing to 1 000 000; the planner's shares, proportional
+to usable memory).  A job-wide value, so the pod form carries it.  Unset under ``full``: even
+shares."""
+SHARDINGS: tuple[str, ...] = ("none", "group", "full")
+DEFAULT_SIM_DELAY_PER_SAMPLE_S = 0.002
+DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0
+TORCHRUN_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+RANK_ONLY_VARS = (RANK, LOCAL_RANK, LOCAL_BATCH_SIZE, GROUP_RANK)
+REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, LOCAL_BATCH_SIZE,
+                 GLOBAL_BATCH_SIZE, PRECISION, HIERARCHY, DEVICE_PROFILE, TOPOLOGY)
+OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
+                 COMPRESSION, POWERSGD_RANK, RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT)
+KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS,
+             PREDICTED_SAMPLES_PER_S)
+"""Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
+MEMORY_VARS = (SHARDING, MICRO_BATCH_SIZE, ACTIVATION_CHECKPOINTING, MEMORY_CAP_BYTES, SHARD_PPM)
+"""The memory model's variables (issue 12); rendered only when not at their defaults (a job
+without ``spec.training.model`` gets none of them)."""
+Precision = Literal["bf16", "fp16", "fp32"]
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
+Hierarchy = Literal["flat", "group", "node", "arch", "auto"]
+HIERARCHIES: tuple[str, ...] = ("flat", "group", "node", "arch", "auto")
+COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "int8", "powersgd")
+"""flat: one all-reduce over all ranks; group: reduce inside each topology group (same node and GPU
+type), all-reduce among group leaders, broadcast back; node / arch: the same with groups formed per
+node or per compute capability; auto: the worker picks one from its link cost model."""

@@ -1,0 +1,81 @@
+"""Files a rank leaves for ``heterotrain run``: per-rank statistics and the job's result.
+
+``heterotrain run`` sets ``HTJ_RUN_DIR`` (an extra variable beside the contract; a pod normally has
+none). When it is set:
+
+* every rank's :class:`hetero_worker.metrics.WorkerMetrics` keeps ``rank-<R>.json`` up to date
+  (cumulative step, compute and wait time, samples, last loss; format in docs/embedded.md), at most
+  a few times a second and once more at exit; the progress bar and the final table read it;
+* rank 0 of a job that measures a result (held-out accuracy, perplexity) writes ``result.json``
+  with :func:`write_result`, e.g. ``{"accuracy": 0.972}``.
+
+Torch-free. Writes are atomic (temp file + rename) so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from heterotrain_common import envnames, envread
+
+RUN_DIR = envnames.RUN_DIR
+"""Environment variable: directory for the files of this module; unset disables them (defined and
+parsed in :mod:`heterotrain_common.contract`; a parsed contract carries it as ``run_dir``)."""
+RESULT_FILE = "result.json"
+
+
+def run_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The run directory from the environment, None when unset or empty."""
+    value = envread.run_dir(os.environ if environ is None else environ)
+    return Path(value) if value else None
+
+
+def rank_stats_path(directory: Path, rank: int) -> Path:
+    """``<dir>/rank-<rank>.json``."""
+    return directory / f"rank-{rank}.json"
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Write JSON to ``path`` through a temp file in the same directory and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """Read a JSON object; None when the file is missing or not a JSON object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_result(values: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Path | None:
+    """Record the job's result for ``heterotrain run`` (call on rank 0 only).
+
+    Args:
+        values: JSON-serialisable numbers and strings; ``accuracy`` (a ratio 0..1) is shown and
+            checked by the embedded default's tests, other keys are listed as they are.
+        environ: defaults to ``os.environ``.
+
+    Returns:
+        The file written, or None when ``HTJ_RUN_DIR`` is not set (e.g. in a pod).
+    """
+    directory = run_dir(environ)
+    if directory is None:
+        return None
+    path = directory / RESULT_FILE
+    write_json_atomic(path, dict(values))
+    return path

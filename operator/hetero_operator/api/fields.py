@@ -1,0 +1,70 @@
+"""Typed readers of manifest fields: each raises :class:`~hetero_operator.api.errors.SpecError`
+naming the field path (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hetero_operator.api.errors import SpecError
+
+
+def mapping(obj: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> Mapping[str, Any]:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise SpecError(path, "is required")
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(path, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def string(obj: Mapping[str, Any], key: str, path: str) -> str:
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    if not isinstance(value, str) or not value:
+        raise SpecError(path, "is required and must be a non-empty string")
+    return value
+
+
+def string_list(obj: Mapping[str, Any], key: str, path: str, *, required: bool = False) -> tuple[str, ...]:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise SpecError(path, "is required (a list of strings)")
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
+        raise SpecError(path, "must be a list of strings")
+    return tuple(str(v) for v in value)
+
+
+def integer(obj: Mapping[str, Any], key: str, path: str, default: int | None, lo: int, hi: int) -> int:
+    value = obj.get(key, default)
+    if value is None:
+        raise SpecError(path, f"is required (an integer in {lo}..{hi})")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(path, f"must be an integer in {lo}..{hi}, got {value!r}")
+    if not lo <= value <= hi:
+        raise SpecError(path, f"must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def optional_integer(obj: Mapping[str, Any], key: str, path: str) -> int | None:
+    if obj.get(key) is None:
+        return None
+    return integer(obj, key, path, None, 0, 10**9)
+
+
+def boolean(obj: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = obj.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(path, f"must be true or false, got {value!r}")
+    return value
+
+
+def enum(obj: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...],
+          default: str | None = None) -> str:
+    value = obj.get(key, default if default is not None else choices[0])
+    if value not in choices:
+        raise SpecError(path, f"must be one of {', '.join(choices)}; got {value!r}")
+    return str(value)

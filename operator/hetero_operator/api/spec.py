@@ -1,0 +1,443 @@
+"""Parse a ``HeteroTrainingJob`` manifest (a dict, as the API or ``yaml.safe_load`` returns it).
+
+Pure: no kopf, no kubernetes.  The CRD schema in ``crds/`` is the first line of validation; this
+module re-checks what a manifest that skipped the API server (``heterotrain plan``/``run``) or an old
+CRD may carry, and raises :class:`SpecError` naming the field path and the fix.
+Defaults here equal the CRD's defaults.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hetero_operator.api.errors import SpecError
+from hetero_operator.api.fields import (boolean, enum, integer, mapping, optional_integer, string,
+                                        string_list)
+from hetero_operator.api.quantities import QuantityError, parse_quantity
+from hetero_operator.api.strictfields import unknown_fields
+from heterotrain_common.envread import ContractError, parse_step_range
+
+API_GROUP = "heterotrain.io"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "HeteroTrainingJob"
+PLURAL = "heterotrainingjobs"
+
+BATCH_SPLITS = ("Proportional", "Equal")
+PRECISIONS = ("Auto", "BF16", "FP16", "FP32")
+HIERARCHIES = ("Auto", "Flat", "Group", "PerNode", "PerArchitecture")
+COMPRESSIONS = ("None", "FP16", "BF16", "Int8", "PowerSGD")
+CLEAN_POD_POLICIES = ("All", "Running", "None")
+SELECTIONS = ("Throughput", "All")
+SHARDINGS = ("Auto", "None", "Group", "Full")
+OPTIMIZERS = ("AdamW", "Adam", "Momentum", "SGD")
+_PROFILE_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,251}[a-z0-9])?$")
+_GENERATED_SUFFIX_RE = re.compile(r"^(?=.*[0-9])[bcdfghjklmnpqrstvwxz2456789]{5}$")
+"""Kubernetes ``generateName`` appends 5 characters of this alphabet (apimachinery's
+``utilrand.String``: consonants and digits without vowels, 0, 1, 3)."""
+_CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
+_CC_RE = re.compile(r"^\d{1,2}\.\d$")
+_TORCH_RE = re.compile(r"^\d{1,2}\.\d{1,3}(\.\d{1,3})?([+.-][0-9A-Za-z.]{1,24})?$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageVariant:
+    """One worker image of the job's catalog.
+
+    Attributes:
+        image: image reference, e.g. ``"ghcr.io/heterotrain/worker:0.1.0-cu124"``.
+        cuda_version: CUDA runtime inside the image, ``(major, minor)``.
+        compute_capabilities: compute capabilities it has kernels for, e.g. ``("7.0", "8.0")``.
+        torch_version: PyTorch release inside the image, e.g. ``"2.13.0"``; ``""`` when not
+            declared.  When any variant declares one, a plan whose chosen variants differ is
+            refused (ranks of one job must run one PyTorch build).
+        cuda_minor_version_compatible: the image relies on CUDA minor-version compatibility, so a
+            driver of the same CUDA major family (>= 450 for 11.x, >= 525 for 12.x, >= 580 for
+            13.x) may run it even below the release's own minimum driver.
+    """
+
+    image: str
+    cuda_version: tuple[int, int]
+    compute_capabilities: tuple[str, ...]
+    torch_version: str = ""
+    cuda_minor_version_compatible: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuRequest:
+    """What GPUs the job may use.
+
+    Attributes:
+        ranks: ranks wanted (one GPU or MIG device each).
+        min_ranks: all-or-nothing minimum to start; ``<= ranks``.
+        allowed_products / denied_products: GFD product values (base product, without a
+            ``-MIG-…`` or ``-SHARED`` suffix); empty allow list means all.
+        allowed_mig_profiles / denied_mig_profiles: e.g. ``"3g.40gb"``; empty allow list means
+            all; ``allow_mig=False`` excludes MIG devices.
+        min_memory_mib: minimum device memory in MiB.
+        speed_overrides: product or MIG profile -> relative speed in percent of the reference
+            device (A100 = 100), replacing the built-in table.
+        selection: ``"Throughput"`` (leave out GPU types whose predicted gain is below
+            ``min_gain_percent`` once their communication is counted) or ``"All"``.
+        min_gain_percent: smallest predicted throughput gain, percent, for which a GPU type is
+            kept under ``Throughput``.
+    """
+
+    ranks: int
+    min_ranks: int
+    allowed_products: tuple[str, ...] = ()
+    denied_products: tuple[str, ...] = ()
+    allowed_mig_profiles: tuple[str, ...] = ()
+    denied_mig_profiles: tuple[str, ...] = ()
+    allow_mig: bool = True
+    min_memory_mib: int = 0
+    speed_overrides: Mapping[str, int] = field(default_factory=dict)
+    selection: str = "Throughput"
+    min_gain_percent: int = 5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingSpec:
+    """Training settings.
+
+    Attributes:
+        global_batch_size: samples per optimizer step over all ranks.
+        batch_split: ``"Proportional"`` (to speed, capped by memory) or ``"Equal"``.
+        precision: ``"Auto"`` (bf16 on cc >= 8.0, fp16 + scaler on 7.x, fp32 below) or forced.
+        hierarchy: gradient reduction layout (see ``HIERARCHIES``).
+        memory_per_sample_mib: activation memory per sample in MiB; caps a device's batch.
+        memory_reserve_mib: memory kept free per device (framework, NCCL) in MiB.
+        checkpoint_path: directory inside the worker for checkpoints; ``""`` disables.
+        checkpoint_pvc: PersistentVolumeClaim mounted at ``checkpoint_path``; ``""`` for none.
+        checkpoint_interval_steps: steps between checkpoints.
+        rebalance_interval_steps: steps between split re-solves; 0 disables rebalancing.
+        compression: inter-group gradient compression (see ``COMPRESSIONS``).
+        powersgd_rank: matrix rank for PowerSGD compression.
+        profile_key: what counts as "the same model" for learned speeds; ``""`` means the job
+            name without suffixes (see :func:`default_profile_key`).
+        gradient_mib: fp32 gradient size per sync, MiB (parameters x 4 / 2^20); 0 leaves
+            communication out of the planner's step-time model.
+        reference_samples_per_second: samples/s of one speed-1.0 device (an A100) for this
+            model; 0 = unknown (learned speeds set the scale once a job of the same profileKey
+            ran).
+        model_parameters: trainable parameters of the model (``spec.training.model.parameters``);
+            0 = not given, no memory model (every rank holds the whole model, as before).
+        optimizer: ``AdamW|Adam|Momentum|SGD``: how much optimizer state each parameter has.
+        activation_bytes_per_sample: activations saved for backward per sample, bytes
+            (``spec.training.model.activationBytesPerSample``).
+        checkpointed_activation_bytes_per_sample: the same with activation checkpointing of the
+            model's blocks, bytes; 0 = unknown (the planner never turns checkpointing on).
+        sharding: ``Auto|None|Group|Full`` (:mod:`hetero_operator.planning.memory`).
+    """
+
+    global_batch_size: int
+    batch_split: str = "Proportional"
+    precision: str = "Auto"
+    hierarchy: str = "Auto"
+    memory_per_sample_mib: int = 0
+    memory_reserve_mib: int = 1024
+    checkpoint_path: str = ""
+    checkpoint_pvc: str = ""
+    checkpoint_interval_steps: int = 50
+    rebalance_interval_steps: int = 0
+    compression: str = "None"
+    powersgd_rank: int = 16
+    profile_key: str = ""
+    gradient_mib: int = 0
+    reference_samples_per_second: int = 0
+    model_parameters: int = 0
+    optimizer: str = "AdamW"
+    activation_bytes_per_sample: int = 0
+    checkpointed_activation_bytes_per_sample: int = 0
+    sharding: str = "Auto"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerTemplate:
+    """The worker container: what each rank process runs.
+
+    Attributes:
+        command / args: argv of one rank process (the launcher starts one per GPU).
+        env: extra environment, as Kubernetes ``EnvVar`` dicts.
+        resources: Kubernetes ``ResourceRequirements`` for CPU/memory (GPUs are added by us).
+        metrics_port: Prometheus port of local rank 0; local rank i uses ``metrics_port + i``.
+    """
+
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    metrics_port: int = 9480
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunPolicy:
+    """Kubeflow-style run policy.
+
+    Attributes:
+        backoff_limit: restarts of the whole job before it fails.
+        active_deadline_seconds: wall-clock limit from start, None for none.
+        ttl_seconds_after_finished: delete the job this long after it finished, None to keep.
+        clean_pod_policy: which pods to delete when finished (``All``/``Running``/``None``).
+        suspend: True keeps no pods running (Kueue admission un-suspends).
+        queue: Kueue/Volcano queue name, ``""`` for none.
+        priority_class: PriorityClass of the pods, ``""`` for none.
+        node_loss_grace_seconds: how long a node may be NotReady/Unknown or unreachable before
+            the job's pods on it are force-deleted and the gang restarts elsewhere (default
+            300 s, Kubernetes' default ``tolerationSeconds`` for the unreachable taint).
+    """
+
+    backoff_limit: int = 3
+    active_deadline_seconds: int | None = None
+    ttl_seconds_after_finished: int | None = None
+    clean_pod_policy: str = "Running"
+    suspend: bool = False
+    queue: str = ""
+    priority_class: str = ""
+    node_loss_grace_seconds: int = 300
+
+
+PROFILE_STEPS_ANNOTATION = f"{API_GROUP}/profile-steps"
+"""Job annotation: steps every rank traces with the PyTorch Profiler, e.g. ``"20-25"``
+(``HTJ_PROFILE_STEPS`` in the env contract; docs/embedded.md, "Profiling")."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    """A parsed ``HeteroTrainingJob``: name, namespace and the four spec sections.
+
+    Attributes:
+        profile_steps: ``(first, last)`` 1-based inclusive steps to trace with the PyTorch
+            Profiler (annotation :data:`PROFILE_STEPS_ANNOTATION`), None for none.
+    """
+
+    name: str
+    namespace: str
+    worker: WorkerTemplate
+    images: tuple[ImageVariant, ...]
+    gpus: GpuRequest
+    training: TrainingSpec
+    run_policy: RunPolicy
+    profile_steps: tuple[int, int] | None = None
+
+
+def parse_job(body: Mapping[str, Any]) -> JobSpec:
+    """Parse a whole manifest.
+
+    Raises:
+        SpecError: naming the first invalid field (path such as ``spec.gpus.ranks``).
+    """
+    if body.get("kind") != KIND:
+        raise SpecError("kind", f"must be {KIND}, got {body.get('kind')!r}")
+    _refuse_unknown_fields(body)
+    meta = mapping(body, "metadata", "metadata")
+    spec = mapping(body, "spec", "spec")
+    labels = mapping(meta, "labels", "metadata.labels", required=False)
+    run_policy = _run_policy(mapping(spec, "runPolicy", "spec.runPolicy", required=False))
+    if labels.get("kueue.x-k8s.io/queue-name") and not run_policy.queue:
+        run_policy = replace(run_policy, queue=str(labels["kueue.x-k8s.io/queue-name"]))
+    return JobSpec(
+        name=string(meta, "name", "metadata.name"),
+        namespace=str(meta.get("namespace") or "default"),
+        worker=_worker(mapping(spec, "worker", "spec.worker")),
+        images=_images(spec.get("images", []), "spec.images"),
+        gpus=_gpus(mapping(spec, "gpus", "spec.gpus")),
+        training=_training(mapping(spec, "training", "spec.training")),
+        run_policy=run_policy,
+        profile_steps=_profile_steps(mapping(meta, "annotations", "metadata.annotations", required=False)),
+    )
+
+
+def _profile_steps(annotations: Mapping[str, Any]) -> tuple[int, int] | None:
+
+    path = f"metadata.annotations[{PROFILE_STEPS_ANNOTATION}]"
+    try:
+        return parse_step_range(str(annotations.get(PROFILE_STEPS_ANNOTATION) or ""), path)
+    except ContractError as exc:
+        raise SpecError(path, str(exc).partition(": ")[2] or str(exc)) from None
+
+
+def _refuse_unknown_fields(body: Mapping[str, Any]) -> None:
+    """Strict like ``kubectl apply``: a field the CRD does not define is an error (first one
+    named with the nearest known name, the others listed); see :mod:`hetero_operator.api.strictfields`."""
+
+    unknown = unknown_fields(body)
+    if unknown:
+        more = f" (also unknown: {', '.join(u.path for u in unknown[1:])})" if unknown[1:] else ""
+        raise SpecError(unknown[0].path, unknown[0].message() + more)
+
+
+def _worker(w: Mapping[str, Any]) -> WorkerTemplate:
+    command = string_list(w, "command", "spec.worker.command", required=True)
+    if not command:
+        raise SpecError("spec.worker.command", "must name the program each rank runs, "
+                        "e.g. [python, -m, hetero_worker.examples.digits]")
+    return WorkerTemplate(
+        command=command, args=string_list(w, "args", "spec.worker.args"),
+        env=tuple(w.get("env") or ()), resources=dict(w.get("resources") or {}),
+        metrics_port=integer(w, "metricsPort", "spec.worker.metricsPort", 9480, 0, 65535),
+    )
+
+
+def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
+    if not isinstance(items, list):
+        raise SpecError(path, "must be a list of {image, cudaVersion, computeCapabilities}")
+    out = []
+    for i, item in enumerate(items):
+        p = f"{path}[{i}]"
+        if not isinstance(item, Mapping):
+            raise SpecError(p, "must be a mapping with image, cudaVersion, computeCapabilities")
+        cuda = str(item.get("cudaVersion", ""))
+        if not _CUDA_RE.match(cuda):
+            raise SpecError(f"{p}.cudaVersion", f"must look like \"12.4\" (a quoted string), got {cuda!r}")
+        ccs = string_list(item, "computeCapabilities", f"{p}.computeCapabilities", required=True)
+        for cc in ccs:
+            if not _CC_RE.match(cc):
+                raise SpecError(f"{p}.computeCapabilities", f"entries look like \"8.0\", got {cc!r}")
+        major, minor = cuda.split(".")
+        torch_version = str(item.get("torchVersion") or "")
+        if torch_version and not _TORCH_RE.match(torch_version):
+            raise SpecError(f"{p}.torchVersion", "must look like \"2.13.0\" (a quoted PyTorch "
+                            f"release), got {torch_version!r}")
+        out.append(ImageVariant(image=string(item, "image", f"{p}.image"),
+                                cuda_version=(int(major), int(minor)), compute_capabilities=ccs,
+                                torch_version=torch_version,
+                                cuda_minor_version_compatible=boolean(
+                                    item, "cudaMinorVersionCompatible",
+                                    f"{p}.cudaMinorVersionCompatible", False)))
+    return tuple(out)
+
+
+def _gpus(g: Mapping[str, Any]) -> GpuRequest:
+    ranks = integer(g, "ranks", "spec.gpus.ranks", None, 1, 65536)
+    min_ranks = integer(g, "minRanks", "spec.gpus.minRanks", ranks, 1, 65536)
+    if min_ranks > ranks:
+        raise SpecError("spec.gpus.minRanks", f"{min_ranks} exceeds spec.gpus.ranks={ranks}; "
+                        "lower minRanks or raise ranks")
+    overrides: dict[str, int] = {}
+    for i, item in enumerate(g.get("speedOverrides") or []):
+        p = f"spec.gpus.speedOverrides[{i}]"
+        overrides[string(item, "device", f"{p}.device")] = integer(
+            item, "relativeSpeedPercent", f"{p}.relativeSpeedPercent", None, 1, 100000)
+    return GpuRequest(
+        ranks=ranks, min_ranks=min_ranks,
+        allowed_products=string_list(g, "allowedProducts", "spec.gpus.allowedProducts"),
+        denied_products=string_list(g, "deniedProducts", "spec.gpus.deniedProducts"),
+        allowed_mig_profiles=string_list(g, "allowedMigProfiles", "spec.gpus.allowedMigProfiles"),
+        denied_mig_profiles=string_list(g, "deniedMigProfiles", "spec.gpus.deniedMigProfiles"),
+        allow_mig=boolean(g, "allowMig", "spec.gpus.allowMig", True),
+        min_memory_mib=integer(g, "minMemoryMiB", "spec.gpus.minMemoryMiB", 0, 0, 10**7),
+        speed_overrides=overrides,
+        selection=enum(g, "selection", "spec.gpus.selection", SELECTIONS),
+        min_gain_percent=integer(g, "minGainPercent", "spec.gpus.minGainPercent", 5, 0, 100),
+    )
+
+
+def _training(t: Mapping[str, Any]) -> TrainingSpec:
+    p = "spec.training"
+    ckpt = mapping(t, "checkpoint", f"{p}.checkpoint", required=False)
+    rebalance = mapping(t, "rebalance", f"{p}.rebalance", required=False)
+    compression = mapping(t, "compression", f"{p}.compression", required=False)
+    mdl = mapping(t, "model", f"{p}.model", required=False)
+    parameters = _quantity(mdl, "parameters", f"{p}.model.parameters", binary=False, hi=10**15)
+    activation = _quantity(mdl, "activationBytesPerSample", f"{p}.model.activationBytesPerSample")
+    checkpointed = _quantity(mdl, "checkpointedActivationBytesPerSample",
+                             f"{p}.model.checkpointedActivationBytesPerSample")
+    if checkpointed and checkpointed >= activation:
+        raise SpecError(f"{p}.model.checkpointedActivationBytesPerSample",
+                        f"must be below activationBytesPerSample ({activation}) (checkpointing "
+                        f"saves activations), got {checkpointed}; leave it out when unknown")
+    if parameters and t.get("memoryPerSampleMiB"):
+        raise SpecError(f"{p}.memoryPerSampleMiB", "leave it out when spec.training.model.parameters "
+                        "is given: the memory model uses spec.training.model.activationBytesPerSample "
+                        "and gives a rank micro-batches instead of capping its batch")
+    return TrainingSpec(
+        global_batch_size=integer(t, "globalBatchSize", f"{p}.globalBatchSize", None, 1, 10**7),
+        batch_split=enum(t, "batchSplit", f"{p}.batchSplit", BATCH_SPLITS),
+        precision=enum(t, "precision", f"{p}.precision", PRECISIONS),
+        hierarchy=enum(t, "hierarchy", f"{p}.hierarchy", HIERARCHIES),
+        memory_per_sample_mib=integer(t, "memoryPerSampleMiB", f"{p}.memoryPerSampleMiB", 0, 0, 10**6),
+        memory_reserve_mib=integer(t, "memoryReserveMiB", f"{p}.memoryReserveMiB", 1024, 0, 10**6),
+        checkpoint_path=str(ckpt.get("path", "")),
+        checkpoint_pvc=str(ckpt.get("persistentVolumeClaim", "")),
+        checkpoint_interval_steps=integer(ckpt, "intervalSteps", f"{p}.checkpoint.intervalSteps",
+                                          50, 1, 10**7),
+        rebalance_interval_steps=integer(rebalance, "intervalSteps", f"{p}.rebalance.intervalSteps",
+                                         0, 0, 10**6),
+        compression=enum(compression, "mode", f"{p}.compression.mode", COMPRESSIONS),
+        powersgd_rank=integer(compression, "powerSGDRank", f"{p}.compression.powerSGDRank", 16, 1, 64),
+        profile_key=_profile_key(t, f"{p}.profileKey"),
+        gradient_mib=integer(t, "gradientMiB", f"{p}.gradientMiB", 0, 0, 10**7),
+        reference_samples_per_second=integer(t, "referenceSamplesPerSecond",
+                                          f"{p}.referenceSamplesPerSecond", 0, 0, 10**9),
+        model_parameters=parameters, optimizer=enum(t, "optimizer", f"{p}.optimizer", OPTIMIZERS),
+        activation_bytes_per_sample=activation,
+        checkpointed_activation_bytes_per_sample=checkpointed,
+        sharding=enum(t, "sharding", f"{p}.sharding", SHARDINGS),
+    )
+
+
+def _quantity(obj: Mapping[str, Any], key: str, path: str, *, binary: bool = True,
+              hi: int = 2**50) -> int:
+    """An integer or Kubernetes quantity string (``"1.3G"``, ``"48Mi"``), exactly; 0 when absent."""
+
+    value = obj.get(key)
+    if value is None:
+        return 0
+    try:
+        number = parse_quantity(value, binary=binary)
+    except QuantityError as exc:
+        raise SpecError(path, str(exc)) from None
+    if number > hi:
+        raise SpecError(path, f"must be at most {hi}, got {number}")
+    return number
+
+
+def _profile_key(t: Mapping[str, Any], path: str) -> str:
+    value = t.get("profileKey")
+    if value is None or value == "":
+        return ""
+    if not isinstance(value, str) or not _PROFILE_KEY_RE.match(value):
+        raise SpecError(path, "must be 1-253 characters of a-z, 0-9, '-', '.', '_' starting and "
+                        f"ending with a letter or digit, got {value!r}")
+    return value
+
+
+def default_profile_key(job_name: str) -> str:
+    """The job name without run suffixes: trailing ``-<digits>`` segments and a trailing
+    five-character ``generateName`` suffix that contains a digit are removed
+    (``digits-2`` -> ``digits``, ``lm-x7k2q`` -> ``lm``, ``lm-20261201-3`` -> ``lm``).
+
+    Returns:
+        The key; the name itself when nothing is left after stripping.
+    """
+    parts = job_name.split("-")
+    while len(parts) > 1 and (parts[-1].isdigit() or _GENERATED_SUFFIX_RE.match(parts[-1])):
+        parts.pop()
+    return "-".join(parts) or job_name
+
+
+def profile_key(job: JobSpec) -> str:
+    """``spec.training.profileKey``, or :func:`default_profile_key` of the job name."""
+    return job.training.profile_key or default_profile_key(job.name)
+
+
+def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
+    p = "spec.runPolicy"
+    sched = mapping(r, "schedulingPolicy", f"{p}.schedulingPolicy", required=False)
+    return RunPolicy(
+        backoff_limit=integer(r, "backoffLimit", f"{p}.backoffLimit", 3, 0, 1000),
+        active_deadline_seconds=optional_integer(r, "activeDeadlineSeconds", f"{p}.activeDeadlineSeconds"),
+        ttl_seconds_after_finished=optional_integer(r, "ttlSecondsAfterFinished",
+                                                    f"{p}.ttlSecondsAfterFinished"),
+        clean_pod_policy=enum(r, "cleanPodPolicy", f"{p}.cleanPodPolicy", CLEAN_POD_POLICIES, "Running"),
+        suspend=boolean(r, "suspend", f"{p}.suspend", False),
+        queue=str(sched.get("queue", "")), priority_class=str(sched.get("priorityClass", "")),
+        node_loss_grace_seconds=integer(r, "nodeLossGraceSeconds", f"{p}.nodeLossGraceSeconds",
+                                     300, 0, 86400),
+    )
+
+
+# --- field readers -------------------------------------------------------------------------

@@ -1,0 +1,355 @@
+"""GPUs published through Dynamic Resource Allocation: the inventory from ResourceSlices (requests as
+ResourceClaimTemplates are rendered by :mod:`hetero_operator.render.claims`; pure: dicts in, dicts out).
+
+NVIDIA's DRA driver for GPUs (driver name ``gpu.nvidia.com``, NVIDIA/k8s-dra-driver-gpu,
+``cmd/gpu-kubelet-plugin/deviceinfo.go``) publishes one ResourceSlice per node (pool = node name)
+whose devices carry, in the attribute domain ``gpu.nvidia.com``:
+
+* whole GPUs (``type: gpu``, device ``gpu-<minor>``, DeviceClass ``gpu.nvidia.com``):
+  ``uuid``, ``productName`` (the NVML name, ``"NVIDIA A100-SXM4-40GB"``), ``brand``,
+  ``architecture``, ``cudaComputeCapability`` (version ``8.0.0``), ``driverVersion`` (version
+  ``550.54.15``), ``cudaDriverVersion`` (version ``12.4.0``), ``pcieBusID``; capacity ``memory``
+  (bytes);
+* MIG devices (``type: mig``, device ``gpu-<minor>-mig-<giProfileId>-<start>-<size>``,
+  DeviceClass ``mig.nvidia.com``): the parent's attributes plus ``parentUUID`` and ``profile``
+  (``"1g.5gb"``); capacity ``memory`` and ``multiprocessors`` of the slice.
+
+This module reads them into the planner's own :class:`~hetero_operator.api.types.NodeInventory`, so a
+node is planned the same whether GFD labels and the device plugin or DRA describe it: product is
+the GFD spelling of ``productName`` (spaces -> ``-``, as GFD writes ``nvidia.com/gpu.product``),
+architecture comes from the compute capability by GFD's mapping, speed from the same table, and
+``resource_name`` keeps the device plugin's spelling (``nvidia.com/gpu``,
+``nvidia.com/mig-<profile>``) as the GPU type's key.
+:func:`hetero_operator.render.claims.use_claims` replaces that
+extended-resource request by a ResourceClaimTemplate per group whose CEL selector pins the planned
+product (and MIG profile).
+
+API version: ``resource.k8s.io/v1``. It is GA and served by default from Kubernetes 1.34 (the
+``v1beta1``/``v1beta2`` versions are deprecated there and need feature gates or runtime-config
+on older clusters); NVIDIA's driver publishes ``v1`` on 1.34+. The reader also accepts the
+``v1beta1`` device shape (attributes under ``basic``), so slices listed from a 1.32/1.33 cluster
+read the same; what we create (claim templates) is ``v1`` only.
+
+Not modelled: partitionable devices (dynamic MIG with shared counters, KEP-4815): devices that
+consume counters are skipped, so such a node is read as its whole GPUs. Device taints (alpha) are
+ignored; node health (cordon, NotReady, taints) is checked as for GFD nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero_operator.api import types as model
+from hetero_operator.api.types import (Device, ExcludedNode, Inventory, InventoryWarning,
+                                       NodeInventory)
+from hetero_operator.cluster import gfd
+from hetero_operator.cluster.cudatable import cuda_for_driver
+from hetero_operator.cluster.gputable import base_speed, mig_speed
+from hetero_operator.cluster.inventory import (DEFAULT_TOLERATED_TAINT_KEYS, build_inventory,
+                                               read_node)
+
+API_VERSION = "resource.k8s.io/v1"
+DRIVER = "gpu.nvidia.com"
+"""Driver name of NVIDIA's DRA driver for GPUs, also the attribute domain of its devices."""
+HEALTH_REASONS = (model.UNSCHEDULABLE, model.NOT_READY, model.TAINTED, model.MIG_PENDING,
+                  model.MIG_FAILED)
+"""Exclusions of a node that hold whatever publishes its GPUs (GFD labels or DRA)."""
+_MIB = 1024 * 1024
+_SUFFIX = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50,
+           "k": 10 ** 3, "M": 10 ** 6, "G": 10 ** 9, "T": 10 ** 12, "P": 10 ** 15}
+
+
+class DraError(ValueError):
+    """A device whose attributes cannot be read (the node is excluded with ``MalformedLabels``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DraDevice:
+    """One device of NVIDIA's driver as published in a ResourceSlice.
+
+    Attributes:
+        node: node name (``spec.nodeName``).
+        pool: pool name (the node name for NVIDIA's driver).
+        name: device name, e.g. ``"gpu-0"``, ``"gpu-0-mig-9-4-4"``.
+        product_name: ``productName`` as published (NVML name, with spaces).
+        mig_profile: ``profile`` of a MIG device, ``""`` for a whole GPU.
+        compute_capability: ``"8.0"`` (from the version ``8.0.0``).
+        driver_version: ``"550.54.15"``.
+        cuda_driver: ``cudaDriverVersion`` as ``(12, 4)``.
+        memory_mib: capacity ``memory`` in MiB.
+        multiprocessors: capacity ``multiprocessors`` (MIG), else 0.
+    """
+
+    node: str
+    pool: str
+    name: str
+    product_name: str
+    mig_profile: str
+    compute_capability: str
+    driver_version: str
+    cuda_driver: tuple[int, int]
+    memory_mib: int
+    multiprocessors: int = 0
+
+    @property
+    def gpu_type(self) -> str:
+        """GFD-style type, ``"NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"`` for MIG."""
+        return model.gpu_type_name(gfd_product(self.product_name), self.mig_profile)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DraInventory:
+    """The nodes whose GPUs DRA publishes.
+
+    Attributes:
+        inventory: the full inventory (GFD nodes, with DRA nodes read from their slices).
+        dra_nodes: names of the nodes read from DRA.
+        product_names: ``{(node, gpu_type): productName}`` for the CEL selectors.
+    """
+
+    inventory: Inventory
+    dra_nodes: frozenset[str] = frozenset()
+    product_names: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+
+def gfd_product(product_name: str) -> str:
+    """``productName`` -> the GFD product label value (``"Tesla T4"`` -> ``"Tesla-T4"``)."""
+    return "-".join(str(product_name).split())
+
+
+# --- reading slices ----------------------------------------------------------------------------
+
+def read_slices(slices: Iterable[Mapping[str, Any]]) -> list[DraDevice | tuple[str, str]]:
+    """The devices of NVIDIA's driver in ``slices``, in node then device order.
+
+    Only slices of driver :data:`DRIVER` with ``spec.nodeName`` count, and of each pool only the
+    slices of its newest ``pool.generation`` (older ones are being replaced, per the ResourceSlice
+    API). Devices that consume shared counters (partitionable MIG) and devices of other types
+    (``vfio``) are skipped.
+
+    Returns:
+        :class:`DraDevice` entries, and ``(node, message)`` for a device that cannot be read.
+    """
+    newest: dict[str, int] = {}
+    ours = []
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
+            continue
+        pool = spec.get("pool") or {}
+        gen = int(pool.get("generation") or 0)
+        name = str(pool.get("name") or spec["nodeName"])
+        newest[name] = max(newest.get(name, gen), gen)
+        ours.append((name, gen, spec))
+    out: list[DraDevice | tuple[str, str]] = []
+    for pool, gen, spec in sorted(ours, key=lambda t: (str(t[2]["nodeName"]), t[0])):
+        if gen != newest[pool]:
+            continue
+        for dev in spec.get("devices") or ():
+            try:
+                read = _device(str(spec["nodeName"]), pool, dev)
+            except DraError as exc:
+                out.append((str(spec["nodeName"]), str(exc)))
+                continue
+            if read is not None:
+                out.append(read)
+    return out
+
+
+def _device(node: str, pool: str, dev: Mapping[str, Any]) -> DraDevice | None:
+    body = dev.get("basic") or dev  # v1beta1 nests attributes/capacity under "basic"
+    if body.get("consumesCounters"):
+        return None
+    attrs = {_unqualified(k): v for k, v in (body.get("attributes") or {}).items()}
+    capacity = {_unqualified(k): v for k, v in (body.get("capacity") or {}).items()}
+    name = str(dev.get("name") or "")
+    kind = _string(attrs, "type", name)
+    if kind not in ("gpu", "mig"):
+        return None
+    profile = _string(attrs, "profile", name) if kind == "mig" else ""
+    cc = _version(attrs, "cudaComputeCapability", name)
+    cuda = _version(attrs, "cudaDriverVersion", name)
+    return DraDevice(
+        node=node, pool=pool, name=name, product_name=_string(attrs, "productName", name),
+        mig_profile=profile, compute_capability=".".join(cc.split(".")[:2]),
+        driver_version=_version(attrs, "driverVersion", name),
+        cuda_driver=(int(cuda.split(".")[0]), int((cuda.split(".") + ["0"])[1])),
+        memory_mib=_quantity(capacity, "memory", name) // _MIB,
+        multiprocessors=_quantity(capacity, "multiprocessors", name) if kind == "mig" else 0)
+
+
+def _unqualified(key: str) -> str:
+    return key[len(DRIVER) + 1:] if key.startswith(DRIVER + "/") else key
+
+
+def _string(attrs: Mapping[str, Any], key: str, device: str) -> str:
+    value = (attrs.get(key) or {}).get("string")
+    if not isinstance(value, str) or not value:
+        raise DraError(f"device {device}: attribute {DRIVER}/{key} (string) is missing")
+    return value
+
+
+def _version(attrs: Mapping[str, Any], key: str, device: str) -> str:
+    value = (attrs.get(key) or {}).get("version")
+    parts = str(value or "").split("+")[0].split("-")[0].split(".")
+    if not value or not all(p.isdigit() for p in parts):
+        raise DraError(f"device {device}: attribute {DRIVER}/{key} must be a version like "
+                       f"8.0.0, got {value!r}")
+    return ".".join(parts)
+
+
+def _quantity(capacity: Mapping[str, Any], key: str, device: str) -> int:
+    raw = str((capacity.get(key) or {}).get("value", "")).strip()
+    number = raw.rstrip("KMGTPi")
+    suffix = raw[len(number):]
+    if not number.isdigit() or (suffix and suffix not in _SUFFIX):
+        raise DraError(f"device {device}: capacity {key} must be an integer quantity such as "
+                       f"40Gi, got {raw!r}")
+    return int(number) * _SUFFIX.get(suffix, 1)
+
+
+def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """``{(pool, device)}`` of NVIDIA's driver allocated to ResourceClaims (``status.allocation``)."""
+    out = set()
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for result in (allocation.get("devices") or {}).get("results") or ():
+            if result.get("driver") == DRIVER:
+                out.add((str(result.get("pool")), str(result.get("device"))))
+    return out
+
+
+def claim_owned_by_job(claim: Mapping[str, Any], job: str, namespace: str) -> bool:
+    """True for a claim generated for one of the job's pods (owner pod ``<job>-g…``)."""
+    meta = claim.get("metadata") or {}
+    return meta.get("namespace") == namespace and any(
+        ref.get("kind") == "Pod" and str(ref.get("name", "")).startswith(f"{job}-g")
+        for ref in meta.get("ownerReferences") or ())
+
+
+# --- inventory ---------------------------------------------------------------------------------
+
+def build_dra_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]] = (),
+                        slices: Iterable[Mapping[str, Any]] = (),
+                        claims: Iterable[Mapping[str, Any]] = (), *,
+                        tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS,
+                        ) -> DraInventory:
+    """The cluster's inventory with every node that has NVIDIA DRA devices read from DRA.
+
+    GFD-labelled nodes are read by :func:`hetero_operator.cluster.inventory.build_inventory` as before. A
+    node with devices of :data:`DRIVER` in ``slices`` is read from those devices only (a node
+    should not publish the same GPUs through the device plugin and DRA; NVIDIA's driver docs ask
+    to disable the plugin there), unless its health excludes it (cordoned, NotReady, tainted, MIG
+    reconfiguration): then the GFD path's exclusion stands.
+
+    Args:
+        nodes: Node objects.
+        pods: bound pods (extended-resource use, for GFD nodes).
+        slices: ResourceSlice objects (``resource.k8s.io/v1``; v1beta1 shape accepted).
+        claims: ResourceClaim objects; devices in their ``status.allocation`` are not free. Pass
+            only claims that are not the job's own when re-planning it (:func:`claim_owned_by_job`).
+        tolerated_taint_keys: taint keys that do not exclude a node.
+
+    Returns:
+        The merged inventory, which nodes came from DRA, and their product names.
+    """
+    nodes = list(nodes)
+    base = build_inventory(nodes, pods, tolerated_taint_keys=tolerated_taint_keys)
+    return merge_dra(base, nodes, slices, claims, tolerated_taint_keys=tolerated_taint_keys)
+
+
+def merge_dra(base: Inventory, nodes: Iterable[Mapping[str, Any]],
+              slices: Iterable[Mapping[str, Any]] = (), claims: Iterable[Mapping[str, Any]] = (), *,
+              tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS) -> DraInventory:
+    """:func:`build_dra_inventory` on an inventory already read from the nodes' GFD labels (the
+    operator's node index keeps that one up to date)."""
+    nodes = list(nodes)
+    read = read_slices(slices)
+    if not read:
+        return DraInventory(inventory=base)
+    by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
+    taken = allocated_devices(claims)
+    devices: dict[str, list[DraDevice]] = {}
+    errors: dict[str, str] = {}
+    for entry in read:
+        if isinstance(entry, DraDevice):
+            devices.setdefault(entry.node, []).append(entry)
+        else:
+            errors.setdefault(entry[0], entry[1])
+    usable = {n.name: n for n in base.nodes}
+    excluded = {e.node: e for e in base.excluded}
+    warnings = [w for w in base.warnings if w.node not in devices and w.node not in errors]
+    product_names: dict[tuple[str, str], str] = {}
+    dra_nodes = set()
+    for name in sorted(devices.keys() | errors.keys()):
+        node = by_name.get(name)
+        if node is None:  # a slice of a node that is gone (or not yet listed)
+            continue
+        health = read_node(node, {}, tolerated_taint_keys=tolerated_taint_keys)
+        if isinstance(health, ExcludedNode) and health.reason in HEALTH_REASONS:
+            if name in devices:  # name its GPU type for the unschedulable message, as GFD does
+                health = ExcludedNode(node=name, reason=health.reason, message=health.message,
+                                      gpu_type=health.gpu_type or devices[name][0].gpu_type)
+            excluded[name] = health
+            continue
+        usable.pop(name, None)
+        excluded.pop(name, None)
+        if name in errors:
+            excluded[name] = ExcludedNode(node=name, reason=model.MALFORMED_LABELS,
+                                          message=f"ResourceSlice of {DRIVER}: {errors[name]}; "
+                                                  "check the DRA driver's kubelet plugin")
+            continue
+        inv, node_warnings = _node_inventory(name, devices[name], taken)
+        usable[name] = inv
+        warnings.extend(node_warnings)
+        dra_nodes.add(name)
+        for dev in devices[name]:
+            product_names[(name, dev.gpu_type)] = dev.product_name
+    inventory = Inventory(nodes=tuple(usable[k] for k in sorted(usable)),
+                          excluded=tuple(excluded[k] for k in sorted(excluded)),
+                          warnings=tuple(warnings))
+    return DraInventory(inventory=inventory, dra_nodes=frozenset(dra_nodes),
+                        product_names=product_names)
+
+
+def _node_inventory(name: str, devices: Sequence[DraDevice], taken: set[tuple[str, str]],
+                    ) -> tuple[NodeInventory, list[InventoryWarning]]:
+    """One node's device classes: devices of equal (product, profile) are one class."""
+    warnings: list[InventoryWarning] = []
+    classes: dict[tuple[str, str], list[DraDevice]] = {}
+    for dev in devices:
+        classes.setdefault((gfd_product(dev.product_name), dev.mig_profile), []).append(dev)
+    out = []
+    for (product, profile), members in classes.items():
+        first = members[0]
+        arch = gfd.architecture(first.compute_capability)
+        speed, known = base_speed(product, arch)
+        if not known:
+            warnings.append(InventoryWarning(
+                node=name, reason=model.UNKNOWN_GPU_SPEED,
+                message=f"{product} is not in the speed table; using the {arch} default "
+                        f"{speed:.2f} (set spec.gpus.speedOverrides to correct it)"))
+        free = sum(1 for d in members if (d.pool, d.name) not in taken)
+        common = {"node": name, "product": product, "compute_capability": first.compute_capability,
+                  "architecture": arch, "total": len(members), "free": free,
+                  "memory_mib": min(d.memory_mib for d in members)}
+        if profile:
+            slices = gfd.profile_slices(profile)
+            out.append(Device(**common, mig_profile=profile,
+                              resource_name=gfd.MIG_RESOURCE_PREFIX + profile,
+                              relative_speed=mig_speed(speed, slices), compute_slices=slices,
+                              multiprocessors=first.multiprocessors))
+        else:
+            out.append(Device(**common, resource_name=gfd.GPU_RESOURCE, relative_speed=speed))
+    driver = devices[0].driver_version
+    parts = driver.split(".")
+    driver_cuda = cuda_for_driver(int(parts[0]), int(parts[1]) if len(parts) > 1 else None) or (0, 0)
+    runtime = min(d.cuda_driver for d in devices)
+    return NodeInventory(name=name, driver_version=driver, max_cuda=min(runtime, driver_cuda),
+                         devices=tuple(sorted(out, key=lambda d: d.resource_name)),
+                         driver_cuda=driver_cuda), warnings
+
+
+# --- requests ----------------------------------------------------------------------------------

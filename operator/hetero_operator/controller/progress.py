@@ -1,0 +1,128 @@
+"""Rank 0's training progress: read its Prometheus endpoint, write ``status.progress``.
+
+The one place that scrapes rank 0 (worker metric names in docs/internal-api.md).  Reads are
+throttled per job (``progress_interval_s``) and bounded (2 s); an unreadable endpoint only
+means no progress update this time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from hetero_operator.api import conditions as c
+from hetero_operator.api.labels import LABEL_RANK
+
+MetricsUrlFn = Callable[[Mapping[str, Any], int], "str | None"]
+READ_TIMEOUT_S = 2.0
+
+
+def default_metrics_url(pod: Mapping[str, Any], port: int) -> str | None:
+    """``http://<podIP>:<port>/metrics`` of a running pod, ``None`` before it has an IP."""
+    ip = (pod.get("status") or {}).get("podIP")
+    return f"http://{ip}:{port}/metrics" if ip and port else None
+
+
+async def fetch_metrics(url: str) -> str | None:
+    """The ``/metrics`` text at ``url``, ``None`` when unreadable within :data:`READ_TIMEOUT_S`."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(url) as resp:
+                return await resp.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None
+
+
+class ProgressReader:
+    """Reads rank 0's metrics at most every ``interval_s`` per job.
+
+    Args:
+        metrics_url: where rank 0's metrics are (a test kubelet maps ports).
+        interval_s: least time between two reads of one job, seconds.
+    """
+
+    def __init__(self, metrics_url: MetricsUrlFn, interval_s: float) -> None:
+        self.metrics_url, self.interval_s = metrics_url, interval_s
+        self._read_at: dict[tuple[str, str], float] = {}
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted job's memory."""
+        self._read_at.pop((namespace, name), None)
+
+    async def read(self, namespace: str, name: str, pods: list[dict[str, Any]], *, metrics_port: int,
+                   global_batch: int, now_s: float) -> dict[str, Any]:
+        """``{"progress": ...}`` from rank 0's metrics when due and readable, else ``{}``."""
+        key = (namespace, name)
+        if now_s - self._read_at.get(key, -1e18) < self.interval_s:
+            return {}
+        rank0 = next((p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RANK) == "0"), None)
+        url = self.metrics_url(rank0, metrics_port) if rank0 else None
+        if url is None:
+            return {}
+        self._read_at[key] = now_s
+        text = await fetch_metrics(url)
+        if text is None:
+            return {}
+        progress = parse_progress(text, global_batch)
+        return {} if progress is None else {"progress": progress_status(progress, now_s)}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Progress:
+    """Rank 0's training progress.
+
+    Attributes:
+        step: optimizer steps completed (``htj_steps_total``).
+        samples_per_s: global throughput, samples/s: rank 0's last-step throughput
+            (``htj_throughput_samples_per_second``) scaled by global / local batch (ranks step
+            together, so every rank's step time is the global step time).
+        loss: last loss (``htj_loss``), ``None`` when absent.
+        efficiency: ``htj_job_efficiency_ratio`` (job samples/s over the sum of the ranks'
+            compute-only samples/s), ``None`` before rank 0 exported it.
+        prediction_ratio: ``htj_job_prediction_ratio`` (measured / the planner's predicted
+            samples/s), ``None`` without a prediction.
+    """
+
+    step: int
+    samples_per_s: float
+    loss: float | None = None
+    efficiency: float | None = None
+    prediction_ratio: float | None = None
+
+
+def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
+    """Read rank 0's ``/metrics`` text; ``None`` when it has no ``htj_steps_total`` yet."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in ("htj_steps_total", "htj_throughput_samples_per_second",
+                               "htj_local_batch_size", "htj_loss", "htj_job_efficiency_ratio",
+                               "htj_job_prediction_ratio"):
+                values[sample.name] = sample.value
+    if "htj_steps_total" not in values:
+        return None
+    local = values.get("htj_local_batch_size") or 0
+    rate = values.get("htj_throughput_samples_per_second", 0.0)
+    scale = global_batch / local if local > 0 else 1.0
+    return Progress(step=int(values["htj_steps_total"]), samples_per_s=rate * scale,
+                    loss=values.get("htj_loss"), efficiency=values.get("htj_job_efficiency_ratio"),
+                    prediction_ratio=values.get("htj_job_prediction_ratio"))
+
+
+def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:
+    """``status.progress`` (decimals as strings: no floats in the API object)."""
+    out: dict[str, Any] = {"step": progress.step, "samplesPerSecond": f"{progress.samples_per_s:.1f}",
+                           "updateTime": c.now_iso(now_s)}
+    if progress.loss is not None:
+        out["loss"] = f"{progress.loss:.4f}"
+    if progress.efficiency is not None:
+        out["efficiency"] = f"{progress.efficiency:.3f}"
+    if progress.prediction_ratio is not None:
+        out["predictionRatio"] = f"{progress.prediction_ratio:.3f}"
+    return out

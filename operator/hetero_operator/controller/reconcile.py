@@ -1,0 +1,449 @@
+"""The reconciler: observe a job, ask :mod:`lifecycle`, carry out the decision.
+
+Level-based: every kick re-reads the job and its pods from the API, so a restarted operator
+continues from ``status`` alone (restarts, attempt, plan) and never creates duplicates
+(deterministic names, 409 tolerated).  A decision's status is written before any pod is deleted,
+so a restart is counted exactly once even when the operator dies in between.
+
+The concerns around it each live in one module: when a job is looked at next
+(:mod:`~hetero_operator.controller.requeue`), which replica acts
+(:mod:`~hetero_operator.controller.leadership`), rank 0's progress
+(:mod:`~hetero_operator.controller.progress`), Events (:mod:`~hetero_operator.controller.events`),
+node health (:mod:`~hetero_operator.cluster.nodehealth`), pods and status
+(:mod:`~hetero_operator.lifecycle.status`), bounded API calls (:mod:`~hetero_operator.controller.k8s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import kopf
+
+from hetero_operator.api import conditions as c
+from hetero_operator.api import labels
+from hetero_operator.api.errors import SpecError
+from hetero_operator.api.settings import OperatorConfig
+from hetero_operator.api.spec import JobSpec, parse_job, profile_key
+from hetero_operator.api.types import Inventory, Plan, Unschedulable
+from hetero_operator.cluster import dra
+from hetero_operator.cluster.nodehealth import NodeHealth, node_health
+from hetero_operator.cluster.nodeindex import build_indexed_inventory, gpu_pod_entry
+from hetero_operator.controller.events import EventRecorder
+from hetero_operator.controller.k8s import Api
+from hetero_operator.controller.leadership import Leadership
+from hetero_operator.controller.learning import SpeedLearner
+from hetero_operator.controller.learning import record as record_speeds
+from hetero_operator.controller.metrics import OperatorMetrics
+from hetero_operator.controller.objects import (RESOURCE_CLAIM_TEMPLATES, Gate, KueueGate,
+                                                dra_objects)
+from hetero_operator.controller.progress import MetricsUrlFn, ProgressReader, default_metrics_url
+from hetero_operator.controller.requeue import Requeue, next_look_s
+from hetero_operator.controller.reservations import Reservations
+from hetero_operator.lifecycle import decisions as lc
+from hetero_operator.lifecycle import status as st
+from hetero_operator.planning import profiles
+from hetero_operator.planning.marginal import LinkSettings, PlanInputs
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.render import pods as rendering
+from hetero_operator.render import workload as kueue
+from hetero_operator.render.claims import use_claims
+from hetero_operator.render.env import render_rank_envs
+
+log = logging.getLogger("heterotrain.operator")
+Key = tuple[str, str]
+WARNING_WAITS = frozenset({"NodeNotReady"})
+"""Wait reasons that are Warnings (re-posted while the job keeps waiting)."""
+
+__all__ = ["MetricsUrlFn", "Reconciler", "default_metrics_url", "with_default_images"]
+
+
+def profile_note(spec: JobSpec) -> str:
+    """Where the ranks write profiler traces (annotation ``heterotrain.io/profile-steps``), for
+    the Created condition's message; ``""`` when not profiling."""
+    if spec.profile_steps is None:
+        return ""
+    first, last = spec.profile_steps
+    where = (f"{spec.training.checkpoint_path}/profiles/" if spec.training.checkpoint_path
+             else "./profiles/ in each container (lost with the pod: set spec.training.checkpoint)")
+    volume = (f" on PersistentVolumeClaim {spec.training.checkpoint_pvc}"
+              if spec.training.checkpoint_path and spec.training.checkpoint_pvc else "")
+    return (f" Profiling steps {first}-{last}: every rank writes "
+            f"{where}rank-<r>-steps-{first}-{last}.trace.json{volume}.")
+
+
+def with_default_images(job: JobSpec, config: OperatorConfig) -> JobSpec:
+    """Fill an empty ``spec.images`` with the operator's default catalog."""
+    return job if job.images else replace(job, images=config.default_images)
+
+
+class Reconciler:
+    """Runs reconciles per job, one at a time per job.
+
+    Args:
+        config: operator settings.
+        api: API wrapper.
+        metrics: operator metrics.
+        nodes: returns the Node objects (the kopf index).
+        gpu_pods: returns pods bound to nodes that hold GPUs (the kopf index).
+        identity / peering_namespace: this replica's kopf peering identity; ``identity=None``
+            means standalone (always acts).
+        namespaced_peering: read the ``KopfPeering`` of each job's namespace (kopf's namespaced
+            mode) instead of ``peering_namespace``'s.
+        metrics_url: where rank 0's metrics are read (a test kubelet maps ports).
+        clock: epoch seconds.
+    """
+
+    def __init__(self, *, config: OperatorConfig, api: Api, metrics: OperatorMetrics,
+                 nodes: Callable[[], list[dict[str, Any]]],
+                 gpu_pods: Callable[[], list[dict[str, Any]]],
+                 identity: str | None = None, peering_namespace: str | None = None,
+                 namespaced_peering: bool = False,
+                 metrics_url: MetricsUrlFn = default_metrics_url,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config, self.api, self.metrics = config, api, metrics
+        self.nodes, self.gpu_pods, self.clock = nodes, gpu_pods, clock
+        self.timing = lc.Timing(pending_timeout_s=config.pending_timeout_s,
+                                backoff_base_s=config.backoff_base_s,
+                                backoff_max_s=config.backoff_max_s)
+        self.requeue = Requeue(self._work, retry_s=config.resync_s)
+        self.leadership = Leadership(get_peering=api.get_peering, identity=identity,
+                                     peering=config.peering, namespace=peering_namespace,
+                                     priority=config.peering_priority, clock=clock,
+                                     per_job_namespace=namespaced_peering)
+        self.events = EventRecorder(api, repeat_s=config.waiting_event_interval_s)
+        self.progress = ProgressReader(metrics_url, config.progress_interval_s)
+        self.learner = SpeedLearner(metrics_url, config.progress_interval_s)
+        self._phases: dict[Key, str] = {}
+        self._job_nodes: dict[Key, frozenset[str]] = {}
+        self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
+        self.reservations = Reservations()  # planned pods the pod index has not seen yet
+
+    # --- kicks -----------------------------------------------------------------------------
+
+    def kick(self, namespace: str, name: str, delay_s: float = 0.0) -> None:
+        """Reconcile ``namespace/name`` after ``delay_s`` (an earlier pending kick wins)."""
+        self.requeue.kick(namespace, name, delay_s)
+
+    def kick_pending(self, delay_s: float = 0.2) -> None:
+        """Kick every job that waits for capacity (a node was added or changed)."""
+        for key, phase in list(self._phases.items()):
+            if phase == c.PENDING:
+                self.kick(*key, delay_s=delay_s)
+
+    def node_changed(self, node: str, delay_s: float = 0.2) -> None:
+        """A Node changed or went: kick the jobs waiting for capacity and those with pods on it."""
+        self.kick_pending(delay_s)
+        for key, nodes in list(self._job_nodes.items()):
+            if node in nodes:
+                self.kick(*key, delay_s=delay_s)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted job's timers and memory."""
+        key = (namespace, name)
+        self.requeue.forget(namespace, name)
+        self.events.forget(namespace, name)
+        self.progress.forget(namespace, name)
+        self.learner.forget(namespace, name)
+        self._phases.pop(key, None)
+        self._job_nodes.pop(key, None)
+        self.reservations.release(key)
+        self.metrics.set_phases(self._phases.values())
+
+    async def stop(self) -> None:
+        """Cancel pending kicks and running reconciles."""
+        await self.requeue.stop()
+
+    async def is_leader(self, namespace: str | None = None) -> bool:
+        """True when this replica may act on jobs of ``namespace`` (see
+        :mod:`hetero_operator.controller.leadership`)."""
+        return await self.leadership.is_leader(namespace)
+
+    async def _work(self, namespace: str, name: str) -> float | None:
+        started = time.perf_counter()
+        try:
+            if not await self.leadership.is_leader(namespace):
+                return self.config.resync_s
+            return await self.reconcile(namespace, name)
+        finally:
+            self.metrics.reconcile_duration.observe(time.perf_counter() - started)
+
+    # --- one reconcile ---------------------------------------------------------------------
+
+    async def reconcile(self, namespace: str, name: str) -> float | None:
+        """Observe, decide, act once; returns seconds until the next look (``None`` = done)."""
+        job = await self.api.get_job(namespace, name)
+        if job is None or (job.get("metadata") or {}).get("deletionTimestamp"):
+            self.forget(namespace, name)
+            return None
+        now = self.clock()
+        status = dict(job.get("status") or {})
+        try:
+            spec = with_default_images(parse_job(job), self.config)
+        except SpecError as exc:
+            await self._invalid(job, status, exc, now)
+            return None
+        pods = await self.api.list_pods(namespace, labels.selector(name))
+        if pods:  # the API has them: from here on the pod index counts them, not a hold
+            self.reservations.release((namespace, name))
+        planned_nodes = {g["pod"]: g["node"] for g in (status.get("plan") or {}).get("groups") or ()}
+        states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], "")) for p in pods]
+        used = frozenset(p.node for p in states if p.node)
+        self._job_nodes[(namespace, name)] = used
+        gate = None
+        if kueue.queue_name(job) and st.job_state(status).phase not in c.FINISHED_PHASES:
+            gate = await self.kueue.check(job, spec, lambda: self._plan(spec, capacity=True)[0])
+        decision = lc.decide(st.job_state(status), gate.policy(spec) if gate else spec.run_policy,
+                             states, nodes=self._node_health(used, now), now_s=now, timing=self.timing)
+        decision = gate.explain(decision) if gate else decision
+        log.debug("%s/%s: %s %s (%s) pods=%s", namespace, name, decision.action, decision.phase,
+                  decision.reason, [(p.name, p.phase, p.deleting) for p in states])
+        if decision.action == lc.START:
+            return await self._start(job, spec, status, now, gate=gate)
+        if decision.action == lc.DELETE_JOB:
+            await self.events.post(job, "Normal", decision.reason, decision.message, now)
+            await self.api.delete_job(namespace, name)
+            self.forget(namespace, name)
+            return None
+        extra: dict[str, Any] = {}
+        if decision.action == lc.RUNNING:
+            extra = await self.progress.read(namespace, name, pods, metrics_port=spec.worker.metrics_port,
+                                             global_batch=spec.training.global_batch_size, now_s=now)
+            await self.learner.observe(namespace, name, pods, status.get("plan"),
+                                       metrics_port=spec.worker.metrics_port, now_s=now)
+        await self._record(job, status, decision, states, now, extra=extra)
+        if decision.phase == c.SUCCEEDED and status.get("phase") != c.SUCCEEDED:
+            await self._learn(spec, now)
+        await self._delete_pods(namespace, decision)  # after the status: a restart counts once
+        if gate is not None:
+            await self.kueue.after(gate, job, decision, states, c.now_iso(now))
+        return next_look_s(decision, self.config.resync_s)
+
+    def _node_health(self, used: Iterable[str], now: float) -> dict[str, NodeHealth] | None:
+        """Health of the job's nodes that exist; ``None`` before the node index has any node.
+
+        A node of ``used`` missing from the result is gone.  The name -> node map is a temporary
+        of this call (one per in-flight reconcile would add up at 2,000 nodes).
+        """
+        nodes = self.nodes()
+        if not nodes:
+            return None
+        used = set(used)
+        if not used:  # a job without pods (every start): no map of all nodes
+            return {}
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        return {name: node_health(by_name[name], now) for name in used if name in by_name}
+
+    async def _delete_pods(self, namespace: str, d: lc.Decision) -> None:
+        if d.force_delete_pods:
+            log.warning("%s: force-deleting pod(s) %s (grace 0: %s)", namespace,
+                        ", ".join(d.force_delete_pods), d.reason)
+        await asyncio.gather(*(self.api.delete_pod(namespace, p) for p in d.delete_pods),
+                             *(self.api.delete_pod(namespace, p, grace_s=0) for p in d.force_delete_pods))
+
+    async def _start(self, job: Mapping[str, Any], spec: JobSpec, status: dict[str, Any],
+                     now: float, gate: Gate | None = None) -> float:
+
+        gen = job["metadata"].get("generation")
+        result, drainv = self._plan(spec, allowed=gate.allowed if gate else None,
+                                    dra_source=await dra_objects(self.kueue.objects),
+                                    inputs=await self._plan_inputs(spec, now))
+        if isinstance(result, Unschedulable):
+            self.metrics.record_plan("unschedulable")
+            message = f"Unschedulable: {result.message}"
+            decision = lc.Decision(action=lc.WAIT, phase=c.PENDING, reason=result.reason,
+                                   message=message)
+            await self._record(job, status, decision, [], now, event_type="Warning")
+            return self.config.unschedulable_retry_s
+        self.metrics.record_plan("planned")
+        attempt = int(status.get("attempt") or 0) + 1
+        maddr = rendering.master_addr(spec.name, spec.namespace, result, self.config.service_domain)
+        envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.master_port,
+                                simulated=self.config.simulate_devices,
+                                restart_generation=attempt - 1)
+        pods = rendering.render_pods(spec, result, envs, launcher=self.config.launcher, attempt=attempt,
+                                     run_as_non_root=self.config.worker_run_as_non_root)
+        if gate is not None and gate.allowed:  # the admitted flavors' nodeSelector/tolerations
+            pods = kueue.apply_placements(pods, result, gate.allowed)
+        pods, claim_templates = use_claims(spec.name, spec.namespace, result, pods, drainv,
+                                               labels=labels.selector(spec.name))
+
+        # Held before the first await: a start planned meanwhile counts these GPUs as used.
+        self.reservations.hold((spec.namespace, spec.name),
+                               [e for p in pods for e in (gpu_pod_entry(p) or {}).values()],
+                               now_s=self.clock())
+        children = [rendering.render_service(spec, master_port=self.config.master_port)]
+        if self.config.network_policy:  # before any pod exists: no window with open ports
+            children.append(rendering.render_network_policy(
+                spec, result, metrics_namespaces=self.config.metrics_namespaces))
+        kopf.append_owner_reference([*children, *claim_templates, *pods], owner=job)
+        plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.master_port)
+        message = (f"Placed {result.world_size} ranks on {len(result.nodes)} node(s) "
+                   f"({st.gpu_types_text(plan['groups'])}); expected speedup over an equal split "
+                   f"{plan['expectedSpeedupOverEqual']}x.") + profile_note(spec)
+        new = dict(status, plan=plan, attempt=attempt, ranksWanted=result.world_size,
+                   ranksRunning=0, ranksSummary=f"0/{result.world_size}",
+                   gpuTypes=st.gpu_types_text(plan["groups"]), lastStartTime=c.now_iso(now),
+                   phase=c.CREATED, message=message, observedGeneration=gen)
+        new.setdefault("startTime", c.now_iso(now))
+        new.pop("restartNotBefore", None)
+        new["conditions"] = c.apply_phase(status.get("conditions") or [], phase=c.CREATED,
+                                          reason="PodsCreated", message=message, now_s=now,
+                                          generation=gen)
+        await self._patch(job, status, new)  # the plan is recorded before any pod exists
+        for child in children:
+            await self.api.create(child)
+        for template in claim_templates:  # DRA nodes: the pods' claims come from these
+            await self.kueue.objects.create(RESOURCE_CLAIM_TEMPLATES, template)
+        created = await asyncio.gather(*(self.api.create(p) for p in pods))
+        self.metrics.pods_created.inc(sum(created))
+        self._set_phase(job, c.CREATED)
+        self._job_nodes[(spec.namespace, spec.name)] = frozenset(result.nodes)
+        await self.events.post(job, "Normal", "Planned", message, now)
+        for warning in result.warnings:  # label inconsistencies of the nodes this job runs on
+            if warning.node in result.nodes:
+                await self.events.post(job, "Warning", warning.reason, warning.message, now)
+        return self.config.resync_s
+
+    def _plan(self, spec: JobSpec, *, allowed: Mapping[str, Any] | None = None, capacity: bool = False,
+              dra_source: tuple[list[Any], list[Any]] = ([], []),
+              inputs: Any = None) -> tuple[Plan | Unschedulable, Any]:
+        """Plan ``spec`` over the indexed nodes and the GPU pods not its own.
+
+        ``dra_source`` (ResourceSlices, ResourceClaims) adds the nodes whose GPUs DRA publishes
+        (:mod:`hetero_operator.cluster.dra`); ``allowed`` keeps only what Kueue admitted
+        (:func:`hetero_operator.render.workload.restrict_inventory`); ``capacity`` plans as if every GPU
+        were free (the shape of a Workload). Returns the plan and the DRA view it was made on.
+
+        The inventory (about 0.4 KiB per node: ~0.8 MiB at 2,000 nodes) lives only inside this
+        call: ``_start`` awaits API calls after planning, and an inventory kept in its frame would
+        be held once per job being started at the same time (the operator's peak RSS grew by
+        ~1 MiB per job that way).
+        """
+
+        # Index values remember their parse: only nodes changed since the last start are re-read.
+        # Each index is read once per plan (a read lists every Store of the kopf index).
+        nodes, indexed = self.nodes(), self.gpu_pods()
+        held = self.reservations.held_by_others((spec.namespace, spec.name), indexed,
+                                                now_s=self.clock())
+        inventory = build_indexed_inventory(
+            nodes, [p for p in indexed if not _owned_by(p, spec.name, spec.namespace)] + held)
+        slices, claims = dra_source
+        drainv = dra.merge_dra(inventory, nodes, slices,
+                               [x for x in claims if not dra.claim_owned_by_job(x, spec.name, spec.namespace)])
+        inventory = drainv.inventory
+        if capacity:
+            inventory = kueue.capacity_inventory(inventory)
+        if allowed is not None:
+            inventory = kueue.restrict_inventory(inventory, nodes, allowed)
+        result = plan_job(spec, inventory, inputs=inputs)
+        log.info("%s/%s: planned over %d usable node(s), %d GPU pod(s) bound: %s", spec.namespace,
+                 spec.name, len(inventory.nodes), len(indexed),
+                 getattr(result, "message", None) or [(g.node, g.gpu_type, len(g.ranks)) for g in result.groups])
+        return result, replace(drainv, inventory=Inventory(nodes=(), excluded=()))
+
+    async def _plan_inputs(self, spec: JobSpec, now: float) -> Any:
+        """Prices and links from the settings; learned speeds of the job's profileKey from the
+        namespace's ``heterotrain-profiles`` ConfigMap (:mod:`hetero_operator.planning.profiles`); an
+        unreadable ConfigMap only means table speeds."""
+
+        learned: dict[Any, Any] = {}
+        get = getattr(self.api, "get_configmap", None)
+        if get is not None:
+            try:
+                cm = await get(spec.namespace, profiles.CONFIGMAP_NAME)
+            except Exception as exc:  # noqa: BLE001 - advice only: plan from the table
+                log.warning("%s: cannot read ConfigMap %s: %s", spec.namespace,
+                            profiles.CONFIGMAP_NAME, exc)
+                cm = None
+            learned = profiles.fresh(profiles.configmap_entries(cm, profile_key(spec)), now_s=now)
+        return PlanInputs(learned=learned, prices=self.config.gpu_prices, now_s=now,
+                          link=LinkSettings(intra_node_gbps=self.config.link_intra_node_gbps,
+                                            inter_node_gbps=self.config.link_inter_node_gbps))
+
+    async def _learn(self, spec: JobSpec, now: float) -> None:
+        """Record the succeeded job's per-type speeds in ``heterotrain-profiles``
+        (:mod:`hetero_operator.controller.learning`); a failure is logged, never fails the job."""
+
+        key = profile_key(spec)
+        observations = self.learner.observations(spec.namespace, spec.name, unix_s=now)
+        try:
+            entries = await record_speeds(self.api, spec.namespace, key, observations, now_s=now)
+        except Exception as exc:  # noqa: BLE001 - advice only: the job has succeeded regardless
+            log.warning("%s/%s: cannot record learned speeds: %s", spec.namespace, spec.name, exc)
+            return
+        if entries is not None:
+            log.info("%s/%s: learned speeds of %s: %s", spec.namespace, spec.name, key,
+                     {k: (round(e.samples_per_s, 1), e.observations) for k, e in entries.items()})
+
+    async def _record(self, job: Mapping[str, Any], status: dict[str, Any], d: lc.Decision,
+                      states: Iterable[lc.PodState], now: float, event_type: str = "",
+                      extra: Mapping[str, Any] | None = None) -> None:
+        gen = job["metadata"].get("generation")
+        new = dict(status, phase=d.phase, observedGeneration=gen, **(extra or {}))
+        if d.message:
+            new["message"] = d.message
+            new["conditions"] = c.apply_phase(status.get("conditions") or [], phase=d.phase,
+                                              reason=d.reason, message=d.message, now_s=now,
+                                              generation=gen)
+        if d.count_restart:
+            new["restarts"] = int(status.get("restarts") or 0) + 1
+            new["lastFailure"] = d.message.split(";")[0]
+            self.metrics.restarts.inc()
+        if d.count_infrastructure_restart:
+            new["infrastructureRestarts"] = int(status.get("infrastructureRestarts") or 0) + 1
+        if d.disruption:
+            new["lastDisruption"] = d.disruption
+        if d.node_loss is not None:
+            new["lastNodeLoss"] = st.node_loss_status(d.node_loss)
+        if d.restart_not_before_s is not None:
+            new["restartNotBefore"] = c.now_iso(d.restart_not_before_s)
+        if d.action == lc.REPLAN:
+            new["replans"] = int(status.get("replans") or 0) + 1
+        if d.action == lc.FAIL and d.reason == "BackoffLimitExceeded":
+            new["lastFailure"] = d.message.split(";")[0]
+        if d.phase in c.FINISHED_PHASES and not status.get("completionTime"):
+            new["completionTime"] = c.now_iso(now)
+        plan = status.get("plan") or {}
+        wanted = int(plan.get("worldSize") or status.get("ranksWanted") or 0)
+        running = st.ranks_running(states)
+        new.update(ranksRunning=running, ranksSummary=f"{running}/{wanted}")
+        if wanted:
+            new["ranksWanted"] = wanted
+        await self._patch(job, status, new)
+        self._set_phase(job, d.phase)
+        if not d.message:
+            return
+        kind = event_type or ("Warning" if d.action in (lc.FAIL, lc.RESTART, lc.REPLAN)
+                              or d.reason in WARNING_WAITS else "Normal")
+        waiting = kind == "Warning" and d.action == lc.WAIT
+        if d.message != status.get("message") or (
+                waiting and self.events.due(job, kind, d.reason, d.message, now)):
+            await self.events.post(job, kind, d.reason, d.message, now)
+
+    async def _invalid(self, job: Mapping[str, Any], status: dict[str, Any], exc: SpecError,
+                       now: float) -> None:
+        message = f"Invalid spec: {exc}"
+        d = lc.Decision(action=lc.FAIL, phase=c.FAILED, reason="InvalidSpec", message=message)
+        await self._record(job, status, d, [], now, event_type="Warning")
+
+    async def _patch(self, job: Mapping[str, Any], old: Mapping[str, Any], new: dict[str, Any]) -> None:
+        changed = {k: v for k, v in new.items() if old.get(k) != v}
+        removed = {k: None for k in old if k not in new}
+        if changed or removed:
+            meta = job["metadata"]
+            await self.api.patch_job_status(meta["namespace"], meta["name"], {**changed, **removed})
+
+    def _set_phase(self, job: Mapping[str, Any], phase: str) -> None:
+        meta = job["metadata"]
+        self._phases[(meta["namespace"], meta["name"])] = phase
+        self.metrics.set_phases(self._phases.values())
+
+
+def _owned_by(pod: Mapping[str, Any], job: str, namespace: str) -> bool:
+    meta = pod.get("metadata") or {}
+    return meta.get("namespace") == namespace and (meta.get("labels") or {}).get(labels.LABEL_JOB) == job

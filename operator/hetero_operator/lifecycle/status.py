@@ -1,0 +1,172 @@
+"""Read and write the job's ``status`` (pure).
+
+Every key written here is declared in the CRD's status schema (shared/cases/24: a structural
+schema silently prunes undeclared status fields); ``STATUS_KEYS`` lists them for that test.
+``status.progress`` is written by :mod:`hetero_operator.controller.progress` (rank 0's metrics).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hetero_operator.api import conditions as c
+from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ATTEMPT,
+                                        LABEL_RANK)
+from hetero_operator.api.memoryplan import MemoryPlan
+from hetero_operator.api.types import Plan
+from hetero_operator.lifecycle.decisions import SHUTDOWN_REASONS, JobState, NodeLoss, PodState
+from hetero_operator.planning.marginal import VALUE_STATUS_KEYS, value_status
+from hetero_operator.render.pods import pod_units
+
+STATUS_KEYS = frozenset({
+    "phase", "message", "observedGeneration", "conditions", "restarts", "replans", "attempt",
+    "infrastructureRestarts", "lastDisruption", "lastNodeLoss",
+    "ranksWanted", "ranksRunning", "ranksSummary", "gpuTypes", "startTime", "lastStartTime",
+    "completionTime", "restartNotBefore", "lastFailure", "plan", "progress",
+})
+PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
+                       "groups", "excluded", "pods", "memory"}) | VALUE_STATUS_KEYS
+MEMORY_KEYS = frozenset({"requested", "mode", "stateBytes", "reasons", "gpuTypes"})
+MEMORY_TYPE_KEYS = frozenset({"gpuType", "ranks", "usableBytes", "stateSharePercent", "stateBytes",
+                              "microBatches", "activationCheckpointing", "peakBytes"})
+GROUP_KEYS = frozenset({"index", "pod", "node", "gpuType", "architecture", "resourceName", "image",
+                        "precision", "firstRank", "ranks", "localBatches"})
+PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "efficiency", "predictionRatio",
+                           "updateTime"})
+NODE_LOSS_KEYS = frozenset({"node", "reason", "notReadySince", "lostTime", "pods"})
+
+
+def job_state(status: Mapping[str, Any]) -> JobState:
+    """The persisted lifecycle state from ``status`` (missing keys take their defaults)."""
+    plan = status.get("plan") or {}
+    return JobState(
+        phase=str(status.get("phase") or ""), restarts=int(status.get("restarts") or 0),
+        infrastructure_restarts=int(status.get("infrastructureRestarts") or 0),
+        attempt=int(status.get("attempt") or 0), start_s=c.parse_iso(status.get("startTime")),
+        completion_s=c.parse_iso(status.get("completionTime")),
+        restart_not_before_s=c.parse_iso(status.get("restartNotBefore")),
+        planned_pods=tuple(plan.get("pods") or ()),
+    )
+
+
+def pod_state(pod: Mapping[str, Any], planned_node: str = "") -> PodState:
+    """Summarise a ``v1/Pod`` dict for :func:`hetero_operator.lifecycle.decisions.decide`."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    st = pod.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    return PodState(
+        name=meta.get("name", ""), first_rank=int(labels.get(LABEL_RANK, "0")),
+        phase=st.get("phase") or "Pending",
+        node=(pod.get("spec") or {}).get("nodeName") or planned_node,
+        deleting=bool(meta.get("deletionTimestamp")),
+        deletion_s=c.parse_iso(meta.get("deletionTimestamp")),
+        created_s=c.parse_iso(meta.get("creationTimestamp")),
+        attempt=int(labels.get(LABEL_ATTEMPT, "0")),
+        gpu_type=annotations.get(ANNOTATION_GPU_TYPE, ""),
+        ranks=ranks_of(annotations.get(ANNOTATION_RANKS, "")),
+        failure=_failure(st),
+        disruption=disruption(st),
+    )
+
+
+def ranks_of(text: str) -> int:
+    """Number of ranks in a ``heterotrain.io/ranks`` annotation (``"3"`` -> 1, ``"2-5"`` -> 4).
+
+    The annotation, not the pod name, says how many ranks a pod runs (one place; MIG pods run
+    one rank each, a whole-GPU group pod runs the group).  Missing or malformed -> 1.
+    """
+    first, _, last = text.partition("-")
+    try:
+        return int(last) - int(first) + 1 if last else 1
+    except ValueError:
+        return 1
+
+
+def disruption(st: Mapping[str, Any]) -> str:
+    """Why the cluster stopped the pod (:attr:`PodState.disruption`), ``""`` when it did not.
+
+    ``status.reason`` of a node shutdown (``Shutdown``, ``NodeShutdown``, ``Terminated``) or a
+    kubelet eviction (``Evicted``) wins; otherwise the reason of a ``DisruptionTarget``
+    condition with status True (Kubernetes 1.26+, https://kubernetes.io/docs/concepts/workloads/pods/disruptions/#pod-disruption-conditions).
+    """
+    reason = str(st.get("reason") or "")
+    if reason in SHUTDOWN_REASONS or reason == "Evicted":
+        return reason
+    for cond in st.get("conditions") or ():
+        if cond.get("type") == "DisruptionTarget" and str(cond.get("status")) == "True":
+            return str(cond.get("reason") or "DisruptionTarget")
+    return ""
+
+
+def _failure(st: Mapping[str, Any]) -> str:
+    for cs in st.get("containerStatuses") or ():
+        term = (cs.get("state") or {}).get("terminated")
+        if term and term.get("exitCode", 0) != 0:
+            return f"{term.get('reason') or 'Error'} exit {term.get('exitCode')}"
+    return st.get("reason") or ""
+
+
+def plan_status(job_name: str, plan: Plan, *, master_addr: str, master_port: int) -> dict[str, Any]:
+    """``status.plan``: where each rank went (one entry per group) and the excluded nodes."""
+    units = pod_units(job_name, plan)
+    first_pod = {}
+    for u in units:
+        first_pod.setdefault(u.group.index, u.name)
+    return {
+        "worldSize": plan.world_size, "masterAddr": master_addr, "masterPort": master_port,
+        "expectedSpeedupOverEqual": f"{plan.expected_speedup_over_equal:.2f}",
+        "pods": [u.name for u in units],
+        "groups": [{
+            "index": g.index, "pod": first_pod[g.index], "node": g.node, "gpuType": g.gpu_type,
+            "architecture": g.architecture, "resourceName": g.resource_name, "image": g.image,
+            "precision": g.precision, "firstRank": g.ranks[0], "ranks": len(g.ranks),
+            "localBatches": list(g.local_batches)} for g in plan.groups],
+        "excluded": [{"node": e.node, "reason": e.reason, "message": e.message}
+                     for e in plan.excluded],
+        **value_status(plan.value),
+        **({"memory": memory_status(plan.memory)} if plan.memory is not None else {}),
+    }
+
+
+def memory_status(memory: MemoryPlan) -> dict[str, Any]:
+    """``status.plan.memory``: the sharding mode chosen and why, and per GPU type what a rank of it
+    holds (the largest figure among its ranks: most state, most micro-batches, highest peak).
+
+    Per GPU type rather than per rank, so the status stays small at 1,024 ranks; ``heterotrain
+    plan`` prints the per-rank table.
+    """
+    by_type: dict[str, list[Any]] = {}
+    for r in memory.ranks:
+        by_type.setdefault(r.gpu_type, []).append(r)
+    return {
+        "requested": memory.requested, "mode": memory.mode, "stateBytes": memory.state_bytes,
+        "reasons": list(memory.reasons),
+        "gpuTypes": [{
+            "gpuType": t, "ranks": len(rs), "usableBytes": min(r.usable_bytes for r in rs),
+            "stateSharePercent": f"{max(r.state_share_ppm for r in rs) / 1e4:.2f}",
+            "stateBytes": max(r.state_bytes for r in rs),
+            "microBatches": max(r.micro_batches for r in rs),
+            "activationCheckpointing": any(r.activation_checkpointing for r in rs),
+            "peakBytes": max(r.peak_bytes for r in rs)} for t, rs in by_type.items()],
+    }
+
+
+def node_loss_status(loss: NodeLoss) -> dict[str, Any]:
+    """``status.lastNodeLoss``: which node, why, since when, when it counted as lost, its pods."""
+    return {"node": loss.node, "reason": loss.why, "notReadySince": c.now_iso(loss.since_s),
+            "lostTime": c.now_iso(loss.lost_s), "pods": list(loss.pods)}
+
+
+def ranks_running(states: Iterable[PodState]) -> int:
+    """Ranks whose pods are Running and not terminating."""
+    return sum(p.ranks for p in states if p.phase == "Running" and not p.deleting)
+
+
+def gpu_types_text(groups: Iterable[Mapping[str, Any]]) -> str:
+    """``"NVIDIA-A100-SXM4-40GB:1,Tesla-T4:2"``: ranks per GPU type in first-seen order."""
+    counts: dict[str, int] = {}
+    for g in groups:
+        counts[g["gpuType"]] = counts.get(g["gpuType"], 0) + int(g["ranks"])
+    return ",".join(f"{k}:{v}" for k, v in counts.items())

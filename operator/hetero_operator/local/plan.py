@@ -1,0 +1,264 @@
+"""``heterotrain plan JOB.yaml --nodes NODES.yaml [--pods PODS.yaml] [-o table|json]``: dry-run placement.
+
+Prints every rank (node, device, image, precision, local batch, expected share of throughput), the
+expected speed-up over an equal split, every excluded node with its reason and label warnings, and
+notes on what the plan did that the manifest did not say (default images, fewer ranks than asked).
+Exit codes: 0 planned, 2 unschedulable, 1 bad input (one line on stderr naming the file or field),
+64 usage error (see :mod:`hetero_operator.local.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetero_operator.api import prices
+from hetero_operator.api.errors import SpecError
+from hetero_operator.api.quantities import gib
+from hetero_operator.api.settings import DEFAULT_IMAGES
+from hetero_operator.api.spec import KIND, JobSpec, parse_job, profile_key
+from hetero_operator.api.types import Plan, Unschedulable, to_dict
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.local import valueview
+from hetero_operator.planning.plan import plan_job
+
+EXIT_PLANNED, EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 0, 1, 2
+
+
+class InputError(Exception):
+    """Bad input: the message is the one line printed."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``plan`` arguments."""
+    parser.add_argument("job", metavar="JOB.yaml", help="a HeteroTrainingJob manifest")
+    parser.add_argument("--nodes", metavar="NODES.yaml", required=True,
+                        help="a NodeList (kubectl get nodes -o yaml), a Node, or several Node documents")
+    parser.add_argument("--pods", metavar="PODS.yaml", default=None,
+                        help="pods already bound to nodes (kubectl get pods -A -o yaml); their GPUs "
+                             "count as used")
+    parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
+                        help="table (default) or json")
+    valueview.add_arguments(parser, learn_help="`heterotrain run` writes it, `plan` reads it")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan and print; returns the exit code."""
+    try:
+        job = load_job(Path(args.job))
+        nodes = load_objects(Path(args.nodes), "Node")
+        pods = load_objects(Path(args.pods), "Pod") if args.pods else []
+        inputs = valueview.plan_inputs(args, job)
+    except (InputError, prices.PriceError) as exc:
+        print(f"heterotrain plan: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    job, notes = with_default_images(job)
+    result = plan_job(job, build_inventory(nodes, pods), inputs=inputs)
+    notes = [*notes, *plan_notes(result, job)]
+    if args.output == "json":
+        print(json.dumps({**to_dict(result), "notes": notes}, indent=2, sort_keys=True))
+    else:
+        print_result(result, job, notes=notes)
+    return EXIT_PLANNED if isinstance(result, Plan) else EXIT_UNSCHEDULABLE
+
+
+def with_default_images(job: JobSpec) -> tuple[JobSpec, list[str]]:
+    """The job with the operator's default images when ``spec.images`` is empty, and a note naming
+    them (the operator does the same; its ``HTJ_DEFAULT_IMAGES`` setting may name others)."""
+    if job.images:
+        return job, []
+    names = ", ".join(v.image for v in DEFAULT_IMAGES)
+    return replace(job, images=DEFAULT_IMAGES), [
+        f"spec.images is empty: planned with the operator's default images ({names}); an operator "
+        "started with HTJ_DEFAULT_IMAGES uses those instead"]
+
+
+def plan_notes(result: Plan | Unschedulable, job: JobSpec) -> list[str]:
+    """Sentences on a plan that differs from what the manifest asked (fewer ranks), with the reason."""
+    if not isinstance(result, Plan) or result.world_size >= job.gpus.ranks:
+        return []
+    asked, got, batch = job.gpus.ranks, result.world_size, job.training.global_batch_size
+    left_out = result.value.left_out if result.value else ()
+    if left_out:
+        why = (f"spec.gpus.selection Throughput left out {', '.join(f'{lo.devices}x {lo.gpu_type}' for lo in left_out)}"
+               " (their predicted gain is below spec.gpus.minGainPercent; see below)")
+    elif got == batch and batch < asked:
+        why = f"spec.training.globalBatchSize is {batch}, and every rank needs at least one sample"
+    else:
+        why = (f"only {got} eligible GPU{'s are' if got != 1 else ' is'} free (the excluded nodes "
+               "and devices in use are listed below)")
+    return [f"{got} of {asked} ranks asked (spec.gpus.ranks): {why}; it plans {got} because "
+            f"spec.gpus.minRanks is {job.gpus.min_ranks} (the fewest it may start with). Set "
+            f"minRanks to {asked} to wait for all of them instead"]
+
+
+# --- input -----------------------------------------------------------------------------------
+
+def read_text(path: Path) -> str:
+    """The file's text (UTF-8).
+
+    Raises:
+        InputError: in plain words: missing, a directory, not readable, not UTF-8 text.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a YAML file") from None
+    except PermissionError:
+        raise InputError(f"{path}: permission denied (cannot read the file)") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
+                         "save it as UTF-8") from None
+
+
+def _documents(path: Path) -> list[Any]:
+    text = read_text(path)
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {yaml_problem(exc)}") from None
+    if not docs or not all(isinstance(d, Mapping) for d in docs):
+        raise InputError(f"{path}: expected a YAML mapping (a Kubernetes object)")
+    return docs
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """The parser's own words with the place, e.g. ``line 3, column 5: mapping values are not
+    allowed here``."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
+def load_job(path: Path) -> JobSpec:
+    """The first ``HeteroTrainingJob`` document of a file (the first document when none is one).
+
+    Raises:
+        InputError: unreadable file, not YAML, or a :class:`SpecError` (message names the field).
+    """
+    docs = _documents(path)
+    body = next((d for d in docs if d.get("kind") == KIND), docs[0])
+    try:
+        return parse_job(body)
+    except SpecError as exc:
+        raise InputError(f"{path}: {exc}") from None
+
+
+def load_objects(path: Path, kind: str) -> list[dict[str, Any]]:
+    """Objects of ``kind`` from a List/``<kind>List`` (the first document when it is a list) or
+    from the ``kind`` documents of a multi-document file.
+
+    Raises:
+        InputError: unreadable, not YAML, or no object of ``kind``.
+    """
+    docs = _documents(path)
+    first = docs[0]
+    if isinstance(first.get("items"), list):
+        items = [i for i in first["items"] if isinstance(i, Mapping)]
+    else:
+        items = [d for d in docs if d.get("kind") == kind]
+    if not items and kind == "Node":
+        raise InputError(f"{path}: items: no Node objects (expected a NodeList, "
+                         "`kubectl get nodes -o yaml` output, or Node documents)")
+    return items
+
+
+# --- output ----------------------------------------------------------------------------------
+
+def make_console(**kwargs: Any) -> Any:
+    """A rich ``Console`` that raises ``BrokenPipeError`` when its reader went away (rich's own
+    handler exits 1), so :func:`hetero_operator.local.cli.main` ends every subcommand the same way."""
+    from rich.console import Console
+
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError
+
+    return _Console(**kwargs)
+
+
+def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None, *,
+                 notes: Sequence[str] = ()) -> None:
+    """Rich tables for a plan or an unschedulable result, then ``notes`` (one ``Note`` line each)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or make_console(width=max(140, Console().width))
+    if isinstance(result, Plan):
+        total_speed = sum(r.relative_speed for r in result.ranks)
+        table = Table(title=f"Plan for {job.name}: {_n(result.world_size, 'rank')} on "
+                            f"{_n(len(result.nodes), 'node')}, {_n(len(result.groups), 'group')}")
+        for col in ("rank", "group", "node", "device", "resource", "image", "precision", "batch",
+                    "share"):
+            table.add_column(col, overflow="fold",
+                             justify="right" if col in ("rank", "group", "batch", "share") else "left")
+        for r in result.ranks:
+            env = result.groups[r.group].extra_env
+            device = r.gpu_type + (f" [{', '.join(f'{k}={v}' for k, v in env.items())}]" if env else "")
+            table.add_row(str(r.rank), str(r.group), r.node, device, r.resource_name, r.image or "-",
+                          r.precision, str(r.local_batch), f"{100 * r.relative_speed / total_speed:.1f}%")
+        console.print(table)
+        console.print(f"Expected speed-up over an equal split: "
+                      f"{result.expected_speedup_over_equal:.2f}x "
+                      f"(global batch {job.training.global_batch_size}, split "
+                      f"{job.training.batch_split})")
+        valueview.print_value(result.value, console, profile=profile_key(job))
+        if result.memory is not None:
+            mem = result.memory
+            console.print(f"Memory: sharding {mem.mode} (spec.training.sharding {mem.requested}), "
+                          f"model state {gib(mem.state_bytes)} "
+                          f"({mem.bytes_per_parameter} B per parameter)"
+                          + ("; memory labels below 1 GiB: a SCALED-DOWN node list, not a real "
+                             "cluster's" if any(r.memory_mib < 1024 for r in result.ranks) else ""),
+                          highlight=False)
+            for line in mem.reasons:
+                console.print(f"  {line}", highlight=False)
+    else:
+        console.print(f"[bold red]Unschedulable ({result.reason}):[/] {result.message}", highlight=False)
+        if result.shortfalls:
+            several = len(result.shortfalls) > 1
+            table = Table(title="Per GPU type" + (" (need: if every other type were used fully)"
+                                                  if several else ""))
+            for col in ("GPU type", "need", "free", "why (where its devices are)"):
+                table.add_column(col, overflow="fold")
+            for s in result.shortfalls:
+                table.add_row(s.gpu_type, str(s.need), str(s.free), "; ".join(s.reasons))
+            console.print(table)
+    for note in notes:
+        console.print(f"[bold]Note[/]: {note}", highlight=False)
+    _print_excluded(result, console)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _print_excluded(result: Plan | Unschedulable, console: Any) -> None:
+    from rich.table import Table
+
+    if result.excluded:
+        table = Table(title="Excluded nodes")
+        for col in ("node", "reason", "message"):
+            table.add_column(col, overflow="fold")
+        for e in result.excluded:
+            table.add_row(e.node, e.reason, e.message)
+        console.print(table)
+    for w in result.warnings:
+        console.print(f"[yellow]Warning[/] {w.node} {w.reason}: {w.message}", highlight=False)

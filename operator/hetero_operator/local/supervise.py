@@ -1,0 +1,290 @@
+"""Supervise the ranks of ``heterotrain run``: start every rank, show progress, stop all when one
+fails, restart under the run policy."""
+
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from hetero_operator.local import valueview
+from hetero_operator.render.env import render_rank_envs
+from heterotrain_common import envnames, procs, rundir
+
+STALL_WARN_S = 120.0
+"""Warn when rank 0's step count has not moved for this many seconds."""
+ATTEMPT_MARK = "--- attempt "
+"""Each attempt's output in ``rank-<r>.log`` starts with ``--- attempt N ---``."""
+
+
+def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[str, str],
+                 run_dir: Path, worker_env: Sequence[Mapping[str, Any]],
+                 gpu_ids: Sequence[str] | None) -> list[dict[str, str]]:
+    """The complete environment of each rank process.
+
+    ``base_env`` (our own environment, minus any contract variables it carries), then the job's
+    ``spec.worker.env`` (plain ``value`` entries), then the rank's contract, ``HTJ_RUN_DIR``,
+    ``PYTHONUNBUFFERED=1``, ``OMP_NUM_THREADS`` (CPU cores / ranks unless set) and, on real GPUs,
+    ``CUDA_VISIBLE_DEVICES`` = the rank's GPU by UUID (``gpu_ids``), which means the same GPU in
+    any ``CUDA_DEVICE_ORDER``, so the order is left as the caller had it.
+    """
+    contract_vars = {*envnames.REQUIRED_VARS, *envnames.OPTIONAL_VARS, *envnames.MEMORY_VARS, envnames.FIRST_RANK,
+                     "CUDA_VISIBLE_DEVICES"}
+    base = {k: v for k, v in base_env.items() if k not in contract_vars}
+    bin_dir = str(Path(sys.executable).parent)
+    if bin_dir not in base.get("PATH", "").split(os.pathsep):
+        base["PATH"] = os.pathsep.join(p for p in (bin_dir, base.get("PATH", "")) if p)
+    for var in worker_env:
+        if "name" in var and "value" in var:
+            base[str(var["name"])] = str(var["value"])
+    threads = str(procs.threads_per_rank(len(rank_envs)))
+    envs = []
+    for r, rank_env in enumerate(rank_envs):
+        env = {**base, **rank_env, rundir.RUN_DIR: str(run_dir), "PYTHONUNBUFFERED": "1"}
+        env.setdefault("OMP_NUM_THREADS", threads)
+        if gpu_ids is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu_ids[r]
+        envs.append(env)
+    return envs
+
+
+class Planned:
+    """What planning produced: the job, plan, whether simulated, and real GPU UUIDs per rank."""
+
+    def __init__(self, job: Any, plan: Any, simulated: bool, gpu_ids: list[str] | None) -> None:
+        self.job, self.plan, self.simulated, self.gpu_ids = job, plan, simulated, gpu_ids
+        self.true_speeds: dict[str, float] = {}  # simulated nodes' real speed (valueview)
+
+
+def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: int, console: Any,
+               grace_s: float) -> procs.Outcome:
+    """Run attempts until success, a signal, the deadline, or no restart left (like the operator).
+
+    A failure that repeats (same exit code and last log line of the failing rank) on two attempts in
+    a row before any step completed is not retried further: the failure is deterministic (a wrong
+    module name, a bad argument) and every restart up to ``backoffLimit`` would repeat it.
+    """
+    job = planned.job
+    checkpoint_dir = str((workdir / "checkpoints").resolve()) if job.training.checkpoint_path else ""
+    limit_s = job.run_policy.active_deadline_seconds
+    deadline_s = None if limit_s is None else time.monotonic() + limit_s
+    attempt = 0
+    last_failure: tuple[int, str] | None = None
+    while True:
+        envs = render_envs(planned, port_base=port_base, checkpoint_dir=checkpoint_dir, workdir=workdir)
+        for env in envs:  # one restart generation on every rank, as the operator does (case 34)
+            env[envnames.RESTART_GENERATION] = env[envnames.TORCHELASTIC_RESTART_COUNT] = str(attempt)
+        started_s = time.time()
+        outcome = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
+                           grace_s=grace_s, deadline_s=deadline_s)
+        if outcome.deadline_exceeded:
+            console.print(f"[red]Job failed[/]: DeadlineExceeded (spec.runPolicy."
+                          f"activeDeadlineSeconds={limit_s})")
+            return outcome
+        if outcome.exit_code == 0 or outcome.signal_received is not None:
+            return outcome
+        progressed = _stepped_since(workdir, len(envs), started_s)
+        failure = _failure_signature(workdir, outcome)
+        if not progressed and failure is not None and failure == last_failure:
+            console.print(f"[red]Job failed[/]: rank {outcome.failed_index} failed the same way twice "
+                          f"before any step completed (exit code {failure[0]}: "
+                          f"{failure[1] or 'no output'}); "
+                          "a restart would fail again, so the run stops here instead of retrying up "
+                          f"to backoffLimit {job.run_policy.backoff_limit}", highlight=False)
+            return outcome
+        last_failure = None if progressed else failure
+        if not checkpoint_dir or attempt >= job.run_policy.backoff_limit:
+            reason = ("no checkpointing (spec.training.checkpoint.path)" if not checkpoint_dir
+                      else f"backoffLimit {job.run_policy.backoff_limit} reached")
+            console.print(f"[red]Job failed[/]: {reason}")
+            return outcome
+        attempt += 1
+        source = ("the last checkpoint" if _has_checkpoint(Path(checkpoint_dir))
+                  else "the start (no checkpoint saved yet)")
+        console.print(f"[yellow]Restarting all ranks from {source}[/] "
+                      f"(restart {attempt} of {job.run_policy.backoff_limit})")
+
+
+def _stepped_since(workdir: Path, world: int, since_s: float) -> bool:
+    """True when some rank's ``rank-<r>.json``, written since ``since_s`` (``time.time()``),
+    reports a completed step."""
+    for r in range(world):
+        path = rundir.rank_stats_path(workdir, r)
+        try:
+            fresh = path.stat().st_mtime >= since_s
+        except OSError:
+            continue
+        if fresh and int((rundir.read_json(path) or {}).get("steps") or 0) > 0:
+            return True
+    return False
+
+
+def _failure_signature(workdir: Path, outcome: procs.Outcome) -> tuple[int, str] | None:
+    """(exit code, last non-empty line the failed rank printed in this attempt); None when no
+    rank failed. The rank is left out: when every rank fails alike, which one is seen first varies."""
+    r = outcome.failed_index
+    if r is None:
+        return None
+    text = procs.tail(workdir / f"rank-{r}.log", lines=200)
+    attempt_lines = text.rsplit(ATTEMPT_MARK, 1)[-1].splitlines()[1:]
+    last = next((line.strip() for line in reversed(attempt_lines) if line.strip()), "")
+    return (outcome.exit_code, last)
+
+
+def _has_checkpoint(directory: Path) -> bool:
+    """True when ``directory`` holds any file (a checkpoint was saved)."""
+    return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
+
+
+def render_envs(planned: Planned, *, port_base: int, checkpoint_dir: str, workdir: Path) -> list[dict[str, str]]:
+
+    rank_envs = render_rank_envs(
+        planned.plan, planned.job, master_addr="127.0.0.1", master_port=_free_port(),
+        simulated=planned.simulated, metrics_port_base=port_base or None,
+        checkpoint_dir=checkpoint_dir)
+    if not port_base:
+        for env in rank_envs:
+            env[envnames.METRICS_PORT] = "0"
+    if planned.simulated:
+        valueview.apply_simulated_speeds(rank_envs, planned.plan, planned.true_speeds)
+    return process_envs(rank_envs, base_env=os.environ, run_dir=workdir.resolve(),
+                        worker_env=planned.job.worker.env, gpu_ids=planned.gpu_ids)
+
+
+def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, console: Any,
+             attempt: int, grace_s: float, deadline_s: float | None) -> procs.Outcome:
+    """Start every rank, show progress and rank 0's output, wait; returns the outcome."""
+    import subprocess
+
+    logs = [workdir / f"rank-{r}.log" for r in range(len(envs))]
+    files = [procs.open_log(p) for p in logs]
+    for f in files:
+        f.write(f"{ATTEMPT_MARK}{attempt} ---\n".encode())
+    try:
+        gang = procs.Gang(argv, envs, stdouts=[subprocess.PIPE] + files[1:],
+                          stderrs=[subprocess.STDOUT] + files[1:], cwd=os.getcwd())
+    except OSError as exc:
+        console.print(f"[red]cannot start {argv[0]!r}: {exc}[/]")
+        for f in files:
+            f.close()
+        return procs.Outcome(exit_code=127, failed_index=0)
+    view = _ProgressView(console, workdir)
+    echo = threading.Thread(target=_echo, args=(gang.procs[0].stdout, files[0], view), daemon=True)
+    echo.start()
+    try:
+        with view, procs.forwarding_signals(gang):
+            outcome = gang.wait(on_tick=view.tick, grace_s=grace_s, deadline_s=deadline_s)
+        echo.join(timeout=5)
+    finally:
+        for f in files:
+            f.close()
+    if outcome.failed_index is not None and outcome.signal_received is None:
+        r = outcome.failed_index
+        console.print(f"[red]rank {r} exited with code {outcome.exit_code}[/]; stopped the other "
+                      f"ranks. Last lines of {logs[r]}:")
+        console.print(procs.tail(logs[r]), markup=False)
+    return outcome
+
+
+def _echo(stream: IO[bytes] | None, log: IO[bytes], view: _ProgressView) -> None:
+    """Copy rank 0's output to its log and to the console, line by line."""
+    if stream is None:
+        return
+    for line in iter(stream.readline, b""):
+        log.write(line)
+        view.print(line.decode(errors="replace").rstrip("\n"))
+    stream.close()
+
+
+class _ProgressView:
+    """A rich progress bar fed by rank 0's ``rank-0.json``; prints lines above it."""
+
+    def __init__(self, console: Any, workdir: Path) -> None:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.workdir = workdir
+        self.progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("steps  loss {task.fields[loss]}"),
+                                 TimeElapsedColumn(), console=console, transient=False)
+        self.task = self.progress.add_task("train", total=None, loss="-")
+        self._lock = threading.Lock()
+        self._last_steps, self._last_change_s, self._warned = -1, time.monotonic(), False
+
+    def __enter__(self) -> _ProgressView:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.tick()
+        self.progress.stop()
+
+    def tick(self) -> None:
+        """Refresh from rank 0's statistics file; warn once when training seems stuck."""
+        stats = rundir.read_json(rundir.rank_stats_path(self.workdir, 0)) or {}
+        self._watch_stall(int(stats.get("steps") or 0))
+        if not stats:
+            return
+        loss = stats.get("loss")
+        with self._lock:
+            self.progress.update(self.task, completed=int(stats.get("steps") or 0),
+                                 total=stats.get("total_steps"),
+                                 loss="-" if loss is None else f"{float(loss):.4f}")
+
+    def _watch_stall(self, steps: int) -> None:
+        now = time.monotonic()
+        if steps != self._last_steps:
+            self._last_steps, self._last_change_s, self._warned = steps, now, False
+        elif not self._warned and now - self._last_change_s > STALL_WARN_S:
+            self._warned = True
+            with self._lock:
+                self.progress.console.print(
+                    f"[yellow]No step finished for {STALL_WARN_S:.0f} s[/] (ranks may be waiting "
+                    f"for each other in a collective); see {self.workdir}/rank-*.log, Ctrl-C stops.")
+
+    def print(self, line: str) -> None:
+        """Print a line of rank 0's output above the bar."""
+        with self._lock:
+            self.progress.console.print(f"[dim]rank 0 |[/] {_escape(line)}")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+    return escape(text)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_range(count: int, *, attempts: int = 50) -> int:
+    """A base port such that ``base .. base + count - 1`` are all free on 127.0.0.1 now.
+
+    Raises:
+        OSError: none found in ``attempts`` tries.
+    """
+    for _ in range(attempts):
+        base = _free_port()
+        if base + count > 65535:
+            continue
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise OSError(f"no {count} consecutive free ports found")

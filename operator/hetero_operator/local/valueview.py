@@ -1,0 +1,224 @@
+"""The planner as a decision aid on the command line: inputs (prices, learned speeds, links) and
+the per-GPU-type table of ``heterotrain plan`` and ``heterotrain run``.
+
+Prices come from a YAML/JSON file (``--prices FILE``) mapping a GPU type, MIG profile or base
+product to the price of one device per hour, e.g. ``{Tesla-T4: 0.35, NVIDIA-A100-SXM4-40GB: 2.9}``
+(any currency; the output uses the same), or from the operator's ``HTJ_GPU_PRICES``
+(``type=price,type=price``; Helm value ``gpuPricesPerHour``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hetero_operator.api.prices import load_prices
+from hetero_operator.api.spec import JobSpec, profile_key
+from hetero_operator.api.types import Plan, PlanValue
+from hetero_operator.planning.marginal import LinkSettings, PlanInputs
+from hetero_operator.planning.profiles import (JOB_EFFICIENCY, FileStore, default_path,
+                                               observations_from_stats)
+from heterotrain_common import contract, envnames, envread, rundir
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, learn_help: str) -> None:
+    """The decision-aid options shared by ``plan`` and ``run``."""
+    parser.add_argument("--prices", metavar="FILE", default=None,
+                        help="YAML/JSON: GPU type (or MIG profile, or product) -> price of one "
+                             "device per hour; adds cost per million samples")
+    parser.add_argument("--target-throughput", type=float, default=None, metavar="SAMPLES_PER_S",
+                        help="also name the cheapest mix of priced GPU types reaching this throughput")
+    parser.add_argument("--learned-speeds", metavar="FILE", default=None,
+                        help=f"learned speeds file (default {default_path()}; '' turns it off); "
+                             + learn_help)
+    parser.add_argument("--link-intra-node-gbps", type=float, default=LinkSettings().intra_node_gbps,
+                        metavar="GBPS", help="bandwidth between devices of one node, Gbit/s")
+    parser.add_argument("--link-inter-node-gbps", type=float, default=LinkSettings().inter_node_gbps,
+                        metavar="GBPS", help="one node's egress bandwidth, Gbit/s")
+
+
+def store_for(args: argparse.Namespace) -> FileStore | None:
+    """The file of ``--learned-speeds`` (default path; ``''`` = none)."""
+    chosen = getattr(args, "learned_speeds", None)
+    if chosen == "":
+        return None
+    return FileStore(Path(chosen) if chosen else default_path())
+
+
+def plan_inputs(args: argparse.Namespace, job: JobSpec, *,
+                reference_samples_per_s: float | None = None) -> PlanInputs:
+    """:class:`PlanInputs` from the CLI options and the learned-speeds file.
+
+    Raises:
+        PriceError: a bad prices file.
+    """
+    prices = load_prices(Path(args.prices)) if getattr(args, "prices", None) else {}
+    store = store_for(args)
+    now = time.time()
+    learned = store.load(profile_key(job), now_s=now) if store else {}
+    return PlanInputs(learned=learned, prices=prices, now_s=now,
+                      link=LinkSettings(intra_node_gbps=args.link_intra_node_gbps,
+                                        inter_node_gbps=args.link_inter_node_gbps),
+                      reference_samples_per_s=reference_samples_per_s,
+                      target_samples_per_s=getattr(args, "target_throughput", None))
+
+
+def print_value(value: PlanValue | None, console: Any, *, profile: str = "") -> None:
+    """The per-GPU-type table, left-out devices, costs and the cheapest mix."""
+    if value is None:
+        return
+    from rich.table import Table
+
+    unit = "samples/s" if value.absolute else "A100-eq."
+    priced = any(t.price_per_hour is not None for t in value.types)
+    table = Table(title=f"Per GPU type ({unit}; profile {profile or '-'}): what each adds to the "
+                        "job, from the planner's step-time model")
+    cols = ["GPU type", "devices", "speed", "from", "per device", "share", "adds", "gain", "comm."]
+    if priced:
+        cols += ["price/h", "cost/M samples"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("GPU type", "from") else "right",
+                         overflow="fold")
+    for t in value.types:
+        source = t.speed_source
+        if source == "learned":
+            age = "" if t.age_s is None else f", {_age(t.age_s)}"
+            source = f"learned ({t.observations}x{age})"
+        row = [t.gpu_type, str(t.devices), f"{t.relative_speed:.3f}", source,
+               _num(t.samples_per_s_per_device, "{:.1f}"), f"{100 * t.share_of_step:.1f}%",
+               _num(t.throughput_added, "{:.1f}"), _num(t.gain_percent, "{:+.1f}%"),
+               _num(t.communication_added_percent, "{:+.1f}%")]
+        if priced:
+            row += [_num(t.price_per_hour, "{:.2f}"), _num(t.cost_per_million_samples, "{:.3f}")]
+        table.add_row(*row)
+    console.print(table)
+    step = (f"compute {value.compute_s * 1e3:.2f} ms + communication "
+            f"{value.communication_s * 1e3:.2f} ms per step" if value.absolute else
+            "compute-bound model")
+    console.print(f"Predicted throughput: {value.predicted_throughput:.1f} {unit} ({step}); "
+                  f"communication {value.communication_note}", highlight=False)
+    for lo in value.left_out:
+        console.print(f"[yellow]Note[/]: {lo.message}", highlight=False)
+    if value.cost_per_hour is not None:
+        per_m = ("" if value.cost_per_million_samples is None
+                 else f", {value.cost_per_million_samples:.3f} per million samples")
+        console.print(f"Cost: {value.cost_per_hour:.2f} per hour{per_m}", highlight=False)
+    if value.cheapest_mix is not None:
+        console.print(f"Cheapest mix: {value.cheapest_mix.message}", highlight=False)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+# --- the embedded runner: simulated truth, learning, predicted vs measured ---------------------
+
+SIMULATED_SPEED_ANNOTATION = "heterotrain.io/simulated-speed-percent"
+"""Node annotation read by ``heterotrain run`` when it simulates: the speed (percent of an A100)
+the simulated devices of that node *really* run at, whatever the planner's table says.  It lets a
+simulated cluster have a wrong table (learned speeds, rebalancing); the operator ignores it."""
+PREDICTION_FILE = "prediction.json"
+"""What ``heterotrain run`` leaves in the run directory about predicted vs measured throughput."""
+
+
+def simulated_reference_samples_per_s(environ: Mapping[str, str]) -> float | None:
+    """Samples/s of a simulated speed-1.0 device: ``1 / HTJ_SIM_DELAY_PER_SAMPLE_S`` (the ranks'
+    real CPU compute comes on top, so this is an upper bound until speeds are learned)."""
+
+    delay = envread.sim_delay_per_sample_s(environ)
+    return 1.0 / delay if delay > 0 else None
+
+
+def simulated_true_speeds(nodes: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``node -> relative speed`` from :data:`SIMULATED_SPEED_ANNOTATION` (malformed: ignored)."""
+    out = {}
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        raw = (meta.get("annotations") or {}).get(SIMULATED_SPEED_ANNOTATION)
+        try:
+            value = int(str(raw))
+        except ValueError:
+            continue
+        if value > 0:
+            out[str(meta.get("name"))] = value / 100.0
+    return out
+
+
+def apply_simulated_speeds(rank_envs: Sequence[dict[str, str]], plan: Plan,
+                           speeds: Mapping[str, float]) -> None:
+    """Make the simulated devices of annotated nodes run at their true speed (in place)."""
+
+    for env, r in zip(rank_envs, plan.ranks):
+        if r.node in speeds:
+            profile = contract.DeviceProfile.from_json(env[envnames.DEVICE_PROFILE])
+            env[envnames.DEVICE_PROFILE] = replace(profile, relative_speed=speeds[r.node]).to_json()
+
+
+def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Plan,
+              workdir: Path, exit_code: int) -> dict[str, Any]:
+    """Predicted vs measured throughput, and the run's speeds into the learned store.
+
+    Measured = the sum over ranks of samples / step seconds (every rank steps together) over the
+    training steps of the last attempt, the first steps included, from the ranks' statistics
+    (process start-up, rendezvous and evaluation are not steps); rank 0's last efficiency
+    window (``htj_job_prediction_ratio``) gives the steady-state ratio. Observations (one device's
+    compute samples/s per GPU type and precision) are recorded only for a job that succeeded.
+
+    Returns:
+        What was written to ``prediction.json``.
+    """
+
+
+    stats = [rundir.read_json(rundir.rank_stats_path(workdir, r)) for r in range(plan.world_size)]
+    stats_ok = [s for s in stats if s]
+    measured = sum(float(s.get("samples") or 0) / float(s["step_seconds"])
+                   for s in stats_ok if float(s.get("step_seconds") or 0) > 0)
+    value = plan.value
+    predicted = value.predicted_throughput if value is not None and value.absolute else None
+    ratio = measured / predicted if predicted and measured and len(stats_ok) == len(stats) else None
+    window = (stats[0] or {}).get("job_prediction_ratio") if stats else None
+    out: dict[str, Any] = {"profile_key": profile_key(job), "predicted_samples_per_s": predicted,
+                           "measured_samples_per_s": round(measured, 3) if measured else None,
+                           "ratio_measured_to_predicted": None if ratio is None else round(ratio, 4),
+                           "ratio_last_window": None if window is None else round(float(window), 4),
+                           "speed_sources": {t.gpu_type: t.speed_source for t in value.types}
+                           if value is not None else {}}
+    if predicted is not None and ratio is not None:
+        steady = ("" if window is None else f"; {float(window):.2f} over rank 0's last window "
+                  "(htj_job_prediction_ratio, start-up left out)")
+        console.print(f"Prediction check: {measured:.1f} samples/s measured over the training steps "
+                      "(process start-up, rendezvous and evaluation not counted), "
+                      f"{predicted:.1f} predicted by the plan (measured / predicted = {ratio:.2f}"
+                      f"{steady})", highlight=False)
+    store = store_for(args)
+    if store is not None and exit_code == 0:
+        observations = observations_from_stats(stats_ok, unix_s=time.time())
+        try:
+            entries = store.record(profile_key(job), observations)
+        except OSError as exc:
+            console.print(f"[yellow]Learned speeds not saved[/] ({store.path}: {exc})")
+        else:
+            figures = ", ".join(
+                (f"job efficiency {e.samples_per_s:.3f}" if (e.gpu_type, e.precision) == JOB_EFFICIENCY
+                 else f"{e.gpu_type}/{e.precision} {e.samples_per_s:.1f} samples/s")
+                + f" ({e.observations} obs.)" for e in entries.values()
+                if any(o.gpu_type == e.gpu_type and o.precision == e.precision for o in observations))
+            out["learned"] = {k: e.samples_per_s for k, e in entries.items()}
+            console.print(f"Learned speeds for profile {profile_key(job)} in {store.path}: "
+                          f"{figures or 'nothing measured'}", highlight=False)
+    rundir.write_json_atomic(workdir / PREDICTION_FILE, out)
+    return out

@@ -1,0 +1,326 @@
+"""Memory model of the planner: what each rank holds, what fits, and which sharding mode (pure).
+
+Per rank the planner counts, in bytes (docs/memory.md has the worked example):
+
+* **model state**: parameters, gradients and optimizer state, ``parameters x`` :func:`state_bytes_per_parameter`
+  (by optimizer and precision), times the rank's *share* of the state under the sharding mode;
+* **activations**: ``activationBytesPerSample x`` samples of one micro-batch (or the checkpointed
+  figure when activation checkpointing is on);
+* a **reserve**: ``memoryReserveMiB`` (CUDA context, NCCL buffers) plus :data:`FRAGMENTATION_PERCENT`
+  of the device's memory for the caching allocator's fragmentation.
+
+``usable = device memory - reserve``; a rank fits when ``state share + micro-batch activations <= usable``.
+
+Sharding modes, in the order of the traffic they add (``spec.training.sharding``):
+
+* ``None``: every rank holds the whole state (DDP); one gradient reduction per step.
+* ``Group``: state sharded evenly inside each group (one node, one GPU type: FSDP2 inside an NCCL
+  communicator), replicated across groups; across types still one gradient reduction per step.
+* ``Full``: state sharded over all ranks, each rank's share proportional to its usable memory
+  (ZeRO-3); parameters are gathered per block for forward and backward across types, so the slow
+  cross-type link carries two all-gathers and one reduce-scatter of the parameters per step.
+
+``Auto`` takes the cheapest mode (modelled cross-type seconds per step, :func:`mode_traffic`) whose
+every rank fits.  Where a rank's share of the batch does not fit at once it gets micro-batches
+(gradient accumulation, one synchronisation per step); where not even one sample fits beside its
+state, activation checkpointing (when the job gives ``checkpointedActivationBytesPerSample``).
+No kopf, no kubernetes, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from hetero_operator.api.memoryplan import (MODES, MemoryPlan, MemoryRefusal, ModelMemory,
+                                            ModeOption, RankMemory, RankSlot)
+from hetero_operator.api.quantities import MIB, gib
+
+OPTIMIZER_STATE_BYTES = {"SGD": 0, "Momentum": 4, "Adam": 8, "AdamW": 8}
+"""Optimizer state per parameter, bytes: momentum buffer (fp32) for SGD with momentum; ``exp_avg``
+and ``exp_avg_sq`` (fp32 each) for Adam/AdamW (``torch.optim.Adam`` keeps both in the parameter's
+dtype, fp32 here; ZeRO, Rajbhandari et al. 2020, section 3.1, counts the same 8 bytes)."""
+PARAM_BYTES = 4
+"""Parameter bytes: fp32 in every precision, because the worker's mixed precision is
+``torch.autocast`` (parameters stay fp32, only the ops run in bf16/fp16; PyTorch AMP docs)."""
+GRAD_BYTES = 4
+"""Gradient bytes: ``.grad`` has the parameter's dtype (fp32) under autocast."""
+FRAGMENTATION_PERCENT = 5
+"""Share of a device's memory kept for the caching allocator's fragmentation (the worker measures
+the real figure as ``htj_torch_memory_fragmentation_ratio``; docs/memory.md)."""
+FULL_GATHERS_PER_STEP = 3
+"""Parameter-sized transfers per step under Full: all-gather for forward, all-gather for backward,
+reduce-scatter of the gradients (FSDP/ZeRO-3 with resharding after forward)."""
+
+
+def state_bytes_per_parameter(optimizer: str, precision: str) -> int:
+    """Bytes of model state per parameter: parameter + gradient + optimizer state.
+
+    Args:
+        optimizer: one of :data:`OPTIMIZERS`.
+        precision: ``"bf16"|"fp16"|"fp32"``; the same bytes in each, because autocast keeps fp32
+            parameters and gradients (no fp16 weight copy; fp16's loss scaler is one scalar).
+
+    Returns:
+        e.g. 16 for AdamW (4 + 4 + 8), 4 + 4 + 4 = 12 for Momentum, 8 for SGD.
+    """
+    if precision not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"unknown precision {precision!r}")
+    return PARAM_BYTES + GRAD_BYTES + OPTIMIZER_STATE_BYTES[optimizer]
+
+
+def reserve_bytes(memory_mib: int, reserve_mib: int) -> int:
+    """What a device keeps back: ``reserve_mib`` (CUDA context, NCCL) plus
+    :data:`FRAGMENTATION_PERCENT` of its memory, bytes."""
+    return reserve_mib * MIB + memory_mib * MIB * FRAGMENTATION_PERCENT // 100
+
+
+def usable_bytes(memory_mib: int, reserve_mib: int) -> int:
+    """Memory a rank may fill with state and activations, bytes (0 when the reserve is larger).
+
+    ``memory_mib`` is the device's label (``nvidia.com/gpu.memory``; for a MIG device the
+    profile's own memory, which the inventory already reads from ``nvidia.com/mig-<p>.memory``)."""
+    return max(0, memory_mib * MIB - reserve_bytes(memory_mib, reserve_mib))
+
+
+def state_shares_ppm(slots: Sequence[RankSlot], mode: str, reserve_mib: int) -> list[int]:
+    """Each rank's share of the whole state, parts per million (sums to 1e6 per replica).
+
+    ``None``: 1e6 each. ``Group``: 1e6 split evenly inside each group (remainder to the first
+    members). ``Full``: 1e6 split over all ranks proportionally to usable memory (largest
+    remainders), so the shares are uneven where the devices are.
+    """
+    if mode == "None":
+        return [10**6] * len(slots)
+    if mode == "Group":
+        members: dict[int, list[int]] = {}
+        for i, s in enumerate(slots):
+            members.setdefault(s.group, []).append(i)
+        out = [0] * len(slots)
+        for idx in members.values():
+            base, extra = divmod(10**6, len(idx))
+            for k, i in enumerate(idx):
+                out[i] = base + (1 if k < extra else 0)
+        return out
+    usable = [usable_bytes(s.memory_mib, reserve_mib) for s in slots]
+    return _largest_remainder(10**6, usable)
+
+
+def _largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
+    wsum = sum(weights)
+    if wsum <= 0:
+        base, extra = divmod(total, len(weights))
+        return [base + (1 if i < extra else 0) for i in range(len(weights))]
+    floors = [total * w // wsum for w in weights]
+    left = total - sum(floors)
+    order = sorted(range(len(weights)), key=lambda i: (-(total * weights[i] % wsum), i))
+    for i in order[:left]:
+        floors[i] += 1
+    return floors
+
+
+def mode_traffic(slots: Sequence[RankSlot], mode: str, state_param_bytes: int, shares_ppm: Sequence[int],
+                 cross_gbps: float) -> tuple[int, float]:
+    """Cross-type bytes one rank sends per step (the largest over ranks) and their seconds.
+
+    ``None`` and ``Group``: one ring all-reduce of the fp32 gradients among the GPU-type groups,
+    ``2 (G-1)/G x gradient bytes`` (G groups; 0 with one group).  ``Full``: each rank gathers what it
+    does not hold twice and reduce-scatters once, ``3 x (1 - share) x parameter bytes`` (only the part
+    held by other types crosses the link; counted whole here, an upper bound when a type has
+    several ranks).
+
+    Args:
+        slots: the plan's ranks.
+        mode: one of :data:`MODES`.
+        state_param_bytes: fp32 parameter bytes (= gradient bytes), ``parameters x 4``.
+        shares_ppm: from :func:`state_shares_ppm`.
+        cross_gbps: the link between GPU types, Gbit/s.
+
+    Returns:
+        ``(bytes, seconds)``.
+    """
+    groups = len({s.group for s in slots})
+    types = len({s.gpu_type for s in slots})
+    if types <= 1 and mode != "Full":
+        nbytes = 0
+    elif mode in ("None", "Group"):
+        nbytes = 2 * (groups - 1) * state_param_bytes // max(groups, 1)
+    else:
+        nbytes = max(FULL_GATHERS_PER_STEP * (10**6 - sh) * state_param_bytes // 10**6
+                     for sh in shares_ppm) if types > 1 else 0
+    return nbytes, nbytes * 8 / (cross_gbps * 1e9)
+
+
+def _fit_rank(slot: RankSlot, usable: int, state: int, m: ModelMemory) -> tuple[int, bool] | int:
+    """``(samples that fit, checkpointing)`` when the rank fits (0 samples: activations not
+    modelled), else the bytes it is short."""
+    act = m.activation_bytes_per_sample
+    budget = usable - state
+    if act <= 0:
+        return (0, False) if budget >= 0 else -budget
+    if budget >= act:
+        return budget // act, False
+    ckpt = m.checkpointed_activation_bytes_per_sample
+    if 0 < ckpt < act and budget >= ckpt:
+        return budget // ckpt, True
+    smallest = ckpt if 0 < ckpt < act else act
+    return state + smallest - usable
+
+
+def evaluate_mode(slots: Sequence[RankSlot], m: ModelMemory, mode: str, *, reserve_mib: int,
+                  cross_gbps: float, available: bool = True) -> tuple[ModeOption, list[RankMemory]]:
+    """Fit every rank under ``mode``.
+
+    Returns:
+        The :class:`ModeOption` and, when it fits, each rank's :class:`RankMemory` (else ``[]``).
+    """
+    per_param = state_bytes_per_parameter(m.optimizer, slots[0].precision if slots else "fp32")
+    total = m.parameters * per_param
+    shares = state_shares_ppm(slots, mode, reserve_mib)
+    nbytes, secs = mode_traffic(slots, mode, m.parameters * PARAM_BYTES, shares, cross_gbps)
+    ranks: list[RankMemory] = []
+    short: dict[str, tuple[int, int]] = {}
+    for s, share in zip(slots, shares):
+        usable = usable_bytes(s.memory_mib, reserve_mib)
+        state = -(-total * share // 10**6)  # ceil: a shard holds whole bytes
+        fit = _fit_rank(s, usable, state, m)
+        if isinstance(fit, int):
+            worst = short.get(s.gpu_type, (0, usable))[0]
+            short[s.gpu_type] = (max(worst, fit), usable)
+            continue
+        fitting, ckpt = fit
+        mbs = min(s.local_batch, fitting) if fitting else s.local_batch
+        per_sample = (m.checkpointed_activation_bytes_per_sample if ckpt
+                      else m.activation_bytes_per_sample)
+        ranks.append(RankMemory(
+            rank=s.rank, gpu_type=s.gpu_type, usable_bytes=usable, state_share_ppm=share,
+            state_bytes=state, micro_batch_size=mbs, micro_batches=math.ceil(s.local_batch / mbs),
+            activation_checkpointing=ckpt, peak_bytes=state + mbs * per_sample,
+            samples_that_fit=fitting))
+    option = ModeOption(mode=mode, fits=not short, cross_type_bytes=nbytes, cross_type_s=secs,
+                        shortfalls=tuple((t, b, u) for t, (b, u) in sorted(short.items())),
+                        available=available)
+    return option, (ranks if not short else [])
+
+
+def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, reserve_mib: int,
+                cross_gbps: float, available: Sequence[str] = MODES,
+                unavailable_why: dict[str, str] | None = None) -> MemoryPlan | MemoryRefusal:
+    """Choose the sharding mode and each rank's micro-batches.
+
+    Args:
+        slots: the plan's ranks with their local batches (batch by speed).
+        m: the model's memory facts.
+        requested: ``spec.training.sharding`` (``Auto`` or one of :data:`MODES`).
+        reserve_mib: ``spec.training.memoryReserveMiB``.
+        cross_gbps: bandwidth between GPU types, Gbit/s (the plan's inter-node link when it spans
+            nodes, else the intra-node one).
+        available: modes the worker can run; ``Auto`` chooses only among them, an explicit mode
+            outside them is refused.
+        unavailable_why: per mode outside ``available``, why (for the refusal message).
+
+    Returns:
+        :class:`MemoryPlan`, or :class:`MemoryRefusal` naming the shortfall per GPU type.
+    """
+    per_param = state_bytes_per_parameter(m.optimizer, slots[0].precision)
+    state = m.parameters * per_param
+    evaluated = {mode: evaluate_mode(slots, m, mode, reserve_mib=reserve_mib,
+                                     cross_gbps=cross_gbps, available=mode in available)
+                 for mode in MODES}
+    options = tuple(evaluated[mode][0] for mode in MODES)
+    if requested == "Auto":
+        fitting = [o for o in options if o.fits and o.available]
+        chosen = min(fitting, key=lambda o: (o.cross_type_s, MODES.index(o.mode)), default=None)
+    else:
+        chosen = evaluated[requested][0]
+        if not chosen.available:
+            why = (unavailable_why or {}).get(requested, "")
+            return MemoryRefusal(message=_not_built(requested, options, why), options=options)
+        if not chosen.fits:
+            chosen = None
+    if chosen is None:
+        return MemoryRefusal(message=_refusal(requested, options, state, m, per_param,
+                                              unavailable_why or {}), options=options)
+    ranks = tuple(evaluated[chosen.mode][1])
+    return MemoryPlan(requested=requested, mode=chosen.mode, state_bytes=state,
+                      bytes_per_parameter=per_param, ranks=ranks, options=options,
+                      reasons=_reasons(chosen, ranks, options, state, slots))
+
+
+def _state_words(state: int, m: ModelMemory, per_param: int) -> str:
+    return (f"model state {gib(state)} ({m.parameters:,} parameters x {per_param} B: fp32 "
+            f"parameters and gradients, {m.optimizer} state)")
+
+
+def _short_list(option: ModeOption) -> str:
+    return "; ".join(f"{t} short by {gib(b)} ({gib(u)} usable)" for t, b, u in option.shortfalls)
+
+
+def _refusal(requested: str, options: Sequence[ModeOption], state: int, m: ModelMemory,
+             per_param: int, why: dict[str, str]) -> str:
+    what = _state_words(state, m, per_param)
+    if m.activation_bytes_per_sample:
+        ckpt = m.checkpointed_activation_bytes_per_sample
+        with_ckpt = f"; {gib(ckpt)} with activation checkpointing" if ckpt else ""
+        what += f" plus one sample's activations ({gib(m.activation_bytes_per_sample)}{with_ckpt})"
+    if requested != "Auto":
+        opt = next(o for o in options if o.mode == requested)
+        better = [o.mode for o in options if o.fits and o.available]
+        fix = (f"set spec.training.sharding to Auto (it would choose {better[0]})" if better else
+               "no sharding mode fits either: lower spec.training.model.parameters or the batch's "
+               "activations, use an optimizer with less state, or add GPUs with more memory")
+        return (f"spec.training.sharding {requested}: {what} does not fit: {_short_list(opt)}; {fix}")
+    tried = "; ".join(
+        f"{o.mode}: {_short_list(o) or 'fits, but ' + (why.get(o.mode) or 'the worker does not run it yet')}"
+        for o in options if not (o.fits and o.available))
+    return (f"spec.training.sharding Auto: no sharding mode fits {what}: {tried}; lower "
+            "spec.training.model.parameters, give spec.training.model."
+            "checkpointedActivationBytesPerSample, use an optimizer with less state (SGD), or add "
+            "GPUs with more memory")
+
+
+def _not_built(requested: str, options: Sequence[ModeOption], why: str) -> str:
+    usable = [o.mode for o in options if o.fits and o.available]
+    alt = (f"; set spec.training.sharding to Auto (it would choose {usable[0]})" if usable
+           else "")
+    return (f"spec.training.sharding {requested}: "
+            f"{why or f'the worker does not run {requested} sharding yet'} "
+            f"(docs/memory.md, \"What is built\"){alt}")
+
+
+def _reasons(chosen: ModeOption, ranks: Sequence[RankMemory], options: Sequence[ModeOption],
+             state: int, slots: Sequence[RankSlot]) -> tuple[str, ...]:
+    by_type: dict[str, list[RankMemory]] = {}
+    for r in ranks:
+        by_type.setdefault(r.gpu_type, []).append(r)
+    replicated = next(o for o in options if o.mode == "None")
+    group_size = {s.rank: sum(1 for t in slots if t.group == s.group) for s in slots}
+    out = []
+    for gpu_type, rs in by_type.items():
+        r = max(rs, key=lambda x: x.state_bytes)
+        fits_whole = all(t != gpu_type for t, _, _ in replicated.shortfalls)
+        head = (f"model state {gib(state)} fits {gpu_type} ({gib(r.usable_bytes)} usable)" if fits_whole
+                else f"model state {gib(state)} does not fit {gpu_type} ({gib(r.usable_bytes)} usable)")
+        if chosen.mode == "None":
+            held = "each holds all of it"
+        elif chosen.mode == "Group" and group_size[r.rank] == 1:
+            held = f"each {_short(gpu_type)} is a group of one and holds all of it"
+        elif chosen.mode == "Group":
+            pct = 100 / group_size[r.rank]
+            held = f"each {_short(gpu_type)} holds {pct:.0f} % of its group's state"
+        else:
+            held = f"each {_short(gpu_type)} holds {r.state_share_ppm / 10**4:.1f} % of the state"
+        micro = ""
+        if any(x.micro_batches > 1 for x in rs):
+            mb = max(x.micro_batches for x in rs)
+            micro = (f"; its batch runs as up to {mb} micro-batches of {r.micro_batch_size} "
+                     "(gradient accumulation, one synchronisation per step)")
+        if any(x.activation_checkpointing for x in rs):
+            micro += "; activation checkpointing on (one sample's activations do not fit otherwise)"
+        out.append(f"{head}: {chosen.mode} sharding; {held}; planned peak "
+                   f"{gib(r.peak_bytes)}{micro}")
+    return tuple(out)
+
+
+def _short(gpu_type: str) -> str:
+    return gpu_type.removeprefix("NVIDIA-").removeprefix("Tesla-")

@@ -1,0 +1,331 @@
+"""Plan a job onto an inventory: which device each rank uses, its group, image, precision, batch.
+
+Policy (documented in ``docs/planning.md``):
+
+1. **Eligibility** per device class: ``spec.gpus`` allow/deny lists of products and MIG profiles,
+   ``allowMig``, ``minMemoryMiB``; a memory cap of at least one sample
+   (``(memory - memoryReserveMiB) // memoryPerSampleMiB``); forced BF16 needs cc >= 8.0; an image
+   variant that fits the node (:mod:`hetero_operator.planning.images`).  A node none of whose devices is
+   eligible is excluded for this job with the reason.
+2. **Rank count**: ``min(spec.gpus.ranks, globalBatchSize, free eligible devices)``; fewer than
+   ``minRanks`` is :class:`~hetero_operator.api.types.Unschedulable` (all-or-nothing).
+3. **Selection**: strongest devices first (speed tiers, descending); inside a tier, fewest nodes:
+   first the tier's devices on nodes the plan already uses, then whole nodes largest-first, and for
+   the last partial need the smallest node that holds it (best fit).  This uses the minimum number
+   of nodes for the tier and packs same-type devices on one node (their NVLink/PCIe).
+4. **Groups**: one group per (node, GPU type) with ranks contiguous; a MIG device is a group of
+   its own (a CUDA process can use one MIG device, and one pod per MIG device keeps
+   ``LOCAL_WORLD_SIZE=1``).  Groups are ordered node by node in selection order, so rank 0 sits on
+   the strongest node.
+5. **Batch split**: :func:`~hetero_operator.planning.batching.split_global_batch` by speed
+   (``Proportional``) or equally (``Equal``), capped by memory.
+6. **Extra env**: ``NCCL_P2P_DISABLE=1`` for every MIG group and for GeForce/RTX groups with more
+   than one GPU (NCCL hangs and corrupt copies on consumer P2P and MIG, see ``gpu-facts.md``).
+
+Deterministic: the same job and inventory give the same plan (every order has a name tie-break).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from hetero_operator.api import memoryplan
+from hetero_operator.api import types as model
+from hetero_operator.api.spec import JobSpec
+from hetero_operator.api.types import GroupPlan, Inventory, Plan, RankPlacement
+from hetero_operator.planning import memory
+from hetero_operator.planning.batching import split_global_batch, step_time
+from hetero_operator.planning.marginal import (PlanInputs, Slot, SpeedFigure, StepModel,
+                                               cheapest_mix, leave_out_unpaying, plan_cost,
+                                               price_for, type_values)
+from hetero_operator.planning.pools import (TORCH_VERSION_MISMATCH, Pool, eligible_pools,
+                                            group_specs, image_warnings, is_consumer_gpu, select,
+                                            torch_version_mismatch)
+from hetero_operator.planning.profiles import JOB_EFFICIENCY
+from hetero_operator.planning.unschedulable import (batch_too_small, insufficient_gpus,
+                                                    insufficient_memory)
+
+P2P_DISABLE_ENV = {"NCCL_P2P_DISABLE": "1"}
+WORKER_SHARDINGS: tuple[str, ...] = ("None", "Group", "Full")
+"""Sharding modes the worker runs today (docs/memory.md, "What is built"): ``Auto`` chooses among
+these only, and an explicit other mode is refused rather than planned and left to fail."""
+MODEL_DOES_NOT_FIT = "ModelDoesNotFit"
+"""Unschedulable reason: no allowed sharding mode fits the model state and one sample's
+activations on some GPU type (:mod:`hetero_operator.planning.memory`)."""
+
+
+def plan_job(job: JobSpec, inventory: Inventory, *,
+             inputs: PlanInputs | None = None) -> Plan | model.Unschedulable:
+    """Plan every rank of ``job`` onto ``inventory``.
+
+    Args:
+        job: the parsed job.
+        inventory: from :func:`hetero_operator.cluster.inventory.build_inventory`.
+        inputs: learned speeds, prices, links, a target throughput
+            (:class:`~hetero_operator.planning.marginal.PlanInputs`); default: none of them.
+
+    Returns:
+        A :class:`~hetero_operator.api.types.Plan`, or :class:`~hetero_operator.api.types.Unschedulable`
+        when fewer than ``minRanks`` eligible devices are free, ``minRanks`` exceeds the global
+        batch, or the chosen devices' memory cannot hold the global batch.
+    """
+    inputs = inputs or PlanInputs()
+    pools, job_excluded = eligible_pools(job, inventory)
+    figures, reference_sps = apply_learned_speeds(pools, job, inputs)
+    excluded = tuple(sorted((*inventory.excluded, *job_excluded), key=lambda e: (e.node, e.reason)))
+    global_batch = job.training.global_batch_size
+    if job.gpus.min_ranks > global_batch:
+        return batch_too_small(job, excluded, inventory.warnings)
+    total_free = sum(p.free for p in pools)
+    if total_free < job.gpus.min_ranks:
+        return insufficient_gpus(job, inventory, pools, excluded)
+    n = min(job.gpus.ranks, global_batch, total_free)
+    taken = select(pools, n)
+    mismatch = torch_version_mismatch(taken)
+    if mismatch:
+        return model.Unschedulable(shortfalls=(), excluded=excluded, message=mismatch,
+                                   reason=TORCH_VERSION_MISMATCH, warnings=inventory.warnings)
+    step_model = _step_model(job, pools, figures, reference_sps, inputs)
+    left_out: list[model.LeftOut] = []
+    candidates = taken
+    if job.gpus.selection == "Throughput":
+        kept, left_out = leave_out_unpaying(
+            _slots(group_specs(taken)), step_model, min_ranks=job.gpus.min_ranks,
+            min_gain_percent=float(job.gpus.min_gain_percent))
+        dropped = {lo.gpu_type for lo in left_out}
+        taken = [(p, k) for p, k in taken if p.gpu_type not in dropped]
+        n = sum(k for _, k in taken)
+    groups_spec = group_specs(taken)
+    speeds = [p.speed for p, size in groups_spec for _ in range(size)]
+    caps = [p.cap for p, size in groups_spec for _ in range(size)]
+    if sum(caps) < global_batch:
+        return insufficient_memory(job, caps, excluded, inventory.warnings)
+    weights = speeds if job.training.batch_split == "Proportional" else [1.0] * n
+    batches = split_global_batch(global_batch, weights, caps)
+    equal = split_global_batch(global_batch, [1.0] * n, caps)
+    speedup = step_time(equal, speeds) / step_time(batches, speeds)
+    ranks, groups = _placements(groups_spec, batches)
+    mem = plan_memory(job, ranks, inputs)
+    if isinstance(mem, memoryplan.MemoryRefusal):
+        return model.Unschedulable(shortfalls=(), excluded=excluded, message=mem.message,
+                                   reason=MODEL_DOES_NOT_FIT, warnings=inventory.warnings)
+    value = _plan_value(groups_spec, group_specs(candidates), step_model, figures, job, inputs,
+                        left_out)
+    return Plan(ranks=ranks, groups=groups, excluded=excluded,
+                expected_speedup_over_equal=round(speedup, 6),
+                warnings=(*inventory.warnings, *image_warnings(taken)), value=value, memory=mem)
+
+
+def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInputs,
+                ) -> memoryplan.MemoryPlan | memoryplan.MemoryRefusal | None:
+    """The memory model's decision for the placed ranks (None without
+    ``spec.training.model.parameters``); the cross-type link is the inter-node one when the
+    ranks span nodes, else the intra-node one."""
+    t = job.training
+    if t.model_parameters <= 0:
+        return None
+    slots = [memoryplan.RankSlot(rank=r.rank, group=r.group, node=r.node, gpu_type=r.gpu_type,
+                             memory_mib=r.memory_mib, precision=r.precision,
+                             local_batch=r.local_batch) for r in ranks]
+    spans_nodes = len({r.node for r in ranks}) > 1
+    gbps = inputs.link.inter_node_gbps if spans_nodes else inputs.link.intra_node_gbps
+    facts = memoryplan.ModelMemory(
+        parameters=t.model_parameters, optimizer=t.optimizer,
+        activation_bytes_per_sample=t.activation_bytes_per_sample,
+        checkpointed_activation_bytes_per_sample=t.checkpointed_activation_bytes_per_sample)
+    why = {m: f"the worker does not run {m} sharding yet" for m in memoryplan.MODES
+           if m not in WORKER_SHARDINGS}
+    if "Group" in WORKER_SHARDINGS:  # what the worker's Group sharding does not cover yet
+        fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
+        if fp16:
+            why["Group"] = (f"Group sharding with fp16 is not built yet ({', '.join(fp16)} would "
+                            "run fp16 under precision Auto): set spec.training.precision to FP32 "
+                            "or BF16")
+        elif t.rebalance_interval_steps or t.compression != "None":
+            why["Group"] = ("Group sharding with rebalancing or compression is not built yet: leave "
+                            "spec.training.rebalance and spec.training.compression out")
+    if "Full" in WORKER_SHARDINGS and (gap := _full_sharding_gap(job, ranks)):
+        why["Full"] = gap
+    available = tuple(m for m in WORKER_SHARDINGS if m not in why)
+    return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
+                              cross_gbps=gbps, available=available, unavailable_why=why)
+
+
+def _full_sharding_gap(job: JobSpec, ranks: Iterable[RankPlacement]) -> str:
+    """What the worker's Full sharding (``hetero_worker.memory.full``) does not cover yet for this
+    job, as the reason with its fix; ``""`` when nothing."""
+    t = job.training
+    fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
+    if fp16:
+        return (f"Full sharding with fp16 is not built yet ({', '.join(fp16)} would run fp16 under "
+                "precision Auto): set spec.training.precision to FP32 or BF16")
+    if t.checkpoint_path:
+        return ("Full sharding does not checkpoint yet: leave spec.training.checkpoint out or use "
+                "spec.training.sharding Group")
+    if t.rebalance_interval_steps or t.compression != "None":
+        return ("Full sharding with rebalancing or compression is not built yet: leave "
+                "spec.training.rebalance and spec.training.compression out")
+    return ""
+
+
+# --- the step-time model: learned speeds, marginal value, leaving out what does not pay -------
+
+def apply_learned_speeds(pools: list[Pool], job: JobSpec, inputs: PlanInputs,
+                         ) -> tuple[dict[str, SpeedFigure], float | None]:
+    """Replace pool speeds by learned ones where the job's profile has them.
+
+    The reference (samples/s of a speed-1.0 device) comes from the learned type with the highest
+    table speed (the anchor: ``learned samples/s / table speed``, so a learned A100 stays 1.0),
+    else ``spec.training.referenceSamplesPerSecond``, else ``inputs.reference_samples_per_s``;
+    learned types get ``learned / reference`` as speed, so learned and table figures share one
+    scale.
+
+    Returns:
+        ``(figure per GPU type, reference samples/s or None)``.
+    """
+    table: dict[str, float] = {}
+    learned: dict[str, Any] = {}
+    for p in pools:
+        t = p.gpu_type
+        table.setdefault(t, p.speed)
+        figure = inputs.learned.get((t, p.precision))
+        if figure is not None:
+            learned.setdefault(t, figure)
+    if learned:
+        anchor = max(learned, key=lambda t: (table[t], t))
+        reference = learned[anchor].samples_per_s / table[anchor]
+    else:
+        reference = (float(job.training.reference_samples_per_second)
+                     or inputs.reference_samples_per_s or None)
+    figures: dict[str, SpeedFigure] = {}
+    for t, speed in table.items():
+        if t in learned and reference:
+            lf = learned[t]
+            figures[t] = SpeedFigure(
+                relative_speed=lf.samples_per_s / reference, source="learned",
+                samples_per_s=lf.samples_per_s, observations=lf.observations,
+                age_s=None if inputs.now_s is None else round(lf.age_s(inputs.now_s), 1))
+        else:
+            overridden = any(k in job.gpus.speed_overrides for k in _override_keys(t))
+            figures[t] = SpeedFigure(relative_speed=speed,
+                                     source="override" if overridden else "table")
+    speeds = {t: f.relative_speed for t, f in figures.items()}
+    for p in pools:
+        p.speed = speeds[p.gpu_type]
+    return figures, reference
+
+
+def _override_keys(gpu_type: str) -> tuple[str, ...]:
+    base, _, profile = gpu_type.partition("-MIG-")
+    return (gpu_type, profile, base) if profile else (gpu_type,)
+
+
+def _step_model(job: JobSpec, pools: list[Pool], figures: dict[str, SpeedFigure],
+                reference_sps: float | None, inputs: PlanInputs) -> StepModel:
+    absolute = reference_sps is not None and reference_sps > 0
+    sample_s = {}
+    for t, f in figures.items():
+        if f.source == "learned" and f.samples_per_s:
+            sample_s[t] = 1.0 / f.samples_per_s
+        else:
+            sample_s[t] = 1.0 / (f.relative_speed * (reference_sps if absolute else 1.0))
+    grad_bytes = gradient_bytes(job)
+    learned_eff = inputs.learned.get(JOB_EFFICIENCY)
+    # The learned efficiency includes synchronisation: used only where the model has none.
+    efficiency = (learned_eff.samples_per_s if learned_eff is not None and absolute
+                  and not grad_bytes else 1.0)
+    return StepModel(global_batch=job.training.global_batch_size,
+                     proportional=job.training.batch_split == "Proportional", sample_s=sample_s,
+                     absolute=absolute, grad_bytes=grad_bytes, link=inputs.link,
+                     hierarchy=job.training.hierarchy, efficiency=efficiency)
+
+
+def gradient_bytes(job: JobSpec) -> float:
+    """Bytes of one gradient sync: ``spec.training.gradientMiB``, else 4 bytes (fp32) per
+    parameter of ``spec.training.model.parameters`` when the job states it, else 0 (unknown)."""
+    if job.training.gradient_mib:
+        return float(job.training.gradient_mib) * 2**20
+    return 4.0 * float(getattr(job.training, "model_parameters", 0) or 0)
+
+
+def _slots(specs: list[tuple[Pool, int]]) -> list[Slot]:
+    out = []
+    for index, (p, size) in enumerate(specs):
+        slot = Slot(gpu_type=p.gpu_type, node=p.device.node, arch=p.device.compute_capability,
+                    group=index, speed=p.speed, cap=p.cap)
+        out.extend([slot] * size)  # Slot is frozen: one object per group, repeated per rank
+    return out
+
+
+def _plan_value(specs: list[tuple[Pool, int]], candidate_specs: list[tuple[Pool, int]],
+                step_model: StepModel, figures: dict[str, SpeedFigure], job: JobSpec,
+                inputs: PlanInputs, left_out: list[model.LeftOut]) -> model.PlanValue | None:
+    slots = _slots(specs)
+    prices = {p.device.gpu_type: price_for(inputs.prices, p.device.gpu_type, p.device.product,
+                                           p.device.mig_profile) for p, _ in candidate_specs}
+    types, full = type_values(slots, step_model, figures=figures, prices=prices)
+    if full is None:
+        return None
+    hourly, per_million = plan_cost(slots, prices, full.throughput, step_model.absolute)
+    mix = None
+    if inputs.target_samples_per_s is not None:
+        mix = cheapest_mix(_slots(candidate_specs), step_model, prices,
+                           target_samples_per_s=inputs.target_samples_per_s,
+                           min_ranks=job.gpus.min_ranks)
+    if not step_model.absolute:
+        note = ("not modelled: no absolute throughput (no learned speeds for this profileKey, "
+                "no spec.training.referenceSamplesPerSecond); throughputs are A100-equivalents")
+    elif step_model.grad_bytes <= 0:
+        note = ("not modelled: no gradient size (spec.training.gradientMiB or "
+                "spec.training.model.parameters)")
+        learned_eff = inputs.learned.get(JOB_EFFICIENCY)
+        if learned_eff is not None:
+            note += (f"; throughput x {learned_eff.samples_per_s:.3f}, the efficiency earlier jobs "
+                     f"of this profileKey reached ({learned_eff.observations} obs.: waiting, "
+                     "synchronisation, data loading)")
+    else:
+        note = (f"{step_model.grad_bytes / 2**20:.1f} MiB per sync over the {full.hierarchy} layout, "
+                f"{inputs.link.intra_node_gbps:g} Gbit/s inside a node, "
+                f"{inputs.link.inter_node_gbps:g} Gbit/s between nodes")
+    return model.PlanValue(
+        absolute=step_model.absolute, predicted_throughput=round(full.throughput, 6),
+        compute_s=round(full.compute_s, 9), communication_s=round(full.communication_s, 9),
+        hierarchy=full.hierarchy, communication_note=note, types=types, left_out=tuple(left_out),
+        cost_per_hour=hourly, cost_per_million_samples=per_million, cheapest_mix=mix)
+
+
+# --- one PyTorch per job ---------------------------------------------------------------------
+
+
+# --- eligibility -----------------------------------------------------------------------------
+
+
+# --- selection -------------------------------------------------------------------------------
+
+
+def _placements(specs: list[tuple[Pool, int]], batches: list[int],
+                ) -> tuple[tuple[RankPlacement, ...], tuple[GroupPlan, ...]]:
+    """Ranks and groups from (pool, group size) specs and the per-rank local batches."""
+    ranks: list[RankPlacement] = []
+    groups: list[GroupPlan] = []
+    rank = 0
+    for index, (p, size) in enumerate(specs):
+        d = p.device
+        members = tuple(range(rank, rank + size))
+        for local, r in enumerate(members):
+            ranks.append(RankPlacement(
+                rank=r, group=index, node=d.node, product=d.product, mig_profile=d.mig_profile,
+                compute_capability=d.compute_capability, resource_name=d.resource_name,
+                image=p.image, precision=p.precision, local_batch=batches[r],
+                relative_speed=p.speed, memory_mib=d.memory_mib, architecture=d.architecture,
+                group_rank=local))
+        extra = dict(P2P_DISABLE_ENV) if d.is_mig or (size > 1 and is_consumer_gpu(d.product)) else {}
+        groups.append(GroupPlan(
+            index=index, node=d.node, product=d.product, mig_profile=d.mig_profile,
+            resource_name=d.resource_name, image=p.image, precision=p.precision, ranks=members,
+            local_batches=tuple(batches[r] for r in members), architecture=d.architecture,
+            compute_capability=d.compute_capability, memory_mib=d.memory_mib,
+            relative_speed=p.speed, extra_env=extra))
+        rank += size
+    return tuple(ranks), tuple(groups)

@@ -1,0 +1,160 @@
+"""Build the structured "no plan" result and its one-line message (pure).
+
+The message names each short GPU type with what the job needed and what was free, and where its
+devices are, e.g. ``Tesla-T4: need 2, free 1 (node-c: MIG reconfiguration pending)``, and ends with
+what to change: ``To plan: set spec.gpus.minRanks to 1 or less; or add 1 more Tesla-T4 GPU ...``.
+With several eligible types the message starts with the totals and lists each type's free count;
+the ``need`` of a :class:`Shortfall` is then what the job would need of that type if every other
+eligible type were used fully (``minRanks - free of the others``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hetero_operator.api import types as model
+from hetero_operator.api.spec import JobSpec
+from hetero_operator.api.types import (ExcludedNode, Inventory, InventoryWarning, Shortfall,
+                                       Unschedulable)
+from hetero_operator.cluster import gfd
+from hetero_operator.planning.eligibility import type_rejection
+from hetero_operator.planning.pools import Pool
+
+MAX_NOTES = 3
+"""Notes listed per type in the message (the ``shortfalls`` and ``excluded`` fields have all)."""
+
+
+def insufficient_gpus(job: JobSpec, inventory: Inventory, pools: Sequence[Pool],
+                      excluded: Sequence[ExcludedNode]) -> Unschedulable:
+    """Fewer eligible free devices than ``spec.gpus.minRanks``.
+
+    Every eligible GPU type gets a :class:`Shortfall` whose reasons say where its devices are (free,
+    in use, on excluded nodes); the message ends with what to change (``To plan: ...``).
+    """
+    need_total = job.gpus.min_ranks
+    free: dict[str, int] = {}
+    notes: dict[str, list[str]] = {}
+    for p in pools:
+        t = p.device.gpu_type
+        free[t] = free.get(t, 0) + p.free
+        busy = p.device.total - p.free
+        if busy:
+            notes.setdefault(t, []).append(f"{p.node}: {busy} of {p.device.total} in use")
+        elif p.free:
+            notes.setdefault(t, []).append(f"{p.node}: {p.free} free")
+    other: list[str] = []
+    denied: list[ExcludedNode] = []
+    fixable: list[ExcludedNode] = []
+    for e in excluded:
+        note = f"{e.node}: {model.REASON_PHRASES.get(e.reason, e.reason)}"
+        if e.reason != model.DENIED_BY_SPEC and e.gpu_type and _allowed(job, e.gpu_type):
+            free.setdefault(e.gpu_type, 0)
+            notes.setdefault(e.gpu_type, []).append(note)
+            fixable.append(e)
+        elif e.reason == model.DENIED_BY_SPEC:
+            denied.append(e)
+        elif e.reason != model.NO_GPUS:
+            other.append(note)
+            fixable.append(e)
+    total_free = sum(free.values())
+    shortfalls = tuple(
+        Shortfall(gpu_type=t, need=need_total - (total_free - free[t]), free=free[t],
+                  reasons=tuple(notes.get(t, ())))
+        for t in sorted(free))
+    message = _message(need_total, total_free, shortfalls, other, len(denied))
+    hints = _hints(job, need_total, total_free, sorted(free), denied, fixable)
+    return Unschedulable(shortfalls=shortfalls, excluded=tuple(excluded),
+                         message=f"{message}. To plan: {'; or '.join(hints)}",
+                         reason="InsufficientGPUs", warnings=inventory.warnings)
+
+
+FIXES: dict[str, str] = {
+    model.UNSCHEDULABLE: "uncordon {node} (kubectl uncordon {node})",
+    model.NOT_READY: "bring {node} back to Ready",
+    model.TAINTED: "tolerate or remove the taint on {node}",
+    model.MIG_PENDING: "wait for the MIG reconfiguration on {node} to finish",
+    model.MIG_FAILED: "fix the MIG configuration of {node} (nvidia.com/mig.config)",
+    model.MALFORMED_LABELS: "fix the GPU labels of {node} (GPU Feature Discovery)",
+    model.NO_COMPATIBLE_IMAGE: "add a spec.images variant that fits {node} ({message})",
+    model.INSUFFICIENT_MEMORY: "lower spec.gpus.minMemoryMiB ({message})",
+    model.PRECISION_UNSUPPORTED: "use spec.training.precision Auto ({message})",
+}
+"""Per exclusion reason, what would make the node usable ({node}, {message} filled in)."""
+
+
+def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
+           denied: Sequence[ExcludedNode], fixable: Sequence[ExcludedNode]) -> list[str]:
+    """What to change so the job plans: lower minRanks, add capacity, allow a product, fix nodes."""
+    short = need - free
+    hints = []
+    if free >= 1:
+        default = " (it defaults to spec.gpus.ranks)" if job.gpus.min_ranks == job.gpus.ranks else ""
+        hints.append(f"set spec.gpus.minRanks to {free} or less{default}")
+    plural = "s" if short != 1 else ""
+    if types:
+        hints.append(f"add {short} more {' or '.join(types)} GPU{plural} (a node, or free used ones)")
+    else:
+        hints.append(f"add {short} GPU{plural} of a type spec.gpus allows")
+    denied_types = sorted({e.gpu_type for e in denied if e.gpu_type})
+    if denied_types:
+        shown = ", ".join(denied_types[:MAX_NOTES]) + (", ..." if len(denied_types) > MAX_NOTES else "")
+        hints.append(f"allow {shown} in spec.gpus ({denied[0].message})")
+    usable_types = set(types)  # nodes of a type the job could use come first
+    for e in sorted(fixable, key=lambda e: e.gpu_type not in usable_types)[:MAX_NOTES]:
+        fix = FIXES.get(e.reason)
+        if fix:
+            hints.append(fix.format(node=e.node, message=e.message.rstrip(".")))
+    return hints
+
+
+def batch_too_small(job: JobSpec, excluded: Sequence[ExcludedNode],
+                    warnings: Sequence[InventoryWarning]) -> Unschedulable:
+    """``minRanks`` above the global batch: some rank would get no sample."""
+    g, b = job.gpus.min_ranks, job.training.global_batch_size
+    return Unschedulable(
+        shortfalls=(), excluded=tuple(excluded), reason="GlobalBatchTooSmall",
+        warnings=tuple(warnings),
+        message=f"spec.training.globalBatchSize {b} < spec.gpus.minRanks {g}: every rank needs at "
+                "least one sample; raise globalBatchSize or lower minRanks")
+
+
+def insufficient_memory(job: JobSpec, caps: Sequence[int], excluded: Sequence[ExcludedNode],
+                        warnings: Sequence[InventoryWarning]) -> Unschedulable:
+    """The chosen devices' memory caps sum below the global batch."""
+    t = job.training
+    held = sum(caps)
+    return Unschedulable(
+        shortfalls=(), excluded=tuple(excluded), reason="InsufficientMemory",
+        warnings=tuple(warnings),
+        message=f"spec.training.globalBatchSize {t.global_batch_size} exceeds what the chosen "
+                f"{len(caps)} devices hold at memoryPerSampleMiB {t.memory_per_sample_mib} and "
+                f"memoryReserveMiB {t.memory_reserve_mib} ({held} samples); lower globalBatchSize "
+                "or memoryPerSampleMiB, or raise spec.gpus.ranks")
+
+
+def _allowed(job: JobSpec, gpu_type: str) -> bool:
+    parts = gfd.split_product(gpu_type)
+    return not type_rejection(job, parts.base, parts.mig_profile)
+
+
+def _message(need: int, free: int, shortfalls: Sequence[Shortfall], other: list[str],
+             denied: int) -> str:
+    parts = [f"{s.gpu_type}: free {s.free}{_notes(s.reasons)}" if len(shortfalls) > 1
+             else f"{s.gpu_type}: need {s.need}, free {s.free}{_notes(s.reasons)}" for s in shortfalls]
+    if not parts:
+        parts = [f"no eligible GPUs (denied by spec.gpus on {denied} "
+                 f"node{'s' if denied != 1 else ''})" if denied else "no eligible GPUs"]
+    text = "; ".join(parts)
+    if len(shortfalls) != 1:
+        text = f"need {need} ranks (spec.gpus.minRanks, default spec.gpus.ranks), {free} free: {text}"
+    if other:
+        text += f"; other nodes excluded{_notes(other)}"
+    return text
+
+
+def _notes(notes: Sequence[str]) -> str:
+    if not notes:
+        return ""
+    shown = ", ".join(notes[:MAX_NOTES])
+    more = f", and {len(notes) - MAX_NOTES} more" if len(notes) > MAX_NOTES else ""
+    return f" ({shown}{more})"

@@ -1,0 +1,96 @@
+"""Render a plan into the env contract (rank form) for every rank; pure.
+
+The operator and the embedded ``heterotrain run`` launcher both call :func:`render_rank_envs`; the
+operator then turns local rank 0 of each group into the pod form with
+``heterotrain_common.contract.pod_env``.  One pod per group, so ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are the
+rank's position in its group and the group's size.  The pod form carries local rank 0's
+``HTJ_METRICS_PORT``; ``heterotrain launch`` adds the local rank, matching the rank form here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetero_operator.api.spec import JobSpec
+from hetero_operator.api.types import Plan
+from heterotrain_common.contract import Contract, DeviceProfile, RankEntry, render_rank_env
+
+HIERARCHY_TO_CONTRACT: dict[str, str] = {
+    "Auto": "auto", "Flat": "flat", "Group": "group", "PerNode": "node", "PerArchitecture": "arch",
+}
+"""``spec.training.hierarchy`` -> ``HTJ_HIERARCHY``."""
+
+
+def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port: int,
+                     simulated: bool, metrics_port_base: int | None = None,
+                     checkpoint_dir: str | None = None,
+                     restart_generation: int = 0) -> list[dict[str, str]]:
+    """The rank-form environment of every rank of ``plan``.
+
+    Args:
+        plan: from :func:`hetero_operator.planning.plan.plan_job`.
+        job: the job the plan is for (name, global batch, hierarchy, metrics port, checkpoint).
+        master_addr: rank 0's address (the headless Service name, or ``127.0.0.1``).
+        master_port: rendezvous TCP port.
+        simulated: ranks run on CPU and imitate their device (``DeviceProfile.simulated``).
+        metrics_port_base: when set (all ranks on one host, the embedded default) rank r gets
+            ``metrics_port_base + r``; otherwise ``spec.worker.metricsPort + LOCAL_RANK``
+            (0 stays 0 = off).
+        checkpoint_dir: overrides ``spec.training.checkpoint.path``.
+        restart_generation: the job-wide restart generation (``HTJ_RESTART_GENERATION`` and
+            ``TORCHELASTIC_RESTART_COUNT``, equal on every rank; shared/cases/34).
+
+    Returns:
+        One ``dict[str, str]`` per rank, ordered by rank; each parses with
+        ``heterotrain_common.contract.parse_contract``; group ``extra_env`` (e.g.
+        ``NCCL_P2P_DISABLE=1``) is included.
+    """
+    topology = tuple(
+        RankEntry(rank=r.rank, group=r.group, node=r.node, gpu_product=r.gpu_type,
+                  compute_capability=r.compute_capability, local_batch=r.local_batch)
+        for r in plan.ranks)
+    world = len(plan.ranks)
+    hierarchy = HIERARCHY_TO_CONTRACT[job.training.hierarchy]
+    ckpt = job.training.checkpoint_path if checkpoint_dir is None else checkpoint_dir
+    value = plan.value  # the planner's prediction, when in samples/s: rank 0 exports the ratio
+    predicted = value.predicted_throughput if value is not None and value.absolute else 0.0
+    memory = {m.rank: m for m in plan.memory.ranks} if plan.memory is not None else {}
+    sharding = plan.memory.mode.lower() if plan.memory is not None else "none"
+    shares = tuple(memory[k].state_share_ppm for k in sorted(memory)) if sharding == "full" else ()
+    envs = []
+    for r in plan.ranks:
+        group = plan.groups[r.group]
+        if metrics_port_base is not None:
+            port = metrics_port_base + r.rank
+        else:
+            port = job.worker.metrics_port + r.group_rank if job.worker.metrics_port else 0
+        device = DeviceProfile(product=r.gpu_type, compute_capability=r.compute_capability,
+                               memory_mib=r.memory_mib, relative_speed=r.relative_speed,
+                               simulated=simulated, mig_profile=r.mig_profile)
+        contract = Contract(
+            rank=r.rank, world_size=world, local_rank=r.group_rank, local_world_size=len(group.ranks),
+            master_addr=master_addr, master_port=master_port, job_name=job.name, group=r.group,
+            group_rank=r.group_rank, group_size=len(group.ranks), local_batch_size=r.local_batch,
+            global_batch_size=job.training.global_batch_size, precision=r.precision,
+            hierarchy=hierarchy, device=device, topology=topology, metrics_port=port,
+            checkpoint_dir=ckpt, extra=dict(group.extra_env),
+            checkpoint_interval_steps=job.training.checkpoint_interval_steps,
+            rebalance_interval_steps=job.training.rebalance_interval_steps,
+            profile_steps=job.profile_steps,
+            compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank,
+            restart_generation=restart_generation, predicted_samples_per_s=predicted,
+            **_memory_fields(memory.get(r.rank), sharding, shares))
+        envs.append(render_rank_env(contract))
+    return envs
+
+
+def _memory_fields(m: Any, sharding: str, shares: tuple[int, ...] = ()) -> dict[str, Any]:
+    """``Contract`` memory fields of one rank (:class:`hetero_operator.api.memoryplan.RankMemory`, or
+    None without a memory model); the micro-batch size is the memory bound (samples that fit), so a
+    rebalanced local batch stays within memory; ``shares``: every rank's ``state_share_ppm`` under
+    Full sharding (``HTJ_SHARD_PPM``), else empty."""
+    if m is None:
+        return {}
+    return {"sharding": sharding, "micro_batch_size": m.samples_that_fit,
+            "activation_checkpointing": m.activation_checkpointing,
+            "memory_cap_bytes": m.usable_bytes, "shard_ppm": shares}

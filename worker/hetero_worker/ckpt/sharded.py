@@ -1,0 +1,323 @@
+"""Sharded checkpoints under ``Group`` sharding, with ``torch.distributed.checkpoint`` (issue 12).
+
+Under Group sharding (:mod:`hetero_worker.memory.group`) each GPU-type group holds the whole model
+state, sharded by FSDP2 inside the group; the groups are replicas of each other. A checkpoint
+directory then holds:
+
+* ``checkpoint.pt``: the manifest, format :data:`hetero_worker.ckpt.files.SHARDED_FORMAT`, written
+  by rank 0 through a temp file and ``os.replace`` and read with ``torch.load(weights_only=True)``:
+  step, checkpoint id, the job's global data position, the plan it was taken under, per-rank RNG,
+  and ``sharded``: the directory holding model and optimizer state, the ranks that wrote it;
+* ``sharded-<id>/``: model and optimizer state in DCP's layout (``.metadata`` plus one
+  ``__<r>_0.distcp`` file per writing rank), written by **one** group;
+* ``.sharded-<id>.tmp/``: a save in progress, or one that died; never read.
+
+**Who writes.** The groups' FSDP2 ``DTensor`` s live on different one-dimensional meshes (each
+group's process group), so one world-wide ``dcp.save`` would see every group's chunks: DCP
+deduplicates write items only by ``(fqn, offset)``, and groups of different sizes give chunks of
+the same offset with different lengths, which overlap (DCP's global-plan validation refuses
+overlapping chunks; ``default_planner._validate_global_plan``). So the largest group
+(:func:`saver_ranks`; fewest bytes per rank) calls ``dcp.save`` with its own process group, and
+the other groups, holding the same state, write nothing. Its ranks each write their shard;
+their ``DTensor`` placements go into DCP's metadata as global offsets.
+
+**Resharding on load** is DCP's: every rank builds the state dict of its *current* model and
+optimizer (``get_state_dict``: ``DTensor`` s of its current group's mesh, or plain tensors without
+sharding), ``dcp.load`` fills each rank's own chunks from whatever chunks were saved (over the
+default Gloo group), and ``set_state_dict`` puts them back. So a checkpoint taken with groups
+[A100] [T4, T4] resumes on [A100] [T4], or onto a job without sharding.
+
+**Atomic, agreed.** The writing group saves into ``.sharded-<id>.tmp``; once every writer has
+succeeded (all ranks agree, :func:`_agree`), rank 0 renames it to ``sharded-<id>`` and only then
+replaces ``checkpoint.pt``; older ``sharded-*`` directories go after that. A kill at any point
+leaves the previous manifest pointing to a complete directory. On resume every rank reads the
+manifest and checks the directory's ``.metadata`` (:func:`check_sharded_dir`), and
+:func:`hetero_worker.ckpt.agreement.agree_on_resume` makes every rank confirm rank 0's step and id
+before anything is loaded.
+
+**No pickle from the volume.** DCP (torch 2.13) unpickles two things from the files:
+``FileSystemReader.read_metadata`` reads ``.metadata`` with plain ``pickle.load``, and
+``DefaultLoadPlanner.load_bytes`` reads non-tensor values (the optimizer's ``param_groups``) with
+``torch.load`` with weights-only loading off; either would run code put in a file on a shared volume.
+:class:`SafeFileSystemReader` reads ``.metadata`` with an unpickler that builds only DCP's own
+metadata classes, ``torch.Size``, dtypes, layouts and paths (:data:`METADATA_GLOBALS`) and refuses
+any other global; :class:`SafeLoadPlanner` reads values with ``torch.load(weights_only=True)``.
+Tensors are already read with ``weights_only=True`` by DCP. What DCP exchanges between ranks
+(plans, with ``gather_object``) is pickled in memory between the job's own ranks, as
+``checkpoint.save_checkpoint`` does with RNG states; nothing of it comes from a file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import secrets
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from hetero_worker.ckpt import files
+
+__all__ = ["METADATA_GLOBALS", "SafeFileSystemReader", "SafeLoadPlanner", "check_sharded_dir",
+           "load_metadata", "load_sharded", "save_sharded_checkpoint", "saver_ranks"]
+
+DIR_PREFIX = "sharded-"
+TMP_SUFFIX = ".tmp"
+METADATA_FILE = ".metadata"
+"""DCP's metadata file name inside a checkpoint directory (``filesystem._metadata_fn``)."""
+ERROR_BYTES = 512
+"""Size of one rank's error record when the ranks agree a save succeeded."""
+
+METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset({
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "StorageMeta", "MetadataIndex", "ChunkStorageMetadata", "TensorProperties",
+        "TensorStorageMetadata", "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+    ("pathlib", "PureWindowsPath"), ("pathlib._local", "PosixPath"),
+    ("pathlib._local", "WindowsPath"),
+})
+"""The globals DCP's ``.metadata`` pickle references (found by unpickling torch 2.13's own
+files with a recording ``find_class``); torch dtypes (``torch.float32``, ...) are allowed besides."""
+
+
+# --- reading DCP files without running code from them --------------------------------------
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only :data:`METADATA_GLOBALS` and torch dtypes ("Restricting Globals", Python's
+    ``pickle`` documentation); any other global raises ``pickle.UnpicklingError``."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(
+            f"DCP metadata refers to {module}.{name}, which a checkpoint's metadata never holds: "
+            "refused (the file may have been written to run code)")
+
+
+def load_metadata(path: str | os.PathLike[str]) -> Metadata:
+    """Read a DCP ``.metadata`` file, building only DCP's metadata types.
+
+    Raises:
+        pickle.UnpicklingError: the file refers to any other global (e.g. ``os.system``).
+        OSError: unreadable.
+    """
+    with open(path, "rb") as f:
+        metadata = _MetadataUnpickler(f).load()
+    if not isinstance(metadata, Metadata):
+        raise pickle.UnpicklingError(f"{path} holds a {type(metadata).__name__}, not DCP Metadata")
+    return metadata
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's ``FileSystemReader`` whose ``.metadata`` is read by :func:`load_metadata`.
+
+    Tensor data is read by the parent with ``torch.load(weights_only=True)`` (torch 2.13
+    ``filesystem.py``, ``read_data``).
+    """
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        metadata = load_metadata(self._get_metadata_path(rank))
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner reading non-tensor values with ``weights_only=True``."""
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            from torch.distributed.checkpoint._nested_dict import set_element  # noqa: PLC0415
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+# --- who writes, agreement --------------------------------------------------------------------
+
+def saver_ranks(groups: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The group that writes a sharded checkpoint: the largest (least state per rank), ties to
+    the one with the lowest rank.
+
+    Args:
+        groups: the layout's groups of global ranks (each group one replica of the state).
+    """
+    best = min(groups, key=lambda g: (-len(g), min(g)))
+    return tuple(sorted(best))
+
+
+def _agreed_id() -> str:
+    """A random 16-hex-digit id chosen by rank 0, the same on every rank (a byte broadcast)."""
+    chosen = secrets.token_hex(8)
+    if not dist.is_initialized():
+        return chosen
+    buf = torch.frombuffer(bytearray(chosen.encode()), dtype=torch.uint8).clone()
+    dist.broadcast(buf, src=0)
+    return bytes(buf.tolist()).decode()
+
+
+def _agree(error: str) -> list[tuple[int, str]]:
+    """Every rank's error (``""`` = fine) on every rank: one all-gather of fixed-size UTF-8
+    records over the default group (no pickling). Returns the failing ``(rank, error)`` pairs."""
+    if not dist.is_initialized():
+        return [(0, error)] if error else []
+    encoded = error.encode()[:ERROR_BYTES]
+    record = torch.zeros(ERROR_BYTES, dtype=torch.uint8)
+    if encoded:
+        record[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
+    gathered = [torch.empty_like(record) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, record)
+    texts = [bytes(g.tolist()).rstrip(b"\0").decode(errors="replace") for g in gathered]
+    return [(r, t) for r, t in enumerate(texts) if t]
+
+
+def _raise_if_failed(failures: list[tuple[int, str]], what: str) -> None:
+    if failures:
+        detail = "; ".join(f"rank {r}: {e}" for r, e in failures)
+        raise RuntimeError(f"{what} failed on every rank's account ({detail}); the previous "
+                           "checkpoint is kept")
+
+
+# --- save ------------------------------------------------------------------------------------
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale(directory: Path, keep: str) -> None:
+    """Remove ``sharded-*`` and ``.sharded-*.tmp`` entries other than ``keep`` (rank 0, after
+    the manifest names ``keep``)."""
+    for entry in directory.iterdir():
+        name = entry.name
+        stale = (name.startswith(DIR_PREFIX) or
+                 (name.startswith("." + DIR_PREFIX) and name.endswith(TMP_SUFFIX)))
+        if stale and name != keep and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
+                            optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[int]],
+                            group: Any, rank: int, scaler: Any = None, sampler: Any = None,
+                            plan: Mapping[str, Any] | None = None,
+                            rank_state: Mapping[str, Any] | None = None,
+                            before_publish: Any = None) -> Path:
+    """Write a sharded checkpoint; collective: every rank calls it at the same step.
+
+    Args:
+        directory: the checkpoint directory (shared by all ranks).
+        step: optimizer steps taken so far.
+        model: the FSDP2-sharded module (``DTensor`` parameters on this rank's group's mesh).
+        optimizer: over ``model``'s parameters.
+        groups: the layout's groups of global ranks (replicas of the state).
+        group: this rank's group's process group (used by the writing group only).
+        rank: this rank's global rank.
+        scaler, sampler, plan, rank_state: as :func:`hetero_worker.ckpt.checkpoint.save_checkpoint`.
+        before_publish: test hook, called on rank 0 after the data is written and before it is
+            published (a test kills the rank there).
+
+    Returns:
+        The manifest's path.
+
+    Raises:
+        RuntimeError: a writing rank (or rank 0's publication) failed; raised on every rank with
+            every failing rank's error, and the previous checkpoint stays in place.
+    """
+    directory = Path(directory)
+    checkpoint_id = _agreed_id()
+    writers = saver_ranks(groups)
+    tmp = directory / f".{DIR_PREFIX}{checkpoint_id}{TMP_SUFFIX}"
+    final = f"{DIR_PREFIX}{checkpoint_id}"
+    error = ""
+    # Every rank: get_state_dict initialises an optimizer without state by a zero-lr step
+    # (torch's _init_optim_state); on the writers alone that would make the replicas differ.
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    if rank in writers:
+        try:
+            dcp.save({"model": model_sd, "optim": optim_sd},
+                     storage_writer=FileSystemWriter(tmp, sync_files=True),
+                     process_group=group)
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank learns it
+            # (CheckpointException, DCP's error gathered from its ranks, is a BaseException)
+            error = f"writing {tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
+    _raise_if_failed(_agree(error), f"sharded checkpoint of step {step}")
+    ranks = files.gather_to_rank0(
+        {"rng": files.rng_state(), **(dict(rank_state) if rank_state else {})})
+    error = ""
+    if ranks is not None:
+        try:
+            if before_publish is not None:
+                before_publish(step)
+            if not (tmp / METADATA_FILE).is_file():
+                raise FileNotFoundError(f"{tmp / METADATA_FILE} is not visible to rank 0: put "
+                                        "HTJ_CHECKPOINT_DIR on a volume shared by all ranks")
+            os.replace(tmp, directory / final)
+            _fsync_dir(directory)
+            state = files.manifest(
+                checkpoint_id=checkpoint_id, step=step, model=None, optimizer=None, scaler=scaler,
+                sampler=sampler, plan=plan, ranks=ranks,
+                sharded={"dir": final, "writers": list(writers), "sharding": "group"})
+            files.save_atomic(state, directory / files.CHECKPOINT_FILE)
+            _fsync_dir(directory)
+            _remove_stale(directory, keep=final)
+        except Exception as exc:  # noqa: BLE001
+            error = f"publishing {directory / final}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
+    _raise_if_failed(_agree(error), f"sharded checkpoint of step {step}")
+    return directory / files.CHECKPOINT_FILE
+
+
+# --- load ------------------------------------------------------------------------------------
+
+def check_sharded_dir(directory: str | Path, sharded: Mapping[str, Any]) -> Path:
+    """The sharded state's directory named by a manifest; checks its ``.metadata`` is there.
+
+    Raises:
+        ValueError: the name is not a ``sharded-<id>`` entry of ``directory``.
+        FileNotFoundError: the directory or its ``.metadata`` is missing.
+    """
+    name = str(sharded.get("dir", ""))
+    if not name.startswith(DIR_PREFIX) or "/" in name or os.sep in name or ".." in name:
+        raise ValueError(f"manifest names sharded state {name!r}, not a {DIR_PREFIX}<id> entry")
+    path = Path(directory) / name
+    if not (path / METADATA_FILE).is_file():
+        raise FileNotFoundError(f"sharded state {path / METADATA_FILE} is missing")
+    return path
+
+
+def load_sharded(path: str | Path, *, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer) -> None:
+    """Load model and optimizer state from a DCP directory into the current (maybe differently
+    sharded) model; collective over the default group: every rank calls it.
+
+    Raises:
+        torch.distributed.checkpoint.api.CheckpointException: a rank failed to read (every
+            rank raises; DCP derives it from ``BaseException``), e.g. the
+            ``pickle.UnpicklingError`` of :class:`SafeFileSystemReader`.
+    """
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])

@@ -1,0 +1,58 @@
+"""Checkpoints of a :class:`~hetero_worker.trainer.Trainer`: save, save every N steps, resume
+(the state itself is :mod:`hetero_worker.ckpt.resume`'s)."""
+
+from __future__ import annotations
+
+import torch
+
+from hetero_worker.ckpt import resume
+
+
+class Checkpointing:
+    """The Trainer's checkpoint methods (a mixin of :class:`hetero_worker.trainer.Trainer`; the state is :mod:`hetero_worker.ckpt.resume`'s)."""
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def _checkpoint_dir(self, directory: str | None) -> str:
+        chosen = directory or self.contract.checkpoint_dir
+        if not chosen:
+            raise ValueError("no checkpoint directory: set HTJ_CHECKPOINT_DIR or pass one")
+        return chosen
+
+    def save_checkpoint(self, optimizer: torch.optim.Optimizer,
+                        directory: str | None = None) -> str:
+        """Write a checkpoint (collective; rank 0 writes atomically). Returns its path.
+
+        Holds model, optimizer, scaler, the job's global data position, the plan and per-rank
+        RNG and compression state (:mod:`hetero_worker.ckpt.resume`)."""
+        return resume.save_trainer_checkpoint(self, optimizer, self._checkpoint_dir(directory))
+
+    def maybe_checkpoint(self, optimizer: torch.optim.Optimizer,
+                         every_steps: int | None = None) -> bool:
+        """Checkpoint when :attr:`global_step` is a multiple of the interval; True if saved.
+
+        Args:
+            optimizer: saved with the model.
+            every_steps: interval; None uses ``HTJ_CHECKPOINT_INTERVAL_STEPS`` (default 50) when
+                ``HTJ_CHECKPOINT_DIR`` is set, and never saves without a directory; 0 never saves.
+        """
+        if every_steps is None:
+            if not self.contract.checkpoint_dir:
+                return False
+            every_steps = getattr(self.contract, "checkpoint_interval_steps", 50)
+        if every_steps <= 0 or self.global_step % every_steps:
+            return False
+        self.save_checkpoint(optimizer)
+        return True
+
+    def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
+        """Restore the latest checkpoint if there is one; True when resumed (collective).
+
+        Rank 0's reading decides the step and every rank confirms it (a rank that finds another
+        checkpoint, none, or cannot read it makes every rank raise
+        :class:`~hetero_worker.ckpt.agreement.ResumeDisagreement`). Under the same plan the split, RNG
+        and compression state continue exactly; under a new plan (another world size or split)
+        the data continue from the global position with fresh RNG
+        (:func:`hetero_worker.ckpt.resume.resume_trainer`). Call it after :meth:`wrap` and
+        :meth:`loader`, before the first step.
+        """
+        return resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint_dir)

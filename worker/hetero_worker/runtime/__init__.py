@@ -1,0 +1,1 @@
+"""A rank's life outside training: launch, rendezvous, preflight checks, shutdown, simulated devices."""
