@@ -37,7 +37,7 @@ export GOFLAGS=-mod=mod
 kver=$(sed -n 's/^\tk8s.io\/kubernetes v\([0-9.]*\)$/\1/p' "$cp_dir/go.mod" | head -1)
 [ -n "$kver" ] || kver=$(sed -n 's/.*k8s.io\/kubernetes v\([0-9.]*\).*/\1/p' "$cp_dir/go.mod" | head -1)
 major=${kver%%.*}; minor=${kver#*.}; minor=${minor%%.*}
-kueue_ver=$(sed -n 's/^require sigs.k8s.io\/kueue \(v[0-9.]*\)$/\1/p' "$cp_dir/kueue/go.mod")
+kueue_ver=$(sed -n 's/.*sigs.k8s.io\/kueue \(v[0-9.]*\).*/\1/p' "$cp_dir/kueue/go.mod" | head -1)
 ldk=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldk+=" -X $pkg.gitVersion=v$kver -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"

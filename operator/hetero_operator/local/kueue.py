@@ -11,6 +11,8 @@ Kueue's kustomize install (docs/cluster.md):
   certificate rotation is off (``internalCertManagement.enable: false``);
 * only the webhooks of the ``kueue.x-k8s.io`` API and ``batch/job`` (the one framework enabled)
   are installed: the others would call paths the manager does not serve;
+* its metrics certificate must lie in ``/etc/kueue/metrics/certs`` (a path fixed in Kueue's
+  main.go): ``start`` writes the cluster's there, so ``--kueue`` needs root;
 * the manager runs with the admin kubeconfig (no RBAC of its own), no leader election, the
   visibility API off (``VisibilityOnDemand=false``), ``waitForPodsReady`` on (``timeout_s``).
 
@@ -37,6 +39,8 @@ REPO = Path(__file__).resolve().parents[3]
 GO_MOD = REPO / "tests" / "controlplane" / "kueue" / "go.mod"
 NAMESPACE = "kueue-system"
 WEBHOOK_GROUPS = {"kueue.x-k8s.io", "batch"}
+METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+"""Where Kueue's manager reads its metrics serving certificate (hard-coded in v0.17)."""
 
 
 def module_dir() -> Path:
@@ -45,8 +49,11 @@ def module_dir() -> Path:
     Raises:
         ControlPlaneError: not there (run scripts/build-controlplane.sh first).
     """
-    version = next(line.split()[-1] for line in GO_MOD.read_text().splitlines()
-                   if line.startswith("require sigs.k8s.io/kueue"))
+    import re
+    found = re.search(r"^\s*(?:require\s+)?sigs\.k8s\.io/kueue\s+(v\S+)", GO_MOD.read_text(), re.M)
+    if not found:
+        raise ControlPlaneError(f"{GO_MOD} does not require sigs.k8s.io/kueue")
+    version = found.group(1)
     cache = os.environ.get("GOMODCACHE") or subprocess.run(
         ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=False).stdout.strip()
     path = Path(cache) / f"sigs.k8s.io/kueue@{version}"
@@ -128,12 +135,15 @@ def start(cluster_dir: Path, bins: Path, *, wait_for_pods_ready_s: int = 60) -> 
     certs.mkdir(exist_ok=True)
     (certs / "tls.crt").write_bytes(crt.read_bytes())
     (certs / "tls.key").write_bytes(key.read_bytes())
+    _metrics_certs(crt, key)
     names = ("kueue_webhook", "kueue_metrics", "kueue_health")
     ports = dict(zip(names, controlplane.free_ports(len(names)), strict=True))
     (kdir / "config.yaml").write_text(yaml.safe_dump(configuration(ports, certs, wait_for_pods_ready_s)))
     docs = manifests(module_dir(), ports["kueue_webhook"], (pdir / "ca.crt").read_bytes())
     (kdir / "manifests.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
     controlplane.kubectl(cluster_dir, "apply", "--server-side", "--force-conflicts", "-f", str(kdir / "manifests.json"))
+    crds = [f"crd/{d['metadata']['name']}" for d in docs if d["kind"] == "CustomResourceDefinition"]
+    controlplane.kubectl(cluster_dir, "wait", "--for=condition=Established", "--timeout=60s", *crds)
     state = controlplane.read_state(cluster_dir)
     env = {**os.environ, "KUBECONFIG": state["kubeconfig"]}
     proc = controlplane.spawn("kueue", [str(bins / "kueue"), f"--config={kdir / 'config.yaml'}",
@@ -145,6 +155,23 @@ def start(cluster_dir: Path, bins: Path, *, wait_for_pods_ready_s: int = 60) -> 
     # the webhook server answers (TLS with our CA) before anything is created through it
     _wait_webhook(cluster_dir, ports["kueue_webhook"], pdir / "ca.crt", proc)
     return proc.pid
+
+
+def _metrics_certs(crt: Path, key: Path) -> None:
+    """Kueue v0.17's manager reads its metrics certificate from the fixed path
+    :data:`METRICS_CERTS` when its own certificate management is off (cmd/kueue/main.go); put
+    ours there (needs root, or that directory writable).
+
+    Raises:
+        ControlPlaneError: the directory cannot be written.
+    """
+    try:
+        METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+        (METRICS_CERTS / "tls.crt").write_bytes(crt.read_bytes())
+        (METRICS_CERTS / "tls.key").write_bytes(key.read_bytes())
+    except OSError as exc:
+        raise ControlPlaneError(f"Kueue needs its metrics certificate in {METRICS_CERTS}: {exc} "
+                                "(run as root or make that directory writable)") from exc
 
 
 def _wait_webhook(cluster_dir: Path, port: int, ca: Path, proc: subprocess.Popen[bytes]) -> None:
