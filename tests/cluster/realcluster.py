@@ -12,13 +12,13 @@ import asyncio
 import copy
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 import yaml
+from waiting import wait_until
 
 from hetero_operator.local import controlplane
 from hetero_operator.local.controlplane import Options
@@ -200,15 +200,8 @@ class RealCluster:
                 if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or ())}
 
     def wait_for(self, predicate: Callable[[], Any], timeout_s: float, what: str = "") -> Any:
-        """Poll ``predicate`` every 0.1 s until it returns a truthy value; raise on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
-            time.sleep(0.1)
+        """Poll ``predicate`` every 0.1 s until it returns a truthy value (tests/waiting.py)."""
+        return wait_until(predicate, timeout_s=timeout_s, what=what or repr(predicate), poll_s=0.1)
 
     def finished(self, name: str, namespace: str, timeout_s: float = 150) -> dict[str, Any]:
         self.wait_for(lambda: self.phase(name, namespace) in ("Succeeded", "Failed"), timeout_s,

@@ -74,7 +74,8 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     if config.peering:
         settings.peering.name = config.peering
         settings.peering.mandatory = True
-    settings.watching.server_timeout = config.watch_server_timeout_s
+    # whole seconds: a real API server refuses timeoutSeconds=300.0 (400 BadRequest, strconv.ParseInt)
+    settings.watching.server_timeout = max(1, round(config.watch_server_timeout_s))
     settings.watching.client_timeout = config.watch_client_timeout_s
     settings.watching.connect_timeout = config.watch_connect_timeout_s
     settings.watching.inactivity_timeout = config.watch_inactivity_timeout_s

@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("hetero_operator.local.plan", "dry-run placement of a job over a node list"),
     "operator": ("hetero_operator.controller.serve", "run the Kubernetes operator (kopf)"),
     "launch": ("hetero_worker.runtime.launch", "in a pod: start one process per local rank, like torchrun"),
+    "cluster": ("hetero_operator.local.cluster_cli", "a real local Kubernetes control plane: cluster up / down"),
 }
 
 
