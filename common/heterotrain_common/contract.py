@@ -19,15 +19,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from heterotrain_common import defaults
 from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DIR,
-                                         CHECKPOINT_INTERVAL_STEPS, COMPRESSION,
-                                         DEFAULT_RENDEZVOUS_TIMEOUT_S,
-                                         DEFAULT_SIM_DELAY_PER_SAMPLE_S, DEVICE_PROFILE, FIRST_RANK,
-                                         GLOBAL_BATCH_SIZE, GROUP, GROUP_RANK, GROUP_SIZE,
-                                         HIERARCHIES, HIERARCHY, JOB_NAME, LOCAL_BATCH_SIZE,
-                                         LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
-                                         MEMORY_CAP_BYTES, METRICS_PORT, MICRO_BATCH_SIZE,
-                                         POWERSGD_RANK, PRECISION, PRECISIONS,
+                                         CHECKPOINT_INTERVAL_STEPS, COMPRESSION, DEVICE_PROFILE,
+                                         FIRST_RANK, GLOBAL_BATCH_SIZE, GROUP, GROUP_RANK,
+                                         GROUP_SIZE, HIERARCHIES, HIERARCHY, JOB_NAME,
+                                         LOCAL_BATCH_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+                                         MASTER_ADDR, MASTER_PORT, MEMORY_CAP_BYTES, METRICS_PORT,
+                                         MICRO_BATCH_SIZE, POWERSGD_RANK, PRECISION, PRECISIONS,
                                          PREDICTED_SAMPLES_PER_S, PROFILE_STEPS, RANK,
                                          RANK_ONLY_VARS, REBALANCE_INTERVAL_STEPS,
                                          RENDEZVOUS_TIMEOUT_S, REQUIRED_VARS, RESTART_GENERATION,
@@ -125,13 +124,13 @@ class Contract:
     topology: tuple[RankEntry, ...]
     metrics_port: int = 0
     checkpoint_dir: str = ""
-    checkpoint_interval_steps: int = 50
-    rebalance_interval_steps: int = 0
+    checkpoint_interval_steps: int = defaults.CHECKPOINT_INTERVAL_STEPS
+    rebalance_interval_steps: int = defaults.REBALANCE_INTERVAL_STEPS
     compression: str = "none"
-    powersgd_rank: int = 16
+    powersgd_rank: int = defaults.POWERSGD_RANK
     restart_generation: int = 0
-    sim_delay_per_sample_s: float = DEFAULT_SIM_DELAY_PER_SAMPLE_S
-    rendezvous_timeout_s: float = DEFAULT_RENDEZVOUS_TIMEOUT_S
+    sim_delay_per_sample_s: float = defaults.SIM_DELAY_PER_SAMPLE_S
+    rendezvous_timeout_s: float = defaults.RENDEZVOUS_TIMEOUT_S
     run_dir: str = ""
     profile_steps: tuple[int, int] | None = None
     predicted_samples_per_s: float = 0.0
@@ -191,9 +190,9 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         RESTART_GENERATION: str(contract.restart_generation),
         TORCHELASTIC_RESTART_COUNT: str(contract.restart_generation),
     }
-    if contract.sim_delay_per_sample_s != DEFAULT_SIM_DELAY_PER_SAMPLE_S:
+    if contract.sim_delay_per_sample_s != defaults.SIM_DELAY_PER_SAMPLE_S:
         env[SIM_DELAY_PER_SAMPLE_S] = repr(contract.sim_delay_per_sample_s)
-    if contract.rendezvous_timeout_s != DEFAULT_RENDEZVOUS_TIMEOUT_S:
+    if contract.rendezvous_timeout_s != defaults.RENDEZVOUS_TIMEOUT_S:
         env[RENDEZVOUS_TIMEOUT_S] = repr(contract.rendezvous_timeout_s)
     if contract.run_dir:
         env[RUN_DIR] = contract.run_dir
@@ -285,7 +284,8 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         device=DeviceProfile.from_json(required(environ, DEVICE_PROFILE)), topology=topology,
         metrics_port=int_var(environ, METRICS_PORT, minimum=0, maximum=65535, default=0),
         checkpoint_dir=environ.get(CHECKPOINT_DIR, ""),
-        checkpoint_interval_steps=int_var(environ, CHECKPOINT_INTERVAL_STEPS, minimum=1, default=50),
+        checkpoint_interval_steps=int_var(environ, CHECKPOINT_INTERVAL_STEPS, minimum=1,
+                                          default=defaults.CHECKPOINT_INTERVAL_STEPS),
         rebalance_interval_steps=rebalance_interval_steps(environ),
         compression=compression_mode(environ),
         powersgd_rank=powersgd_rank(environ),

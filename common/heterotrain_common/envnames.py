@@ -60,9 +60,9 @@ exports measured / predicted as ``htj_job_prediction_ratio``."""
 # --- worker knobs beside the contract (set by `heterotrain run`, tests and benchmarks) ----------
 SIM_DELAY_PER_SAMPLE_S = "HTJ_SIM_DELAY_PER_SAMPLE_S"
 """Simulated seconds per sample at relative speed 1.0 (default
-:data:`DEFAULT_SIM_DELAY_PER_SAMPLE_S`); only simulated devices sleep."""
+:data:`heterotrain_common.defaults.SIM_DELAY_PER_SAMPLE_S`); only simulated devices sleep."""
 RENDEZVOUS_TIMEOUT_S = "HTJ_RENDEZVOUS_TIMEOUT_S"
-"""Seconds a rank waits for rank 0 before giving up (default :data:`DEFAULT_RENDEZVOUS_TIMEOUT_S`)."""
+"""Seconds a rank waits for rank 0 before giving up (default :data:`heterotrain_common.defaults.RENDEZVOUS_TIMEOUT_S`)."""
 RUN_DIR = "HTJ_RUN_DIR"
 """Directory for the per-rank statistics and the result of ``heterotrain run``; unset in a pod."""
 PROFILE_STEPS = "HTJ_PROFILE_STEPS"
@@ -92,8 +92,6 @@ in rank order (``"500000,250000,250000"``, summing to 1 000 000; the planner's s
 to usable memory).  A job-wide value, so the pod form carries it.  Unset under ``full``: even
 shares."""
 SHARDINGS: tuple[str, ...] = ("none", "group", "full")
-DEFAULT_SIM_DELAY_PER_SAMPLE_S = 0.002
-DEFAULT_RENDEZVOUS_TIMEOUT_S = 600.0
 TORCHRUN_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
 RANK_ONLY_VARS = (RANK, LOCAL_RANK, LOCAL_BATCH_SIZE, GROUP_RANK)
 REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, LOCAL_BATCH_SIZE,

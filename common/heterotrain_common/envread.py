@@ -7,11 +7,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from heterotrain_common import defaults
 from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, COMPRESSION, COMPRESSIONS,
-                                         DEFAULT_RENDEZVOUS_TIMEOUT_S,
-                                         DEFAULT_SIM_DELAY_PER_SAMPLE_S, MAX_PROFILE_STEPS,
-                                         MEMORY_CAP_BYTES, MICRO_BATCH_SIZE, POWERSGD_RANK,
-                                         PREDICTED_SAMPLES_PER_S, PROFILE_STEPS,
+                                         MAX_PROFILE_STEPS, MEMORY_CAP_BYTES, MICRO_BATCH_SIZE,
+                                         POWERSGD_RANK, PREDICTED_SAMPLES_PER_S, PROFILE_STEPS,
                                          REBALANCE_INTERVAL_STEPS, RENDEZVOUS_TIMEOUT_S, RUN_DIR,
                                          SHARD_PPM, SHARDING, SHARDINGS, SIM_DELAY_PER_SAMPLE_S)
 
@@ -77,7 +76,7 @@ def rebalance_interval_steps(environ: Mapping[str, str]) -> int:
     Raises:
         ContractError: not an integer >= 0.
     """
-    return int_var(environ, REBALANCE_INTERVAL_STEPS, minimum=0, default=0)
+    return int_var(environ, REBALANCE_INTERVAL_STEPS, minimum=0, default=defaults.REBALANCE_INTERVAL_STEPS)
 
 
 def compression_mode(environ: Mapping[str, str]) -> str:
@@ -94,33 +93,32 @@ def compression_mode(environ: Mapping[str, str]) -> str:
 
 
 def powersgd_rank(environ: Mapping[str, str]) -> int:
-    """``HTJ_POWERSGD_RANK`` (default 16: rank 4 trained the speed benchmark's MLP to a loss
-    4.5-6.7 % above uncompressed, rank 16 within 1.4 %; docs/speed.md).
+    """``HTJ_POWERSGD_RANK`` (default :data:`heterotrain_common.defaults.POWERSGD_RANK`).
 
     Raises:
         ContractError: not an integer in 1..64.
     """
-    return int_var(environ, POWERSGD_RANK, minimum=1, maximum=64, default=16)
+    return int_var(environ, POWERSGD_RANK, minimum=1, maximum=64, default=defaults.POWERSGD_RANK)
 
 
 def sim_delay_per_sample_s(environ: Mapping[str, str]) -> float:
-    """``HTJ_SIM_DELAY_PER_SAMPLE_S`` in seconds (default :data:`DEFAULT_SIM_DELAY_PER_SAMPLE_S`).
+    """``HTJ_SIM_DELAY_PER_SAMPLE_S`` in seconds (default :data:`defaults.SIM_DELAY_PER_SAMPLE_S`).
 
     Raises:
         ContractError: set but not a number >= 0.
     """
     return seconds_from_env(environ, SIM_DELAY_PER_SAMPLE_S,
-                            default_s=DEFAULT_SIM_DELAY_PER_SAMPLE_S, allow_zero=True)
+                            default_s=defaults.SIM_DELAY_PER_SAMPLE_S, allow_zero=True)
 
 
 def rendezvous_timeout_s(environ: Mapping[str, str]) -> float:
-    """``HTJ_RENDEZVOUS_TIMEOUT_S`` in seconds (default :data:`DEFAULT_RENDEZVOUS_TIMEOUT_S`).
+    """``HTJ_RENDEZVOUS_TIMEOUT_S`` in seconds (default :data:`defaults.RENDEZVOUS_TIMEOUT_S`).
 
     Raises:
         ContractError: set but not a number > 0.
     """
     return seconds_from_env(environ, RENDEZVOUS_TIMEOUT_S,
-                            default_s=DEFAULT_RENDEZVOUS_TIMEOUT_S, allow_zero=False)
+                            default_s=defaults.RENDEZVOUS_TIMEOUT_S, allow_zero=False)
 
 
 def predicted_samples_per_s(environ: Mapping[str, str]) -> float:

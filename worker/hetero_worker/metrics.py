@@ -26,6 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from heterotrain_common import metricnames as mn
 from heterotrain_common import nvml, rundir
 from heterotrain_common.contract import Contract
 
@@ -39,45 +40,45 @@ STATS_WRITE_S = 0.25
 """The run-dir statistics file is rewritten at most this often (seconds)."""
 
 _DOCS: dict[str, tuple[type, str]] = {
-    "htj_steps_total": (Counter, "Optimizer steps taken (skipped steps included)."),
-    "htj_samples_total": (Counter, "Training samples processed by this rank."),
-    "htj_skipped_steps_total": (Counter, "Steps skipped because some rank's gradients had inf/NaN."),
-    "htj_compute_seconds_total": (Counter, "Time in forward/backward/optimizer (including the "
+    mn.STEPS_TOTAL: (Counter, "Optimizer steps taken (skipped steps included)."),
+    mn.SAMPLES_TOTAL: (Counter, "Training samples processed by this rank."),
+    mn.SKIPPED_STEPS_TOTAL: (Counter, "Steps skipped because some rank's gradients had inf/NaN."),
+    mn.COMPUTE_SECONDS_TOTAL: (Counter, "Time in forward/backward/optimizer (including the "
                                   "simulated device delay), seconds."),
-    "htj_communication_wait_seconds_total": (Counter, "Time blocked in gradient "
+    mn.COMMUNICATION_WAIT_SECONDS_TOTAL: (Counter, "Time blocked in gradient "
                                              "synchronisation, seconds."),
-    "htj_rebalances_total": (Counter, "Batch-split changes applied on this rank."),
-    "htj_inter_group_bytes_total": (Counter, "Gradient bytes this rank sent between groups."),
-    "htj_throughput_samples_per_second": (Gauge, "Samples per second of the last step "
+    mn.REBALANCES_TOTAL: (Counter, "Batch-split changes applied on this rank."),
+    mn.INTER_GROUP_BYTES_TOTAL: (Counter, "Gradient bytes this rank sent between groups."),
+    mn.THROUGHPUT_SAMPLES_PER_SECOND: (Gauge, "Samples per second of the last step "
                                           "(local batch / step time)."),
-    "htj_compute_throughput_samples_per_second": (Gauge, "Samples per second of compute time in "
+    mn.COMPUTE_THROUGHPUT_SAMPLES_PER_SECOND: (Gauge, "Samples per second of compute time in "
                                                   "the last step: the device's own speed, "
                                                   "communication wait excluded."),
-    "htj_local_batch_size": (Gauge, "Samples per step on this rank."),
-    "htj_job_efficiency_ratio": (Gauge, "Rank 0 only: the job's samples/s over the sum of every "
+    mn.LOCAL_BATCH_SIZE: (Gauge, "Samples per step on this rank."),
+    mn.JOB_EFFICIENCY_RATIO: (Gauge, "Rank 0 only: the job's samples/s over the sum of every "
                                  "rank's compute-only samples/s, 0..1 (share of the devices' "
                                  "standalone capacity turned into training; docs/metrics.md)."),
-    "htj_job_predicted_throughput_samples_per_second": (Gauge, "Rank 0 only: the planner's "
+    mn.JOB_PREDICTED_THROUGHPUT_SAMPLES_PER_SECOND: (Gauge, "Rank 0 only: the planner's "
                                                         "predicted job throughput, samples/s "
                                                         "(absent without a prediction)."),
-    "htj_job_prediction_ratio": (Gauge, "Rank 0 only: measured job samples/s over the planner's "
+    mn.JOB_PREDICTION_RATIO: (Gauge, "Rank 0 only: measured job samples/s over the planner's "
                                  "prediction (1 = as predicted; docs/metrics.md)."),
-    "htj_loss": (Gauge, "Training loss of the last step (this rank's local mean)."),
-    "htj_gpu_utilization_ratio": (Gauge, "GPU busy fraction 0..1 from NVML (whole GPUs only)."),
-    "htj_gpu_memory_used_bytes": (Gauge, "Device memory used by all processes, from NVML, bytes."),
-    "htj_gpu_memory_total_bytes": (Gauge, "Device memory, from NVML, bytes."),
-    "htj_torch_memory_allocated_bytes": (Gauge, "Memory held by tensors in torch's CUDA caching "
+    mn.LOSS: (Gauge, "Training loss of the last step (this rank's local mean)."),
+    mn.GPU_UTILIZATION_RATIO: (Gauge, "GPU busy fraction 0..1 from NVML (whole GPUs only)."),
+    mn.GPU_MEMORY_USED_BYTES: (Gauge, "Device memory used by all processes, from NVML, bytes."),
+    mn.GPU_MEMORY_TOTAL_BYTES: (Gauge, "Device memory, from NVML, bytes."),
+    mn.TORCH_MEMORY_ALLOCATED_BYTES: (Gauge, "Memory held by tensors in torch's CUDA caching "
                                          "allocator, bytes."),
-    "htj_torch_memory_reserved_bytes": (Gauge, "Memory reserved by torch's CUDA caching "
+    mn.TORCH_MEMORY_RESERVED_BYTES: (Gauge, "Memory reserved by torch's CUDA caching "
                                         "allocator, bytes."),
-    "htj_torch_memory_fragmentation_ratio": (Gauge, "1 - allocated / reserved of torch's CUDA "
+    mn.TORCH_MEMORY_FRAGMENTATION_RATIO: (Gauge, "1 - allocated / reserved of torch's CUDA "
                                              "caching allocator (reserved but unused share)."),
-    "htj_memory_peak_bytes": (Gauge, "Peak model state plus activations saved for backward this "
+    mn.MEMORY_PEAK_BYTES: (Gauge, "Peak model state plus activations saved for backward this "
                               "rank held, bytes (counted by hetero_worker.memory.caps; on a simulated "
                               "device the figure its memory cap is enforced on)."),
 }
-STEP_HISTOGRAM = "htj_step_duration_seconds"
-GPU_INFO = "htj_gpu_info"
+STEP_HISTOGRAM = mn.STEP_DURATION_SECONDS
+GPU_INFO = mn.GPU_INFO
 GPU_INFO_LABELS = (*LABELS, "UUID", "gpu", "GPU_I_ID", "GPU_I_PROFILE")
 """Labels of :data:`GPU_INFO`: the rank's labels plus the device identity spelled as dcgm-exporter
 spells it (parent GPU ``UUID``, NVML index ``gpu``, MIG ``GPU_I_ID``/``GPU_I_PROFILE``, ``""`` on a
@@ -194,18 +195,18 @@ class WorkerMetrics:
         """
         step_s, compute_s, comm_wait_s = (max(0.0, float(v)) for v in (step_s, compute_s, comm_wait_s))
         samples = max(0, int(samples))
-        self._child("htj_steps_total").inc()
-        self._child("htj_samples_total").inc(samples)
+        self._child(mn.STEPS_TOTAL).inc()
+        self._child(mn.SAMPLES_TOTAL).inc(samples)
         self._child(STEP_HISTOGRAM).observe(step_s)
-        self._child("htj_compute_seconds_total").inc(compute_s)
-        self._child("htj_communication_wait_seconds_total").inc(comm_wait_s)
+        self._child(mn.COMPUTE_SECONDS_TOTAL).inc(compute_s)
+        self._child(mn.COMMUNICATION_WAIT_SECONDS_TOTAL).inc(comm_wait_s)
         if step_s > 0:
-            self._child("htj_throughput_samples_per_second").set(samples / step_s)
+            self._child(mn.THROUGHPUT_SAMPLES_PER_SECOND).set(samples / step_s)
         if compute_s > 0:
-            self._child("htj_compute_throughput_samples_per_second").set(samples / compute_s)
+            self._child(mn.COMPUTE_THROUGHPUT_SAMPLES_PER_SECOND).set(samples / compute_s)
         loss_value = None if loss is None else float(loss)
         if loss_value is not None:
-            self._child("htj_loss").set(loss_value)
+            self._child(mn.LOSS).set(loss_value)
         with self._lock:
             t = self._totals
             t["steps"] += 1
@@ -224,7 +225,7 @@ class WorkerMetrics:
 
     def set_job_efficiency(self, ratio: float) -> None:
         """Export the job's efficiency (rank 0 calls this; see :func:`job_efficiency_ratio`)."""
-        self._child("htj_job_efficiency_ratio").set(float(ratio))
+        self._child(mn.JOB_EFFICIENCY_RATIO).set(float(ratio))
         with self._lock:
             self._last["job_efficiency_ratio"] = float(ratio)
 
@@ -232,20 +233,20 @@ class WorkerMetrics:
         """Export the planner's prediction and measured / predicted (rank 0; the contract's
         ``predicted_samples_per_s``, the job's samples/s over the last efficiency window)."""
         ratio = measured_samples_per_s / predicted_samples_per_s
-        self._child("htj_job_predicted_throughput_samples_per_second").set(predicted_samples_per_s)
-        self._child("htj_job_prediction_ratio").set(ratio)
+        self._child(mn.JOB_PREDICTED_THROUGHPUT_SAMPLES_PER_SECOND).set(predicted_samples_per_s)
+        self._child(mn.JOB_PREDICTION_RATIO).set(ratio)
         with self._lock:
             self._last["job_prediction_ratio"] = ratio
 
     def set_local_batch(self, n: int) -> None:
         """Set the local batch size gauge (samples per step on this rank)."""
-        self._child("htj_local_batch_size").set(int(n))
+        self._child(mn.LOCAL_BATCH_SIZE).set(int(n))
         with self._lock:
             self._last["local_batch"] = int(n)
 
     def set_memory_peak(self, peak_bytes: int, cap_bytes: int) -> None:
         """Set ``htj_memory_peak_bytes`` and keep peak and cap for ``rank-<R>.json``."""
-        self._child("htj_memory_peak_bytes").set(int(peak_bytes))
+        self._child(mn.MEMORY_PEAK_BYTES).set(int(peak_bytes))
         with self._lock:
             self._last["memory_peak_bytes"] = int(peak_bytes)
             self._last["memory_cap_bytes"] = int(cap_bytes)
@@ -257,19 +258,19 @@ class WorkerMetrics:
 
     def record_rebalance(self) -> None:
         """Count one change of this rank's batch split."""
-        self._child("htj_rebalances_total").inc()
+        self._child(mn.REBALANCES_TOTAL).inc()
         with self._lock:
             self._totals["rebalances"] += 1
 
     def record_skipped_step(self) -> None:
         """Count one step skipped for inf/NaN gradients (also call observe_step for it)."""
-        self._child("htj_skipped_steps_total").inc()
+        self._child(mn.SKIPPED_STEPS_TOTAL).inc()
         with self._lock:
             self._totals["skipped_steps"] += 1
 
     def add_inter_group_bytes(self, n: int) -> None:
         """Count gradient bytes sent between groups by this rank."""
-        self._child("htj_inter_group_bytes_total").inc(max(0, int(n)))
+        self._child(mn.INTER_GROUP_BYTES_TOTAL).inc(max(0, int(n)))
 
     # --- device -------------------------------------------------------------------------------
 
@@ -288,9 +289,9 @@ class WorkerMetrics:
             self._export_identity(ident)
         if reading is not None:
             if reading.utilization_ratio is not None:
-                self._child("htj_gpu_utilization_ratio").set(reading.utilization_ratio)
-            self._child("htj_gpu_memory_used_bytes").set(reading.memory_used_bytes)
-            self._child("htj_gpu_memory_total_bytes").set(reading.memory_total_bytes)
+                self._child(mn.GPU_UTILIZATION_RATIO).set(reading.utilization_ratio)
+            self._child(mn.GPU_MEMORY_USED_BYTES).set(reading.memory_used_bytes)
+            self._child(mn.GPU_MEMORY_TOTAL_BYTES).set(reading.memory_total_bytes)
         self._update_allocator()
 
     def _export_identity(self, ident: nvml.DeviceIdentity) -> None:
@@ -311,9 +312,9 @@ class WorkerMetrics:
             reserved = int(torch.cuda.memory_reserved())
         except Exception:  # a broken CUDA setup must not stop training
             return
-        self._child("htj_torch_memory_allocated_bytes").set(allocated)
-        self._child("htj_torch_memory_reserved_bytes").set(reserved)
-        self._child("htj_torch_memory_fragmentation_ratio").set(
+        self._child(mn.TORCH_MEMORY_ALLOCATED_BYTES).set(allocated)
+        self._child(mn.TORCH_MEMORY_RESERVED_BYTES).set(reserved)
+        self._child(mn.TORCH_MEMORY_FRAGMENTATION_RATIO).set(
             1.0 - allocated / reserved if reserved > 0 else 0.0)
 
     # --- run-dir statistics -------------------------------------------------------------------

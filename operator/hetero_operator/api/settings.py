@@ -14,6 +14,7 @@ from typing import Any
 from hetero_operator.api.errors import ConfigError
 from hetero_operator.api.prices import parse_prices_setting
 from hetero_operator.api.spec import ImageVariant
+from heterotrain_common import defaults
 
 DEFAULT_TORCH_VERSION = "2.13.0"
 """The PyTorch release of every default worker image (scripts/build-images.sh builds one release)."""
@@ -93,10 +94,10 @@ class OperatorConfig:
     metrics_port: int = 8080
     health_port: int = 8081
     master_port: int = 29500
-    pending_timeout_s: float = 300.0
+    pending_timeout_s: float = defaults.PENDING_TIMEOUT_S
     unschedulable_retry_s: float = 30.0
-    backoff_base_s: float = 10.0
-    backoff_max_s: float = 300.0
+    backoff_base_s: float = defaults.BACKOFF_BASE_S
+    backoff_max_s: float = defaults.BACKOFF_MAX_S
     resync_s: float = 10.0
     progress_interval_s: float = 15.0
     peering: str = "heterotrain"

@@ -18,10 +18,12 @@ from hetero_operator.api.fields import (boolean, enum, integer, mapping, optiona
                                         string_list)
 from hetero_operator.api.quantities import QuantityError, parse_quantity
 from hetero_operator.api.strictfields import unknown_fields
+from heterotrain_common import defaults
 from heterotrain_common.envread import ContractError, parse_step_range
 
 API_GROUP = "heterotrain.io"
-API_VERSION = f"{API_GROUP}/v1alpha1"
+VERSION = "v1alpha1"
+API_VERSION = f"{API_GROUP}/{VERSION}"
 KIND = "HeteroTrainingJob"
 PLURAL = "heterotrainingjobs"
 
@@ -140,10 +142,10 @@ class TrainingSpec:
     memory_reserve_mib: int = 1024
     checkpoint_path: str = ""
     checkpoint_pvc: str = ""
-    checkpoint_interval_steps: int = 50
-    rebalance_interval_steps: int = 0
+    checkpoint_interval_steps: int = defaults.CHECKPOINT_INTERVAL_STEPS
+    rebalance_interval_steps: int = defaults.REBALANCE_INTERVAL_STEPS
     compression: str = "None"
-    powersgd_rank: int = 16
+    powersgd_rank: int = defaults.POWERSGD_RANK
     profile_key: str = ""
     gradient_mib: int = 0
     reference_samples_per_second: int = 0
@@ -189,14 +191,14 @@ class RunPolicy:
             300 s, Kubernetes' default ``tolerationSeconds`` for the unreachable taint).
     """
 
-    backoff_limit: int = 3
+    backoff_limit: int = defaults.BACKOFF_LIMIT
     active_deadline_seconds: int | None = None
     ttl_seconds_after_finished: int | None = None
     clean_pod_policy: str = "Running"
     suspend: bool = False
     queue: str = ""
     priority_class: str = ""
-    node_loss_grace_seconds: int = 300
+    node_loss_grace_seconds: int = defaults.NODE_LOSS_GRACE_S
 
 
 PROFILE_STEPS_ANNOTATION = f"{API_GROUP}/profile-steps"
@@ -363,11 +365,12 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         checkpoint_path=str(ckpt.get("path", "")),
         checkpoint_pvc=str(ckpt.get("persistentVolumeClaim", "")),
         checkpoint_interval_steps=integer(ckpt, "intervalSteps", f"{p}.checkpoint.intervalSteps",
-                                          50, 1, 10**7),
+                                          defaults.CHECKPOINT_INTERVAL_STEPS, 1, 10**7),
         rebalance_interval_steps=integer(rebalance, "intervalSteps", f"{p}.rebalance.intervalSteps",
-                                         0, 0, 10**6),
+                                         defaults.REBALANCE_INTERVAL_STEPS, 0, 10**6),
         compression=enum(compression, "mode", f"{p}.compression.mode", COMPRESSIONS),
-        powersgd_rank=integer(compression, "powerSGDRank", f"{p}.compression.powerSGDRank", 16, 1, 64),
+        powersgd_rank=integer(compression, "powerSGDRank", f"{p}.compression.powerSGDRank",
+                              defaults.POWERSGD_RANK, 1, 64),
         profile_key=_profile_key(t, f"{p}.profileKey"),
         gradient_mib=integer(t, "gradientMiB", f"{p}.gradientMiB", 0, 0, 10**7),
         reference_samples_per_second=integer(t, "referenceSamplesPerSecond",
@@ -428,7 +431,7 @@ def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
     p = "spec.runPolicy"
     sched = mapping(r, "schedulingPolicy", f"{p}.schedulingPolicy", required=False)
     return RunPolicy(
-        backoff_limit=integer(r, "backoffLimit", f"{p}.backoffLimit", 3, 0, 1000),
+        backoff_limit=integer(r, "backoffLimit", f"{p}.backoffLimit", defaults.BACKOFF_LIMIT, 0, 1000),
         active_deadline_seconds=optional_integer(r, "activeDeadlineSeconds", f"{p}.activeDeadlineSeconds"),
         ttl_seconds_after_finished=optional_integer(r, "ttlSecondsAfterFinished",
                                                     f"{p}.ttlSecondsAfterFinished"),
@@ -436,7 +439,7 @@ def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
         suspend=boolean(r, "suspend", f"{p}.suspend", False),
         queue=str(sched.get("queue", "")), priority_class=str(sched.get("priorityClass", "")),
         node_loss_grace_seconds=integer(r, "nodeLossGraceSeconds", f"{p}.nodeLossGraceSeconds",
-                                     300, 0, 86400),
+                                     defaults.NODE_LOSS_GRACE_S, 0, 86400),
     )
 
 

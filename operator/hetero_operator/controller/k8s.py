@@ -27,9 +27,8 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from hetero_operator.api.spec import API_GROUP, PLURAL
+from hetero_operator.api.spec import API_GROUP, PLURAL, VERSION
 
-VERSION = "v1alpha1"
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 log = logging.getLogger("heterotrain.operator.api")
 

@@ -33,13 +33,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from hetero_operator.api.labels import LABEL_MANAGED_BY
 from hetero_operator.controller.progress import MetricsUrlFn, fetch_metrics
 from hetero_operator.planning import profiles
+from heterotrain_common import metricnames as mn
 
 log = logging.getLogger("heterotrain.operator.learning")
 Key = tuple[str, str]
 RECORD_ATTEMPTS = 3
 """Read-merge-write rounds before giving up on a contended ConfigMap."""
-_COUNTERS = {"htj_steps_total": "steps", "htj_samples_total": "samples",
-             "htj_compute_seconds_total": "compute_seconds"}
+_COUNTERS = {mn.STEPS_TOTAL: "steps", mn.SAMPLES_TOTAL: "samples",
+             mn.COMPUTE_SECONDS_TOTAL: "compute_seconds"}
 
 
 class ConfigMapApi(Protocol):

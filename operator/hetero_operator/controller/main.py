@@ -12,11 +12,9 @@ from typing import Any
 import kopf
 
 from hetero_operator.api.labels import LABEL_JOB, LABEL_MANAGED_BY, MANAGED_BY
-from hetero_operator.api.spec import API_GROUP, PLURAL
+from hetero_operator.api.spec import API_GROUP, PLURAL, VERSION
 from hetero_operator.cluster import nodeindex
 from hetero_operator.controller import runner
-
-VERSION = "v1alpha1"
 
 
 @kopf.on.startup()

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hetero_operator.api import conditions as c
 from hetero_operator.api.labels import LABEL_RANK
+from heterotrain_common import metricnames as mn
 
 MetricsUrlFn = Callable[[Mapping[str, Any], int], "str | None"]
 READ_TIMEOUT_S = 2.0
@@ -101,18 +102,18 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
-            if sample.name in ("htj_steps_total", "htj_throughput_samples_per_second",
-                               "htj_local_batch_size", "htj_loss", "htj_job_efficiency_ratio",
-                               "htj_job_prediction_ratio"):
+            if sample.name in (mn.STEPS_TOTAL, mn.THROUGHPUT_SAMPLES_PER_SECOND,
+                               mn.LOCAL_BATCH_SIZE, mn.LOSS, mn.JOB_EFFICIENCY_RATIO,
+                               mn.JOB_PREDICTION_RATIO):
                 values[sample.name] = sample.value
-    if "htj_steps_total" not in values:
+    if mn.STEPS_TOTAL not in values:
         return None
-    local = values.get("htj_local_batch_size") or 0
-    rate = values.get("htj_throughput_samples_per_second", 0.0)
+    local = values.get(mn.LOCAL_BATCH_SIZE) or 0
+    rate = values.get(mn.THROUGHPUT_SAMPLES_PER_SECOND, 0.0)
     scale = global_batch / local if local > 0 else 1.0
-    return Progress(step=int(values["htj_steps_total"]), samples_per_s=rate * scale,
-                    loss=values.get("htj_loss"), efficiency=values.get("htj_job_efficiency_ratio"),
-                    prediction_ratio=values.get("htj_job_prediction_ratio"))
+    return Progress(step=int(values[mn.STEPS_TOTAL]), samples_per_s=rate * scale,
+                    loss=values.get(mn.LOSS), efficiency=values.get(mn.JOB_EFFICIENCY_RATIO),
+                    prediction_ratio=values.get(mn.JOB_PREDICTION_RATIO))
 
 
 def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hetero_operator.api.spec import API_GROUP, PLURAL
+from hetero_operator.api.spec import API_GROUP, PLURAL, VERSION
 from hetero_operator.api.strictfields import crd_schema
 
-VERSION = "v1alpha1"
 CRD_NAME = f"{PLURAL}.{API_GROUP}"
 
 def required_fields() -> tuple[str, ...]:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from hetero_operator.api import conditions as c
 from hetero_operator.api.spec import RunPolicy
 from hetero_operator.cluster.nodehealth import NodeHealth
+from heterotrain_common import defaults
 
 # Actions
 START = "Start"            # plan and create the pods
@@ -128,9 +129,9 @@ class JobState:
 class Timing:
     """Operator timeouts in seconds (from :class:`hetero_operator.api.settings.OperatorConfig`)."""
 
-    pending_timeout_s: float = 300.0
-    backoff_base_s: float = 10.0
-    backoff_max_s: float = 300.0
+    pending_timeout_s: float = defaults.PENDING_TIMEOUT_S
+    backoff_base_s: float = defaults.BACKOFF_BASE_S
+    backoff_max_s: float = defaults.BACKOFF_MAX_S
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

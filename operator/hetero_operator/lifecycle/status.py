@@ -34,7 +34,6 @@ GROUP_KEYS = frozenset({"index", "pod", "node", "gpuType", "architecture", "reso
                         "precision", "firstRank", "ranks", "localBatches"})
 PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "efficiency", "predictionRatio",
                            "updateTime"})
-NODE_LOSS_KEYS = frozenset({"node", "reason", "notReadySince", "lostTime", "pods"})
 
 
 def job_state(status: Mapping[str, Any]) -> JobState:

@@ -32,13 +32,14 @@ class Checkpointing:
 
         Args:
             optimizer: saved with the model.
-            every_steps: interval; None uses ``HTJ_CHECKPOINT_INTERVAL_STEPS`` (default 50) when
+            every_steps: interval; None uses ``HTJ_CHECKPOINT_INTERVAL_STEPS`` (default
+                :data:`heterotrain_common.defaults.CHECKPOINT_INTERVAL_STEPS`) when
                 ``HTJ_CHECKPOINT_DIR`` is set, and never saves without a directory; 0 never saves.
         """
         if every_steps is None:
             if not self.contract.checkpoint_dir:
                 return False
-            every_steps = getattr(self.contract, "checkpoint_interval_steps", 50)
+            every_steps = self.contract.checkpoint_interval_steps
         if every_steps <= 0 or self.global_step % every_steps:
             return False
         self.save_checkpoint(optimizer)

@@ -8,7 +8,7 @@ the ``TCPStore``. If that does not happen within the rendezvous timeout it raise
 :class:`RendezvousTimeout` (the process then exits non-zero with that reason, rather than
 crash-looping).
 
-Timeout: argument, else ``HTJ_RENDEZVOUS_TIMEOUT_S``, else :data:`DEFAULT_TIMEOUT_S`.
+Timeout: argument, else ``HTJ_RENDEZVOUS_TIMEOUT_S``, else :data:`heterotrain_common.defaults.RENDEZVOUS_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -21,14 +21,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from heterotrain_common import envnames, envread
-
-TIMEOUT_ENV = envnames.RENDEZVOUS_TIMEOUT_S
-"""Environment variable: seconds a rank waits for rank 0 before giving up (defined and parsed in
-:mod:`heterotrain_common.contract`; a parsed contract carries it as ``rendezvous_timeout_s``)."""
-DEFAULT_TIMEOUT_S = envnames.DEFAULT_RENDEZVOUS_TIMEOUT_S
-COLLECTIVE_TIMEOUT_S = 600.0
-"""Timeout of a single collective once the group is up (torch's ``timeout`` argument)."""
+from heterotrain_common import defaults, envnames, envread
 
 
 class RendezvousTimeout(TimeoutError):
@@ -87,7 +80,7 @@ def wait_for_master(host: str, port: int, *, timeout_s: float,
         if left_s <= 0:
             raise RendezvousTimeout(
                 f"RendezvousTimeout: rank 0 at {host}:{port} not reachable after {timeout_s:g} s "
-                f"(last error: {last_error}); set {TIMEOUT_ENV} to wait longer")
+                f"(last error: {last_error}); set {envnames.RENDEZVOUS_TIMEOUT_S} to wait longer")
         sleep(min(backoff_s, left_s))
         backoff_s = min(backoff_s * 2, max_backoff_s)
 
@@ -120,4 +113,4 @@ def init_distributed(*, rank: int, world_size: int, master_addr: str, master_por
             f"RendezvousTimeout: rank {rank} could not complete the store rendezvous at "
             f"{master_addr}:{master_port} within {timeout_s:g} s ({exc})") from exc
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+                            timeout=timedelta(seconds=defaults.COLLECTIVE_TIMEOUT_S))

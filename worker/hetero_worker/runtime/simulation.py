@@ -6,7 +6,7 @@ seconds more, so a slower card takes proportionally longer per sample and batch 
 visible and deterministic. A real GPU (``simulated`` false) gets no delay.
 
 The base delay per sample comes from ``HTJ_SIM_DELAY_PER_SAMPLE_S`` (seconds, default
-:data:`DEFAULT_DELAY_PER_SAMPLE_S`) or a trainer argument.
+:data:`heterotrain_common.defaults.SIM_DELAY_PER_SAMPLE_S`) or a trainer argument.
 """
 
 from __future__ import annotations
@@ -19,11 +19,6 @@ from collections.abc import Mapping, Sequence
 from heterotrain_common import contract as c
 from heterotrain_common import envnames, envread
 from heterotrain_common.contract import DeviceProfile, RankEntry
-
-SIM_DELAY_ENV = envnames.SIM_DELAY_PER_SAMPLE_S
-"""Environment variable: simulated seconds per sample at relative speed 1.0 (defined and parsed in
-:mod:`heterotrain_common.contract`; a parsed contract carries it as ``sim_delay_per_sample_s``)."""
-DEFAULT_DELAY_PER_SAMPLE_S = envnames.DEFAULT_SIM_DELAY_PER_SAMPLE_S
 
 
 def delay_per_sample_s(environ: Mapping[str, str] | None = None) -> float:

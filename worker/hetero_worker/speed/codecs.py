@@ -39,12 +39,8 @@ from hetero_worker.speed.codec import (CastCompression, InterGroupCodec, NoCompr
                                        ring_allgather_bytes, ring_allreduce_bytes)
 from hetero_worker.speed.int8 import INT8_CHUNK, Int8Compression
 from hetero_worker.speed.powersgd import PowerSGDCompression, powersgd_payload_elems
-from heterotrain_common import contract, envnames, envread
+from heterotrain_common import contract, defaults, envnames, envread
 
-COMPRESSION_ENV = envnames.COMPRESSION
-"""Per-job codec, spec ``training.compression.mode`` (name and parsing: :mod:`heterotrain_common.contract`)."""
-POWERSGD_RANK_ENV = envnames.POWERSGD_RANK
-"""Spec ``training.compression.powerSGDRank`` (default 16)."""
 MODES: tuple[str, ...] = envnames.COMPRESSIONS
 
 
@@ -54,15 +50,14 @@ class CompressionConfig:
 
     Attributes:
         mode: one of :data:`MODES` (lower case).
-        powersgd_rank: rank of the PowerSGD factors (>= 1; default 16, as the CRD's: rank 4
-            trained the speed benchmark's MLP to a loss 4.5-6.7 % above uncompressed (3 seeds,
-            3 runs), rank 16 within 1.4 %, at about 1/22 of fp32's bytes; docs/speed.md).
+        powersgd_rank: rank of the PowerSGD factors (>= 1; default
+            :data:`heterotrain_common.defaults.POWERSGD_RANK`, as the CRD's).
         powersgd_start_iter: PowerSGD's uncompressed warm-up, in steps (torch's
             ``start_powerSGD_iter``; 0 compresses from the first step).
     """
 
     mode: str = "none"
-    powersgd_rank: int = 16
+    powersgd_rank: int = defaults.POWERSGD_RANK
     powersgd_start_iter: int = 0
 
     def __post_init__(self) -> None:

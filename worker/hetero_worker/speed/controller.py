@@ -40,11 +40,9 @@ from hetero_worker.speed.codec import InterGroupCodec
 from hetero_worker.speed.codecs import CompressionConfig, make_codec
 from hetero_worker.speed.hierarchy import measure_and_choose
 from hetero_worker.speed.rebalance import RebalanceConfig, Rebalancer, pack_stats, unpack_stats
-from heterotrain_common import contract, envnames, envread
+from heterotrain_common import contract, envread
 from heterotrain_common.linkcost import LinkModel
 
-REBALANCE_INTERVAL_ENV = envnames.REBALANCE_INTERVAL_STEPS
-"""Spec ``training.rebalance.intervalSteps``; 0 or unset disables rebalancing."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -156,11 +156,6 @@ def step_time_s(split: Sequence[int], time_per_sample_s: Sequence[float]) -> flo
     return max(b * t for b, t in zip(split, time_per_sample_s))
 
 
-def ideal_step_time_s(global_batch: int, time_per_sample_s: Sequence[float]) -> float:
-    """Step time of a perfect (fractional) split: ``G / sum(1 / t_i)``."""
-    return global_batch / sum(1.0 / t for t in time_per_sample_s)
-
-
 def pack_stats(rank: int, world: int, compute_s: float, samples: int) -> list[float]:
     """This rank's slot of the ``2 * world`` stats vector (zeros elsewhere; SUM-reduce to merge)."""
     out = [0.0] * (2 * world)
