@@ -25,7 +25,8 @@ from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DI
                                          FIRST_RANK, GLOBAL_BATCH_SIZE, GROUP, GROUP_RANK,
                                          GROUP_SIZE, HIERARCHIES, HIERARCHY, JOB_NAME,
                                          LOCAL_BATCH_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-                                         MASTER_ADDR, MASTER_PORT, MEMORY_CAP_BYTES, METRICS_PORT,
+                                         MASTER_ADDR, MASTER_PORT, MAX_STEPS, MEMORY_CAP_BYTES,
+                                         METRICS_PORT, EPOCHS,
                                          MICRO_BATCH_SIZE, POWERSGD_RANK, PRECISION, PRECISIONS,
                                          PREDICTED_SAMPLES_PER_S, PROFILE_STEPS, RANK,
                                          RANK_ONLY_VARS, REBALANCE_INTERVAL_STEPS,
@@ -134,6 +135,8 @@ class Contract:
     run_dir: str = ""
     profile_steps: tuple[int, int] | None = None
     predicted_samples_per_s: float = 0.0
+    max_steps: int | None = None
+    epochs: int | None = None
     sharding: str = "none"
     micro_batch_size: int = 0
     activation_checkpointing: bool = False
@@ -200,6 +203,10 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         env[PROFILE_STEPS] = "{}-{}".format(*contract.profile_steps)
     if contract.predicted_samples_per_s > 0:
         env[PREDICTED_SAMPLES_PER_S] = repr(contract.predicted_samples_per_s)
+    if contract.max_steps is not None:
+        env[MAX_STEPS] = str(contract.max_steps)
+    if contract.epochs is not None:
+        env[EPOCHS] = str(contract.epochs)
     if contract.sharding != "none":
         env[SHARDING] = contract.sharding
     if contract.micro_batch_size:
@@ -294,6 +301,8 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         run_dir=run_dir(environ),
         profile_steps=profile_steps(environ),
         predicted_samples_per_s=predicted_samples_per_s(environ),
+        max_steps=_optional_count(environ, MAX_STEPS),
+        epochs=_optional_count(environ, EPOCHS),
         restart_generation=int_var(environ, RESTART_GENERATION, minimum=0, default=0),
         **memory_settings(environ),
     )
@@ -302,6 +311,17 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         raise ContractError(SHARD_PPM, f"has {len(contract.shard_ppm)} shares for WORLD_SIZE={world}; "
                             "give one per rank, in rank order")
     return contract
+
+
+def _optional_count(environ: Mapping[str, str], name: str) -> int | None:
+    """A whole number >= 1 from ``name``; None when unset or empty.
+
+    Raises:
+        ContractError: not a whole number >= 1.
+    """
+    if environ.get(name, "") == "":
+        return None
+    return int_var(environ, name, minimum=1)
 
 
 def _check_topology(topology: tuple[RankEntry, ...], world: int) -> None:

@@ -57,6 +57,27 @@ TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 PREDICTED_SAMPLES_PER_S = "HTJ_PREDICTED_SAMPLES_PER_S"
 """The planner's predicted job throughput, samples/s (optional; unset or 0: no prediction).  Rank 0
 exports measured / predicted as ``htj_job_prediction_ratio``."""
+# --- checkpoints that survive, preemption, slow storage (issue 20) ---------------------------
+CHECKPOINT_KEEP = "HTJ_CHECKPOINT_KEEP"
+"""How many verified checkpoints to keep (``spec.training.checkpoint.keep``, default
+:data:`heterotrain_common.defaults.CHECKPOINT_KEEP`); a resume falls back to an older one when the
+newest is unreadable on any rank."""
+CHECKPOINT_TIMEOUT_S = "HTJ_CHECKPOINT_TIMEOUT_S"
+"""Timeout of the checkpoint process group (save, its agreement, the stop agreement), seconds
+(``spec.training.checkpoint.timeoutSeconds``): separate from the training collectives', so a slow
+save never fails the other ranks by a collective timeout."""
+COLLECTIVE_TIMEOUT_S = "HTJ_COLLECTIVE_TIMEOUT_S"
+"""Timeout of the training collectives (gradient reduction), seconds
+(``spec.training.collectiveTimeoutSeconds``)."""
+TERMINATION_GRACE_S = "HTJ_TERMINATION_GRACE_S"
+"""The pod's ``terminationGracePeriodSeconds``: after SIGTERM the ranks agree on a step, write one
+checkpoint and exit within it (``heterotrain launch`` waits that long for them)."""
+RESILIENCE_VARS = (CHECKPOINT_KEEP, CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S, TERMINATION_GRACE_S)
+"""Rendered only when not at their defaults (:func:`heterotrain_common.contract.render_rank_env`)."""
+PREEMPTED_EXIT_CODE = 75
+"""Exit code of a rank that stopped at an agreed step after SIGTERM (its own or a peer's) and
+wrote its checkpoint (``EX_TEMPFAIL``: try again): the operator restarts the gang as an
+infrastructure restart, not against ``backoffLimit``."""
 # --- worker knobs beside the contract (set by `heterotrain run`, tests and benchmarks) ----------
 SIM_DELAY_PER_SAMPLE_S = "HTJ_SIM_DELAY_PER_SAMPLE_S"
 """Simulated seconds per sample at relative speed 1.0 (default
@@ -70,6 +91,14 @@ PROFILE_STEPS = "HTJ_PROFILE_STEPS"
 optimizer step of the run) or ``"20"``; unset or empty: no profiler (zero cost). Set by
 ``heterotrain run --profile-steps`` and by the operator from the job annotation
 ``heterotrain.io/profile-steps``."""
+MAX_STEPS = "HTJ_MAX_STEPS"
+"""Stop training after this many optimizer steps of the job (whole run, a resume's steps before the
+checkpoint included); unset or empty: no limit. Set by ``heterotrain run --max-steps`` (the
+Trainer's loader ends its epochs there; a plain script gets it only when its own args name
+``--max-steps``)."""
+EPOCHS = "HTJ_EPOCHS"
+"""Epochs to train, overriding the script's own number (``Trainer.epochs``); unset or empty: the
+script's. Set by ``heterotrain run --epochs``."""
 MAX_PROFILE_STEPS = 100
 """Most steps one trace may span (a Chrome trace grows with every step)."""
 SHARDING = "HTJ_SHARDING"
@@ -99,7 +128,7 @@ REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, LOCAL_
 OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
                  COMPRESSION, POWERSGD_RANK, RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT)
 KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS,
-             PREDICTED_SAMPLES_PER_S)
+             PREDICTED_SAMPLES_PER_S, MAX_STEPS, EPOCHS)
 """Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
 MEMORY_VARS = (SHARDING, MICRO_BATCH_SIZE, ACTIVATION_CHECKPOINTING, MEMORY_CAP_BYTES, SHARD_PPM)
 """The memory model's variables (issue 12); rendered only when not at their defaults (a job

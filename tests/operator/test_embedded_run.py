@@ -94,7 +94,8 @@ def test_a_failed_rank_restarts_all_ranks_from_the_checkpoint_until_success(tmp_
 @pytest.mark.timeout(120)
 def test_backoff_limit_ends_the_job_with_the_ranks_exit_code(tmp_path):
     done = _run(tmp_path, _job(tmp_path, fail_times=9, checkpoint=True, backoff_limit=1))
-    assert done.returncode == 5
+    assert done.returncode == embedded.EXIT_RANK_FAILED == 3
+    assert done.stdout.rstrip().splitlines()[-1] == "Job failed: rank 1 exited with code 5 (no output)"
     assert _starts(tmp_path) == sorted(f"start-{r}-{a}" for r in range(4) for a in range(2))
     assert "backoffLimit 1 reached" in done.stdout
 
@@ -102,9 +103,10 @@ def test_backoff_limit_ends_the_job_with_the_ranks_exit_code(tmp_path):
 @pytest.mark.timeout(120)
 def test_without_checkpointing_a_failure_is_final(tmp_path):
     done = _run(tmp_path, _job(tmp_path, fail_times=1, checkpoint=False))
-    assert done.returncode == 5
+    assert done.returncode == 3
     assert _starts(tmp_path) == [f"start-{r}-0" for r in range(4)]
-    assert "no checkpointing" in done.stdout
+    assert ("Job failed: rank 1 exited with code 5 (no output); not restarted: no checkpointing "
+            "(spec.training.checkpoint.path)") in " ".join(done.stdout.split())
     work = tmp_path / "work"
     # Every rank reported its statistics before rank 1 failed; the table shows the plan's split.
     stats = [json.loads((work / f"rank-{r}.json").read_text()) for r in range(4)]
@@ -119,14 +121,14 @@ def test_a_deterministic_failure_before_any_step_stops_after_the_second_attempt(
     doc["spec"]["worker"]["command"] = ["python", "-m", "no_such_training_module"]
     job.write_text(yaml.safe_dump(doc))
     done = _run(tmp_path, job)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == 3, done.stdout + done.stderr
     out = " ".join(done.stdout.split())
     # the first restart starts over (nothing was saved), the second never happens
     assert out.count("Restarting all ranks from the start (no checkpoint saved yet) (restart 1 of 3)") == 1
     assert "Restarting all ranks from the last checkpoint" not in out
     assert "restart 2 of 3" not in out
-    assert ("failed the same way twice before any step completed (exit code 1: "
-            f"{sys.executable}: No module named no_such_training_module)") in out
+    assert (f"Job failed: rank 0 exited with code 1: {sys.executable}: No module named "
+            "no_such_training_module; it failed the same way twice before any step completed") in out
     assert "so the run stops here instead of retrying up to backoffLimit 3" in out
     logs = (tmp_path / "work" / "rank-0.log").read_text()
     assert logs.count("--- attempt ") == 2
@@ -157,9 +159,11 @@ def test_bad_input_and_unschedulable_exit_codes(tmp_path):
 @pytest.mark.parametrize(
     ("args", "overrides", "expected"),
     [(["--epochs", "12"], {"--epochs": 3, "--max-steps": None}, ["--epochs", "3"]),
-     ([], {"--epochs": None, "--max-steps": 7}, ["--max-steps", "7"]),
+     ([], {"--epochs": None, "--max-steps": 7}, []),
+     (["--max-steps=9"], {"--epochs": None, "--max-steps": 7}, ["--max-steps=7"]),
      (["--lr", "0.1"], {"--epochs": None, "--max-steps": None}, ["--lr", "0.1"])],
-    ids=["replace a flag", "append a flag", "no override"])
+    ids=["replace a flag", "a flag the args do not hold is never added", "replace --flag=value",
+         "no override"])
 def test_worker_argv_overrides_and_uses_this_interpreter(args, overrides, expected):
     argv = embedded.worker_argv(["python", "-m", "pkg"], args, overrides=overrides)
     assert argv == [sys.executable, "-m", "pkg", *expected]

@@ -74,13 +74,15 @@ def test_malformed_variable_names_itself(variable, value, needle):
 def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     knobs = _contract(sim_delay_per_sample_s=0.0125, rendezvous_timeout_s=42.0, run_dir="/runs/x",
                       compression="int8", powersgd_rank=8, rebalance_interval_steps=3,
-                      profile_steps=(20, 25), predicted_samples_per_s=812.5)
+                      profile_steps=(20, 25), predicted_samples_per_s=812.5, max_steps=10,
+                      epochs=3)
     env = c.render_rank_env(knobs)
     assert {k: env[k] for k in envnames.KNOB_VARS} == {"HTJ_SIM_DELAY_PER_SAMPLE_S": "0.0125",
                                                 "HTJ_RENDEZVOUS_TIMEOUT_S": "42.0",
                                                 "HTJ_RUN_DIR": "/runs/x",
                                                 "HTJ_PROFILE_STEPS": "20-25",
-                                                "HTJ_PREDICTED_SAMPLES_PER_S": "812.5"}
+                                                "HTJ_PREDICTED_SAMPLES_PER_S": "812.5",
+                                                "HTJ_MAX_STEPS": "10", "HTJ_EPOCHS": "3"}
     assert c.parse_contract(env) == knobs
     # defaults are not rendered (the operator's pods carry exactly the contract)
     assert not set(c.render_rank_env(_contract())) & set(envnames.KNOB_VARS)
@@ -96,6 +98,8 @@ def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     ("HTJ_PROFILE_STEPS", "0-3", "must be FIRST-LAST with 1 <= FIRST <= LAST"),
     ("HTJ_PROFILE_STEPS", "1-500", "spans 500 steps; at most 100 per trace"),
     ("HTJ_PREDICTED_SAMPLES_PER_S", "fast", "must be a number of samples/s"),
+    ("HTJ_MAX_STEPS", "0", "must be >= 1, got 0"),
+    ("HTJ_EPOCHS", "three", "must be an integer, got 'three'"),
     ("HTJ_PREDICTED_SAMPLES_PER_S", "-3", "must be a finite number >= 0"),
 ])
 def test_malformed_knob_names_itself(variable, value, needle):

@@ -207,6 +207,22 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
         """Current epoch of the loader's sampler (0 before :meth:`loader`)."""
         return self.sampler.epoch if self.sampler is not None else 0
 
+    @property
+    def max_steps(self) -> int | None:
+        """``HTJ_MAX_STEPS`` (``heterotrain run --max-steps``): the loader yields no batch once
+        :attr:`global_step` reaches it; None: no limit."""
+        return self.contract.max_steps
+
+    def epochs(self, default: int) -> int:
+        """Epochs to train: ``HTJ_EPOCHS`` (``heterotrain run --epochs``) when set, else
+        ``default`` (the script's own number)."""
+        return self.contract.epochs if self.contract.epochs is not None else int(default)
+
+    @property
+    def done(self) -> bool:
+        """True once :attr:`max_steps` steps are taken."""
+        return self.max_steps is not None and self.global_step >= self.max_steps
+
     def wrap(self, model: torch.nn.Module, *,
              block: type[torch.nn.Module] | None = None) -> torch.nn.Module:
         """Move ``model`` to the rank's device and make it data-parallel.
@@ -266,35 +282,64 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
         return {k: v.detach() for k, v in self.module.named_parameters()}
 
     def loader(self, dataset: Any, *, shuffle: bool = True,
-               collate_fn: Callable[..., Any] | None = None) -> torch.utils.data.DataLoader:
+               collate_fn: Callable[..., Any] | None = None,
+               epochs: int | None = None) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this rank's uneven batches (:class:`HeteroBatchSampler`).
 
         Iterating it runs one epoch; every rank gets the same number of batches. Uses
         ``num_workers=0`` so split changes and checkpoints refer to the batch being trained.
         A ``TensorDataset`` with the default collation is fetched a batch at a time
         (:class:`BatchedTensors`: the same tensors, without a Python index and a stack per sample).
+
+        Once :attr:`max_steps` steps are taken an iteration ends at once and moves to the next
+        epoch, so a ``while t.epoch < n`` loop ends too.
+
+        Args:
+            epochs: how many epochs the script will run (None: unknown); with it the progress
+                display shows a total (``epochs * batches per epoch``, at most
+                :attr:`max_steps`), also without it when :attr:`max_steps` is set.
         """
         self.sampler = HeteroBatchSampler(len(dataset), self.local_batches, self.rank,
                                           seed=self.seed, shuffle=shuffle)
         if collate_fn is None and type(dataset) is torch.utils.data.TensorDataset:
             dataset, collate_fn = BatchedTensors(dataset), as_fetched
-        return torch.utils.data.DataLoader(dataset, batch_sampler=self.sampler,
+        total = None if epochs is None else int(epochs) * len(self.sampler)
+        if self.max_steps is not None:
+            total = self.max_steps if total is None else min(total, self.max_steps)
+        if total is not None:
+            self.metrics.set_total_steps(total)
+        batches = _UntilMaxSteps(self.sampler, self) if self.max_steps is not None else self.sampler
+        return torch.utils.data.DataLoader(dataset, batch_sampler=batches,
                                            collate_fn=collate_fn, num_workers=0)
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on this rank's device."""
         return tensor.to(self.device, non_blocking=True)
 
-    def set_split(self, local_batches: Sequence[int]) -> None:
-        """Change the batch split at a step boundary (same call on every rank)."""
+    def set_split(self, local_batches: Sequence[int], *, rebalance: bool = True) -> None:
+        """Change the batch split at a step boundary (same call on every rank).
+
+        The one place a split changes: the weights of the gradient sync (and of the sharded sync),
+        the sampler's slices, the rebalancer's current split and the ``htj_local_batch_size``
+        gauge all follow.
+
+        Args:
+            local_batches: samples per step of every rank, in rank order.
+            rebalance: count it in ``htj_rebalances_total``; False for a split restored from a
+                checkpoint, which continues the saved run rather than rebalancing it.
+        """
         self.local_batches = [int(b) for b in local_batches]
         self.sync.set_split(self.local_batches)
         if self.shard_sync is not None:
             self.shard_sync.set_split(self.local_batches)
         if self.sampler is not None:
             self.sampler.set_split(self.local_batches)
+        rebalancer = getattr(self.speed, "rebalancer", None)
+        if rebalancer is not None:
+            rebalancer.split = list(self.local_batches)
         self.metrics.set_local_batch(self.local_batch)
-        self.metrics.record_rebalance()
+        if rebalance:
+            self.metrics.record_rebalance()
 
     # --- training ---------------------------------------------------------------------------
     def step(self, optimizer: torch.optim.Optimizer,
@@ -379,16 +424,24 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
         root.backward()
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Step unless any rank's scaler found inf/NaN; True when skipped (on every rank)."""
+        """Step unless any rank's scaler found inf/NaN; True when skipped (on every rank).
+
+        The speed controller's codecs then keep the step's error feedback or, skipped, drop it
+        (their state stays as it was), rescaled when the loss scale changed."""
         if self.scaler is None:  # no fp16 rank in the job: nothing to agree on
             optimizer.step()
-            return False
-        start = time.perf_counter()
-        self.scaler.unscale_(optimizer)  # all-reduces the found-inf flag
-        self.sync.add_comm_s(time.perf_counter() - start)
-        self.scaler.step(optimizer)
-        self.scaler.update()
-        return self.scaler.last_found_inf
+            skipped, ratio = False, 1.0
+        else:
+            start = time.perf_counter()
+            self.scaler.unscale_(optimizer)  # all-reduces the found-inf flag
+            self.sync.add_comm_s(time.perf_counter() - start)
+            self.scaler.step(optimizer)
+            before = self.scaler.get_scale()
+            self.scaler.update()
+            skipped, ratio = self.scaler.last_found_inf, self.scaler.get_scale() / before
+        if self.speed is not None:
+            self.speed.end_step(skipped=skipped, scale_ratio=ratio)
+        return skipped
 
     def _record(self, loss: float, skipped: bool, step_s: float) -> StepResult:
         comm_s = min(self.sync.take_comm_s(), step_s)
@@ -442,6 +495,30 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
         if dist.is_initialized():
             self._finish_efficiency(wait=True)
         leave_process_group()  # together, and without torch 2.13's Gloo exit abort
+
+
+class _UntilMaxSteps:
+    """A batch sampler that yields the trainer's sampler's batches until ``trainer.done``; then
+    the iteration ends and the epoch advances (the data position of a stopped run is not resumed:
+    the run ends there)."""
+
+    def __init__(self, sampler: HeteroBatchSampler, trainer: Trainer) -> None:
+        self.sampler, self.trainer = sampler, trainer
+
+    def __len__(self) -> int:
+        """Batches left in this epoch, at most the steps left before ``max_steps``."""
+        left = (self.trainer.max_steps or 0) - self.trainer.global_step
+        return max(0, min(len(self.sampler), left))
+
+    def __iter__(self) -> Any:
+        if self.trainer.done:
+            self.sampler.set_epoch(self.sampler.epoch + 1)
+            return
+        for batch in self.sampler:
+            yield batch
+            if self.trainer.done:
+                self.sampler.set_epoch(self.sampler.epoch + 1)
+                return
 
 
 def seed_everything(seed: int) -> None:

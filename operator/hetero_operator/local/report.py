@@ -234,18 +234,35 @@ def _print_rebalancing(console: Any, rows: Sequence[RankRow], interval_steps: in
 
 def _print_no_statistics(console: Any, world: int, result: Mapping[str, Any] | None,
                          exit_code: int, *, verdict: bool) -> str:
-    """No rank used hetero_worker's Trainer: say what really happened instead of a speed-up."""
+    """No rank left statistics. After a success, no rank used hetero_worker's Trainer: say what
+    really happened instead of a speed-up. After a failure or a signal, the ranks may simply not
+    have reached the Trainer: say only that, never that the script is plain DDP."""
+    if exit_code != 0:
+        console.print(
+            f"[yellow]No rank reported statistics[/] ({world} ranks): the job ended "
+            f"({_plain(ending(exit_code))}) before any rank reached hetero_worker's Trainer (or "
+            "the worker does not use it), so there is no per-rank table.", highlight=False)
+        _print_result(console, result)
+        line = f"Job {ending(exit_code)}"
+        if verdict:
+            console.print(line)
+        return line
     console.print(
         f"[yellow]No rank reported statistics[/] ({world} ranks): the worker does not use "
         "hetero_worker's Trainer, so it ran as plain DDP with its own batches and no heterogeneous "
         "balancing happened: the plan's split and expected speed-up were not applied. To use them, "
         "port the script as docs/torchrun.md shows (seven lines).", highlight=False)
     _print_result(console, result)
-    line = ("Job [green]succeeded[/] as plain DDP (no heterogeneous balancing)" if exit_code == 0
-            else f"Job {ending(exit_code)}")
+    line = "Job [green]succeeded[/] as plain DDP (no heterogeneous balancing)"
     if verdict:
         console.print(line)
     return line
+
+
+def _plain(markup: str) -> str:
+    """``markup`` without rich tags."""
+    from rich.text import Text
+    return Text.from_markup(markup).plain
 
 
 def _print_result(console: Any, result: Mapping[str, Any] | None) -> None:

@@ -10,13 +10,18 @@ NVML finds enough GPUs and no node file is given, the plan uses this machine's r
 Like the operator: one failing rank stops all; when the job checkpoints (``spec.training.checkpoint``)
 all ranks restart from the last checkpoint, up to ``spec.runPolicy.backoffLimit`` times. Shows the
 plan, a progress bar (from rank 0's statistics file), rank 0's output, and at the end a per-rank
-table, the job's result (e.g. accuracy) and the speed-up over an equal split. Exit code: the job's.
+table, the job's result (e.g. accuracy) and the speed-up over an equal split.
+
+Exit codes: 0 succeeded; :data:`EXIT_RANK_FAILED` (3) a rank failed (the last line names the rank,
+its own exit code and the first line of its error); 1 bad input; 2 unschedulable; 124 deadline;
+128 + N when ``heterotrain run`` got signal N (Ctrl-C: 130; it says how to resume); 64 usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import socket
 import sys
@@ -29,26 +34,33 @@ from hetero_operator.api import prices
 from hetero_operator.api.types import Plan
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local import nodes as localnodes
-from hetero_operator.local import report, valueview
+from hetero_operator.local import report, rundirs, valueview
 from hetero_operator.local.plan import (InputError, load_job, load_objects, make_console,
                                         plan_notes, print_result, with_default_images)
-from hetero_operator.local.supervise import Planned, free_port_range, supervise
+from hetero_operator.local.supervise import Ended, Planned, free_port_range, has_checkpoint, supervise
 from hetero_operator.planning.plan import plan_job
-from heterotrain_common import envread, nvml, procs
+from heterotrain_common import envnames, envread, nvml, procs
 
 DEFAULT_NODES = Path("examples") / "clusters" / "mixed.yaml"
 EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 1, 2
-RUNS_DIR = "runs"
-"""Where run directories go unless ``--workdir`` is given."""
-RUN_MARKER = ".heterotrain-run"
-"""Empty file marking a directory made by ``heterotrain run`` (``--keep-runs`` prunes only those)."""
+EXIT_RANK_FAILED = 3
+"""A rank failed (its own exit code is in the last line): never 1 (bad input), 2 (unschedulable) or
+64 (usage), whatever the rank's code, so a wrapper can tell "does not fit" from "my script
+crashed"."""
+RUNS_DIR = rundirs.RUNS_DIR
+_NOT_RESUMED = ("job", "workdir", "resume", "keep_runs", "command")
+"""Options ``--resume`` does not take from the interrupted run."""
 _REPO_ROOT = Path(__file__).resolve().parents[3]
 """The checkout this module lives in (operator/hetero_operator/local/run.py -> repo root)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``run`` arguments."""
-    parser.add_argument("job", metavar="JOB.yaml", help="a HeteroTrainingJob manifest")
+    parser.add_argument("job", metavar="JOB.yaml", nargs="?", default=None,
+                        help="a HeteroTrainingJob manifest (left out with --resume)")
+    parser.add_argument("--resume", metavar="RUNDIR", default=None,
+                        help="continue an interrupted or failed run in RUNDIR from its last "
+                             "checkpoint, with the manifest and options it was started with")
     parser.add_argument("--nodes", metavar="NODES.yaml", default=None,
                         help="node list to plan onto (kubectl get nodes -o yaml format); default: "
                              "this machine's GPUs when NVML finds enough for the job, else "
@@ -58,9 +70,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", metavar="DIR", default=None,
                         help="logs, statistics, checkpoints (default runs/<job>-<time>)")
     parser.add_argument("--epochs", type=int, default=None,
-                        help="override --epochs in the worker args (the built-in examples take it)")
+                        help="epochs to train: HTJ_EPOCHS on every rank (Trainer.epochs); replaces "
+                             "the value of an --epochs the worker args already hold")
     parser.add_argument("--max-steps", type=int, default=None,
-                        help="override --max-steps in the worker args (the built-in examples)")
+                        help="stop after this many steps: HTJ_MAX_STEPS on every rank (the "
+                             "Trainer's loader stops there); replaces the value of a --max-steps "
+                             "the worker args already hold, never added to them")
     parser.add_argument("--metrics-port-base", type=int, default=None, metavar="PORT",
                         help="rank r serves Prometheus metrics on PORT + r (default: a free range; "
                              "0 turns metrics off)")
@@ -112,7 +127,9 @@ def default_nodes_file() -> Path:
 
 def worker_argv(command: Sequence[str], args: Sequence[str], *,
                 overrides: Mapping[str, int | None]) -> list[str]:
-    """``command + args`` with ``--flag VALUE`` overrides applied (replaced or appended).
+    """``command + args`` with the value of each ``--flag VALUE`` the args already hold replaced
+    by its override; a flag the args do not hold is never added (the script did not ask for it:
+    it gets the value through the environment, e.g. ``HTJ_MAX_STEPS``).
 
     A leading ``python``/``python3`` becomes this interpreter, so the job runs in the environment
     ``heterotrain`` is installed in even when it is not activated.
@@ -124,8 +141,9 @@ def worker_argv(command: Sequence[str], args: Sequence[str], *,
         if flag in argv[len(command):]:
             i = argv.index(flag, len(command))
             argv[i + 1:i + 2] = [str(value)]
-        else:
-            argv += [flag, str(value)]
+        elif f"{flag}=" in " ".join(argv[len(command):]):
+            i = next(j for j in range(len(command), len(argv)) if argv[j].startswith(f"{flag}="))
+            argv[i] = f"{flag}={value}"
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable
     return argv
@@ -204,8 +222,12 @@ def _real_gpu_nodes() -> tuple[list[dict[str, Any]], dict[str, list[str]]] | Non
 
 
 def run(args: argparse.Namespace) -> int:
-    """Plan, start, supervise, report; returns the job's exit code."""
+    """Plan, start, supervise, report; returns the exit code (see the module docstring)."""
 
+    bad = _resolve_job(args)
+    if bad is not None:
+        print(f"heterotrain run: error: {bad}", file=sys.stderr)
+        return EXIT_BAD_INPUT if args.resume else _usage_exit()
     console = make_console(highlight=False)
     if not console.is_terminal:  # logs and CI: wide enough for the plan table
         console = make_console(highlight=False, width=140)
@@ -226,14 +248,20 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"heterotrain run: error: metrics ports: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    workdir = Path(args.workdir or Path(RUNS_DIR) / f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / RUN_MARKER).touch()
+    planned.extra_env = {name: str(value) for name, value in
+                         ((envnames.MAX_STEPS, args.max_steps), (envnames.EPOCHS, args.epochs))
+                         if value is not None}
+    try:
+        workdir = _make_workdir(args, job.name)
+    except OSError as exc:
+        print(f"heterotrain run: error: run directory: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     _announce(console, planned, workdir, port_base, argv)
     _write_targets(workdir, port_base, world, job.name)
     start = time.monotonic()
-    outcome = supervise(planned, argv, workdir=workdir, port_base=port_base, console=console,
-                         grace_s=args.grace_s)
+    ended = supervise(planned, argv, workdir=workdir, port_base=port_base, console=console,
+                      grace_s=args.grace_s)
+    outcome = ended.outcome
     verdict = report.print_report(console, rows=report.read_rows(workdir, world),
                         result=report.read_result(workdir),
                         planned_speedup=planned.plan.expected_speedup_over_equal,
@@ -249,36 +277,105 @@ def run(args: argparse.Namespace) -> int:
     valueview.after_run(console, args=args, job=job, plan=planned.plan, workdir=workdir,
                         exit_code=outcome.exit_code)
     console.print(f"Logs and statistics: {workdir}")
+    if outcome.signal_received is not None or ended.failure is not None:
+        console.print(_resume_hint(workdir, workdir / "checkpoints"), highlight=False)
     if args.keep_runs is not None:
-        removed = prune_runs(Path(RUNS_DIR), keep=args.keep_runs, current=workdir)
+        removed = rundirs.prune_runs(Path(RUNS_DIR), keep=args.keep_runs, current=workdir)
         if removed:
             console.print(f"Removed {len(removed)} older run director"
                           f"{'y' if len(removed) == 1 else 'ies'} under {RUNS_DIR}/ (--keep-runs "
                           f"{args.keep_runs})")
-    console.print(verdict)  # the last line says how the job ended
+    console.print(_verdict(ended, verdict), soft_wrap=True)  # the last line: how the job ended
+    return exit_code(ended)
+
+
+def exit_code(ended: Ended) -> int:
+    """``heterotrain run``'s exit code: :data:`EXIT_RANK_FAILED` for any rank failure (the rank's
+    own code is in the verdict), the gang's code otherwise (0, 124 deadline, 128 + N signal)."""
+    outcome = ended.outcome
+    if outcome.exit_code != 0 and outcome.signal_received is None and not outcome.deadline_exceeded:
+        return EXIT_RANK_FAILED
     return outcome.exit_code
 
 
-def prune_runs(runs: Path, *, keep: int, current: Path | None = None) -> list[Path]:
-    """Delete all but the newest ``keep`` run directories under ``runs`` (by modification time).
+def _verdict(ended: Ended, report_line: str) -> str:
+    """The last line: the report's, or for a failed rank ``Job failed: rank R exited with code C:
+    <first line of its error>`` (rich markup)."""
+    if ended.failure is None:
+        return report_line
+    from rich.markup import escape
+    return f"Job [red]failed[/]: {escape(ended.failure.sentence())}"
 
-    Only directories holding :data:`RUN_MARKER` (made by ``heterotrain run``) are considered, and
-    ``current`` is never deleted.
 
-    Returns:
-        The directories removed.
+def _usage_exit() -> int:
+    from hetero_operator.local.cli import EXIT_USAGE
+    return EXIT_USAGE
+
+
+def _resolve_job(args: argparse.Namespace) -> str | None:
+    """Fill ``args`` from ``--resume RUNDIR`` (its manifest copy, options and directory); an error
+    message when JOB.yaml and --resume are both or neither given, or RUNDIR is no run directory."""
+    if args.resume is None:
+        return None if args.job else "the following arguments are required: JOB.yaml (or --resume RUNDIR)"
+    if args.job:
+        return (f"--resume {args.resume} takes the manifest the run was started with; leave "
+                f"{args.job} out (or run it as a new job without --resume)")
+    rundir = Path(args.resume)
+    try:
+        options = rundirs.read_run_file(rundir)
+    except ValueError as exc:
+        return str(exc)
+    for name, value in options.items():
+        if name not in _NOT_RESUMED and hasattr(args, name):
+            setattr(args, name, tuple(value) if isinstance(value, list) else value)
+    args.job, args.workdir = str(rundir / rundirs.JOB_COPY), str(rundir)
+    return None
+
+
+def _make_workdir(args: argparse.Namespace, job_name: str) -> Path:
+    """``--workdir`` (created when missing), else a new ``runs/<job>-<time>[-n]`` that no other
+    run shares; ``run.json`` and the manifest's copy go in (for ``--resume``).
+
+    Raises:
+        OSError: the directory or its files cannot be written.
     """
-    import shutil
+    if args.workdir:
+        workdir = Path(args.workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / rundirs.RUN_MARKER).touch()
+    else:
+        workdir = rundirs.new_run_dir(Path(RUNS_DIR), job_name)
+    if not args.resume:
+        rundirs.write_run_file(workdir, manifest_text=Path(args.job).read_text(),
+                               options=_saved_options(args))
+    return workdir
 
-    if keep < 0 or not runs.is_dir():
-        return []
-    mine = [d for d in runs.iterdir() if d.is_dir() and (d / RUN_MARKER).is_file()]
-    mine.sort(key=lambda d: d.stat().st_mtime, reverse=True)
-    keep_set = set(mine[:keep]) | ({current.resolve()} if current is not None else set())
-    removed = [d for d in mine[keep:] if d.resolve() not in keep_set]
-    for d in removed:
-        shutil.rmtree(d, ignore_errors=True)
-    return removed
+
+def _saved_options(args: argparse.Namespace) -> dict[str, object]:
+    """The run's options as JSON values, paths absolute (``--resume`` may run elsewhere)."""
+    saved: dict[str, object] = {}
+    for name, value in vars(args).items():
+        if name in _NOT_RESUMED:
+            continue
+        if name in ("nodes", "prices", "learned_speeds") and value:
+            value = str(Path(value).resolve())
+        if isinstance(value, tuple):
+            value = list(value)
+        try:
+            json.dumps(value)
+        except TypeError:
+            continue
+        saved[name] = value
+    return saved
+
+
+def _resume_hint(workdir: Path, checkpoint_dir: Path) -> str:
+    """How to go on after Ctrl-C or a failure: the resume command and where it starts from."""
+    command = f"heterotrain run --resume {workdir}"
+    if has_checkpoint(checkpoint_dir):
+        return f"Resume from the last checkpoint: {command}"
+    return (f"No checkpoint was saved ({checkpoint_dir} is empty or the job does not checkpoint: "
+            f"spec.training.checkpoint.path); {command} starts the job again from step 0")
 
 
 def _announce(console: Any, planned: Planned, workdir: Path, port_base: int, argv: list[str]) -> None:

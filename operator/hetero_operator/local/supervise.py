@@ -4,15 +4,19 @@ fails, restart under the run policy."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from hetero_operator.local import failure as failures
 from hetero_operator.local import valueview
 from hetero_operator.render.env import render_rank_envs
 from heterotrain_common import envnames, procs, rundir
@@ -60,10 +64,27 @@ class Planned:
     def __init__(self, job: Any, plan: Any, simulated: bool, gpu_ids: list[str] | None) -> None:
         self.job, self.plan, self.simulated, self.gpu_ids = job, plan, simulated, gpu_ids
         self.true_speeds: dict[str, float] = {}  # simulated nodes' real speed (valueview)
+        self.extra_env: dict[str, str] = {}  # run-wide knobs on every rank (HTJ_MAX_STEPS ...)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ended:
+    """How the supervised run ended.
+
+    Attributes:
+        outcome: the last attempt's gang outcome (``failed_index`` is the rank that started a
+            failure, not the first exit seen).
+        failure: that rank's exit code and first error line; None when no rank failed.
+        reason: why no restart followed a failure (``no checkpointing ...``); ``""`` otherwise.
+    """
+
+    outcome: procs.Outcome
+    failure: failures.RankFailure | None = None
+    reason: str = ""
 
 
 def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: int, console: Any,
-               grace_s: float) -> procs.Outcome:
+              grace_s: float) -> Ended:
     """Run attempts until success, a signal, the deadline, or no restart left (like the operator).
 
     A failure that repeats (same exit code and last log line of the failing rank) on two attempts in
@@ -81,34 +102,40 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
         for env in envs:  # one restart generation on every rank, as the operator does (case 34)
             env[envnames.RESTART_GENERATION] = env[envnames.TORCHELASTIC_RESTART_COUNT] = str(attempt)
         started_s = time.time()
-        outcome = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
-                           grace_s=grace_s, deadline_s=deadline_s)
+        outcome, cause = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
+                                  grace_s=grace_s, deadline_s=deadline_s)
         if outcome.deadline_exceeded:
             console.print(f"[red]Job failed[/]: DeadlineExceeded (spec.runPolicy."
                           f"activeDeadlineSeconds={limit_s})")
-            return outcome
+            return Ended(outcome=outcome, reason="DeadlineExceeded")
         if outcome.exit_code == 0 or outcome.signal_received is not None:
-            return outcome
+            return Ended(outcome=outcome)
         progressed = _stepped_since(workdir, len(envs), started_s)
         failure = _failure_signature(workdir, outcome)
         if not progressed and failure is not None and failure == last_failure:
-            console.print(f"[red]Job failed[/]: rank {outcome.failed_index} failed the same way twice "
-                          f"before any step completed (exit code {failure[0]}: "
-                          f"{failure[1] or 'no output'}); "
-                          "a restart would fail again, so the run stops here instead of retrying up "
-                          f"to backoffLimit {job.run_policy.backoff_limit}", highlight=False)
-            return outcome
+            reason = ("it failed the same way twice before any step completed; a restart would "
+                      "fail again, so the run stops here instead of retrying up to backoffLimit "
+                      f"{job.run_policy.backoff_limit}")
+            return _failed(console, outcome, cause, reason)
         last_failure = None if progressed else failure
         if not checkpoint_dir or attempt >= job.run_policy.backoff_limit:
-            reason = ("no checkpointing (spec.training.checkpoint.path)" if not checkpoint_dir
+            reason = ("not restarted: no checkpointing (spec.training.checkpoint.path)"
+                      if not checkpoint_dir
                       else f"backoffLimit {job.run_policy.backoff_limit} reached")
-            console.print(f"[red]Job failed[/]: {reason}")
-            return outcome
+            return _failed(console, outcome, cause, reason)
         attempt += 1
-        source = ("the last checkpoint" if _has_checkpoint(Path(checkpoint_dir))
+        source = ("the last checkpoint" if has_checkpoint(Path(checkpoint_dir))
                   else "the start (no checkpoint saved yet)")
         console.print(f"[yellow]Restarting all ranks from {source}[/] "
                       f"(restart {attempt} of {job.run_policy.backoff_limit})")
+
+
+def _failed(console: Any, outcome: procs.Outcome, cause: failures.RankFailure | None,
+            reason: str) -> Ended:
+    """Print ``Job failed: <the cause>; <reason>`` and return how it ended."""
+    what = cause.sentence() if cause is not None else f"exit code {outcome.exit_code}"
+    console.print(f"[red]Job failed[/]: {_escape(what)}; {reason}", highlight=False)
+    return Ended(outcome=outcome, failure=cause, reason=reason)
 
 
 def _stepped_since(workdir: Path, world: int, since_s: float) -> bool:
@@ -137,12 +164,14 @@ def _failure_signature(workdir: Path, outcome: procs.Outcome) -> tuple[int, str]
     return (outcome.exit_code, last)
 
 
-def _has_checkpoint(directory: Path) -> bool:
+def has_checkpoint(directory: Path) -> bool:
     """True when ``directory`` holds any file (a checkpoint was saved)."""
     return directory.is_dir() and any(p.is_file() for p in directory.rglob("*"))
 
 
 def render_envs(planned: Planned, *, port_base: int, checkpoint_dir: str, workdir: Path) -> list[dict[str, str]]:
+    """Every rank's complete process environment: the operator's rank envs, the simulated
+    speeds, the run-wide knobs (:attr:`Planned.extra_env`)."""
 
     rank_envs = render_rank_envs(
         planned.plan, planned.job, master_addr="127.0.0.1", master_port=_free_port(),
@@ -153,13 +182,22 @@ def render_envs(planned: Planned, *, port_base: int, checkpoint_dir: str, workdi
             env[envnames.METRICS_PORT] = "0"
     if planned.simulated:
         valueview.apply_simulated_speeds(rank_envs, planned.plan, planned.true_speeds)
-    return process_envs(rank_envs, base_env=os.environ, run_dir=workdir.resolve(),
+    envs = process_envs(rank_envs, base_env=os.environ, run_dir=workdir.resolve(),
                         worker_env=planned.job.worker.env, gpu_ids=planned.gpu_ids)
+    for env in envs:
+        env.update(planned.extra_env)
+    return envs
 
 
 def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, console: Any,
-             attempt: int, grace_s: float, deadline_s: float | None) -> procs.Outcome:
-    """Start every rank, show progress and rank 0's output, wait; returns the outcome."""
+             attempt: int, grace_s: float, deadline_s: float | None
+             ) -> tuple[procs.Outcome, failures.RankFailure | None]:
+    """Start every rank, show progress and rank 0's output, wait.
+
+    Returns:
+        The outcome (its ``failed_index`` and ``exit_code`` those of the rank that started the
+        failure) and that rank's failure; None when no rank failed or a signal stopped the run.
+    """
     import subprocess
 
     logs = [workdir / f"rank-{r}.log" for r in range(len(envs))]
@@ -173,7 +211,8 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
         console.print(f"[red]cannot start {argv[0]!r}: {exc}[/]")
         for f in files:
             f.close()
-        return procs.Outcome(exit_code=127, failed_index=0)
+        return (procs.Outcome(exit_code=127, failed_index=0),
+                failures.RankFailure(rank=0, exit_code=127, error=str(exc), collateral=False))
     view = _ProgressView(console, workdir)
     echo = threading.Thread(target=_echo, args=(gang.procs[0].stdout, files[0], view), daemon=True)
     echo.start()
@@ -184,12 +223,45 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
     finally:
         for f in files:
             f.close()
-    if outcome.failed_index is not None and outcome.signal_received is None:
-        r = outcome.failed_index
-        console.print(f"[red]rank {r} exited with code {outcome.exit_code}[/]; stopped the other "
-                      f"ranks. Last lines of {logs[r]}:")
-        console.print(procs.tail(logs[r]), markup=False)
-    return outcome
+    if outcome.failed_index is None or outcome.signal_received is not None:
+        return outcome, None
+    cause, collateral = _cause(gang, outcome.failed_index, logs)
+    r = cause.rank
+    others = (f"; rank{'s' if len(collateral) > 1 else ''} {', '.join(map(str, collateral))} "
+              "failed after it (a peer left the collective: collateral, not the cause)"
+              if collateral else "")
+    console.print(f"[red]{_escape(cause.sentence())}[/] first; stopped the other ranks{others}. "
+                  f"Last lines of {logs[r]}:", highlight=False)
+    console.print(procs.tail(logs[r]), markup=False, highlight=False)
+    return dataclasses.replace(outcome, failed_index=r, exit_code=cause.exit_code), cause
+
+
+def _cause(gang: procs.Gang, first_seen: int,
+           logs: Sequence[Path]) -> tuple[failures.RankFailure, list[int]]:
+    """The failure that started it, and the other ranks that failed by themselves (collateral).
+
+    Ranks seen exiting non-zero before the gang was stopped failed by themselves, and so did
+    those that exited non-zero while being stopped, unless by our SIGTERM or SIGKILL (a rank
+    raising its own error just then must not lose the blame to the peer that noticed first);
+    their errors are read from this attempt's part of their logs.
+    """
+    stopped = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
+    seen = [i for i in gang.exit_order if gang.procs[i].returncode not in (0, None)]
+    seen += [i for i, p in enumerate(gang.procs)
+             if i not in seen and p.returncode not in (0, None, *stopped)]
+    if first_seen not in seen:
+        seen.insert(0, first_seen)
+    found = [failures.rank_failure(i, procs.exit_code_of(gang.procs[i].returncode or 0),
+                                   _this_attempt(logs[i])) for i in seen]
+    cause = failures.cause(found, first_seen)
+    assert cause is not None  # found is never empty
+    return cause, [f.rank for f in found if f.rank != cause.rank]
+
+
+def _this_attempt(log: Path) -> str:
+    """The part of ``rank-<r>.log`` the last attempt wrote."""
+    text = procs.tail(log, lines=400)
+    return text.rsplit(ATTEMPT_MARK, 1)[-1].partition("\n")[2]
 
 
 def _echo(stream: IO[bytes] | None, log: IO[bytes], view: _ProgressView) -> None:

@@ -28,6 +28,15 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
                         help="rank 0 saves the final parameters here (torch.save; for tests)")
 
 
+def apply_run_limits(args: argparse.Namespace, t: Any) -> None:
+    """``heterotrain run --epochs/--max-steps`` reach the examples through the contract
+    (``HTJ_EPOCHS``, ``HTJ_MAX_STEPS``): the epochs replace ``args.epochs``, the step limit is
+    the smaller of the two."""
+    args.epochs = t.epochs(args.epochs)
+    limits = [m for m in (args.max_steps, t.max_steps) if m is not None]
+    args.max_steps = min(limits) if limits else None
+
+
 def write_result(path: str, result: dict[str, Any]) -> None:
     """Write the result JSON (rank 0), creating parent directories."""
     if path:

@@ -53,6 +53,8 @@ def train(args: argparse.Namespace) -> int:
     from hetero_worker import trainer as ht
 
     t = ht.init(seed=args.seed)
+    from hetero_worker.examples import apply_run_limits
+    apply_run_limits(args, t)
     start = time.perf_counter()
     x_train, y_train, x_test, y_test = load_data()
     model = t.wrap(make_model())

@@ -87,6 +87,8 @@ def train(args: argparse.Namespace) -> int:
     from heterotrain_common import rundir
 
     t = ht.init(seed=args.seed)
+    from hetero_worker.examples import apply_run_limits
+    apply_run_limits(args, t)
     start = time.perf_counter()
     windows = make_windows(stdlib_text(args.text_bytes), args.context)
     held_out = max(1, len(windows) // 20)

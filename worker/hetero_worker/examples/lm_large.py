@@ -35,6 +35,8 @@ def train(args: argparse.Namespace) -> int:
     # logits (out-of-place float/reshape), so the warning does not apply to this model.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     t = ht.init(seed=args.seed)
+    from hetero_worker.examples import apply_run_limits
+    apply_run_limits(args, t)
     start = time.perf_counter()
     windows = make_windows(stdlib_text(args.text_bytes), args.context)
     held_out = max(1, len(windows) // 20)

@@ -1,0 +1,102 @@
+"""The run directories of ``heterotrain run``: a new one per run (never shared, even by two runs
+started in the same second), what a resume needs (``run.json``), and pruning old ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+RUNS_DIR = "runs"
+"""Where run directories go unless ``--workdir`` is given."""
+RUN_MARKER = ".heterotrain-run"
+"""Empty file marking a directory made by ``heterotrain run`` (``--keep-runs`` prunes only those)."""
+RUN_FILE = "run.json"
+"""What ``--resume RUNDIR`` reads: the job manifest's copy and the run's options."""
+JOB_COPY = "job.yaml"
+"""The manifest as the run read it (``--resume`` plans this copy, not a file edited since)."""
+MAX_SAME_NAME = 10_000
+"""Most runs of one job in one second (``-2`` .. suffixes) before giving up."""
+
+
+def new_run_dir(runs: Path, job_name: str, *, now_s: float | None = None) -> Path:
+    """Create and return ``runs/<job>-<YYYYmmdd-HHMMSS>``, or ``...-2``, ``-3``, ... when a run of
+    the same job already took that name (another run started in the same second).
+
+    The directory is created with an exclusive ``mkdir``, so two processes never get the same one.
+
+    Args:
+        runs: the parent directory (created when missing).
+        job_name: ``metadata.name``.
+        now_s: seconds since the epoch (default: now), local time in the name.
+
+    Raises:
+        OSError: the directory cannot be created (permissions, disk), or
+            :data:`MAX_SAME_NAME` names are taken.
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now_s is None else now_s))
+    runs.mkdir(parents=True, exist_ok=True)
+    for n in range(1, MAX_SAME_NAME + 1):
+        candidate = runs / (f"{job_name}-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        (candidate / RUN_MARKER).touch()
+        return candidate
+    raise OSError(f"{runs}: {MAX_SAME_NAME} runs of {job_name} in the second {stamp}")
+
+
+def write_run_file(workdir: Path, *, manifest_text: str, options: Mapping[str, Any]) -> None:
+    """Keep what ``--resume`` needs: the manifest's text (``job.yaml``) and the options
+    (``run.json``, JSON values only: paths as absolute strings)."""
+    (workdir / JOB_COPY).write_text(manifest_text)
+    (workdir / RUN_FILE).write_text(json.dumps({"options": dict(options)}, indent=1,
+                                               sort_keys=True))
+
+
+def read_run_file(workdir: Path) -> dict[str, Any]:
+    """The options a run in ``workdir`` was started with (see :func:`write_run_file`).
+
+    Raises:
+        ValueError: ``workdir`` holds no ``run.json`` / ``job.yaml`` of ``heterotrain run``, or
+            they cannot be read; the message names the directory and what is missing.
+    """
+    path = workdir / RUN_FILE
+    if not workdir.is_dir():
+        raise ValueError(f"--resume {workdir}: no such directory")
+    if not path.is_file() or not (workdir / JOB_COPY).is_file():
+        raise ValueError(f"--resume {workdir}: not a run directory of heterotrain run (no "
+                         f"{RUN_FILE} and {JOB_COPY}; runs before this version cannot be resumed "
+                         "this way: pass JOB.yaml --workdir DIR instead)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--resume {workdir}: {RUN_FILE} cannot be read ({exc})") from None
+    options = data.get("options") if isinstance(data, dict) else None
+    if not isinstance(options, dict):
+        raise ValueError(f"--resume {workdir}: {RUN_FILE} has no options")
+    return options
+
+
+def prune_runs(runs: Path, *, keep: int, current: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` run directories under ``runs`` (by modification time).
+
+    Only directories holding :data:`RUN_MARKER` (made by ``heterotrain run``) are considered, and
+    ``current`` is never deleted.
+
+    Returns:
+        The directories removed.
+    """
+    if keep < 0 or not runs.is_dir():
+        return []
+    mine = [d for d in runs.iterdir() if d.is_dir() and (d / RUN_MARKER).is_file()]
+    mine.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    keep_set = set(mine[:keep]) | ({current.resolve()} if current is not None else set())
+    removed = [d for d in mine[keep:] if d.resolve() not in keep_set]
+    for d in removed:
+        shutil.rmtree(d, ignore_errors=True)
+    return removed

@@ -1,0 +1,197 @@
+"""``heterotrain run`` in a new user's second hour (issue 22): runs that never share a directory,
+one exit code for "a rank failed", a verdict naming the rank and its error, ``--max-steps`` through
+the environment, and ``--resume RUNDIR``.
+
+The worker is a tiny ``python -c`` program, so each run takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hetero_operator.local import failure, rundirs
+from hetero_operator.local import run as embedded
+
+ROOT = Path(__file__).parents[2]
+RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
+
+# MODE=figures: every rank reports steps = 1 + (its parent's pid % 5), rank 0 an accuracy from
+# it: each run's figures are its own. MODE=argv: record argv and HTJ_MAX_STEPS. MODE=usage:
+# rank 1 dies as argparse does (exit 2). MODE=collateral: rank 1 raises after the others have
+# died of a peer's "Connection closed by peer" (it ignores our SIGTERM, so the others are seen
+# first). MODE=resume: fail (exit 5) unless $HTJ_CHECKPOINT_DIR/saved exists; save it first.
+WORKER = textwrap.dedent("""
+    import json, os, signal, sys, time
+    from heterotrain_common.contract import parse_contract
+    ct = parse_contract(os.environ)
+    mode, out = os.environ["MODE"], os.environ.get("OUT", "")
+    if mode == "figures":
+        from hetero_worker.metrics import WorkerMetrics
+        m = WorkerMetrics(ct)
+        for _ in range(1 + os.getppid() % 5):
+            m.observe_step(0.01, 0.01, 0.0, ct.local_batch_size, 1.0)
+        m.flush()
+        if ct.rank == 0:
+            from heterotrain_common.rundir import write_result
+            write_result({"accuracy": (os.getppid() % 1000) / 1000})
+    elif mode == "argv":
+        with open(os.path.join(out, f"rank-{ct.rank}.json"), "w") as f:
+            json.dump({"argv": sys.argv[1:], "max_steps": os.environ.get("HTJ_MAX_STEPS")}, f)
+    elif mode == "usage" and ct.rank == 1:
+        print("usage: train.py [-h] [--lr LR]", file=sys.stderr)
+        print("train.py: error: unrecognized arguments: --batch 3", file=sys.stderr)
+        sys.exit(2)
+    elif mode == "collateral":
+        flag = os.path.join(out, "raising")
+        if ct.rank == 1:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            open(flag, "w").close()
+            time.sleep(1.0)  # sync-ok: the others die of the peer first
+            raise ValueError("boom in rank 1")
+        while not os.path.exists(flag):
+            time.sleep(0.02)  # sync-ok: the workload waits for its peer
+        raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+                           "closed by peer [127.0.0.1]:29500")
+    elif mode == "resume":
+        saved = os.path.join(os.environ["HTJ_CHECKPOINT_DIR"], "saved")
+        if not os.path.exists(saved):
+            if ct.rank == 0:
+                os.makedirs(os.path.dirname(saved), exist_ok=True)
+                open(saved, "w").close()
+            sys.exit(5)
+""")
+
+
+def _job(tmp_path: Path, mode: str, *, checkpoint: bool = False, args: list[str] | None = None) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
+    doc["metadata"]["name"] = "second"
+    (tmp_path / "out").mkdir(exist_ok=True)
+    doc["spec"]["worker"] = {"command": ["python", "-c", WORKER], "args": args or [],
+                             "env": [{"name": "MODE", "value": mode},
+                                     {"name": "OUT", "value": str(tmp_path / "out")}]}
+    doc["spec"]["training"]["precision"] = "FP32"
+    if not checkpoint:
+        del doc["spec"]["training"]["checkpoint"]
+    doc["spec"]["runPolicy"]["backoffLimit"] = 0
+    path = tmp_path / f"{mode}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _run(cwd: Path, *argv: str, **popen: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*RUN, *argv, "--grace-s", "3", "--metrics-port-base", "0"], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, **popen)
+
+
+def _last_line(text: str) -> str:
+    return text.rstrip().splitlines()[-1]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_runs_of_one_job_in_the_same_second_get_their_own_directories(tmp_path):
+    now_s = 1_764_620_801.0
+    first = rundirs.new_run_dir(tmp_path, "digits", now_s=now_s)
+    second = rundirs.new_run_dir(tmp_path, "digits", now_s=now_s)
+    assert first != second
+    assert second.name == first.name + "-2"
+    assert (first / rundirs.RUN_MARKER).is_file() and (second / rundirs.RUN_MARKER).is_file()
+
+
+@pytest.mark.timeout(200)
+def test_two_runs_started_together_keep_their_own_logs_and_figures(tmp_path):
+    job = _job(tmp_path, "figures")
+    runs = [subprocess.Popen([*RUN, str(job), "--grace-s", "3", "--metrics-port-base", "0"],
+                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], outs
+    dirs = [Path(tmp_path, re.search(r"Logs and statistics: (\S+)", o).group(1)) for o in outs]
+    assert dirs[0] != dirs[1]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(d.name for d in dirs)
+    for out, directory, proc in zip(outs, dirs, runs, strict=True):
+        steps = 1 + proc.pid % 5  # the ranks' parent is this run's heterotrain process
+        assert (directory / "rank-0.log").read_text().count("--- attempt ") == 1
+        assert [json.loads((directory / f"rank-{r}.json").read_text())["steps"]
+                for r in range(4)] == [steps] * 4
+        assert f"Result: accuracy {(proc.pid % 1000) / 1000:.2%}" in out
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_exiting_2_is_a_rank_failure_named_with_its_code_and_error(tmp_path):
+    done = _run(tmp_path, str(_job(tmp_path, "usage")), "--workdir", str(tmp_path / "w"))
+    assert done.returncode == embedded.EXIT_RANK_FAILED == 3, done.stdout + done.stderr
+    assert _last_line(done.stdout) == ("Job failed: rank 1 exited with code 2: train.py: error: "
+                                       "unrecognized arguments: --batch 3")
+    assert "plain DDP" not in done.stdout  # point 4: a failure never claims that
+    assert ("No rank reported statistics (4 ranks): the job ended (failed (exit code 2)) before "
+            "any rank reached hetero_worker's Trainer") in _flat(done.stdout)
+
+
+@pytest.mark.timeout(120)
+def test_the_rank_that_raised_is_named_not_the_peers_that_lost_it(tmp_path):
+    done = _run(tmp_path, str(_job(tmp_path, "collateral")), "--workdir", str(tmp_path / "w"))
+    out = _flat(done.stdout)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert _last_line(done.stdout) == "Job failed: rank 1 exited with code 1: ValueError: boom in rank 1"
+    headline = out.index("rank 1 exited with code 1: ValueError: boom in rank 1 first; stopped the "
+                         "other ranks; ranks")
+    assert "(a peer left the collective: collateral, not the cause)" in out[headline:]
+
+
+@pytest.mark.timeout(120)
+def test_max_steps_reaches_a_plain_script_only_through_the_environment(tmp_path):
+    done = _run(tmp_path, str(_job(tmp_path, "argv", args=["--lr", "0.1"])), "--max-steps", "7",
+                "--workdir", str(tmp_path / "w"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = [json.loads((tmp_path / "out" / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert seen == [{"argv": ["--lr", "0.1"], "max_steps": "7"}] * 4
+
+
+@pytest.mark.timeout(200)
+def test_an_interrupted_or_failed_run_says_how_to_resume_and_resume_continues_in_its_directory(tmp_path):
+    job = _job(tmp_path, "resume", checkpoint=True)
+    first = _run(tmp_path, str(job))
+    assert first.returncode == 3, first.stdout + first.stderr
+    rundir = re.search(r"Logs and statistics: (\S+)", first.stdout).group(1)
+    assert f"Resume from the last checkpoint: heterotrain run --resume {rundir}" in _flat(first.stdout)
+    job.unlink()  # --resume plans the run's own copy of the manifest
+    again = _run(tmp_path, "--resume", rundir)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"Logs and statistics: {rundir}" in again.stdout
+    assert os.listdir(tmp_path / "runs") == [Path(rundir).name]
+    assert (tmp_path / rundir / "rank-0.log").read_text().count("--- attempt 0 ---") == 2
+
+
+def test_resume_refuses_a_directory_that_is_no_run(tmp_path):
+    done = subprocess.run([*RUN, "--resume", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"heterotrain run: error: --resume {tmp_path}: not a run "
+                                   "directory of heterotrain run (no run.json and job.yaml; runs "
+                                   "before this version cannot be resumed this way: pass JOB.yaml "
+                                   "--workdir DIR instead)")
+
+
+@pytest.mark.parametrize(("output", "expected"), [
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'lr'\n\nDuring "
+     "handling of the above exception, another exception occurred:\n\nTraceback (most recent "
+     "call last):\n  File \"y\"\nRuntimeError: wrapped\n", "KeyError: 'lr'"),
+    ("usage: t.py [-h]\nt.py: error: the following arguments are required: --data\n",
+     "t.py: error: the following arguments are required: --data"),
+    ("loading\nKilled\n", "Killed"), ("", "")],
+    ids=["the root exception of a chained traceback", "argparse's error line",
+         "the last line otherwise", "no output"])
+def test_the_first_line_of_a_ranks_error(output, expected):
+    assert failure.error_line(output) == expected
