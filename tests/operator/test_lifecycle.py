@@ -296,3 +296,12 @@ def test_node_health_is_read_from_conditions_and_taints() -> None:
     down = {"metadata": {"name": "n"}, "spec": {"taints": [
         {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"}]}}
     assert node_health(down, NOW).lost_at_s(300) == NOW  # no timeAdded: now; out-of-service: no grace
+
+
+@pytest.mark.parametrize(("policy", "deleted"), [("Running", ("job-g2",)), ("None", ())],
+                         ids=["Running deletes the peer still starting", "None keeps it"])
+def test_rank_0_success_cleans_a_peer_still_pending_by_clean_pod_policy(policy, deleted) -> None:
+    """The cause of the node-loss e2e flake (issue 22, point 13): the restarted g2 can still be
+    Pending when rank 0 succeeds; the default policy deletes it, so that test keeps its pods."""
+    d = decide(_job(), _pods("Succeeded", "Succeeded", "Pending"), RunPolicy(clean_pod_policy=policy))
+    assert (d.action, d.reason, d.delete_pods) == (lc.SUCCEED, "JobSucceeded", deleted)

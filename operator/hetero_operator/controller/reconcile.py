@@ -31,7 +31,7 @@ from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.api.spec import JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Inventory, Plan, Unschedulable
 from hetero_operator.cluster import dra
-from hetero_operator.cluster.nodehealth import NodeHealth, node_health
+from hetero_operator.cluster.nodehealth import FirstSeen, NodeHealth, node_health
 from hetero_operator.cluster.nodeindex import build_indexed_inventory, gpu_pod_entry
 from hetero_operator.controller.events import EventRecorder
 from hetero_operator.controller.k8s import Api
@@ -122,6 +122,7 @@ class Reconciler:
         self._job_nodes: dict[Key, frozenset[str]] = {}
         self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
         self.reservations = Reservations()  # planned pods the pod index has not seen yet
+        self.node_first_seen = FirstSeen()  # time-less NotReady marks, dated at first sight
 
     # --- kicks -----------------------------------------------------------------------------
 
@@ -236,7 +237,9 @@ class Reconciler:
         if not used:  # a job without pods (every start): no map of all nodes
             return {}
         by_name = {n["metadata"]["name"]: n for n in nodes}
-        return {name: node_health(by_name[name], now) for name in used if name in by_name}
+        self.node_first_seen.keep_nodes(set(by_name))
+        return {name: node_health(by_name[name], now, self.node_first_seen)
+                for name in used if name in by_name}
 
     async def _delete_pods(self, namespace: str, d: lc.Decision) -> None:
         if d.force_delete_pods:
