@@ -195,3 +195,19 @@ def test_resume_refuses_a_directory_that_is_no_run(tmp_path):
          "the last line otherwise", "no output"])
 def test_the_first_line_of_a_ranks_error(output, expected):
     assert failure.error_line(output) == expected
+
+
+def test_the_progress_bar_counts_job_steps_after_a_resume(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from hetero_operator.local import supervise
+    from heterotrain_common import rundir
+    rundir.write_json_atomic(rundir.rank_stats_path(tmp_path, 0),
+                             {"rank": 0, "steps": 92, "resumed_step": 40, "total_steps": 132,
+                              "loss": 0.5})
+    view = supervise._ProgressView(Console(file=io.StringIO()), tmp_path)
+    view.tick()
+    task = view.progress.tasks[0]
+    assert (task.completed, task.total) == (132, 132)  # not 92/132

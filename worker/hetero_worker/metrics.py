@@ -256,6 +256,12 @@ class WorkerMetrics:
         with self._lock:
             self._last["total_steps"] = int(n)
 
+    def set_resumed_step(self, step: int) -> None:
+        """The job step this process resumed at (``rank-<R>.json``'s ``resumed_step``; the
+        progress display shows ``resumed_step + steps`` of the total)."""
+        with self._lock:
+            self._last["resumed_step"] = int(step)
+
     def record_rebalance(self) -> None:
         """Count one change of this rank's batch split."""
         self._child(mn.REBALANCES_TOTAL).inc()

@@ -7,7 +7,8 @@ torch, and ``heterotrain run`` works without kopf.  Each subcommand module expos
 Exit codes shared by every subcommand: 64 for a usage error (unknown flag, missing argument:
 ``EX_USAGE`` of BSD ``sysexits.h``, so it never collides with ``plan``'s 2 = unschedulable), 141
 when the reader of our output went away (``heterotrain plan -o json | head``: 128 + SIGPIPE, as a
-shell reports a process killed by SIGPIPE), 130 on Ctrl-C.
+shell reports a process killed by SIGPIPE), 130 on Ctrl-C. ``heterotrain run`` exits 3 when a rank
+failed (whatever the rank's own code; :data:`hetero_operator.local.run.EXIT_RANK_FAILED`).
 """
 
 from __future__ import annotations

@@ -304,8 +304,9 @@ class _ProgressView:
         if not stats:
             return
         loss = stats.get("loss")
+        job_step = int(stats.get("resumed_step") or 0) + int(stats.get("steps") or 0)
         with self._lock:
-            self.progress.update(self.task, completed=int(stats.get("steps") or 0),
+            self.progress.update(self.task, completed=job_step,
                                  total=stats.get("total_steps"),
                                  loss="-" if loss is None else f"{float(loss):.4f}")
 

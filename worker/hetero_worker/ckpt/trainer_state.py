@@ -56,4 +56,7 @@ class Checkpointing:
         (:func:`hetero_worker.ckpt.resume.resume_trainer`). Call it after :meth:`wrap` and
         :meth:`loader`, before the first step.
         """
-        return resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint_dir)
+        resumed = resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint_dir)
+        if resumed:
+            self.metrics.set_resumed_step(self.global_step)
+        return resumed
