@@ -161,10 +161,10 @@ def test_two_torch_versions_exit_2_naming_the_variants(tmp_path: Path,
 
 
 def test_usage_errors_exit_64_never_the_unschedulable_2(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as no_nodes:
-        main(["plan", DIGITS])
-    assert no_nodes.value.code == 64
-    assert "the following arguments are required: --nodes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as no_job:
+        main(["plan"])
+    assert no_job.value.code == 64
+    assert "the following arguments are required: JOB.yaml" in capsys.readouterr().err
     for argv in (["plan", DIGITS, "--nodes", MIXED, "--no-such-flag"], ["no-such-command"],
                  ["run", DIGITS, "--max-steps", "many"], ["run", DIGITS, "--keep-runs", "-1"], []):
         with pytest.raises(SystemExit) as usage:
@@ -194,7 +194,7 @@ def test_a_closed_pipe_ends_quietly_with_141(output: str, tmp_path: Path) -> Non
 def test_unknown_fields_come_from_the_crd_schema() -> None:
     from hetero_operator.api.strictfields import crd_schema, unknown_fields
 
-    schema = yaml.safe_load((ROOT / "crds" / "heterotrainingjobs.heterotrain.io.yaml").read_text())
+    schema = yaml.load((ROOT / "crds" / "heterotrainingjobs.heterotrain.io.yaml").read_text(), Loader=yaml.CSafeLoader)
     assert crd_schema() == schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     manifest = yaml.safe_load(Path(DIGITS).read_text())
     manifest["spec"]["images"][0]["torchVerison"] = "2.13.0"
@@ -237,3 +237,28 @@ def test_empty_images_name_the_default_images_and_a_short_plan_says_why(
     assert main(["plan", str(job), "--nodes", MIXED, "-o", "json"]) == 0
     assert ("3 of 10 ranks asked (spec.gpus.ranks): spec.training.globalBatchSize is 3, and every rank "
             "needs at least one sample") in json.loads(capsys.readouterr().out)["notes"][1]
+
+
+def test_plan_without_nodes_plans_onto_the_default_node_list_like_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", DIGITS, "-o", "json"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main(["plan", DIGITS, "--nodes", MIXED, "-o", "json"]) == 0
+    assert default == json.loads(capsys.readouterr().out)
+
+
+def test_an_unknown_flag_prints_the_usage_of_its_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        main(["plan", DIGITS, "--nodez", MIXED])
+    assert usage.value.code == 64
+    err = capsys.readouterr().err
+    assert err.startswith("usage: heterotrain plan [-h] [--nodes NODES.yaml]")
+    assert err.rstrip().endswith(f"heterotrain plan: error: unrecognized arguments: --nodez {MIXED}")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"heterotrain {metadata.version('heterotrain')}\n"

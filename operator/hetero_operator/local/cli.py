@@ -42,22 +42,41 @@ class UsageParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def version() -> str:
+    """The installed ``heterotrain`` distribution's version (``unknown`` when not installed)."""
+    from importlib import metadata
+    try:
+        return metadata.version("heterotrain")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    """Build the parser; only the chosen subcommand's module is imported."""
+    """Build the parser; only the chosen subcommand's module is imported.
+
+    The chosen subcommand's parser is kept as ``parser.chosen`` (None without one), so an unknown
+    flag is reported with that subcommand's usage, not the top-level one.
+    """
     parser = UsageParser(prog="heterotrain", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"heterotrain {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser.chosen = None  # type: ignore[attr-defined]
     for name, (module, help_text) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             importlib.import_module(module).configure(p)
+            parser.chosen = p  # type: ignore[attr-defined]
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``heterotrain`` console script; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        (parser.chosen or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
         code = int(module.run(args) or 0)

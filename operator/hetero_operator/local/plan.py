@@ -30,6 +30,10 @@ from hetero_operator.local import valueview
 from hetero_operator.planning.plan import plan_job
 
 EXIT_PLANNED, EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 0, 1, 2
+DEFAULT_NODES = Path("examples") / "clusters" / "mixed.yaml"
+"""The node list ``plan`` and ``run`` use without ``--nodes`` (1x A100, 1x V100, 2x T4)."""
+_REPO_ROOT = Path(__file__).resolve().parents[3]
+"""The checkout this module lives in (operator/hetero_operator/local/plan.py -> repo root)."""
 
 
 class InputError(Exception):
@@ -39,8 +43,9 @@ class InputError(Exception):
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``plan`` arguments."""
     parser.add_argument("job", metavar="JOB.yaml", help="a HeteroTrainingJob manifest")
-    parser.add_argument("--nodes", metavar="NODES.yaml", required=True,
-                        help="a NodeList (kubectl get nodes -o yaml), a Node, or several Node documents")
+    parser.add_argument("--nodes", metavar="NODES.yaml", default=None,
+                        help="a NodeList (kubectl get nodes -o yaml), a Node, or several Node "
+                             f"documents (default: {DEFAULT_NODES}, as heterotrain run)")
     parser.add_argument("--pods", metavar="PODS.yaml", default=None,
                         help="pods already bound to nodes (kubectl get pods -A -o yaml); their GPUs "
                              "count as used")
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     """Plan and print; returns the exit code."""
     try:
         job = load_job(Path(args.job))
-        nodes = load_objects(Path(args.nodes), "Node")
+        nodes = load_objects(Path(args.nodes) if args.nodes else default_nodes_file(), "Node")
         pods = load_objects(Path(args.pods), "Pod") if args.pods else []
         inputs = valueview.plan_inputs(args, job)
     except (InputError, prices.PriceError) as exc:
@@ -67,6 +72,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print_result(result, job, notes=notes)
     return EXIT_PLANNED if isinstance(result, Plan) else EXIT_UNSCHEDULABLE
+
+
+def default_nodes_file() -> Path:
+    """``examples/clusters/mixed.yaml`` of this checkout, else of the current directory."""
+    for root in (_REPO_ROOT, Path.cwd()):
+        if (root / DEFAULT_NODES).is_file():
+            return root / DEFAULT_NODES
+    return DEFAULT_NODES
 
 
 def with_default_images(job: JobSpec) -> tuple[JobSpec, list[str]]:

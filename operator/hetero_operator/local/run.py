@@ -35,13 +35,13 @@ from hetero_operator.api.types import Plan
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local import nodes as localnodes
 from hetero_operator.local import report, rundirs, valueview
-from hetero_operator.local.plan import (InputError, load_job, load_objects, make_console,
-                                        plan_notes, print_result, with_default_images)
+from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file, load_job,
+                                        load_objects, make_console, plan_notes, print_result,
+                                        with_default_images)
 from hetero_operator.local.supervise import Ended, Planned, free_port_range, has_checkpoint, supervise
 from hetero_operator.planning.plan import plan_job
 from heterotrain_common import envnames, envread, nvml, procs
 
-DEFAULT_NODES = Path("examples") / "clusters" / "mixed.yaml"
 EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 1, 2
 EXIT_RANK_FAILED = 3
 """A rank failed (its own exit code is in the last line): never 1 (bad input), 2 (unschedulable) or
@@ -50,8 +50,6 @@ crashed"."""
 RUNS_DIR = rundirs.RUNS_DIR
 _NOT_RESUMED = ("job", "workdir", "resume", "keep_runs", "command")
 """Options ``--resume`` does not take from the interrupted run."""
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-"""The checkout this module lives in (operator/hetero_operator/local/run.py -> repo root)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -116,14 +114,6 @@ def _step_range(text: str) -> tuple[int, int]:
 
 
 # --- inputs ----------------------------------------------------------------------------------
-
-def default_nodes_file() -> Path:
-    """``examples/clusters/mixed.yaml`` of this checkout, else of the current directory."""
-    for root in (_REPO_ROOT, Path.cwd()):
-        if (root / DEFAULT_NODES).is_file():
-            return root / DEFAULT_NODES
-    return DEFAULT_NODES
-
 
 def worker_argv(command: Sequence[str], args: Sequence[str], *,
                 overrides: Mapping[str, int | None]) -> list[str]:
