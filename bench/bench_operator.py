@@ -258,7 +258,12 @@ def main() -> int:
                         help="scale runs; 0 runs the latency part only (the results say so)")
     parser.add_argument("--settle-timeout-s", type=float, default=600.0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "operator.json"))
+    parser.add_argument("--real", action="store_true",
+                        help="against the real control plane (bench/operator_real.py); writes "
+                             "bench/results/operator-real.json and prints it beside the stand-in's rows")
     args = parser.parse_args()
+    if args.real:
+        return main_real(args)
     workdir = Path(tempfile.mkdtemp(prefix="bench-operator-"))  # kubeconfigs and operator logs
     run_meta = benchlib.meta()
     started = time.monotonic()
@@ -317,6 +322,71 @@ def main() -> int:
                                           "fewer_runs": fewer})
     benchlib.print_targets(doc)
     return 0
+
+
+def main_real(args: argparse.Namespace) -> int:
+    """``--real``: the same rows against etcd + kube-apiserver + scheduler + controllers, 2,000
+    nodes heartbeating their leases from this process; a run that does not settle fails (exit 3)."""
+    import operator_real
+
+    out = Path(args.out) if args.out != str(ROOT / "bench" / "results" / "operator.json") else \
+        ROOT / "bench" / "results" / "operator-real.json"
+    workdir = Path(tempfile.mkdtemp(prefix="bench-operator-real-"))
+    run_meta = benchlib.meta()
+    started = time.monotonic()
+    latency = asyncio.run(operator_real.latency(workdir, 3 if args.quick else 10, node, job, start_operator, stop))
+    print(f"real: 64-rank job, create -> 8 pods: {', '.join(f'{t * 1000:.0f}' for t in latency['create_to_pods_s'])} ms",
+          flush=True)
+    n_jobs, n_nodes = (50, 200) if args.quick else (500, 2000)
+    repeats = min(args.repeats, 1) if args.repeats else 0
+    scale = [asyncio.run(operator_real.scale(workdir, n_jobs, n_nodes, args.settle_timeout_s, node, job,
+                                             start_operator, stop, peak_rss_mib)) for _ in range(repeats)]
+    for s in scale:
+        print(f"real: {n_jobs} jobs over {n_nodes} nodes settled: {s['pods']} pods; last job's create -> all pods "
+              f"{s['last_job_create_to_all_pods_s']:.1f} s; first create -> last pod {s['first_create_to_all_pods_s']:.1f} s; "
+              f"operator peak RSS {s['operator_peak_rss_mib']:.0f} MiB; CPU s operator {s['operator_cpu_s']:.1f}, "
+              f"kube-apiserver {s['kube_apiserver_cpu_s']:.1f}, etcd {s['etcd_cpu_s']:.1f}", flush=True)
+    scale_name = f"{n_jobs} jobs x 8 ranks over {n_nodes:,} nodes"
+    targets = [benchlib.Target("64-rank job: create -> all 8 pods, beyond kopf's 0.1 s batch window", "<=", 1.0,
+                               " s", [t - BATCH_WINDOW_S for t in latency["create_to_pods_s"]],
+                               "real kube-apiserver: admission and etcd writes included")]
+    if scale:
+        rows = [("operator peak RSS", "<=", 200.0, " MiB", "operator_peak_rss_mib", "VmHWM of the operator"),
+                ("last job's create -> all its pods", "info", 0.0, " s", "last_job_create_to_all_pods_s", ""),
+                ("first create -> every pod of every job", "info", 0.0, " s", "first_create_to_all_pods_s", ""),
+                ("operator CPU seconds / wall seconds", "info", 0.0, "", "operator_cpu_share_of_wall", ""),
+                ("operator CPU seconds, first create -> every pod", "info", 0.0, " s", "operator_cpu_s", ""),
+                ("kube-apiserver CPU seconds, same time", "info", 0.0, " s", "kube_apiserver_cpu_s",
+                 "the stand-in's row: test API server CPU seconds"),
+                ("etcd CPU seconds, same time", "info", 0.0, " s", "etcd_cpu_s", ""),
+                ("kube-scheduler CPU seconds, same time", "info", 0.0, " s", "kube_scheduler_cpu_s",
+                 "binds every pod (the stand-in binds none)"),
+                ("operator start -> a first job's pods", "info", 0.0, " s", "operator_start_to_first_job_pods_s", "")]
+        targets += [benchlib.Target(f"{scale_name}: {name}", op, bound, unit, [s[key] for s in scale], note)
+                    for name, op, bound, unit, key, note in rows]
+    run_meta["wall_s"] = round(time.monotonic() - started, 1)
+    fewer = {t.name: "1 scale run against the real control plane (minutes each on the shared 2-core machine)"
+             for t in targets if t.name.startswith(scale_name)}
+    doc = benchlib.write_results(out, benchmark="operator-real", run_meta=run_meta, targets=targets,
+                                 details={"latency": latency, "scale": scale or "not run (--repeats 0)",
+                                          "batch_window_s": BATCH_WINDOW_S, "fewer_runs": fewer,
+                                          "control_plane": "tests/controlplane (k8s v1.35.4, etcd v3.6.5)"})
+    benchlib.print_targets(doc)
+    _side_by_side(ROOT / "bench" / "results" / "operator.json", doc)
+    return 0
+
+
+def _side_by_side(stand_in: Path, real: dict[str, Any]) -> None:
+    """Print each real row beside the stand-in's row of the same name (median), where it has one."""
+    import json
+    if not stand_in.exists():
+        return
+    theirs = {t["name"]: t.get("median") for t in json.loads(stand_in.read_text()).get("targets", [])}
+    print(f"{'row':<80} {'stand-in':>10} {'real':>10}")
+    for t in real["targets"]:
+        name = t["name"].replace("kube-apiserver CPU", "test API server CPU")
+        other = theirs.get(name)
+        print(f"{t['name']:<80} {other if other is None else round(other, 3)!s:>10} {round(t['median'], 3)!s:>10}")
 
 
 if __name__ == "__main__":

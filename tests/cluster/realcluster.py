@@ -67,7 +67,7 @@ class RealCluster:
         self.core = kubernetes.client.CoreV1Api(self.client)
         self.custom = kubernetes.client.CustomObjectsApi(self.client)
         self.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
-        self.kubectl("wait", "--for=condition=Established", "crd/heterotrainingjobs.heterotrain.io", "--timeout=60s")
+        controlplane.wait_crds_established(self.dir, ["heterotrainingjobs.heterotrain.io"])
         self._start_kubelet()
         self.wait_for(lambda: self.ready_nodes() >= {n["metadata"]["name"] for n in test_nodes()}, 60,
                       "every node Ready")

@@ -369,5 +369,28 @@ def kubectl(cluster_dir: Path, *args: str, check: bool = True, input_text: str |
     return proc
 
 
+def wait_crds_established(cluster_dir: Path, names: Sequence[str], timeout_s: float = 60) -> None:
+    """Poll until every CRD of ``names`` has ``Established=True`` (``kubectl wait`` fails at once
+    on a CRD whose status has no conditions yet).
+
+    Raises:
+        ControlPlaneError: not all established within ``timeout_s`` seconds.
+    """
+    deadline, pending = time.monotonic() + timeout_s, list(names)
+    while pending:
+        proc = kubectl(cluster_dir, "get", *(f"crd/{n}" for n in pending), "-o", "json", check=False)
+        if proc.returncode == 0:
+            doc = json.loads(proc.stdout)
+            items = doc.get("items", [doc]) if doc.get("kind") == "List" else [doc]
+            done = {i["metadata"]["name"] for i in items
+                    if any(c["type"] == "Established" and c["status"] == "True"
+                           for c in (i.get("status") or {}).get("conditions") or ())}
+            pending = [n for n in pending if n not in done]
+        if pending and time.monotonic() > deadline:
+            raise ControlPlaneError(f"CRDs not Established after {timeout_s:.0f} s: {pending}")
+        if pending:
+            time.sleep(0.1)
+
+
 if __name__ == "__main__":  # python -m hetero_operator.local.controlplane DIR: start, print state
     print(json.dumps(start(Path(sys.argv[1]), bin_dir()), indent=2))

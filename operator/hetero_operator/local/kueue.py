@@ -142,8 +142,8 @@ def start(cluster_dir: Path, bins: Path, *, wait_for_pods_ready_s: int = 60) -> 
     docs = manifests(module_dir(), ports["kueue_webhook"], (pdir / "ca.crt").read_bytes())
     (kdir / "manifests.json").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}))
     controlplane.kubectl(cluster_dir, "apply", "--server-side", "--force-conflicts", "-f", str(kdir / "manifests.json"))
-    crds = [f"crd/{d['metadata']['name']}" for d in docs if d["kind"] == "CustomResourceDefinition"]
-    controlplane.kubectl(cluster_dir, "wait", "--for=condition=Established", "--timeout=60s", *crds)
+    controlplane.wait_crds_established(cluster_dir, [d["metadata"]["name"] for d in docs
+                                                     if d["kind"] == "CustomResourceDefinition"])
     state = controlplane.read_state(cluster_dir)
     env = {**os.environ, "KUBECONFIG": state["kubeconfig"]}
     proc = controlplane.spawn("kueue", [str(bins / "kueue"), f"--config={kdir / 'config.yaml'}",
