@@ -27,7 +27,7 @@ Deterministic: the same job and inventory give the same plan (every order has a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from hetero_operator.api import memoryplan
@@ -106,7 +106,9 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     equal = split_global_batch(global_batch, [1.0] * n, caps)
     speedup = step_time(equal, speeds) / step_time(batches, speeds)
     ranks, groups = _placements(groups_spec, batches)
-    mem = plan_memory(job, ranks, inputs)
+    shared = sorted({f"{p.device.gpu_type} on {p.device.node}" for p, size in groups_spec
+                     if size > 1 and p.device.time_sliced_replicas > 1})
+    mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared)
     if isinstance(mem, memoryplan.MemoryRefusal):
         return model.Unschedulable(shortfalls=(), excluded=excluded, message=mem.message,
                                    reason=MODEL_DOES_NOT_FIT, warnings=inventory.warnings)
@@ -117,11 +119,17 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
                 warnings=(*inventory.warnings, *image_warnings(taken)), value=value, memory=mem)
 
 
-def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInputs,
+def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInputs, *,
+                shared_gpu_groups: Sequence[str] = (),
                 ) -> memoryplan.MemoryPlan | memoryplan.MemoryRefusal | None:
     """The memory model's decision for the placed ranks (None without
     ``spec.training.model.parameters``); the cross-type link is the inter-node one when the
-    ranks span nodes, else the intra-node one."""
+    ranks span nodes, else the intra-node one.
+
+    ``shared_gpu_groups`` names the planned groups of two or more ranks on time-sliced devices:
+    their ranks may get replicas of one physical GPU, so the worker's communicator rule gives
+    them a Gloo group, and FSDP2 (Group sharding) over Gloo on CUDA is not a supported path
+    (``hetero_worker.memory.group.refuse_gloo_on_cuda`` refuses it at start-up too)."""
     t = job.training
     if t.model_parameters <= 0:
         return None
@@ -145,6 +153,12 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
         elif t.rebalance_interval_steps or t.compression != "None":
             why["Group"] = ("Group sharding with rebalancing or compression is not built yet: leave "
                             "spec.training.rebalance and spec.training.compression out")
+        elif shared_gpu_groups:
+            why["Group"] = (f"Group sharding would run FSDP2 over a Gloo group on CUDA "
+                            f"({', '.join(shared_gpu_groups)}: time-sliced replicas may share a "
+                            "physical GPU, where NCCL refuses two ranks; Gloo has no CUDA "
+                            "reduce-scatter/all-gather, pytorch/pytorch#132471): set "
+                            "spec.training.sharding Full (it stages through the CPU) or None")
     if "Full" in WORKER_SHARDINGS and (gap := _full_sharding_gap(job, ranks)):
         why["Full"] = gap
     available = tuple(m for m in WORKER_SHARDINGS if m not in why)

@@ -58,6 +58,34 @@ def check_supported(*, precision_has_scaler: bool, checkpoint_dir: str, sharding
                            "out or use spec.training.sharding Group (docs/memory.md)")
 
 
+GLOO_CUDA_ISSUE = "pytorch/pytorch#132471"
+"""Gloo's reduce-scatter / all-gather of CUDA tensors, which FSDP2 needs, are not supported paths."""
+
+
+def refuse_gloo_on_cuda(plan: Any, comm_ranks: Sequence[Any]) -> None:
+    """Refuse Group sharding where a group of two or more CUDA ranks communicates over Gloo.
+
+    The communicator rule gives a group Gloo when its members may share a physical GPU (MIG
+    slices of one card, time-sliced GPUs) or run different PyTorch builds; FSDP2 over such a
+    group would run Gloo's CUDA reduce-scatter and all-gather (:data:`GLOO_CUDA_ISSUE`).  Full
+    sharding stages every collective through the CPU and runs there.  Checked on every rank from
+    the job-wide communicator plan (the same verdict everywhere, before any FSDP2 collective).
+
+    Args:
+        plan: the :class:`~hetero_worker.comm.commplan.CommPlan` of the ``group`` layout.
+        comm_ranks: every rank's :class:`~hetero_worker.comm.commplan.CommRank`.
+
+    Raises:
+        RuntimeError: such a group exists (the message names it, the reason and the fix).
+    """
+    for g in plan.intra:
+        if g.backend == "gloo" and len(g.ranks) > 1 and any(comm_ranks[r].on_cuda for r in g.ranks):
+            raise RuntimeError(
+                f"Group sharding of ranks {list(g.ranks)} would run FSDP2 over a Gloo group on CUDA "
+                f"({g.reason}; Gloo has no CUDA reduce-scatter/all-gather, {GLOO_CUDA_ISSUE}): set "
+                "spec.training.sharding Full (it stages its collectives through the CPU) or None")
+
+
 def shard_group(module: torch.nn.Module, group: Any, device: torch.device,
                 block: type[torch.nn.Module] | None) -> torch.nn.Module:
     """Shard ``module`` with FSDP2 over ``group`` (each ``block`` instance its own unit, then the

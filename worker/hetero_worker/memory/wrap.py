@@ -26,6 +26,7 @@ class ShardedWrapping:
         if self.contract.sharding == "full":
             return self._wrap_full(model, block)
         self.use_layout("group")  # intra = the topology group (one node, one GPU type)
+        sharding.refuse_gloo_on_cuda(self.groups.plan, self.comm_ranks)
         self.module = model.to(self.device)
         for tensor in self.module.state_dict().values():  # same start on every rank (Gloo world)
             broadcast_from_rank0_(tensor)

@@ -91,20 +91,32 @@ class CodecReducer:
     (key 0), which also survives DDP's bucket rebuild after the first step (a permutation of the
     same parameters).  Other codecs reduce per bucket, overlapping backward.
 
+    Codec state and skipped steps (issue 21): with ``transactional`` (the job has a loss scaler)
+    the stateful codecs hold their new state until :meth:`end_step` says whether the optimizer
+    step was applied, so a skipped step (an fp16 overflow on any rank) leaves every codec's error
+    feedback as it was; the codecs never store a non-finite error in any case.
+
     Args:
         sync: the trainer's ``WeightedGradSync`` (weight, groups, byte counter are shared).
         compression: codec choice; codecs are kept per DDP bucket (error feedback state), or
             one for the whole step (PowerSGD).
+        transactional: hold codec state until :meth:`end_step` (a step may be skipped).
     """
 
-    def __init__(self, sync: Any, compression: CompressionConfig) -> None:
+    STEAL_KEY = -1
+    """Codec slot of :meth:`sum_`'s reductions (work stealing: its own layout of the gradients)."""
+
+    def __init__(self, sync: Any, compression: CompressionConfig, *,
+                 transactional: bool = False) -> None:
         self.sync = sync
         self.compression = compression
+        self.transactional = transactional
         self.codecs: dict[int, InterGroupCodec] = {}
         # Codec state follows parameters, not bucket positions: DDP rebuilds its buckets after
         # the first iteration (and again after a restart), reordering their tensors.
         self.param_index: dict[int, int] = {}  # id(parameter) -> index in model.parameters()
         self.bucket_keys: dict[int, tuple[int, ...]] = {}  # bucket -> its parameters' indices
+        self.param_numels: list[int] = []  # elements per parameter index (bucket_codecs)
         self.pending: torch.Tensor | None = None
         self.merged: torch.Tensor | None = None
         self.hook = codec_hook
@@ -122,6 +134,28 @@ class CodecReducer:
     def install(self) -> None:
         """Make the sync reduce through this reducer (``sync.use_reducer``; composition)."""
         self.sync.use_reducer(self)
+
+    def end_step(self, *, applied: bool, scale_ratio: float = 1.0) -> None:
+        """The optimizer step after this step's reductions was taken (``applied``) or skipped on
+        every rank; ``scale_ratio`` = new loss scale / old (the codecs hold scaled residuals)."""
+        for codec in self.codecs.values():
+            end = getattr(codec, "end_step", None)
+            if end is not None:
+                end(applied=applied, scale_ratio=scale_ratio)
+
+    def sum_(self, flat: torch.Tensor, shapes: Sequence[torch.Size],
+             exact: torch.Tensor | None = None) -> torch.Tensor:
+        """SUM ``flat`` over all ranks in place, unweighted, the leaders' link through the codec
+        (slot :data:`STEAL_KEY`); ``exact`` (1-D float) rides along losslessly.  Work stealing's
+        reduction (its gradients are sums over the samples each rank took).  Blocking."""
+        n = flat.numel()
+        wire = flat if exact is None else torch.cat([flat, exact.to(flat.device, flat.dtype)])
+        sent = self._reduce(wire, n, list(shapes), self.STEAL_KEY, exact is not None)
+        if exact is not None:
+            flat.copy_(wire[:n])
+            exact.copy_(wire[n:].to(exact.dtype))
+        self.sync.count_inter_group_bytes(sent)
+        return flat
 
     def set_pending(self, stats: Sequence[float]) -> None:
         """Stats to append to the next reduction (one float per slot, this rank's slots only)."""
@@ -217,6 +251,8 @@ class CodecReducer:
         codec = self.codecs.get(key)
         if codec is None:
             codec = self.codecs[key] = make_codec(self.compression, seed=key)
+        if hasattr(codec, "transactional"):  # also codecs restored from a checkpoint
+            codec.transactional = self.transactional
         if key in self.bucket_keys and hasattr(codec, "align_"):
             codec.align_(self.bucket_keys[key])  # permute error feedback to this bucket order
         host = wire if wire.device.type == "cpu" else wire.cpu()
@@ -273,7 +309,10 @@ class SpeedController:
     def __init__(self, trainer: Any, config: SpeedConfig) -> None:
         self.trainer = trainer
         self.config = config
-        self.reducer = CodecReducer(trainer.sync, config.compression)
+        # With a loss scaler a step can be skipped: the codecs then hold their state until the
+        # trainer says whether the step was applied (end_step).
+        self.reducer = CodecReducer(trainer.sync, config.compression,
+                                    transactional=getattr(trainer, "scaler", None) is not None)
         self.rebalancer = (Rebalancer(config=config.rebalance, split=list(trainer.local_batches))
                            if config.rebalance.interval_steps > 0 else None)
         self.chosen_hierarchy = trainer.layout.mode
@@ -318,6 +357,11 @@ class SpeedController:
                 self.trainer.set_split(new_split)
         if self.rebalancer is not None:
             self.reducer.set_pending(pack_stats(self.trainer.rank, self.world, compute_s, batch))
+
+    def end_step(self, *, skipped: bool, scale_ratio: float = 1.0) -> None:
+        """Called by ``Trainer`` after every optimizer step decision (``skipped`` on every rank
+        when the scaler found inf/NaN): the codecs keep or drop the step's new state."""
+        self.reducer.end_step(applied=not skipped, scale_ratio=scale_ratio)
 
     def throughput_by_class(self) -> dict[str, float]:
         """Measured samples/s of one device per GPU product (for job status and the planner)."""

@@ -27,9 +27,23 @@ class Int8Compression:
     overlap the transfer on the slow link.  Per piece one int8 buffer carries
     ``[exact (last piece only) | scales | q]`` (fp32 parts viewed as bytes).
 
+    Finiteness (issue 21): the new error ``(g + e) - decode(q)`` is computed into the call's own
+    copy of the gradient, never into the stored buffer, and becomes the stored error only when it
+    is finite.  A non-finite gradient (an fp16 loss-scaler overflow) therefore leaves the error as
+    it was; its chunks decode to non-finite values on every leader (absmax scale inf or NaN), so
+    the scaler's agreement skips the step everywhere.  With :attr:`transactional` (the job has a
+    loss scaler, so a step can be skipped) the new error is held until :meth:`end_step` says
+    whether the step was applied: a step skipped because *another* bucket overflowed leaves this
+    bucket's error as it was too.  Holding costs a second error buffer per bucket between the
+    reduction and the optimizer step (4 bytes per gradient element on a leader).
+
     Args:
         chunk: elements per scale.
         piece_chunks: chunks per pipelined piece.
+
+    Attributes:
+        transactional: hold the new error until :meth:`end_step` (set by the reducer when the
+            job has a loss scaler); otherwise a finite new error is stored at once.
     """
 
     def __init__(self, chunk: int = INT8_CHUNK, piece_chunks: int = 64) -> None:
@@ -40,6 +54,8 @@ class Int8Compression:
         self._new_keys: tuple[int, ...] | None = None
         self.restored = False  # error came from a checkpoint and was not used yet
         self.bytes_sent = 0
+        self.transactional = False
+        self._pending: torch.Tensor | None = None  # the step's new error, until end_step
 
     def align_(self, keys: Sequence[int]) -> None:
         """Say which parameter each tensor of the next call is (DDP reorders a bucket's tensors
@@ -49,6 +65,20 @@ class Int8Compression:
             self.keys = keys
         elif keys != self.keys:
             self._new_keys = keys
+
+    def end_step(self, *, applied: bool, scale_ratio: float = 1.0) -> None:
+        """The optimizer step of the last reduction was taken (``applied``) or skipped.
+
+        Applied: the held new error becomes the error; skipped: it is dropped and the error stays
+        as it was.  ``scale_ratio`` (new loss scale / old, a power of two) rescales the stored
+        error: it holds residuals of *scaled* gradients, and the next gradients come at the new
+        scale.
+        """
+        if self._pending is not None and applied:
+            self.error = self._pending
+        self._pending = None
+        if scale_ratio != 1.0 and self.error is not None:
+            self.error.mul_(scale_ratio)
 
     def state_dict(self) -> dict[str, object]:
         """Error-feedback state for a checkpoint (this leader's own; tensors and plain types)."""
@@ -106,13 +136,14 @@ class Int8Compression:
                                 f"bucket of {n}")
             self.error = torch.zeros_like(flat)
         self.restored = False
+        self._pending = None
         value = flat.add_(self.error)  # flat is our own copy: g + e in place
         world = dist.get_world_size(group)
         pieces = [(lo, min(lo + self.piece, n)) for lo in range(0, n, self.piece)]
         inflight = []
         for index, (lo, hi) in enumerate(pieces):
             q, scales = quantize_int8(value[lo:hi], self.chunk)
-            self.error[lo:hi] = value[lo:hi] - dequantize_int8(q, scales, self.chunk)
+            value[lo:hi].sub_(dequantize_int8(q, scales, self.chunk))  # -> the new error, in flat
             head = [scales] if exact is None or index < len(pieces) - 1 else [exact.float(), scales]
             buf = torch.cat([h.contiguous().view(torch.int8) for h in head] + [q])
             outs = [torch.empty_like(buf) for _ in range(world)]
@@ -129,6 +160,11 @@ class Int8Compression:
                 copy_exact(sum(out[:exact_bytes].view(torch.float32) for out in outs), exact)
         self.bytes_sent += ring_allgather_bytes(self.payload_bytes(n), world)
         unflatten_into(total, tensors)
+        if bool(torch.isfinite(value).all()):  # never store a non-finite error
+            if self.transactional:
+                self._pending = value
+            else:
+                self.error = value
 
 
 def quantize_int8(x: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,15 @@ State (checkpointed by :mod:`hetero_worker.ckpt.resume`): the iteration counter 
 warm-up of ``start_iter`` calls, torch's ``start_powerSGD_iter``), this leader's error feedback and
 the warm-started ``Q`` factors, kept per parameter (:meth:`PowerSGDCompression.align_`); never the
 process group, which the caller passes on every call.
+
+Finiteness (issue 21): ``P^T = Q^T E^T + Q^T G^T`` is computed without touching the error buffer;
+the all-reduced ``P`` buffer is the same on every leader, and a non-finite gradient on any leader
+makes it non-finite (``inf * q`` and ``0 * inf`` are never finite).  Then every leader skips the
+``Q`` round together, outputs NaN (the loss scaler's agreement skips the step on every rank) and
+keeps its state as it was: errors, ``Q`` factors and the iteration counter.  Only a finite ``P``
+turns ``M = G + E`` into the new error in place.  The codec reduces the whole step in one
+exchange (:class:`hetero_worker.speed.controller.CodecReducer`), so a finite exchange is an applied
+step; :meth:`PowerSGDCompression.end_step` rescales the errors when the loss scale changes.
 """
 
 from __future__ import annotations
@@ -93,6 +102,8 @@ class PowerSGDCompression:
         self.qs: list[torch.Tensor | None] = []
         self.keys: tuple[int, ...] | None = None  # parameter of each tensor, in errors' order
         self.restored = False  # state came from a checkpoint and was not used yet
+        self.transactional = False  # the job has a loss scaler (set by the reducer)
+        self._exchanged = False  # a finite exchange updated the state since the last end_step
 
     def align_(self, keys: Sequence[int]) -> None:
         """Say which parameter each tensor of the next call is; errors and ``Q`` factors are
@@ -114,6 +125,23 @@ class PowerSGDCompression:
             self.errors = [self.errors[j] for j in perm]
             self.qs = [self.qs[j] for j in perm]
         self.keys = keys
+
+    def end_step(self, *, applied: bool, scale_ratio: float = 1.0) -> None:
+        """The optimizer step of the last exchange was taken (``applied``) or skipped.
+
+        A non-finite exchange already left the state as it was.  A skipped step after a finite
+        exchange cannot happen while the codec reduces the whole step at once; should it, the
+        state (updated in place) is discarded, so it is at least never that of a step that did not
+        happen (``compression_state_reset``).  ``scale_ratio`` (new loss scale / old) rescales the
+        errors, which hold residuals of scaled gradients.
+        """
+        if not applied and self._exchanged and self.errors is not None:
+            log_state_reset("PowerSGD state of a step that was skipped after a finite exchange")
+            self.errors, self.qs = None, []
+        self._exchanged = False
+        if scale_ratio != 1.0 and self.errors is not None:
+            for e in self.errors:
+                e.mul_(scale_ratio)
 
     def state_dict(self) -> dict[str, object]:
         """Iteration, error feedback and ``Q`` factors for a checkpoint (tensors, plain types).
@@ -160,11 +188,14 @@ class PowerSGDCompression:
         """SUM-reduce ``tensors`` in place (approximately, rank ``self.rank``) over ``group``.
 
         ``exact`` (1-D) rides uncompressed in the ``P`` all-reduce.  State (errors, ``Q``) is
-        reset when the list of shapes differs from the previous call's.
+        reset when the list of shapes differs from the previous call's.  A non-finite ``P`` (some
+        leader's gradient was not finite) leaves every tensor NaN and the state as it was.
         """
         self.iteration += 1
         if self.iteration <= self.start_iter:  # warm-up: plain SUM, no error feedback
             self._plain_allreduce(tensors, group, exact)
+            if not all(bool(torch.isfinite(t).all()) for t in tensors):
+                self.iteration -= 1  # the same on every leader (the summed tensors)
             return
         if self.errors is None or [e.shape for e in self.errors] != [t.shape for t in tensors]:
             if self.restored:  # never load tensors into another bucket layout
@@ -178,14 +209,14 @@ class PowerSGDCompression:
         plain = [i for i, q in enumerate(self.qs) if q is None]
         # M = g + e is accumulated into the error buffer itself (no full-size temporary); the Q
         # round turns it into the new error in place.
-        mats = []
-        for i in comp:
-            self.errors[i].add_(tensors[i].detach())
-            mats.append(self.errors[i].view(_matrix_shape(tensors[i].shape)))
-        # P^T = Q^T M^T ([r, n]): the narrow factor as the left operand.  ``M @ Q`` and
-        # ``M.T @ P`` with r = 4 hit slow BLAS paths on CPU (1.3 ms and 12 ms for 1024 x 1024,
-        # one thread, MKL in torch 2.13) where these products take 0.3 ms each.
-        pts = [torch.mm(self.qs[i].T, m.T) for i, m in zip(comp, mats)]  # type: ignore[union-attr]
+        mats = [self.errors[i].view(_matrix_shape(tensors[i].shape)) for i in comp]
+        # P^T = Q^T M^T = Q^T E^T + Q^T G^T ([r, n]), M not formed yet: the error buffer stays
+        # as it was until the all-reduced P is known to be finite.  The narrow factor is the left
+        # operand: ``M @ Q`` and ``M.T @ P`` with r = 4 hit slow BLAS paths on CPU (1.3 ms and
+        # 12 ms for 1024 x 1024, one thread, MKL in torch 2.13) where these take 0.3 ms each.
+        pts = [torch.mm(self.qs[i].T, m.T).addmm_(  # type: ignore[union-attr]
+            self.qs[i].T, tensors[i].detach().reshape(m.shape).T.to(m.dtype))  # type: ignore[union-attr]
+            for i, m in zip(comp, mats)]
         extra = [] if exact is None else [exact.to(torch.float32).reshape(-1)]
         device = tensors[0].device if tensors else torch.device("cpu")
         buf = torch.cat([pt.reshape(-1) for pt in pts]
@@ -193,6 +224,11 @@ class PowerSGDCompression:
                         + [e.to(device) for e in extra] + [torch.zeros(0, device=device)])
         dist.all_reduce(buf, group=group)
         self.bytes_sent += ring_allreduce_bytes(4 * (buf.numel() - sum(e.numel() for e in extra)), world)
+        if not bool(torch.isfinite(buf).all()):  # the same verdict on every leader
+            self._not_finite(tensors, exact, buf)
+            return
+        for i, m in zip(comp, mats):  # M = G + E, in the error buffer (no full-size temporary)
+            m.add_(tensors[i].detach().reshape(m.shape).to(m.dtype))
         offset = 0
         for pt in pts:
             pt.copy_(buf[offset:offset + pt.numel()].view_as(pt))
@@ -205,6 +241,15 @@ class PowerSGDCompression:
         if exact is not None:
             exact.copy_(buf[offset:offset + exact.numel()].view_as(exact))
         self._q_round(tensors, mats, comp, pts, group, world)
+
+    def _not_finite(self, tensors: Sequence[torch.Tensor], exact: torch.Tensor | None,
+                    buf: torch.Tensor) -> None:
+        """A non-finite exchange: NaN out (the step is skipped), state and iteration as they were."""
+        self.iteration -= 1
+        for t in tensors:
+            t.fill_(float("nan"))
+        if exact is not None:
+            exact.copy_(buf[buf.numel() - exact.numel():].view_as(exact))
 
     def _plain_allreduce(self, tensors: Sequence[torch.Tensor], group: dist.ProcessGroup | None,
                          exact: torch.Tensor | None) -> None:
@@ -228,6 +273,14 @@ class PowerSGDCompression:
         qbuf = torch.cat([q.reshape(-1) for q in local_qts])
         dist.all_reduce(qbuf, group=group)
         self.bytes_sent += ring_allreduce_bytes(4 * qbuf.numel(), world)
+        if not bool(torch.isfinite(qbuf).all()):  # fp32 overflow of finite inputs (same verdict
+            for i, m in zip(comp, mats):           # everywhere): back to E, up to rounding
+                m.sub_(tensors[i].detach().reshape(m.shape).to(m.dtype))
+            self.iteration -= 1
+            for t in tensors:
+                t.fill_(float("nan"))
+            return
+        self._exchanged = True
         offset = 0
         for i, m, pt, qt_local in zip(comp, mats, pts, local_qts):
             qt_sum = qbuf[offset:offset + qt_local.numel()].view_as(qt_local)

@@ -178,6 +178,18 @@ def hierarchical_allreduce(groups: Any) -> Callable[[list[torch.Tensor]], None]:
     return allreduce
 
 
+def codec_allreduce(reducer: Any) -> Callable[[list[torch.Tensor]], None]:
+    """An ``allreduce`` for :func:`steal_step` through the job's codec reducer: the gradients go
+    over the hierarchy with the leaders' link compressed, the last tensor (the sample count and
+    loss sum) rides along exactly (:meth:`hetero_worker.speed.controller.CodecReducer.sum_`)."""
+
+    def allreduce(tensors: list[torch.Tensor]) -> None:
+        *grads, counts = tensors
+        flat_reduce_(grads, lambda flat: reducer.sum_(flat, [g.shape for g in grads], counts),
+                     dtype=_wire_dtype(grads))
+    return allreduce
+
+
 def trainer_steal_step(trainer: Any, optimizer: torch.optim.Optimizer,
                        dispenser: MicroBatchDispenser,
                        loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]
@@ -206,28 +218,42 @@ class WorkStealing:
             loss_sum_fn: ``loss_sum_fn(module, dataset_indices)`` returns the *summed* loss of
                 those samples (scalar tensor).
 
+        With inter-group compression the reduction goes through the job's codec (its own codec
+        state, slot ``CodecReducer.STEAL_KEY``); the sample count and loss sum stay exact.
+
         Returns:
             The :class:`~hetero_worker.speed.stealing.StealResult` (the optimizer step is taken, or
             skipped on every rank when the fp16 scaler found inf/NaN).
 
         Raises:
-            RuntimeError: no model or loader yet.
+            RuntimeError: no model or loader yet, or Group/Full sharding (refused before any
+                collective: their collectives need the same micro-batches on every rank of a
+                group, which stealing does not give).
         """
         sampler, module = self.sampler, self.module
         if sampler is None or module is None:
             raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
+        if self.contract.sharding != "none":
+            raise RuntimeError(
+                f"work stealing under {self.contract.sharding.capitalize()} sharding is not built "
+                "(the sharded collectives need equal micro-batch counts on every rank, stealing "
+                "gives each rank what it takes): set spec.training.sharding None, or train with "
+                "Trainer.step")
         if sampler.num_samples - sampler.cursor < sampler.global_batch:
             sampler.set_epoch(sampler.epoch + 1)
         order = sampler.permutation(sampler.epoch)
         base = sampler.cursor
         optimizer.zero_grad(set_to_none=True)
+        reducer = getattr(self.sync, "reducer", None)
+        allreduce = (codec_allreduce(reducer) if reducer is not None and hasattr(reducer, "sum_")
+                     else hierarchical_allreduce(self.groups))
 
         def compute(lo: int, hi: int) -> torch.Tensor:
             return loss_sum_fn(module, order[base + lo:base + hi].tolist())
 
         result = steal_step(step=self.global_step, dispenser=dispenser,
                             params=[p for p in module.parameters() if p.requires_grad],
-                            compute=compute, allreduce=hierarchical_allreduce(self.groups),
+                            compute=compute, allreduce=allreduce,
                             autocast=self.precision.autocast,
                             scale=self.scaler.scale if self.scaler is not None else None)
         self._optimizer_step(optimizer)
