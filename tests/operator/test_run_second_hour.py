@@ -28,7 +28,7 @@ RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
 # it: each run's figures are its own. MODE=argv: record argv and HTJ_MAX_STEPS. MODE=usage:
 # rank 1 dies as argparse does (exit 2). MODE=collateral: rank 1 raises after the others have
 # died of a peer's "Connection closed by peer" (it ignores our SIGTERM, so the others are seen
-# first). MODE=resume: fail (exit 5) unless $HTJ_CHECKPOINT_DIR/saved exists; save it first.
+# first). MODE=print: a line on stdout and one on stderr. MODE=resume: fail (exit 5) unless $HTJ_CHECKPOINT_DIR/saved exists; save it first.
 WORKER = textwrap.dedent("""
     import json, os, signal, sys, time
     from heterotrain_common.contract import parse_contract
@@ -61,6 +61,9 @@ WORKER = textwrap.dedent("""
             time.sleep(0.02)  # sync-ok: the workload waits for its peer
         raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
                            "closed by peer [127.0.0.1]:29500")
+    elif mode == "print":
+        print(f"out {ct.rank}", flush=True)
+        print(f"err {ct.rank}", file=sys.stderr, flush=True)
     elif mode == "resume":
         saved = os.path.join(os.environ["HTJ_CHECKPOINT_DIR"], "saved")
         if not os.path.exists(saved):
@@ -145,9 +148,11 @@ def test_the_rank_that_raised_is_named_not_the_peers_that_lost_it(tmp_path):
     out = _flat(done.stdout)
     assert done.returncode == 3, done.stdout + done.stderr
     assert _last_line(done.stdout) == "Job failed: rank 1 exited with code 1: ValueError: boom in rank 1"
-    headline = out.index("rank 1 exited with code 1: ValueError: boom in rank 1 first; stopped the "
-                         "other ranks; ranks")
-    assert "(a peer left the collective: collateral, not the cause)" in out[headline:]
+    # rank 1 comes first, before its log's lines; the peers that died of it (those seen before the
+    # SIGTERM: one to three of them) are called collateral
+    assert re.search(r"rank 1 exited with code 1: ValueError: boom in rank 1 first; stopped the "
+                     r"other ranks; ranks? [023](, [023])* failed after it \(a peer left the "
+                     r"collective: collateral, not the cause\)\. Last lines of ", out), out
 
 
 @pytest.mark.timeout(120)
@@ -211,3 +216,16 @@ def test_the_progress_bar_counts_job_steps_after_a_resume(tmp_path):
     view.tick()
     task = view.progress.tasks[0]
     assert (task.completed, task.total) == (132, 132)  # not 92/132
+
+
+@pytest.mark.timeout(120)
+def test_tee_and_local_ranks_filter_show_every_ranks_stderr_prefixed_and_log_dir_keeps_both(tmp_path):
+    done = _run(tmp_path, str(_job(tmp_path, "print")), "--workdir", str(tmp_path / "w"),
+                "--log-dir", str(tmp_path / "logs"), "--tee", "2", "--local-ranks-filter", "all")
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = [line for line in done.stdout.splitlines() if line.startswith("rank ")]
+    assert sorted(shown) == [f"rank {r} | err {r}" for r in range(4)]
+    for r in range(4):
+        log = (tmp_path / "logs" / f"rank-{r}.log").read_text().splitlines()
+        assert log[0] == "--- attempt 0 ---" and sorted(log[1:]) == [f"err {r}", f"out {r}"]
+    assert not list((tmp_path / "w").glob("rank-*.log"))

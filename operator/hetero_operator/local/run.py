@@ -38,7 +38,8 @@ from hetero_operator.local import report, rundirs, valueview
 from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file, load_job,
                                         load_objects, make_console, plan_notes, print_result,
                                         with_default_images)
-from hetero_operator.local.supervise import Ended, Planned, free_port_range, has_checkpoint, supervise
+from hetero_operator.local.supervise import (Ended, Planned, RankOutput, free_port_range,
+                                             has_checkpoint, supervise)
 from hetero_operator.planning.plan import plan_job
 from heterotrain_common import envnames, envread, nvml, procs
 
@@ -74,6 +75,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="stop after this many steps: HTJ_MAX_STEPS on every rank (the "
                              "Trainer's loader stops there); replaces the value of a --max-steps "
                              "the worker args already hold, never added to them")
+    parser.add_argument("--log-dir", metavar="DIR", default=None,
+                        help="where rank-<r>.log go (torchrun's --log-dir; default: the run "
+                             "directory)")
+    parser.add_argument("--tee", type=int, choices=(0, 1, 2, 3), default=3,
+                        help="which streams of the shown ranks also reach the console, as "
+                             "torchrun's --tee: 0 none, 1 stdout, 2 stderr, 3 both (default); the "
+                             "log files always get both")
+    parser.add_argument("--local-ranks-filter", type=_rank_list, default=frozenset({0}),
+                        metavar="RANKS",
+                        help="ranks whose output the console shows, prefixed 'rank <r> |' "
+                             "(torchrun's flag): e.g. 0,2, or 'all'; default 0")
     parser.add_argument("--metrics-port-base", type=int, default=None, metavar="PORT",
                         help="rank r serves Prometheus metrics on PORT + r (default: a free range; "
                              "0 turns metrics off)")
@@ -89,6 +101,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="after the run, delete all but the newest N run directories under "
                              "runs/, of every job (default: keep all); only directories made by "
                              "heterotrain run")
+
+
+def _rank_list(text: str) -> frozenset[int] | None:
+    """``--local-ranks-filter``: ``"0,2"`` -> ``{0, 2}``; ``"all"`` -> None (a usage error if bad)."""
+    if text.strip() == "all":
+        return None
+    try:
+        ranks = frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be ranks like 0,2 or 'all', got {text!r}") from None
+    if not ranks or min(ranks) < 0:
+        raise argparse.ArgumentTypeError(f"must be ranks >= 0 like 0,2 or 'all', got {text!r}")
+    return ranks
 
 
 def _run_count(text: str) -> int:
@@ -249,8 +274,10 @@ def run(args: argparse.Namespace) -> int:
     _announce(console, planned, workdir, port_base, argv)
     _write_targets(workdir, port_base, world, job.name)
     start = time.monotonic()
+    output = RankOutput(log_dir=Path(args.log_dir) if args.log_dir else workdir,
+                        shown_ranks=args.local_ranks_filter, tee=args.tee)
     ended = supervise(planned, argv, workdir=workdir, port_base=port_base, console=console,
-                      grace_s=args.grace_s)
+                      grace_s=args.grace_s, output=output)
     outcome = ended.outcome
     verdict = report.print_report(console, rows=report.read_rows(workdir, world),
                         result=report.read_result(workdir),
@@ -347,7 +374,7 @@ def _saved_options(args: argparse.Namespace) -> dict[str, object]:
     for name, value in vars(args).items():
         if name in _NOT_RESUMED:
             continue
-        if name in ("nodes", "prices", "learned_speeds") and value:
+        if name in ("nodes", "prices", "learned_speeds", "log_dir") and value:
             value = str(Path(value).resolve())
         if isinstance(value, tuple):
             value = list(value)

@@ -83,8 +83,29 @@ class Ended:
     reason: str = ""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankOutput:
+    """Where the ranks' output goes (torchrun's ``--log-dir``, ``--tee``, ``--local-ranks-filter``).
+
+    Attributes:
+        log_dir: directory of ``rank-<r>.log`` (every rank, both streams, always).
+        shown_ranks: ranks whose output is also shown on the console, each line prefixed
+            ``rank <r> |``; None: every rank.
+        tee: which of the shown ranks' streams the console gets: 0 none, 1 stdout, 2 stderr,
+            3 both (torchrun's ``Std`` values).
+    """
+
+    log_dir: Path
+    shown_ranks: frozenset[int] | None = frozenset({0})
+    tee: int = 3
+
+    def shows(self, rank: int) -> bool:
+        """True when ``rank``'s output reaches the console."""
+        return self.tee != 0 and (self.shown_ranks is None or rank in self.shown_ranks)
+
+
 def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: int, console: Any,
-              grace_s: float) -> Ended:
+              grace_s: float, output: RankOutput | None = None) -> Ended:
     """Run attempts until success, a signal, the deadline, or no restart left (like the operator).
 
     A failure that repeats (same exit code and last log line of the failing rank) on two attempts in
@@ -92,6 +113,7 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
     module name, a bad argument) and every restart up to ``backoffLimit`` would repeat it.
     """
     job = planned.job
+    output = output or RankOutput(log_dir=workdir)
     checkpoint_dir = str((workdir / "checkpoints").resolve()) if job.training.checkpoint_path else ""
     limit_s = job.run_policy.active_deadline_seconds
     deadline_s = None if limit_s is None else time.monotonic() + limit_s
@@ -103,7 +125,7 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
             env[envnames.RESTART_GENERATION] = env[envnames.TORCHELASTIC_RESTART_COUNT] = str(attempt)
         started_s = time.time()
         outcome, cause = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
-                                  grace_s=grace_s, deadline_s=deadline_s)
+                                  grace_s=grace_s, deadline_s=deadline_s, output=output)
         if outcome.deadline_exceeded:
             console.print(f"[red]Job failed[/]: DeadlineExceeded (spec.runPolicy."
                           f"activeDeadlineSeconds={limit_s})")
@@ -111,7 +133,7 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
         if outcome.exit_code == 0 or outcome.signal_received is not None:
             return Ended(outcome=outcome)
         progressed = _stepped_since(workdir, len(envs), started_s)
-        failure = _failure_signature(workdir, outcome)
+        failure = _failure_signature(output.log_dir, outcome)
         if not progressed and failure is not None and failure == last_failure:
             reason = ("it failed the same way twice before any step completed; a restart would "
                       "fail again, so the run stops here instead of retrying up to backoffLimit "
@@ -152,13 +174,13 @@ def _stepped_since(workdir: Path, world: int, since_s: float) -> bool:
     return False
 
 
-def _failure_signature(workdir: Path, outcome: procs.Outcome) -> tuple[int, str] | None:
+def _failure_signature(log_dir: Path, outcome: procs.Outcome) -> tuple[int, str] | None:
     """(exit code, last non-empty line the failed rank printed in this attempt); None when no
     rank failed. The rank is left out: when every rank fails alike, which one is seen first varies."""
     r = outcome.failed_index
     if r is None:
         return None
-    text = procs.tail(workdir / f"rank-{r}.log", lines=200)
+    text = procs.tail(log_dir / f"rank-{r}.log", lines=200)
     attempt_lines = text.rsplit(ATTEMPT_MARK, 1)[-1].splitlines()[1:]
     last = next((line.strip() for line in reversed(attempt_lines) if line.strip()), "")
     return (outcome.exit_code, last)
@@ -190,9 +212,9 @@ def render_envs(planned: Planned, *, port_base: int, checkpoint_dir: str, workdi
 
 
 def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, console: Any,
-             attempt: int, grace_s: float, deadline_s: float | None
+             attempt: int, grace_s: float, deadline_s: float | None, output: RankOutput
              ) -> tuple[procs.Outcome, failures.RankFailure | None]:
-    """Start every rank, show progress and rank 0's output, wait.
+    """Start every rank, show progress and the shown ranks' output, wait.
 
     Returns:
         The outcome (its ``failed_index`` and ``exit_code`` those of the rank that started the
@@ -200,26 +222,34 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
     """
     import subprocess
 
-    logs = [workdir / f"rank-{r}.log" for r in range(len(envs))]
+    output.log_dir.mkdir(parents=True, exist_ok=True)
+    logs = [output.log_dir / f"rank-{r}.log" for r in range(len(envs))]
     files = [procs.open_log(p) for p in logs]
     for f in files:
         f.write(f"{ATTEMPT_MARK}{attempt} ---\n".encode())
+    shown = [output.shows(r) for r in range(len(envs))]
     try:
-        gang = procs.Gang(argv, envs, stdouts=[subprocess.PIPE] + files[1:],
-                          stderrs=[subprocess.STDOUT] + files[1:], cwd=os.getcwd())
+        gang = procs.Gang(argv, envs, stdouts=[subprocess.PIPE if s else f for s, f in zip(shown, files)],
+                          stderrs=[subprocess.PIPE if s else f for s, f in zip(shown, files)],
+                          cwd=os.getcwd())
     except OSError as exc:
         console.print(f"[red]cannot start {argv[0]!r}: {exc}[/]")
         for f in files:
             f.close()
         return (procs.Outcome(exit_code=127, failed_index=0),
                 failures.RankFailure(rank=0, exit_code=127, error=str(exc), collateral=False))
-    view = _ProgressView(console, workdir)
-    echo = threading.Thread(target=_echo, args=(gang.procs[0].stdout, files[0], view), daemon=True)
-    echo.start()
+    view = _ProgressView(console, workdir, log_dir=output.log_dir)
+    echoes = [threading.Thread(target=_echo, args=(stream, files[r], view, r, bool(output.tee & bit)),
+                               daemon=True)
+              for r, p in enumerate(gang.procs) if shown[r]
+              for stream, bit in ((p.stdout, 1), (p.stderr, 2))]
+    for echo in echoes:
+        echo.start()
     try:
         with view, procs.forwarding_signals(gang):
             outcome = gang.wait(on_tick=view.tick, grace_s=grace_s, deadline_s=deadline_s)
-        echo.join(timeout=5)
+        for echo in echoes:
+            echo.join(timeout=5)
     finally:
         for f in files:
             f.close()
@@ -264,24 +294,26 @@ def _this_attempt(log: Path) -> str:
     return text.rsplit(ATTEMPT_MARK, 1)[-1].partition("\n")[2]
 
 
-def _echo(stream: IO[bytes] | None, log: IO[bytes], view: _ProgressView) -> None:
-    """Copy rank 0's output to its log and to the console, line by line."""
+def _echo(stream: IO[bytes] | None, log: IO[bytes], view: _ProgressView, rank: int,
+          show: bool) -> None:
+    """Copy one stream of a rank to its log and, when ``show``, to the console, line by line."""
     if stream is None:
         return
     for line in iter(stream.readline, b""):
         log.write(line)
-        view.print(line.decode(errors="replace").rstrip("\n"))
+        if show:
+            view.print(line.decode(errors="replace").rstrip("\n"), rank)
     stream.close()
 
 
 class _ProgressView:
     """A rich progress bar fed by rank 0's ``rank-0.json``; prints lines above it."""
 
-    def __init__(self, console: Any, workdir: Path) -> None:
+    def __init__(self, console: Any, workdir: Path, *, log_dir: Path | None = None) -> None:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn)
 
-        self.workdir = workdir
+        self.workdir, self.log_dir = workdir, log_dir or workdir
         self.progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("steps  loss {task.fields[loss]}"),
                                  TimeElapsedColumn(), console=console, transient=False)
@@ -319,12 +351,12 @@ class _ProgressView:
             with self._lock:
                 self.progress.console.print(
                     f"[yellow]No step finished for {STALL_WARN_S:.0f} s[/] (ranks may be waiting "
-                    f"for each other in a collective); see {self.workdir}/rank-*.log, Ctrl-C stops.")
+                    f"for each other in a collective); see {self.log_dir}/rank-*.log, Ctrl-C stops.")
 
-    def print(self, line: str) -> None:
-        """Print a line of rank 0's output above the bar."""
+    def print(self, line: str, rank: int = 0) -> None:
+        """Print a line of a rank's output above the bar, prefixed ``rank <r> |``."""
         with self._lock:
-            self.progress.console.print(f"[dim]rank 0 |[/] {_escape(line)}")
+            self.progress.console.print(f"[dim]rank {rank} |[/] {_escape(line)}")
 
 
 def _escape(text: str) -> str:
