@@ -1,5 +1,6 @@
-"""Session fixtures of the real-control-plane tests: one cluster (etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, local kubelet) per session, Kueue on first use, one
+"""Fixtures of the real-control-plane tests: one cluster (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, local kubelet) for this package, stopped when its last
+test is done (package scope: the rest of the suite runs without it), Kueue on first use, one
 operator in process.  The binaries come from scripts/build-controlplane.sh: if they cannot be
 built, every test here errors (no skip)."""
 
@@ -12,20 +13,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from realcluster import RealCluster  # noqa: E402
-
-from hetero_operator.api.settings import OperatorConfig  # noqa: E402
-
-CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
-                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
-                        unschedulable_retry_s=1.0,
-                        # an int: the real API server refuses ``timeoutSeconds=300.0`` (400 BadRequest)
-                        watch_server_timeout_s=300)
+from realcluster import CONFIG, RealCluster  # noqa: E402
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
-    """The session's real control plane (no operator)."""
+    """This package's real control plane (no operator)."""
     cluster = RealCluster(tmp_path_factory.mktemp("realcluster"))
     try:
         cluster.start()
@@ -34,15 +27,15 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
         cluster.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(real: RealCluster) -> RealCluster:
-    """The cluster with the operator running (kopf in process, :data:`CONFIG`)."""
+    """The cluster with the operator running (kopf in process, ``realcluster.CONFIG``)."""
     if real._operator is None:
         real.start_operator(CONFIG)
     return real
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kueue(operator: RealCluster) -> RealCluster:
     """The cluster with Kueue's manager running too (started once, on first use)."""
     operator.start_kueue()

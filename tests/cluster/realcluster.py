@@ -20,6 +20,7 @@ import kubernetes
 import yaml
 from waiting import wait_until
 
+from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.local import controlplane
 from hetero_operator.local.controlplane import Options
 from hetero_operator.local.kubeapi import Api
@@ -28,6 +29,10 @@ from hetero_operator.local.kubelet import LocalKubelet
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "heterotrain.io", "v1alpha1", "heterotrainingjobs"
 SPARE = "node-t4-b"
+CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
+                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
+                        unschedulable_retry_s=1.0)
+"""The in-process operator's settings (tests/operator/test_e2e.py's)."""
 GRACE_S = 10
 """The node lifecycle controller's grace (seconds) in the test cluster; leases renew every 1 s."""
 
@@ -60,7 +65,8 @@ class RealCluster:
 
     def start(self) -> RealCluster:
         self.state = controlplane.start(self.dir, self.bins, Options(node_monitor_grace_s=GRACE_S))
-        os.environ["KUBECONFIG"] = self.state["kubeconfig"]
+        self._old_kubeconfig = os.environ.get("KUBECONFIG")
+        os.environ["KUBECONFIG"] = self.state["kubeconfig"]  # kopf's login reads it (runner.login)
         cfg = kubernetes.client.Configuration()
         kubernetes.config.load_kube_config(config_file=self.state["kubeconfig"], client_configuration=cfg)
         self.client = kubernetes.client.ApiClient(cfg)
@@ -110,6 +116,10 @@ class RealCluster:
             self.loop.call_soon_threadsafe(self._kubelet_task.cancel)
             self._kubelet_thread.join(30)
         controlplane.stop(self.dir)
+        if getattr(self, "_old_kubeconfig", None) is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = self._old_kubeconfig
 
     def on_kubelet(self, coro: Any, timeout_s: float = 30) -> Any:
         """Run a coroutine on the kubelet's loop; returns its result."""

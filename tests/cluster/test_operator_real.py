@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
-from realcluster import GRACE_S, GROUP, PLURAL, REPO, SPARE, VERSION, RealCluster
+from realcluster import CONFIG, GRACE_S, GROUP, PLURAL, REPO, SPARE, VERSION, RealCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -140,7 +140,6 @@ def test_operator_restart_mid_job_creates_no_duplicates(cluster: RealCluster) ->
     cluster.wait_for(lambda: cluster.phase("steady", ns) == "Running", 60, "Running")
     uids = {p["metadata"]["uid"] for p in cluster.pods(ns)}
     cluster.stop_operator()
-    from conftest import CONFIG
     cluster.start_operator(CONFIG)
     job = cluster.finished("steady", ns, 60)
     assert job["status"]["phase"] == "Succeeded" and job["status"]["attempt"] == 1
