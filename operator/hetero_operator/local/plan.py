@@ -25,7 +25,8 @@ from hetero_operator.api.quantities import gib
 from hetero_operator.api.settings import DEFAULT_IMAGES
 from hetero_operator.api.spec import KIND, JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Plan, Unschedulable, to_dict
-from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.cluster.inventory import build_inventory, used_resources
+from hetero_operator.planning.placement import restrict_to_template
 from hetero_operator.local import valueview
 from hetero_operator.planning.plan import plan_job
 
@@ -65,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"heterotrain plan: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)
-    result = plan_job(job, build_inventory(nodes, pods), inputs=inputs)
+    inventory = restrict_to_template(build_inventory(nodes, pods), nodes, job.worker.template,
+                                     used=used_resources(pods))
+    result = plan_job(job, inventory, inputs=inputs)
     notes = [*notes, *plan_notes(result, job)]
     if args.output == "json":
         print(json.dumps({**to_dict(result), "notes": notes}, indent=2, sort_keys=True))
@@ -219,9 +222,9 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
         table = Table(title=f"Plan for {job.name}: {_n(result.world_size, 'rank')} on "
                             f"{_n(len(result.nodes), 'node')}, {_n(len(result.groups), 'group')}")
         for col in ("rank", "group", "node", "device", "resource", "image", "precision", "batch",
-                    "share"):
-            table.add_column(col, overflow="fold",
-                             justify="right" if col in ("rank", "group", "batch", "share") else "left")
+                    "speed %"):  # the rank's speed / the job's summed speed (not its batch's)
+            table.add_column(col, overflow="fold", justify="right" if col in (
+                "rank", "group", "batch", "speed %") else "left")
         for r in result.ranks:
             env = result.groups[r.group].extra_env
             device = r.gpu_type + (f" [{', '.join(f'{k}={v}' for k, v in env.items())}]" if env else "")

@@ -155,8 +155,9 @@ def print_report(console: Any, *, rows: Sequence[RankRow | None], result: Mappin
         return _print_no_statistics(console, len(rows), result, exit_code, verdict=verdict)
     console.print(_table(rows, initial_batches))
     total = sum(r.samples_per_s for r in known if not math.isnan(r.samples_per_s))
-    console.print(f"Throughput: {total:.1f} samples/s over {len(known)} ranks; "
-                  f"wall time {elapsed_s:.1f} s", highlight=False)
+    console.print(f"Throughput: {total:.1f} samples/s over {len(known)} ranks, over the training "
+                  f"steps only; wall time {elapsed_s:.1f} s, which also counts process start-up, "
+                  "rendezvous and evaluation", highlight=False)
     efficiency = next((r.job_efficiency_ratio for r in known if r.rank == 0), math.nan)
     console.print(f"Efficiency: {_num(efficiency, '{:.1%}')} of the devices' standalone capacity "
                   "(htj_job_efficiency_ratio, last window of rank 0: job samples/s over the sum of "
@@ -251,7 +252,9 @@ def _print_no_statistics(console: Any, world: int, result: Mapping[str, Any] | N
         f"[yellow]No rank reported statistics[/] ({world} ranks): the worker does not use "
         "hetero_worker's Trainer, so it ran as plain DDP with its own batches and no heterogeneous "
         "balancing happened: the plan's split and expected speed-up were not applied. To use them, "
-        "port the script as docs/torchrun.md shows (seven lines).", highlight=False)
+        "port the script as docs/torchrun.md shows (seven lines). Its wall time is not comparable "
+        "with a ported run's: only the Trainer simulates the planned GPUs (the delay of batch / "
+        "speed), so a plain script runs at this CPU's own speed.", highlight=False)
     _print_result(console, result)
     line = "Job [green]succeeded[/] as plain DDP (no heterogeneous balancing)"
     if verdict:

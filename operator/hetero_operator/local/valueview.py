@@ -77,7 +77,9 @@ def print_value(value: PlanValue | None, console: Any, *, profile: str = "") -> 
     priced = any(t.price_per_hour is not None for t in value.types)
     table = Table(title=f"Per GPU type ({unit}; profile {profile or '-'}): what each adds to the "
                         "job, from the planner's step-time model")
-    cols = ["GPU type", "devices", "speed", "from", "per device", "share", "adds", "gain", "comm."]
+    # "batch share": the type's share of the global batch per step (share_of_step)
+    cols = ["GPU type", "devices", "speed", "from", "per device", "batch share", "adds", "gain",
+            "comm."]
     if priced:
         cols += ["price/h", "cost/M samples"]
     for col in cols:
