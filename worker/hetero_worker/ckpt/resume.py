@@ -164,7 +164,7 @@ def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,
     if state["resumed_same_plan"]:
         split = [int(b) for b in state["split"] or current["split"]]
         if split != list(trainer.local_batches):
-            _apply_split(trainer, split)
+            trainer.set_split(split, rebalance=False)  # the saved (rebalanced) split
     elif rank == 0:
         data = state["data"] or {}
         _log(rank, f"resume_replanned: step {state['step']}, world {saved.get('world_size')} -> "
@@ -174,18 +174,6 @@ def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,
     _restore_compression(trainer, state, current)
     trainer.global_step = int(state["step"])
     return True
-
-
-def _apply_split(trainer: Any, split: list[int]) -> None:
-    """Use the saved (rebalanced) split without counting it as a rebalance."""
-    trainer.local_batches = split
-    trainer.sync.set_split(split)
-    if trainer.sampler is not None:
-        trainer.sampler.set_split(split)
-    rebalancer = getattr(trainer.speed, "rebalancer", None)
-    if rebalancer is not None:
-        rebalancer.split = list(split)
-    trainer.metrics.set_local_batch(trainer.local_batch)
 
 
 def _restore_compression(trainer: Any, state: Mapping[str, Any],
