@@ -151,3 +151,25 @@ def test_kueue_wait_for_pods_ready_evicts_a_workload_whose_pods_never_start(queu
     assert evicted["reason"] == "PodsReadyTimeout", (evicted, (cl.job("stuck", ns) or {}).get("status"))
     cl.wait_for(lambda: cl.pods(ns) == [], 60, "no pod left")
     cl.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "stuck")
+
+
+def test_kueue_never_admits_a_gpu_type_to_a_flavor_whose_node_labels_contradict_it(queues: RealCluster) -> None:
+    """The stand-in test admitted the T4 pod set to the A100 flavor (the operator then refuses with
+    FlavorMismatch); real Kueue checks the pod set's nodeSelector against the flavor's nodeLabels
+    and leaves the Workload pending: no pods, the job waits for admission."""
+    cl = queues
+    cl.idle()
+    apply(cl, kobj("ClusterQueue", "a100-only-cq", {
+        "namespaceSelector": {}, "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 8}]}]}]}))
+    cl.wait_for(lambda: _cq_active(cl, "a100-only-cq"), 60, "ClusterQueue Active")
+    ns = cl.namespace("kq-mismatch")
+    local_queue(cl, ns, "a100-q", "a100-only-cq")
+    cl.apply(queued("mismatch", "a100-q", "pass"), ns)
+    pending = cl.wait_for(lambda: wl_cond(workload(cl, ns), "QuotaReserved").get("reason") == "Pending"
+                          and wl_cond(workload(cl, ns), "QuotaReserved"), 60, "Kueue's verdict")
+    assert pending["status"] == "False" and "tesla-t4" in pending["message"], pending
+    assert "didn't match" in pending["message"] or "doesn't match" in pending["message"], pending
+    assert cl.pods(ns) == []
+    assert job_cond(cl, "mismatch", ns, "Suspended").get("reason") == "WaitingForAdmission"
+    cl.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "mismatch")

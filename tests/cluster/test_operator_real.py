@@ -319,3 +319,18 @@ def test_a_job_whose_name_is_no_dns_1035_label_fails_with_a_reason(cluster: Real
     finally:
         cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "7b-sft")
         cluster.wait_for(lambda: cluster.pods(ns) == [], 60, "no pod left")
+
+
+def test_a_limit_range_defaults_the_worker_pods_resources_and_the_job_runs(cluster: RealCluster) -> None:
+    """The real LimitRanger admission plugin fills in requests the operator did not set."""
+    ns = cluster.namespace("limits")
+    cluster.core.create_namespaced_limit_range(ns, {"metadata": {"name": "defaults"}, "spec": {"limits": [
+        {"type": "Container", "defaultRequest": {"cpu": "100m", "memory": "64Mi"},
+         "default": {"cpu": "1", "memory": "1Gi"}}]}})
+    cluster.apply(script("limited", "pass"), ns)
+    job = cluster.finished("limited", ns, 60)
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    pod = cluster.core.read_namespaced_pod("limited-g0", ns)
+    assert pod.spec.containers[0].resources.requests["cpu"] == "100m"
+    assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
+    assert "LimitRanger plugin set" in (pod.metadata.annotations or {}).get("kubernetes.io/limit-ranger", "")
