@@ -68,7 +68,9 @@ def trainer_run() -> tuple[object, dict]:
         "ddp_size": dist.get_world_size(t.groups.ddp_group),
         "live_groups": len(c10d._world.pg_map),
         # pg_map holds the groups this rank is a member of: the default one and its layout's
-        "expected_live": 1 + sum(t.rank in g.ranks for g in t.groups.plan.to_create()),
+        # (plus, on a hierarchy, the pipeline's broadcast copy of its own group)
+        "expected_live": 1 + sum(t.rank in g.ranks for g in t.groups.plan.to_create())
+        + (t.groups.intra_bcast is not None),
         "created_by_trainer": list(CREATED),
         "destroyed_by_trainer": len(DESTROYED),
     }

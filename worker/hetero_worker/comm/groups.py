@@ -4,7 +4,9 @@
 every group, in the same order, including the groups it is not a member of; otherwise init hangs
 (case 16; pytorch/pytorch#81291, sgl-project/sglang#15805). :func:`build_process_groups` therefore
 walks the plan's full, identically ordered group list on every rank: first each intra group, then
-the leaders' group.
+the leaders' group, then (hierarchical layouts only) a broadcast copy of each intra group of two
+or more ranks (same ranks and backend, so the communicator rule holds for it as for its original;
+the pipelined hierarchy broadcasts on it, :mod:`hetero_worker.comm.pipeline`).
 
 Backends come from :func:`hetero_worker.comm.commplan.plan_communicators` (the communicator rule: NCCL
 only inside one GPU type and PyTorch build, Gloo for everything that crosses; the default group is
@@ -33,7 +35,8 @@ IDENTITY_BYTES = 256
 
 
 def _new_group(ranks: Sequence[int], backend: str) -> Any:
-    return dist.new_group(ranks=list(ranks), backend=backend)
+    from hetero_worker.runtime.rendezvous import collective_timeout  # the job's training timeout
+    return dist.new_group(ranks=list(ranks), backend=backend, timeout=collective_timeout())
 
 
 @dataclass(kw_only=True)
@@ -53,6 +56,10 @@ class ProcessGroups:
         plan: the communicator plan carried out (backends of every group).
         intra_backend: backend of ``intra`` (``"nccl"`` or ``"gloo"``).
         ddp_group: the group DDP is built on (``plan.ddp``).
+        intra_bcast: a second process group over ``intra_ranks`` (same backend) for the
+            in-group broadcast of the pipelined hierarchy (:mod:`hetero_worker.comm.pipeline`),
+            so a bucket's broadcast and a later bucket's reduce are in flight together; None on
+            flat layouts and for a group of one rank.
         created: every group this call created (member or not), for :meth:`destroy`.
     """
 
@@ -66,6 +73,7 @@ class ProcessGroups:
     plan: CommPlan | None = None
     intra_backend: str = GLOO
     ddp_group: Any = None
+    intra_bcast: Any | None = None
     created: list[Any] = field(default_factory=list)
 
     @property
@@ -128,6 +136,13 @@ def build_process_groups(layout: GroupLayout | CommPlan, rank: int, *,
         pg = make(group.ranks, group.backend)
         made[(group.role, group.ranks)] = pg
         created.append(pg)
+    bcast: dict[tuple[int, ...], Any] = {}
+    if not plan.layout.is_flat:  # the pipeline's in-group broadcast groups, same order everywhere
+        for group in plan.intra:
+            if group is not plan.world and len(group.ranks) > 1:
+                pg = make(group.ranks, group.backend)
+                bcast[group.ranks] = pg
+                created.append(pg)
     mine = plan.intra_of(rank)
     intra = dist.group.WORLD if mine is plan.world else made[("intra", mine.ranks)]
     leaders = None
@@ -139,7 +154,8 @@ def build_process_groups(layout: GroupLayout | CommPlan, rank: int, *,
         intra_crosses=_crosses(mine.ranks, topology_group_of),
         leaders_cross=(plan.leaders is not None
                        and _crosses(plan.leaders.ranks, topology_group_of)),
-        plan=plan, intra_backend=mine.backend, ddp_group=ddp_group, created=created)
+        plan=plan, intra_backend=mine.backend, ddp_group=ddp_group,
+        intra_bcast=bcast.get(mine.ranks), created=created)
 
 
 def torch_build() -> str:

@@ -10,19 +10,16 @@ gradient is weighted by ``b_r / B`` and the weighted gradients are *summed*:
 hook weights the bucket and reduces it hierarchically (reduce in the group, all-reduce among the
 leaders, broadcast in the group; :func:`hetero_worker.comm.groups.hierarchical_all_reduce_`).
 
-Why no ``Future.then`` chain of collectives: chaining the three collectives through future
-callbacks can deadlock on Gloo in torch 2.13 (its own PowerSGD hook does on CPU). Where a bucket's
-collectives depend on each other (a group leader: its all-reduce among the leaders needs the
-in-group reduce's result, its broadcast that all-reduce's), they run *blocking*, one after
-another, on a single communication thread owned by the sync object (buckets are queued in DDP's
-order, which is the same on every rank, so every rank issues the same collectives in the same
-order). The hook returns a future that the thread completes, so the autograd thread keeps
-computing the next buckets' gradients meanwhile: DDP's overlap is kept. Where nothing waits for
-anything (a flat layout: one all-reduce; a non-leader: its reduce to the leader and the leader's
-broadcast, which it only receives), the hook issues the collectives itself as async work and
-returns their future, as torch's own ``allreduce_hook`` does (``.then`` only unwraps the result,
-it issues nothing): no thread hop, no Python wake-up between collectives (issue 11: the forced
-flat hook cost 1.16x plain DDP through the thread). With ``overlap=False`` the hook runs the
+CPU buckets of a hierarchical layout go through the pipelined hierarchy
+(:mod:`hetero_worker.comm.pipeline`): the in-group reduce, the leaders' exchange and the in-group
+broadcast run on three process groups, each started from the previous stage's completion in
+DDP's bucket order, so the exchange of bucket ``k`` is in flight while backward produces bucket
+``k + 1`` and bucket ``k - 1`` is broadcast. A flat layout's hook issues its one all-reduce
+itself as async work and returns the future, as torch's own ``allreduce_hook`` does. CUDA
+buckets of a hierarchy run the three collectives *blocking*, one after another, on a single
+communication thread owned by the sync object (queued in DDP's order, the same on every rank),
+which synchronises the host copies Gloo needs; the hook returns a future the thread completes.
+With ``overlap=False`` the hook runs the
 collectives on the autograd thread and returns a completed future (simplest, no overlap).
 
 Flat fast path: when the layout is a single group, :meth:`WeightedGradSync.register` installs no
@@ -62,6 +59,7 @@ import torch.distributed as dist
 from hetero_worker.comm.collectives import flat_reduce_
 from hetero_worker.comm.commplan import GLOO
 from hetero_worker.comm.groups import ProcessGroups, hierarchical_all_reduce_
+from hetero_worker.comm.pipeline import HierarchyPipeline
 
 HIERARCHICAL_BUCKET_CAP_MB = 25.0
 """DDP bucket cap on hierarchical layouts, given explicitly (see :meth:`WeightedGradSync.ddp_options`)."""
@@ -106,6 +104,7 @@ class WeightedGradSync:
         self.inter_group_bytes = 0
         self._bytes_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
+        self._pipeline: HierarchyPipeline | None = None
         self.weight_in_loss = False
         self.local_batches: tuple[int, ...] = ()
         self.weight = 1.0
@@ -199,36 +198,42 @@ class WeightedGradSync:
         self._executor.submit(run)
         return future
 
+    def pipeline(self) -> HierarchyPipeline:
+        """This rank's :class:`~hetero_worker.comm.pipeline.HierarchyPipeline` over the current
+        groups (made on first use; hierarchical layouts only)."""
+        if self._pipeline is None or self._pipeline.groups is not self.groups:
+            if self._pipeline is not None:
+                self._pipeline.close()
+            self._pipeline = HierarchyPipeline(self.groups, self.count_inter_group_bytes)
+        return self._pipeline
+
+    def pipelined(self, flat: torch.Tensor) -> bool:
+        """True when ``flat`` goes through the pipelined hierarchy: overlap on, a hierarchical
+        layout, a CPU buffer (CUDA buckets keep the blocking chain on the communication thread)."""
+        return self.overlap and not self.groups.layout.is_flat and flat.device.type == "cpu"
+
     def _direct_future(self, flat: torch.Tensor) -> torch.futures.Future[torch.Tensor] | None:
         """The bucket's reduction issued right here as asynchronous collectives, or None.
 
-        Used where no collective of the bucket has to wait for another one's result, so nothing
-        needs the communication thread: a flat layout (one all-reduce, as torch's own
-        ``allreduce_hook`` issues it) and a non-leader of a hierarchical layout (its reduce to the
-        leader and the leader's broadcast back are both issued now; the broadcast lands in a
-        separate buffer, so it never races the reduce, which gloo may run on another of its
-        threads). Every rank issues its group's collectives in DDP's bucket order, the order the
-        leader's communication thread follows, so they pair up. Only for CPU tensors on Gloo
-        groups without a reducer (a codec or the rebalancer's piggyback stay on the thread).
+        A flat layout: one all-reduce, as torch's own ``allreduce_hook`` issues it. A CPU bucket
+        of a hierarchical layout: the pipelined hierarchy (:meth:`pipeline`: in-group reduce,
+        leaders' all-reduce and in-group broadcast on three process groups, each started when its
+        input is ready, so buckets overlap each other and backward). Every rank submits in DDP's
+        bucket order, so the collectives pair up. Only for CPU tensors on Gloo groups without a
+        reducer (a reducer submits to the pipeline itself, with its codec and piggyback).
         """
         groups = self.groups
         if (self.reducer is not None or flat.device.type != "cpu"
                 or groups.intra_backend != GLOO):
             return None
-        nbytes = flat.numel() * flat.element_size()
         if groups.layout.is_flat:
+            nbytes = flat.numel() * flat.element_size()
             flat.mul_(self.weight)
             work = dist.all_reduce(flat, group=groups.intra, async_op=True)
             self.count_inter_group_bytes(nbytes if groups.intra_crosses else 0)
             return work.get_future().then(_first_tensor)
-        if groups.is_leader:
-            return None
         flat.mul_(self.weight)
-        dist.reduce(flat, dst=groups.leader, group=groups.intra, async_op=True)
-        self.count_inter_group_bytes(nbytes if groups.intra_crosses else 0)
-        out = torch.empty_like(flat)
-        work = dist.broadcast(out, src=groups.leader, group=groups.intra, async_op=True)
-        return work.get_future().then(_first_tensor)
+        return self.pipeline().submit(flat)
 
     def mark_ready(self) -> None:
         """Record that a gradient just became ready (a bucket reached the hook, or backward's
@@ -267,7 +272,10 @@ class WeightedGradSync:
         self.last_ready_s = 0.0
 
     def close(self) -> None:
-        """Stop the communication thread (idempotent)."""
+        """Stop the communication threads (idempotent)."""
+        if self._pipeline is not None:
+            self._pipeline.close()
+            self._pipeline = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from hetero_worker.comm.groups import hierarchical_all_reduce_
 from hetero_worker.comm.sync import device_future
+from hetero_worker.speed.bucket_codecs import codec_for_bucket
 from hetero_worker.speed.codec import InterGroupCodec
 from hetero_worker.speed.codecs import CompressionConfig, make_codec
 from hetero_worker.speed.hierarchy import measure_and_choose
@@ -82,6 +83,11 @@ class CodecReducer:
     (:meth:`install` calls ``sync.use_reducer``), so the sync's communication thread, overlap and
     wait accounting stay as they are; its DDP hook passes each bucket's parameter shapes along
     (PowerSGD needs the matrices).
+
+    CPU buckets of a hierarchical layout go through the sync's pipelined hierarchy
+    (:meth:`submit_pipelined`): each bucket on its own, the codec in the pipeline's exchange
+    stage, its state kept per bucket identity (the bucket's parameters) across DDP's bucket
+    rebuilds (:mod:`hetero_worker.speed.bucket_codecs`). Elsewhere (CUDA buckets):
 
     With PowerSGD the step's buckets are reduced in **one exchange** (:meth:`stash`): the hook
     keeps each bucket until DDP hands over the last one, then one reduction of all of them runs
@@ -194,6 +200,53 @@ class CodecReducer:
             self.sync.submit(flat, [shape for b in buckets for shape in b[1]], 0)
         return future
 
+    def submit_pipelined(self, buffer: torch.Tensor, shapes: Sequence[torch.Size],
+                         keys: Sequence[int] | None) -> Any:
+        """One bucket through the sync's pipelined hierarchy; a future of its reduced buffer.
+
+        The bucket is weighted, the pending stats ride along exactly, and a codec (if any) runs
+        on this bucket alone in the pipeline's exchange stage, with its state found by the
+        bucket's parameters (:func:`hetero_worker.speed.bucket_codecs.codec_for_bucket`), so it
+        survives DDP's bucket rebuild.
+
+        Args:
+            buffer: the bucket's flat CPU gradient buffer.
+            shapes: its parameters' shapes, in buffer order.
+            keys: its parameters' indices in ``model.parameters()`` (needed with a codec).
+
+        Raises:
+            ValueError: a codec is on and ``keys`` is unknown.
+        """
+        sync = self.sync
+        sync.mark_ready()
+        buffer.mul_(sync.weight)
+        stats, self.pending = self.pending, None
+        exchange = None
+        if self.compression.mode != "none":
+            if keys is None:
+                raise ValueError("a codec in the pipeline needs the bucket's parameter indices")
+            shapes, keys = list(shapes), tuple(keys)
+            exchange = lambda wire, n: self._exchange_bucket(wire, n, shapes, keys)  # noqa: E731
+        return sync.pipeline().submit(buffer, extra=stats, exchange=exchange,
+                                      on_extra=self._set_merged)
+
+    def _set_merged(self, summed: torch.Tensor) -> None:
+        self.merged = summed.float().clone()
+
+    def _exchange_bucket(self, wire: torch.Tensor, n: int, shapes: Sequence[torch.Size],
+                         keys: tuple[int, ...]) -> int:
+        """The pipeline's exchange stage with the codec of this bucket (a leader, blocking)."""
+        codec = codec_for_bucket(self.codecs, keys, self.param_numels,
+                                 lambda seed: make_codec(self.compression, seed=seed))
+        views, offset = [], 0
+        for shape in shapes:
+            views.append(wire[offset:offset + shape.numel()].view(shape))
+            offset += shape.numel()
+        before = codec.bytes_sent
+        codec.allreduce_(views, self.sync.groups.leaders,
+                         exact=wire[n:] if wire.numel() > n else None)
+        return codec.bytes_sent - before if self.sync.groups.leaders_cross else 0
+
     def reduce_views_(self, flat: torch.Tensor, shapes: Sequence[torch.Size] | None,
                       key: int = 0) -> torch.Tensor:
         """Weight ``flat`` and SUM it over all ranks in place; ``shapes`` split it for PowerSGD.
@@ -284,6 +337,9 @@ def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
     params = bucket.parameters()
     keys = (tuple(reducer.param_index.get(id(p), -1) for p in params)
             if reducer.param_index else None)
+    buffer = bucket.buffer()
+    if reducer.sync.pipelined(buffer) and (reducer.compression.mode == "none" or keys is not None):
+        return reducer.submit_pipelined(buffer, [p.shape for p in params], keys)
     if reducer.one_exchange:  # the step's buckets in one reduction (CodecReducer.stash)
         return reducer.stash(bucket.buffer(), [p.shape for p in params], keys, bucket.is_last())
     if keys is not None:
@@ -330,6 +386,7 @@ class SpeedController:
         """Called by ``Trainer.wrap`` before DDP is built: with ``auto``, measure the links, pick
         the layout and switch the trainer to it (collective)."""
         self.reducer.param_index = {id(p): i for i, p in enumerate(model.parameters())}
+        self.reducer.param_numels = [p.numel() for p in model.parameters()]
         if self.trainer.contract.hierarchy != "auto":
             return
         grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
