@@ -199,7 +199,8 @@ class Reconciler:
         if kueue.queue_name(job) and st.job_state(status).phase not in c.FINISHED_PHASES:
             gate = await self.kueue.check(job, spec, lambda: self._plan(spec, capacity=True)[0])
         decision = lc.decide(st.job_state(status), gate.policy(spec) if gate else spec.run_policy,
-                             states, nodes=self._node_health(used, now), now_s=now, timing=self.timing)
+                             states, nodes=self._node_health(used, now), now_s=now, timing=self.timing,
+                             checkpointing=bool(spec.training.checkpoint_path))
         decision = gate.explain(decision) if gate else decision
         log.debug("%s/%s: %s %s (%s) pods=%s", namespace, name, decision.action, decision.phase,
                   decision.reason, [(p.name, p.phase, p.deleting) for p in states])

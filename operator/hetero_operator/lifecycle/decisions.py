@@ -6,7 +6,8 @@ the job).  Rules (issue 4, Kubeflow's run policy; shared/cases/21; issue 10):
 
 * a failed rank pod restarts the *whole* gang (collectives need every rank), counted in
   ``status.restarts`` against ``backoffLimit``, after an exponential delay; past the limit the
-  job fails with ``BackoffLimitExceeded``;
+  job fails with ``BackoffLimitExceeded`` (the one restart policy, shared with ``heterotrain
+  run``: :mod:`hetero_operator.lifecycle.restart`);
 * failures that are not the job's fault restart the gang without counting against
   ``backoffLimit`` (``status.infrastructureRestarts``): a lost node, a node shutdown, an
   eviction or preemption (the pod's ``DisruptionTarget`` condition or ``status.reason``), a pod
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from hetero_operator.api import conditions as c
 from hetero_operator.api.spec import RunPolicy
 from hetero_operator.cluster.nodehealth import NodeHealth
+from hetero_operator.lifecycle import restart
 from heterotrain_common import defaults
 
 # Actions
@@ -189,8 +191,8 @@ class Decision:
 
 
 def backoff_s(restarts: int, timing: Timing) -> float:
-    """Delay before restart number ``restarts`` (1-based): ``base * 2**(restarts-1)``, capped."""
-    return min(timing.backoff_base_s * 2 ** max(restarts - 1, 0), timing.backoff_max_s)
+    """Delay before restart number ``restarts`` (1-based): :func:`restart.backoff_s` of ``timing``."""
+    return restart.backoff_s(restarts, base_s=timing.backoff_base_s, max_s=timing.backoff_max_s)
 
 
 class _Nodes:
@@ -232,7 +234,8 @@ class _Nodes:
 
 
 def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
-           nodes: Mapping[str, NodeHealth] | None, now_s: float, timing: Timing = Timing()) -> Decision:
+           nodes: Mapping[str, NodeHealth] | None, now_s: float, timing: Timing = Timing(),
+           checkpointing: bool = True) -> Decision:
     """Decide the next step of one job.
 
     Args:
@@ -244,6 +247,8 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
             node checks).
         now_s: current time, epoch seconds.
         timing: operator timeouts.
+        checkpointing: the job sets ``spec.training.checkpoint.path`` (a restart resumes from the
+            last checkpoint; without, from step 0: :mod:`hetero_operator.lifecycle.restart`).
 
     Returns:
         The :class:`Decision`.
@@ -281,7 +286,7 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
                         delete_pods=delete, force_delete_pods=force, requeue_s=POLL_DELETING_S)
     if not live:
         return _no_pods(job, now_s)
-    return _with_pods(job, policy, live, now_s=now_s, timing=timing)
+    return _with_pods(job, policy, live, now_s=now_s, timing=timing, checkpointing=checkpointing)
 
 
 def _disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], health: _Nodes,
@@ -397,10 +402,10 @@ def _no_pods(job: JobState, now_s: float) -> Decision:
 
 
 def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
-               now_s: float, timing: Timing) -> Decision:
+               now_s: float, timing: Timing, checkpointing: bool = True) -> Decision:
     failed = [p for p in pods if p.phase == "Failed"]
     if failed:
-        return _on_failure(job, policy, pods, failed, now_s, timing)
+        return _on_failure(job, policy, pods, failed, now_s, timing, checkpointing)
     rank0 = next((p for p in pods if p.first_rank == 0), None)
     if rank0 is not None and rank0.phase == "Succeeded":
         return Decision(action=SUCCEED, phase=c.SUCCEEDED, reason="JobSucceeded",
@@ -426,22 +431,21 @@ def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
 
 
 def _on_failure(job: JobState, policy: RunPolicy, pods: Sequence[PodState],
-                failed: Sequence[PodState], now_s: float, timing: Timing) -> Decision:
+                failed: Sequence[PodState], now_s: float, timing: Timing,
+                checkpointing: bool) -> Decision:
     first = min(failed, key=lambda p: p.first_rank)
     what = f"{first.name} ({first.gpu_type or 'unknown GPU'}) failed" + (
         f": {first.failure}" if first.failure else "")
-    if job.restarts >= policy.backoff_limit:
-        return Decision(action=FAIL, phase=c.FAILED, reason="BackoffLimitExceeded",
-                        message=f"{what}; {job.restarts} restart(s) reached backoffLimit "
-                                f"{policy.backoff_limit}.",
-                        delete_pods=_to_clean(policy, pods))
-    n = job.restarts + 1
-    delay = backoff_s(n, timing)
-    return Decision(action=RESTART, phase=c.RESTARTING, reason="RankFailed",
-                    message=f"{what}; restarting all ranks from the last checkpoint "
-                            f"(restart {n} of {policy.backoff_limit}) in {delay:.0f} s.",
+    verdict = restart.after_failure(restarts=job.restarts, backoff_limit=policy.backoff_limit,
+                                    checkpointing=checkpointing, base_s=timing.backoff_base_s,
+                                    max_s=timing.backoff_max_s)
+    if not verdict.restart:
+        return Decision(action=FAIL, phase=c.FAILED, reason=verdict.reason,
+                        message=f"{what}; {verdict.message}.", delete_pods=_to_clean(policy, pods))
+    return Decision(action=RESTART, phase=c.RESTARTING, reason=verdict.reason,
+                    message=f"{what}; {verdict.message}.",
                     delete_pods=_names(pods), count_restart=True,
-                    restart_not_before_s=now_s + delay, requeue_s=POLL_DELETING_S)
+                    restart_not_before_s=now_s + verdict.delay_s, requeue_s=POLL_DELETING_S)
 
 
 def _replan(reason: str, message: str, pods: Sequence[PodState]) -> Decision:

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from hetero_operator.local import failure as failures
+from hetero_operator.lifecycle import restart
 from hetero_operator.local import valueview
 from hetero_operator.render.env import render_rank_envs
-from heterotrain_common import envnames, procs, rundir
+from heterotrain_common import defaults, envnames, envread, procs, rundir
 
 STALL_WARN_S = 120.0
 """Warn when rank 0's step count has not moved for this many seconds."""
@@ -119,6 +120,7 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
     deadline_s = None if limit_s is None else time.monotonic() + limit_s
     attempt = 0
     last_failure: tuple[int, str] | None = None
+    backoff_base_s, backoff_max_s = backoff_settings(os.environ)
     while True:
         envs = render_envs(planned, port_base=port_base, checkpoint_dir=checkpoint_dir, workdir=workdir)
         for env in envs:  # one restart generation on every rank, as the operator does (case 34)
@@ -140,16 +142,40 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
                       f"{job.run_policy.backoff_limit}")
             return _failed(console, outcome, cause, reason)
         last_failure = None if progressed else failure
-        if not checkpoint_dir or attempt >= job.run_policy.backoff_limit:
-            reason = ("not restarted: no checkpointing (spec.training.checkpoint.path)"
-                      if not checkpoint_dir
-                      else f"backoffLimit {job.run_policy.backoff_limit} reached")
-            return _failed(console, outcome, cause, reason)
+        verdict = restart.after_failure(  # the operator's policy (lifecycle.restart)
+            restarts=attempt, backoff_limit=job.run_policy.backoff_limit,
+            checkpointing=bool(checkpoint_dir),
+            checkpoint_saved=has_checkpoint(Path(checkpoint_dir)) if checkpoint_dir else None,
+            base_s=backoff_base_s, max_s=backoff_max_s)
+        if not verdict.restart:
+            return _failed(console, outcome, cause,
+                           f"backoffLimit {job.run_policy.backoff_limit} reached")
         attempt += 1
-        source = ("the last checkpoint" if has_checkpoint(Path(checkpoint_dir))
-                  else "the start (no checkpoint saved yet)")
-        console.print(f"[yellow]Restarting all ranks from {source}[/] "
-                      f"(restart {attempt} of {job.run_policy.backoff_limit})")
+        console.print(f"[yellow]Restarting all ranks from {verdict.source}[/] "
+                      f"(restart {attempt} of {job.run_policy.backoff_limit}) in "
+                      f"{verdict.delay_s:.0f} s", highlight=False)
+        _wait_backoff(verdict.delay_s, deadline_s)
+
+
+def backoff_settings(environ: Mapping[str, str]) -> tuple[float, float]:
+    """The restart backoff of ``heterotrain run``, seconds: the operator's own settings
+    ``HTJ_BACKOFF_BASE_S`` and ``HTJ_BACKOFF_MAX_S`` (defaults in :mod:`heterotrain_common.defaults`).
+
+    Raises:
+        ContractError: a value is not a number >= 0.
+    """
+    return (envread.seconds_from_env(environ, "HTJ_BACKOFF_BASE_S", default_s=defaults.BACKOFF_BASE_S,
+                                     allow_zero=True),
+            envread.seconds_from_env(environ, "HTJ_BACKOFF_MAX_S", default_s=defaults.BACKOFF_MAX_S,
+                                     allow_zero=True))
+
+
+def _wait_backoff(delay_s: float, deadline_s: float | None) -> None:
+    """Sleep the restart backoff, at most until the deadline (``time.monotonic()``)."""
+    if deadline_s is not None:
+        delay_s = min(delay_s, max(deadline_s - time.monotonic(), 0.0))
+    if delay_s > 0:
+        time.sleep(delay_s)  # sync-ok: the backoff between two attempts; no rank runs
 
 
 def _failed(console: Any, outcome: procs.Outcome, cause: failures.RankFailure | None,
