@@ -64,6 +64,9 @@ _DOCS: dict[str, tuple[type, str]] = {
     mn.JOB_PREDICTION_RATIO: (Gauge, "Rank 0 only: measured job samples/s over the planner's "
                                  "prediction (1 = as predicted; docs/metrics.md)."),
     mn.LOSS: (Gauge, "Training loss of the last step (this rank's local mean)."),
+    mn.PLANNED_STEPS: (Gauge, "Optimizer steps the job takes in all, resumed ones included "
+                              "(absent while the script has not said)."),
+    mn.RESUMED_STEP: (Gauge, "The job step this process resumed at; 0 when it started fresh."),
     mn.GPU_UTILIZATION_RATIO: (Gauge, "GPU busy fraction 0..1 from NVML (whole GPUs only)."),
     mn.GPU_MEMORY_USED_BYTES: (Gauge, "Device memory used by all processes, from NVML, bytes."),
     mn.GPU_MEMORY_TOTAL_BYTES: (Gauge, "Device memory, from NVML, bytes."),
@@ -136,6 +139,7 @@ class WorkerMetrics:
             if isinstance(family, (Counter, Histogram)):
                 self._child(name)
         self.set_local_batch(contract.local_batch_size)
+        self._child(mn.RESUMED_STEP).set(0)
         if self._stats_dir is not None:
             atexit.register(_flush_if_alive, weakref.ref(self))
 
@@ -252,13 +256,16 @@ class WorkerMetrics:
             self._last["memory_cap_bytes"] = int(cap_bytes)
 
     def set_total_steps(self, n: int) -> None:
-        """Tell the progress display how many steps the run will take (optional, not a metric)."""
+        """Say how many optimizer steps the job takes in all (``htj_planned_steps``; the progress
+        bar's and ``status.progress``'s total; optional)."""
+        self._child(mn.PLANNED_STEPS).set(int(n))
         with self._lock:
             self._last["total_steps"] = int(n)
 
     def set_resumed_step(self, step: int) -> None:
-        """The job step this process resumed at (``rank-<R>.json``'s ``resumed_step``; the
-        progress display shows ``resumed_step + steps`` of the total)."""
+        """The job step this process resumed at (``htj_resumed_step``, ``rank-<R>.json``'s
+        ``resumed_step``; progress shows ``resumed_step + steps`` of the total)."""
+        self._child(mn.RESUMED_STEP).set(int(step))
         with self._lock:
             self._last["resumed_step"] = int(step)
 

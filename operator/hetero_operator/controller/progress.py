@@ -71,7 +71,7 @@ class ProgressReader:
         if text is None:
             return {}
         progress = parse_progress(text, global_batch)
-        return {} if progress is None else {"progress": progress_status(progress, now_s)}
+        return {} if progress is None else {"progress": progress_status(progress, now_s, global_batch)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,7 +79,10 @@ class Progress:
     """Rank 0's training progress.
 
     Attributes:
-        step: optimizer steps completed (``htj_steps_total``).
+        step: the job's optimizer steps completed (``htj_resumed_step + htj_steps_total``: a
+            resumed process counts from its checkpoint's step).
+        total_steps: the steps the job takes in all (``htj_planned_steps``); None when the script
+            has not said.
         samples_per_s: global throughput, samples/s: rank 0's last-step throughput
             (``htj_throughput_samples_per_second``) scaled by global / local batch (ranks step
             together, so every rank's step time is the global step time).
@@ -91,6 +94,7 @@ class Progress:
     """
 
     step: int
+    total_steps: int | None = None
     samples_per_s: float
     loss: float | None = None
     efficiency: float | None = None
@@ -104,22 +108,36 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
         for sample in family.samples:
             if sample.name in (mn.STEPS_TOTAL, mn.THROUGHPUT_SAMPLES_PER_SECOND,
                                mn.LOCAL_BATCH_SIZE, mn.LOSS, mn.JOB_EFFICIENCY_RATIO,
-                               mn.JOB_PREDICTION_RATIO):
+                               mn.JOB_PREDICTION_RATIO, mn.PLANNED_STEPS, mn.RESUMED_STEP):
                 values[sample.name] = sample.value
     if mn.STEPS_TOTAL not in values:
         return None
     local = values.get(mn.LOCAL_BATCH_SIZE) or 0
     rate = values.get(mn.THROUGHPUT_SAMPLES_PER_SECOND, 0.0)
     scale = global_batch / local if local > 0 else 1.0
-    return Progress(step=int(values[mn.STEPS_TOTAL]), samples_per_s=rate * scale,
+    total = values.get(mn.PLANNED_STEPS)
+    return Progress(step=int(values.get(mn.RESUMED_STEP, 0) + values[mn.STEPS_TOTAL]),
+                    total_steps=None if total is None else int(total), samples_per_s=rate * scale,
                     loss=values.get(mn.LOSS), efficiency=values.get(mn.JOB_EFFICIENCY_RATIO),
                     prediction_ratio=values.get(mn.JOB_PREDICTION_RATIO))
 
 
-def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:
-    """``status.progress`` (decimals as strings: no floats in the API object)."""
+def progress_status(progress: Progress, now_s: float, global_batch: int = 0) -> dict[str, Any]:
+    """``status.progress`` (decimals as strings: no floats in the API object).
+
+    Args:
+        progress: rank 0's reading.
+        now_s: epoch seconds of the reading.
+        global_batch: samples per step; with ``totalSteps`` and a throughput it gives ``eta``
+            (the steps left at the last step's rate), else no ``eta``.
+    """
     out: dict[str, Any] = {"step": progress.step, "samplesPerSecond": f"{progress.samples_per_s:.1f}",
                            "updateTime": c.now_iso(now_s)}
+    if progress.total_steps is not None:
+        out["totalSteps"] = progress.total_steps
+        if global_batch > 0 and progress.samples_per_s > 0:
+            left_s = max(0, progress.total_steps - progress.step) * global_batch / progress.samples_per_s
+            out["eta"] = duration_text(left_s)
     if progress.loss is not None:
         out["loss"] = f"{progress.loss:.4f}"
     if progress.efficiency is not None:
@@ -127,3 +145,15 @@ def progress_status(progress: Progress, now_s: float) -> dict[str, Any]:
     if progress.prediction_ratio is not None:
         out["predictionRatio"] = f"{progress.prediction_ratio:.3f}"
     return out
+
+
+def duration_text(seconds: float) -> str:
+    """``"1h02m"``, ``"4m05s"``, ``"12s"``: seconds as kubectl prints ages."""
+    total = int(round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"

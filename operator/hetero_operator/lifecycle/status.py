@@ -33,7 +33,7 @@ MEMORY_TYPE_KEYS = frozenset({"gpuType", "ranks", "usableBytes", "stateSharePerc
 GROUP_KEYS = frozenset({"index", "pod", "node", "gpuType", "architecture", "resourceName", "image",
                         "precision", "firstRank", "ranks", "localBatches"})
 PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "efficiency", "predictionRatio",
-                           "updateTime"})
+                           "updateTime", "totalSteps", "eta"})
 
 
 def job_state(status: Mapping[str, Any]) -> JobState:
