@@ -283,7 +283,8 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
 
     def loader(self, dataset: Any, *, shuffle: bool = True,
                collate_fn: Callable[..., Any] | None = None,
-               epochs: int | None = None) -> torch.utils.data.DataLoader:
+               epochs: int | None = None, pin_memory: bool = False,
+               num_workers: int = 0) -> torch.utils.data.DataLoader:
         """A ``DataLoader`` over this rank's uneven batches (:class:`HeteroBatchSampler`).
 
         Iterating it runs one epoch; every rank gets the same number of batches. Uses
@@ -298,7 +299,28 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
             epochs: how many epochs the script will run (None: unknown); with it the progress
                 display shows a total (``epochs * batches per epoch``, at most
                 :attr:`max_steps`), also without it when :attr:`max_steps` is set.
+            pin_memory: PyTorch's ``DataLoader(pin_memory=...)``: batches in page-locked memory
+                for faster host-to-GPU copies (``to_device`` copies non-blocking).
+            num_workers: must be 0.
+
+        Raises:
+            ValueError: ``num_workers`` > 0: the DataLoader's workers fetch batches ahead, so a
+                rebalanced split would train prefetched batches of the old sizes with the new
+                weights, and a checkpoint would skip them on resume.
+            TypeError: ``dataset`` has no ``len()`` (an ``IterableDataset``): every rank draws
+                its share of each global batch from one permutation of a map-style dataset.
         """
+        if num_workers:
+            raise ValueError(
+                f"Trainer.loader(num_workers={num_workers}): must be 0. Workers fetch batches "
+                "ahead of training, so a rebalanced split would train prefetched batches of the "
+                "old sizes and a checkpoint would skip them on resume; make a sample cheap to "
+                "fetch instead (pre-tokenize, a TensorDataset).")
+        if not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
+            raise TypeError(
+                f"Trainer.loader({type(dataset).__name__}): needs a map-style dataset (len() and "
+                "indexing); an IterableDataset (a stream) is not supported: every rank takes its "
+                "uneven share of each global batch from one permutation of the samples.")
         self.sampler = HeteroBatchSampler(len(dataset), self.local_batches, self.rank,
                                           seed=self.seed, shuffle=shuffle)
         if collate_fn is None and type(dataset) is torch.utils.data.TensorDataset:
@@ -309,8 +331,8 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
         if total is not None:
             self.metrics.set_total_steps(total)
         batches = _UntilMaxSteps(self.sampler, self) if self.max_steps is not None else self.sampler
-        return torch.utils.data.DataLoader(dataset, batch_sampler=batches,
-                                           collate_fn=collate_fn, num_workers=0)
+        return torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn,
+                                           num_workers=0, pin_memory=pin_memory)
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on this rank's device."""
