@@ -45,7 +45,8 @@ def type_rejection(job: JobSpec, product: str, mig_profile: str) -> str:
     g = job.gpus
     full = model.gpu_type_name(product, mig_profile)
     if g.allowed_products and product not in g.allowed_products and full not in g.allowed_products:
-        return f"{product} is not in spec.gpus.allowedProducts"
+        return f"{product} is not in spec.gpus.allowedProducts" + _short_name_hint(
+            g.allowed_products, product)
     if product in g.denied_products or full in g.denied_products:
         return f"{product} is in spec.gpus.deniedProducts"
     if mig_profile:
@@ -65,3 +66,16 @@ def memory_cap(job: JobSpec, memory_mib: int) -> int:
     if t.memory_per_sample_mib <= 0:
         return t.global_batch_size
     return max(0, (memory_mib - t.memory_reserve_mib) // t.memory_per_sample_mib)
+
+
+def _short_name_hint(allowed: tuple[str, ...] | list[str], product: str) -> str:
+    """``"; A100 matches no product: the list takes full names as GPU Feature Discovery labels
+    them: did you mean NVIDIA-A100-SXM4-40GB?"`` when an entry is a part of ``product``'s name
+    (case aside), else ``""``."""
+    lowered = product.lower()
+    short = [a for a in allowed if a and a.lower() in lowered and a != product]
+    if not short:
+        return ""
+    return (f"; {', '.join(short)} {'matches' if len(short) == 1 else 'match'} no product: the list "
+            "takes full product names as GPU Feature Discovery labels them (nvidia.com/gpu.product):"
+            f" did you mean {product}?")

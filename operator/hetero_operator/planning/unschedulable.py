@@ -91,11 +91,16 @@ def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
         default = " (it defaults to spec.gpus.ranks)" if job.gpus.min_ranks == job.gpus.ranks else ""
         hints.append(f"set spec.gpus.minRanks to {free} or less{default}")
     plural = "s" if short != 1 else ""
+    denied_types = sorted({e.gpu_type for e in denied if e.gpu_type})
+    absent = [p for p in job.gpus.allowed_products if p not in denied_types]
     if types:
         hints.append(f"add {short} more {' or '.join(types)} GPU{plural} (a node, or free used ones)")
+    elif absent and len(absent) == len(job.gpus.allowed_products):
+        on_nodes = f" (the nodes have {', '.join(denied_types)})" if denied_types else ""
+        hints.append(f"add {short} {' or '.join(absent)} GPU{plural}: no node has one of "
+                     f"spec.gpus.allowedProducts{on_nodes}")
     else:
         hints.append(f"add {short} GPU{plural} of a type spec.gpus allows")
-    denied_types = sorted({e.gpu_type for e in denied if e.gpu_type})
     if denied_types:
         shown = ", ".join(denied_types[:MAX_NOTES]) + (", ..." if len(denied_types) > MAX_NOTES else "")
         hints.append(f"allow {shown} in spec.gpus ({denied[0].message})")
