@@ -52,14 +52,18 @@ class Real:
         self.state = await asyncio.to_thread(controlplane.start, self.dir, bins,
                                              Options(node_monitor_grace_s=120, node_monitor_period_s=5))
         controlplane.kubectl(self.dir, "apply", "--server-side", "-f", str(ROOT / "crds"))
-        controlplane.wait_crds_established(self.dir, ["heterotrainingjobs.heterotrain.io"])
-        self.api = await Api.from_kubeconfig(Path(self.state["kubeconfig"]), connections=16).__aenter__()
-        self.kubelet = LocalKubelet(self.api, self.nodes, pod_dir=self.dir / "pods", lease_s=120,
-                                    renew_s=30.0, run_pods=False)
-        self.kubelet_task = asyncio.ensure_future(self.kubelet.run())
-        t0 = time.perf_counter()
-        await asyncio.wait_for(self.kubelet.registered.wait(), 900)
-        self.register_s = time.perf_counter() - t0
+        try:
+            controlplane.wait_crds_established(self.dir, ["heterotrainingjobs.heterotrain.io"])
+            self.api = await Api.from_kubeconfig(Path(self.state["kubeconfig"]), connections=16).__aenter__()
+            self.kubelet = LocalKubelet(self.api, self.nodes, pod_dir=self.dir / "pods", lease_s=120,
+                                        renew_s=30.0, run_pods=False)
+            self.kubelet_task = asyncio.ensure_future(self.kubelet.run())
+            t0 = time.perf_counter()
+            await asyncio.wait_for(self.kubelet.registered.wait(), 900)
+            self.register_s = time.perf_counter() - t0
+        except BaseException:
+            await asyncio.to_thread(controlplane.stop, self.dir)  # nothing keeps running
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
