@@ -93,6 +93,11 @@ class ModeOption:
         cross_type_s: those bytes at the link's bandwidth, seconds (the cost ``Auto`` compares).
         shortfalls: per GPU type that does not fit, ``(gpu_type, short_bytes, usable_bytes)``.
         available: the worker can run the mode (see ``planning.WORKER_SHARDINGS``).
+        predicted_step_s: the mode's predicted step, seconds (compute with recomputation,
+            cross-type and in-group traffic per micro-batch; ``planning.steptime``); None when
+            the mode does not fit or the plan has no seconds per sample (then ``Auto`` compares
+            ``cross_type_s``).
+        predicted_samples_per_s: global batch / ``predicted_step_s`` (what ``Auto`` maximises).
     """
 
     mode: str
@@ -101,6 +106,8 @@ class ModeOption:
     cross_type_s: float
     shortfalls: tuple[tuple[str, int, int], ...] = ()
     available: bool = True
+    predicted_step_s: float | None = None
+    predicted_samples_per_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

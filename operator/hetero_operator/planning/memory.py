@@ -20,8 +20,10 @@ Sharding modes, in the order of the traffic they add (``spec.training.sharding``
   (ZeRO-3); parameters are gathered per block for forward and backward across types, so the slow
   cross-type link carries two all-gathers and one reduce-scatter of the parameters per step.
 
-``Auto`` takes the cheapest mode (modelled cross-type seconds per step, :func:`mode_traffic`) whose
-every rank fits.  Where a rank's share of the batch does not fit at once it gets micro-batches
+``Auto`` takes the mode with the best predicted throughput whose every rank fits (step time per
+mode: compute with recomputation, cross-type and in-group traffic per micro-batch,
+:mod:`hetero_operator.planning.steptime`), or, without seconds per sample, the least cross-type
+traffic (:func:`mode_traffic`).  Where a rank's share of the batch does not fit at once it gets micro-batches
 (gradient accumulation, one synchronisation per step); where not even one sample fits beside its
 state, activation checkpointing (when the job gives ``checkpointedActivationBytesPerSample``).
 No kopf, no kubernetes, no torch.
@@ -30,11 +32,13 @@ No kopf, no kubernetes, no torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from hetero_operator.api.memoryplan import (MODES, MemoryPlan, MemoryRefusal, ModelMemory,
                                             ModeOption, RankMemory, RankSlot)
 from hetero_operator.api.quantities import MIB, gib
+from hetero_operator.planning.steptime import mode_step_time
 
 OPTIMIZER_STATE_BYTES = {"SGD": 0, "Momentum": 4, "Adam": 8, "AdamW": 8}
 """Optimizer state per parameter, bytes: momentum buffer (fp32) for SGD with momentum; ``exp_avg``
@@ -205,7 +209,9 @@ def evaluate_mode(slots: Sequence[RankSlot], m: ModelMemory, mode: str, *, reser
 
 def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, reserve_mib: int,
                 cross_gbps: float, available: Sequence[str] = MODES,
-                unavailable_why: dict[str, str] | None = None) -> MemoryPlan | MemoryRefusal:
+                unavailable_why: dict[str, str] | None = None,
+                sample_s: Mapping[str, float] | None = None,
+                intra_gbps: float | None = None) -> MemoryPlan | MemoryRefusal:
     """Choose the sharding mode and each rank's micro-batches.
 
     Args:
@@ -218,6 +224,12 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
         available: modes the worker can run; ``Auto`` chooses only among them, an explicit mode
             outside them is refused.
         unavailable_why: per mode outside ``available``, why (for the refusal message).
+        sample_s: seconds per sample of one device by GPU type (learned or table speeds in
+            seconds); with it every fitting mode gets its predicted step
+            (:func:`hetero_operator.planning.steptime.mode_step_time`) and ``Auto`` takes the
+            best predicted throughput; without it ``Auto`` takes the least cross-type traffic.
+        intra_gbps: bandwidth inside a node, Gbit/s (``Group``'s in-group traffic; default
+            ``cross_gbps``).
 
     Returns:
         :class:`MemoryPlan`, or :class:`MemoryRefusal` naming the shortfall per GPU type.
@@ -227,8 +239,16 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
     evaluated = {mode: evaluate_mode(slots, m, mode, reserve_mib=reserve_mib,
                                      cross_gbps=cross_gbps, available=mode in available)
                  for mode in MODES}
+    if sample_s is not None:
+        evaluated = {mode: (_with_step_time(option, slots, ranks, m, sample_s, cross_gbps,
+                                            intra_gbps or cross_gbps), ranks)
+                     for mode, (option, ranks) in evaluated.items()}
     options = tuple(evaluated[mode][0] for mode in MODES)
-    if requested == "Auto":
+    if requested == "Auto" and sample_s is not None:
+        fitting = [o for o in options if o.fits and o.available]
+        chosen = min(fitting, key=lambda o: (round(o.predicted_step_s or 0.0, 12),
+                                             MODES.index(o.mode)), default=None)
+    elif requested == "Auto":
         fitting = [o for o in options if o.fits and o.available]
         chosen = min(fitting, key=lambda o: (o.cross_type_s, MODES.index(o.mode)), default=None)
     else:
@@ -245,6 +265,18 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
     return MemoryPlan(requested=requested, mode=chosen.mode, state_bytes=state,
                       bytes_per_parameter=per_param, ranks=ranks, options=options,
                       reasons=_reasons(chosen, ranks, options, state, slots))
+
+
+def _with_step_time(option: ModeOption, slots: Sequence[RankSlot], ranks: Sequence[RankMemory],
+                    m: ModelMemory, sample_s: Mapping[str, float], cross_gbps: float,
+                    intra_gbps: float) -> ModeOption:
+    """``option`` with its predicted step when it fits and every type has a speed."""
+    if not option.fits or not ranks or any(s.gpu_type not in sample_s for s in slots):
+        return option
+    t = mode_step_time(slots, ranks, option.mode, sample_s=sample_s,
+                       param_bytes=m.parameters * PARAM_BYTES, cross_gbps=cross_gbps,
+                       intra_gbps=intra_gbps)
+    return replace(option, predicted_step_s=t.step_s, predicted_samples_per_s=t.samples_per_s)
 
 
 def _state_words(state: int, m: ModelMemory, per_param: int) -> str:

@@ -27,7 +27,7 @@ Deterministic: the same job and inventory give the same plan (every order has a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hetero_operator.api import memoryplan
@@ -108,7 +108,8 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     ranks, groups = _placements(groups_spec, batches)
     shared = sorted({f"{p.device.gpu_type} on {p.device.node}" for p, size in groups_spec
                      if size > 1 and p.device.time_sliced_replicas > 1})
-    mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared)
+    mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared,
+                      sample_s=step_model.sample_s if step_model.absolute else None)
     if isinstance(mem, memoryplan.MemoryRefusal):
         return model.Unschedulable(shortfalls=(), excluded=excluded, message=mem.message,
                                    reason=MODEL_DOES_NOT_FIT, warnings=inventory.warnings)
@@ -120,7 +121,7 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
 
 
 def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInputs, *,
-                shared_gpu_groups: Sequence[str] = (),
+                shared_gpu_groups: Sequence[str] = (), sample_s: Mapping[str, float] | None = None,
                 ) -> memoryplan.MemoryPlan | memoryplan.MemoryRefusal | None:
     """The memory model's decision for the placed ranks (None without
     ``spec.training.model.parameters``); the cross-type link is the inter-node one when the
@@ -129,7 +130,11 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
     ``shared_gpu_groups`` names the planned groups of two or more ranks on time-sliced devices:
     their ranks may get replicas of one physical GPU, so the worker's communicator rule gives
     them a Gloo group, and FSDP2 (Group sharding) over Gloo on CUDA is not a supported path
-    (``hetero_worker.memory.group.refuse_gloo_on_cuda`` refuses it at start-up too)."""
+    (``hetero_worker.memory.group.refuse_gloo_on_cuda`` refuses it at start-up too).
+
+    ``sample_s`` (seconds per sample by GPU type, from the learned speeds or the table at the
+    reference samples/s) gives every fitting mode its predicted step, and ``Auto`` the best
+    predicted throughput (:mod:`hetero_operator.planning.steptime`)."""
     t = job.training
     if t.model_parameters <= 0:
         return None
@@ -163,7 +168,8 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
         why["Full"] = gap
     available = tuple(m for m in WORKER_SHARDINGS if m not in why)
     return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
-                              cross_gbps=gbps, available=available, unavailable_why=why)
+                              cross_gbps=gbps, available=available, unavailable_why=why,
+                              sample_s=sample_s, intra_gbps=inputs.link.intra_node_gbps)
 
 
 def _full_sharding_gap(job: JobSpec, ranks: Iterable[RankPlacement]) -> str:
