@@ -268,8 +268,57 @@ def link_modes_interleaved(contract, *, steps: int) -> dict:
             for mode, r in runs.items()}
 
 
+PART = os.environ.get("BENCH_SPEED_PART", "")
+"""``hierarchy``: the slow link's flat and node layouts and the pipeline's parts only."""
+PARTS_REPEATS = 5
+
+
+def pipeline_parts(contract) -> dict:
+    """What the pipelined node step overlaps, each measured alone (seconds, MAX over ranks).
+
+    ``backward_s``: every rank's forward + backward of the link model on its batch, no
+    communication (median of ``PARTS_REPEATS``). ``transfer_s``: the node leaders' (ranks 0 and
+    2) Gloo all-reduce of the fp32 gradient over the link alone, in the pieces DDP's buckets cut
+    it into on the node layout (25 MB cap), after a barrier (median).
+    """
+    torch = _torch()
+    import torch.distributed as dist
+
+    from hetero_worker.comm.sync import HIERARCHICAL_BUCKET_CAP_MB
+    model = _link_model(torch)
+    data = _link_data(torch, LINK_BATCH)
+    x, y = data.tensors
+    back = []
+    for _ in range(PARTS_REPEATS + 1):
+        model.zero_grad()
+        start = time.perf_counter()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        back.append(time.perf_counter() - start)
+    numel = sum(p.numel() for p in model.parameters())
+    cap = int(HIERARCHICAL_BUCKET_CAP_MB * (1 << 20)) // 4
+    leaders = dist.new_group([0, 2], backend="gloo")
+    transfer = []
+    for _ in range(PARTS_REPEATS + 1):  # the first opens the connections
+        dist.barrier()
+        start = time.perf_counter()
+        if contract.rank in (0, 2):
+            for lo in range(0, numel, cap):
+                dist.all_reduce(torch.zeros(min(cap, numel - lo)), group=leaders)
+        transfer.append(time.perf_counter() - start)
+    dist.destroy_process_group(leaders)
+    times = torch.tensor([statistics.median(back[1:]), statistics.median(transfer[1:])],
+                         dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return {"backward_s": float(times[0]), "transfer_s": float(times[1]), "grad_numel": numel}
+
+
 def link_scenario(contract, *, slow: bool) -> dict:
     """Hierarchy modes; on the slow link codec step times and bytes, on the fast one codec losses."""
+    if slow and PART == "hierarchy":
+        out = {"modes": {m: link_run(contract, hierarchy=m, steps=TIMING_STEPS + 2)
+                         for m in ("flat", "node")}}
+        out["parts"] = pipeline_parts(contract)
+        return out
     if slow:  # one mode after the other: a step that returns while its last bytes still sit in
         # the shaped queue would bill them to the next step, i.e. to another mode if interleaved
         out = {"modes": {m: link_run(contract, hierarchy=m, steps=TIMING_STEPS + 2)
@@ -411,6 +460,15 @@ def summarize_modes(r: dict) -> dict:
             "measured_link": auto["link"]}
 
 
+def summarize_pipeline(slow: dict) -> dict:
+    """The pipelined node step against what it overlaps, each measured alone."""
+    parts = slow["parts"]
+    node, flat = _median(slow["modes"]["node"]), _median(slow["modes"]["flat"])
+    bound = max(parts["backward_s"], parts["transfer_s"])
+    return {"node_step_s": node, "flat_step_s": flat, **parts, "bound_s": bound,
+            "node_over_bound": node / bound, "node_over_flat": flat / node}
+
+
 def summarize_codecs(slow: dict, fast: dict | None) -> dict:
     c = slow["codecs"]
     losses = (fast or {}).get("losses", {})
@@ -452,8 +510,18 @@ def targets(summaries: list[dict]) -> list[benchlib.Target]:
         else r(s, "steps_to_085_of_new_ideal"))
     add("... rebalancing / one-time split, steps 10-60", ">=", 1.3, "x",
         lambda s: r(s, "dynamic_over_one_time"))
+    add(f"{LINK_MBIT} Mbit/s, per-node hierarchy: pipelined step / max(backward compute, "
+        "cross-link transfer), each measured alone", "<=", 1.15, "x",
+        lambda s: s["pipeline"]["node_over_bound"] if "pipeline" in s else None,
+        "backward: forward+backward of one rank's batch, no communication; transfer: the node "
+        "leaders' all-reduce of the fp32 gradient over the link, alone (MAX over ranks)")
+    for part, label in (("backward_s", "backward compute alone"),
+                        ("transfer_s", "cross-link transfer alone"), ("node_step_s", "pipelined step")):
+        add(f"... {label} ({LINK_MBIT} Mbit/s)", "info", 0, " s",
+            lambda s, part=part: s["pipeline"][part] if "pipeline" in s else None)
     add(f"{LINK_MBIT} Mbit/s: per-node hierarchy / flat", ">=", 1.4, "x",
-        lambda s: s["slow_modes"]["node_over_flat"] if "slow_modes" in s else None)
+        lambda s: s["slow_modes"]["node_over_flat"] if "slow_modes" in s
+        else s["pipeline"]["node_over_flat"] if "pipeline" in s else None)
     for key, name in (("slow_modes", f"{LINK_MBIT} Mbit/s"), ("fast_modes", "unshaped veth")):
         add(f"{name}: Auto / best fixed layout", ">=", 0.95, "x",
             lambda s, key=key: s[key]["auto_over_best"] if key in s else None,
@@ -531,7 +599,7 @@ def run_repeat(repeat: int, only: str | None, deadline: benchlib.Deadline) -> tu
         summary["rebalance"] = summarize_rebalance(raw["rebalance"])
         print(json.dumps({k: v for k, v in summary["rebalance"].items() if not k.startswith("per_step")}),
               flush=True)
-    if only in (None, "link"):
+    if only in (None, "link", "hierarchy"):
         from netns import VethLink, available
         reason = available()
         if reason:
@@ -539,6 +607,10 @@ def run_repeat(repeat: int, only: str | None, deadline: benchlib.Deadline) -> tu
             return summary, raw
         with VethLink(rate_mbit=LINK_MBIT) as link:
             raw["slow"] = launch("slow", link, timeout_s=deadline.left_s("slow link"), seed=repeat)[0]
+            if only == "hierarchy":
+                summary["pipeline"] = summarize_pipeline(raw["slow"])
+                print(json.dumps(summary["pipeline"]), flush=True)
+                return summary, raw
             summary["slow_modes"] = summarize_modes(raw["slow"])
             print(json.dumps(summary["slow_modes"]), flush=True)
             link.set_rate(None)
@@ -552,7 +624,9 @@ def run_repeat(repeat: int, only: str | None, deadline: benchlib.Deadline) -> tu
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", nargs=2, metavar=("SCENARIO", "OUT"), help=argparse.SUPPRESS)
-    parser.add_argument("--only", choices=["rebalance", "link"], help="run one part")
+    parser.add_argument("--only", choices=["rebalance", "link", "hierarchy"],
+                        help="run one part (hierarchy: the pipelined node step on the shaped "
+                        "link against its parts alone; results in speed-hierarchy.json)")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--quick", action="store_true", help="smoke run with few steps")
     parser.add_argument("--repeats", type=int, default=benchlib.REPEATS)
@@ -566,6 +640,8 @@ def main() -> int:
     if args.worker:
         return worker_main(*args.worker)
     os.environ["BENCH_SPEED_POWERSGD_RANK"] = str(args.powersgd_rank)
+    if args.only == "hierarchy":
+        os.environ["BENCH_SPEED_PART"] = "hierarchy"
     globals().update(POWERSGD_RANK=args.powersgd_rank)
     sys.path.insert(0, str(ROOT / "worker"))
     deadline = benchlib.Deadline(args.timeout_s)
@@ -582,12 +658,14 @@ def main() -> int:
               "codec_timing_steps": CODEC_TIMING_STEPS, "hierarchy_timing_steps": TIMING_STEPS,
               "powersgd_rank": POWERSGD_RANK, "repeats": args.repeats, "quick": bool(args.quick)}
     out = Path(args.out)
-    doc = benchlib.write_results(out / "speed.json", benchmark="speed", run_meta=run_meta,
+    name = "speed-hierarchy" if args.only == "hierarchy" else "speed"
+    doc = benchlib.write_results(out / f"{name}.json", benchmark=name, run_meta=run_meta,
                                  targets=targets(summaries),
                                  details={"config": config, "summaries": summaries})
     raw_path = Path(tempfile.gettempdir()) / "bench-speed-raw.json"  # per-step data, not committed
     raw_path.write_text(json.dumps(raws))
-    render_plot(summaries[-1], out / "speed.png")
+    if args.only != "hierarchy":
+        render_plot(summaries[-1], out / "speed.png")
     benchlib.print_targets(doc)
     print(f"total {run_meta['wall_s']:.0f} s; results in {out}; per-step data in {raw_path}")
     return 0

@@ -2,8 +2,10 @@
 # GPU checks of the worker on a machine with one NVIDIA GPU: set-up, then every test marked `gpu`
 # (tests/gpu: the real Trainer with NCCL groups of one per rank process on the one card and Gloo
 # between the leaders, bf16, fp16 + scaler, work stealing, int8 / PowerSGD on CUDA tensors,
-# allocator metrics, kill-and-resume; plus the NVML/allocator gauge checks in tests/worker), and a
-# pass/fail table. Budget: under 5 minutes with set-up on a warm pip cache.
+# allocator metrics, kill-and-resume; plus the NVML/allocator gauge checks in tests/worker), a
+# pass/fail table, and a timing: the hierarchy with NCCL in each group and Gloo across against the
+# flat layout, 4 rank processes on the GPU (bench/gpu_hierarchy.py, prints the ratio; a figure,
+# not a check). Budget: under 5 minutes with set-up on a warm pip cache (tests 210 s, timing 60 s).
 #
 #   bash bench/gpu_check.sh                 # uses .venv if its torch sees CUDA, else makes .venv-gpu
 #   PYTHON=/opt/venv/bin/python bash bench/gpu_check.sh   # an existing interpreter (worker image)
@@ -51,12 +53,14 @@ fi
 setup_s=$(( $(date +%s) - start_s ))
 
 set +e
-timeout 270 "$PY" -m pytest -m gpu tests/gpu tests/worker/test_metrics_gpu.py \
+timeout 210 "$PY" -m pytest -m gpu tests/gpu tests/worker/test_metrics_gpu.py \
   tests/worker/test_gpu_identity.py -p no:cacheprovider -q -o addopts="" \
   --junitxml="$OUT/gpu.xml" > "$OUT/pytest.log" 2>&1
 rc=$?
 set -e
 tail -n 30 "$OUT/pytest.log"
+# Timing (issue 23): hierarchy with NCCL in each group and Gloo across vs flat, 4 ranks on the GPU.
+timeout 60 "$PY" bench/gpu_hierarchy.py || echo "gpu_hierarchy: did not finish (exit $?)"
 
 "$PY" - "$OUT/gpu.xml" "$setup_s" "$(( $(date +%s) - start_s ))" "$rc" <<'EOF'
 import sys
