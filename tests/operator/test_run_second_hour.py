@@ -28,7 +28,7 @@ RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
 # it: each run's figures are its own. MODE=argv: record argv and HTJ_MAX_STEPS. MODE=usage:
 # rank 1 dies as argparse does (exit 2). MODE=collateral: rank 1 raises after the others have
 # died of a peer's "Connection closed by peer" (it ignores our SIGTERM, so the others are seen
-# first). MODE=print: a line on stdout and one on stderr. MODE=resume: fail (exit 5) unless $HTJ_CHECKPOINT_DIR/saved exists; save it first.
+# first). MODE=sleep: mark up-<rank>, then sleep. MODE=print: a line on stdout and one on stderr. MODE=resume: fail (exit 5) unless $HTJ_CHECKPOINT_DIR/saved exists; save it first.
 WORKER = textwrap.dedent("""
     import json, os, signal, sys, time
     from heterotrain_common.contract import parse_contract
@@ -64,6 +64,9 @@ WORKER = textwrap.dedent("""
     elif mode == "print":
         print(f"out {ct.rank}", flush=True)
         print(f"err {ct.rank}", file=sys.stderr, flush=True)
+    elif mode == "sleep":
+        open(os.path.join(out, f"up-{ct.rank}"), "w").close()
+        time.sleep(120)  # sync-ok: the workload; Ctrl-C stops it
     elif mode == "resume":
         saved = os.path.join(os.environ["HTJ_CHECKPOINT_DIR"], "saved")
         if not os.path.exists(saved):
@@ -229,3 +232,24 @@ def test_tee_and_local_ranks_filter_show_every_ranks_stderr_prefixed_and_log_dir
         log = (tmp_path / "logs" / f"rank-{r}.log").read_text().splitlines()
         assert log[0] == "--- attempt 0 ---" and sorted(log[1:]) == [f"err {r}", f"out {r}"]
     assert not list((tmp_path / "w").glob("rank-*.log"))
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
+    import signal
+    import time
+
+    job = _job(tmp_path, "sleep", checkpoint=True)
+    proc = subprocess.Popen([*RUN, str(job), "--grace-s", "3", "--metrics-port-base", "0"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 90
+    while len(list((tmp_path / "out").glob("up-*"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)  # sync-ok: waits for the thing asserted (every rank up)
+    proc.send_signal(signal.SIGINT)
+    out = _flat(proc.communicate(timeout=60)[0])
+    assert proc.returncode == 130, out
+    rundir = re.search(r"Logs and statistics: (\S+)", out).group(1)
+    assert (f"No checkpoint was saved ({rundir}/checkpoints is empty or the job does "
+            f"not checkpoint: spec.training.checkpoint.path); heterotrain run --resume {rundir} "
+            "starts the job again from step 0") in out
+    assert out.endswith("Job interrupted (Ctrl-C, SIGINT)")
