@@ -253,3 +253,17 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(tmp_path):
             f"not checkpoint: spec.training.checkpoint.path); heterotrain run --resume {rundir} "
             "starts the job again from step 0") in out
     assert out.endswith("Job interrupted (Ctrl-C, SIGINT)")
+
+
+def test_a_mistyped_script_path_is_bad_input_naming_it(tmp_path):
+    doc = yaml.safe_load(_job(tmp_path, "argv").read_text())
+    doc["spec"]["worker"] = {"command": ["python", "trian.py"]}
+    job = tmp_path / "typo.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    done = subprocess.run([*RUN, str(job), "--workdir", str(tmp_path / "w")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"heterotrain run: error: {job}: spec.worker.command: script "
+                                   "'trian.py' not found (paths are relative to the directory "
+                                   f"heterotrain run starts in, {tmp_path})")
+    assert not (tmp_path / "w").exists()

@@ -171,6 +171,17 @@ def _program_exists(program: str) -> bool:
     return shutil.which(program, path=path) is not None
 
 
+def _missing_script(argv: Sequence[str]) -> str | None:
+    """The ``X.py`` of ``python X.py ...`` when no such file exists (every rank would fail the same
+    way, exit 2); None otherwise."""
+    if len(argv) < 2 or Path(argv[0]).name not in ("python", "python3", Path(sys.executable).name):
+        return None
+    script = argv[1]
+    if script.startswith("-") or not script.endswith(".py"):
+        return None
+    return None if Path(script).is_file() else script
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -257,6 +268,12 @@ def run(args: argparse.Namespace) -> int:
     if not _program_exists(argv[0]):
         print(f"heterotrain run: error: {args.job}: spec.worker.command: program {argv[0]!r} "
               "not found", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    script = _missing_script(argv)
+    if script is not None:
+        print(f"heterotrain run: error: {args.job}: spec.worker.command: script {script!r} not "
+              f"found (paths are relative to the directory heterotrain run starts in, "
+              f"{os.getcwd()})", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         port_base = free_port_range(world) if args.metrics_port_base is None else args.metrics_port_base
