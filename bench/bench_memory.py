@@ -20,6 +20,9 @@ Run from the repository root::
    T4 memory label is raised to 64 MiB (so that None fits too), forced ``sharding: None``,
    ``Group`` and ``Full`` in turn, ``--repeats`` times each, 20 steps; the figure is rank 0's mean
    step time (``step_seconds / steps`` of ``rank-0.json``), median and range over the repeats.
+   Each mode first runs once to learn its speeds (its own learned-speeds store, as a user's
+   second run of the same job); every repeat then reports measured / predicted throughput of the
+   per-mode step-time model calibrated by them (``prediction.json``, issue 23).
 
 Writes ``bench/results/memory.json`` in the shape of :mod:`benchlib` (targets met/missed from the
 median; nothing written when a run fails or time runs out).
@@ -106,8 +109,9 @@ def part_largest() -> dict:
 
 
 def _run(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline,
-         max_steps: int | None = 20) -> subprocess.CompletedProcess:
-    """``heterotrain run`` of ``job`` (learned speeds kept in ``workdir``, not the user's cache).
+         max_steps: int | None = 20, cache: Path | None = None) -> subprocess.CompletedProcess:
+    """``heterotrain run`` of ``job`` (learned speeds kept in ``cache``, default ``workdir``,
+    never the user's cache).
 
     Raises:
         BenchTimeout: no time left, or the run passed it.
@@ -117,22 +121,33 @@ def _run(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline,
            "--workdir", str(workdir)] + (["--max-steps", str(max_steps)] if max_steps else [])
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=min(limit, 600), cwd=ROOT,
-                              env={**os.environ, "XDG_CACHE_HOME": str(workdir / "xdg")})
+                              env={**os.environ, "XDG_CACHE_HOME": str(cache or workdir / "xdg")})
     except subprocess.TimeoutExpired:
         raise benchlib.BenchTimeout(f"run {job.name}: out of time") from None
 
 
-def _step_s(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline) -> float:
+def _step_s(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline,
+            cache: Path | None = None) -> float:
     """Rank 0's mean step time of a 20-step run, seconds.
 
     Raises:
         ValueError: the run failed (nothing is reported from it).
     """
-    done = _run(job, nodes, workdir, deadline)
+    done = _run(job, nodes, workdir, deadline, cache=cache)
     if done.returncode != 0:
         raise ValueError(f"run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     stats = json.loads((workdir / "rank-0.json").read_text())
     return stats["step_seconds"] / stats["steps"]
+
+
+def _mode_ratio(workdir: Path) -> float | None:
+    """measured / predicted throughput of the run's sharding mode (``prediction.json``,
+    ``sharding``: the per-mode step-time model, issue 23); None when the run did not say."""
+    try:
+        doc = json.loads((workdir / "prediction.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (doc.get("sharding") or {}).get("ratio_measured_to_predicted")
 
 
 def _job(mode: str, *, layers: int = 2, steps: int = 40, model_bytes: tuple[int, int, int] | None = None,
@@ -231,11 +246,22 @@ def part_steptime(repeats: int, deadline: benchlib.Deadline) -> dict:
         jobs[mode] = tmp / f"job-{mode}.yaml"
         jobs[mode].write_text(yaml.safe_dump(_job(mode)))
     runs: dict[str, list[float]] = {mode: [] for mode in memoryplan.MODES}
+    ratios: dict[str, list[float]] = {mode: [] for mode in memoryplan.MODES}
+    caches = {mode: tmp / f"learned-{mode}" for mode in memoryplan.MODES}
+    for mode in memoryplan.MODES:  # calibration: one run per mode whose speeds are learned
+        _step_s(jobs[mode], roomy, tmp / f"{mode}-learn", deadline, cache=caches[mode])
     for r in range(repeats):
         for mode in memoryplan.MODES:
-            runs[mode].append(_step_s(jobs[mode], roomy, tmp / f"{mode}-{r}", deadline))
-            print(f"repeat {r + 1}: {mode} {runs[mode][-1] * 1000:.1f} ms per step (rank 0)", flush=True)
-    return {mode: benchlib.spread(v) for mode, v in runs.items()}
+            runs[mode].append(_step_s(jobs[mode], roomy, tmp / f"{mode}-{r}", deadline,
+                                      cache=caches[mode]))
+            ratio = _mode_ratio(tmp / f"{mode}-{r}")
+            if ratio is not None:
+                ratios[mode].append(ratio)
+            print(f"repeat {r + 1}: {mode} {runs[mode][-1] * 1000:.1f} ms per step (rank 0), "
+                  f"measured / predicted {ratio}", flush=True)
+    out = {mode: benchlib.spread(v) for mode, v in runs.items()}
+    out["measured_over_predicted"] = {mode: v for mode, v in ratios.items()}
+    return out
 
 
 def targets_of(result: dict) -> list[benchlib.Target]:
@@ -258,6 +284,17 @@ def targets_of(result: dict) -> list[benchlib.Target]:
             out.append(benchlib.Target(
                 f"step time {mode} / None (lm-large, 470 528 parameters, CPU/Gloo)", "info", 0.0, "x",
                 ratios, "rank 0's mean of 20 steps; per repeat, modes alternating"))
+        for mode, values in (steps.get("measured_over_predicted") or {}).items():
+            if not values:
+                raise ValueError(f"{mode}: no measured / predicted figure in prediction.json")
+            name = f"lm-large{'-full' if mode == 'Full' else ''}, {mode}"
+            out.append(benchlib.Target(
+                f"measured / predicted throughput, {name} (per-mode step-time model, calibrated by "
+                "one learning run)", "info", 1.0, "x", values,
+                "heterotrain run's prediction.json; the target is the band 0.85-1.15 (next row)"))
+            out.append(benchlib.Target(
+                f"... |measured / predicted - 1|, {name}", "<=", 0.15, "",
+                [abs(v - 1.0) for v in values], "within 0.85-1.15 when <= 0.15"))
     planned = result.get("largest_planned")
     if planned:
         row = planned["issue: 1x A100-80GB + 4x T4-16GB (reserve 1024 MiB); no activations"]

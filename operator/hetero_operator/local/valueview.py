@@ -199,6 +199,24 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
                            "ratio_last_window": None if window is None else round(float(window), 4),
                            "speed_sources": {t.gpu_type: t.speed_source for t in value.types}
                            if value is not None else {}}
+    mem = getattr(plan, "memory", None)
+    mode_option = next((o for o in getattr(mem, "options", ()) if o.mode == getattr(mem, "mode", None)),
+                       None)
+    if mode_option is not None and mode_option.predicted_samples_per_s:
+        # the sharding mode's own step-time model (planning.steptime), per mode
+        mode_ratio = (measured / mode_option.predicted_samples_per_s
+                      if measured and len(stats_ok) == len(stats) else None)
+        out["sharding"] = {
+            "mode": mem.mode,
+            "predicted_samples_per_s_by_mode": {o.mode: None if o.predicted_samples_per_s is None
+                                                else round(o.predicted_samples_per_s, 3)
+                                                for o in mem.options},
+            "ratio_measured_to_predicted": None if mode_ratio is None else round(mode_ratio, 4)}
+        if mode_ratio is not None:
+            console.print(f"Sharding {mem.mode}: measured / predicted = {mode_ratio:.2f} "
+                          f"({mode_option.predicted_samples_per_s:.1f} samples/s predicted by its "
+                          "step-time model: compute with recomputation, cross-type and in-group "
+                          "traffic per micro-batch)", highlight=False)
     if predicted is not None and ratio is not None:
         steady = ("" if window is None else f"; {float(window):.2f} over rank 0's last window "
                   "(htj_job_prediction_ratio, start-up left out)")
