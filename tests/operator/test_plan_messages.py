@@ -43,3 +43,14 @@ def test_a_product_no_node_has_is_named_as_absent():
     assert ("To plan: add 1 NVIDIA-H100-80GB-HBM3 GPU: no node has one of "
             "spec.gpus.allowedProducts (the nodes have NVIDIA-A100-SXM4-40GB, Tesla-T4, "
             "Tesla-V100-SXM2-16GB); or allow") in result.message
+
+
+def test_too_little_memory_on_every_node_is_one_hint_naming_the_largest_device():
+    doc = copy.deepcopy(DIGITS)
+    doc["spec"]["gpus"]["minMemoryMiB"] = 50000
+    result = plan_job(parse_job(doc), build_inventory(NODES))
+    assert isinstance(result, Unschedulable)
+    assert result.message.count("lower spec.gpus.minMemoryMiB") == 1
+    assert result.message.endswith(
+        "or lower spec.gpus.minMemoryMiB (NVIDIA-A100-SXM4-40GB has 40960 MiB < "
+        "spec.gpus.minMemoryMiB 50000; 2 more nodes alike)")

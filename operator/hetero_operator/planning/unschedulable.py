@@ -10,6 +10,8 @@ eligible type were used fully (``minRanks - free of the others``).
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Sequence
 
 from hetero_operator.api import types as model
@@ -105,11 +107,31 @@ def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
         shown = ", ".join(denied_types[:MAX_NOTES]) + (", ..." if len(denied_types) > MAX_NOTES else "")
         hints.append(f"allow {shown} in spec.gpus ({denied[0].message})")
     usable_types = set(types)  # nodes of a type the job could use come first
-    for e in sorted(fixable, key=lambda e: e.gpu_type not in usable_types)[:MAX_NOTES]:
+    ordered = sorted(fixable, key=lambda e: e.gpu_type not in usable_types)
+    memory = [e for e in ordered if e.reason == model.INSUFFICIENT_MEMORY]
+    if memory:  # one hint for all of them: the same field, the largest device named
+        hints.append(_memory_hint(memory))
+    for e in [e for e in ordered if e.reason != model.INSUFFICIENT_MEMORY][:MAX_NOTES]:
         fix = FIXES.get(e.reason)
         if fix:
             hints.append(fix.format(node=e.node, message=e.message.rstrip(".")))
     return hints
+
+
+def _memory_hint(excluded: Sequence[ExcludedNode]) -> str:
+    """One hint for the nodes with too little memory: the field their message names
+    (``minMemoryMiB``, else ``memoryReserveMiB``/``memoryPerSampleMiB``), the largest device's
+    message, and how many more nodes the same change concerns."""
+    def mib(e: ExcludedNode) -> int:
+        found = re.search(r"has (\d+) MiB", e.message)
+        return int(found.group(1)) if found else 0
+
+    largest = max(excluded, key=mib)
+    field = ("spec.gpus.minMemoryMiB" if "minMemoryMiB" in largest.message else
+             "spec.training.memoryReserveMiB or memoryPerSampleMiB")
+    more = len(excluded) - 1
+    also = f"; {more} more node{'s' if more != 1 else ''} alike" if more else ""
+    return f"lower {field} ({largest.message.rstrip('.')}{also})"
 
 
 def batch_too_small(job: JobSpec, excluded: Sequence[ExcludedNode],
