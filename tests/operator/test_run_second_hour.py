@@ -267,3 +267,9 @@ def test_a_mistyped_script_path_is_bad_input_naming_it(tmp_path):
                                    "'trian.py' not found (paths are relative to the directory "
                                    f"heterotrain run starts in, {tmp_path})")
     assert not (tmp_path / "w").exists()
+
+
+def test_job_and_resume_together_or_neither_are_usage_errors(tmp_path):
+    for argv in ([], [str(tmp_path / "job.yaml"), "--resume", str(tmp_path)]):
+        done = subprocess.run([*RUN, *argv], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 64, argv

@@ -35,8 +35,9 @@ from hetero_operator.api.types import Plan
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local import nodes as localnodes
 from hetero_operator.local import report, rundirs, valueview
-from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file, load_job,
-                                        load_objects, make_console, plan_notes, print_result,
+from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file,
+                                        embedded_template_notes, load_job, load_objects,
+                                        make_console, plan_notes, print_result,
                                         with_default_images)
 from hetero_operator.local.supervise import (Ended, Planned, RankOutput, free_port_range,
                                              has_checkpoint, supervise)
@@ -214,7 +215,7 @@ def _plan(args: argparse.Namespace, console: Any) -> Planned | int:
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)  # named in the plan, as the operator would use them
     plan = plan_job(job, build_inventory(nodes), inputs=inputs)
-    print_result(plan, job, console, notes=[*notes, *plan_notes(plan, job)])
+    print_result(plan, job, console, notes=[*notes, *plan_notes(plan, job), *embedded_template_notes(job)])
     if not isinstance(plan, Plan):
         return EXIT_UNSCHEDULABLE
     planned = Planned(job, plan, True, None)
@@ -252,8 +253,9 @@ def run(args: argparse.Namespace) -> int:
 
     bad = _resolve_job(args)
     if bad is not None:
-        print(f"heterotrain run: error: {bad}", file=sys.stderr)
-        return EXIT_BAD_INPUT if args.resume else _usage_exit()
+        message, usage = bad
+        print(f"heterotrain run: error: {message}", file=sys.stderr)
+        return _usage_exit() if usage else EXIT_BAD_INPUT
     console = make_console(highlight=False)
     if not console.is_terminal:  # logs and CI: wide enough for the plan table
         console = make_console(highlight=False, width=140)
@@ -346,19 +348,24 @@ def _usage_exit() -> int:
     return EXIT_USAGE
 
 
-def _resolve_job(args: argparse.Namespace) -> str | None:
-    """Fill ``args`` from ``--resume RUNDIR`` (its manifest copy, options and directory); an error
-    message when JOB.yaml and --resume are both or neither given, or RUNDIR is no run directory."""
+def _resolve_job(args: argparse.Namespace) -> tuple[str, bool] | None:
+    """Fill ``args`` from ``--resume RUNDIR`` (its manifest copy, options and directory).
+
+    Returns:
+        None, or (the error message, True for a usage error: JOB.yaml and --resume both or
+        neither given; False for bad input: RUNDIR is no run directory).
+    """
     if args.resume is None:
-        return None if args.job else "the following arguments are required: JOB.yaml (or --resume RUNDIR)"
+        return None if args.job else (
+            "the following arguments are required: JOB.yaml (or --resume RUNDIR)", True)
     if args.job:
         return (f"--resume {args.resume} takes the manifest the run was started with; leave "
-                f"{args.job} out (or run it as a new job without --resume)")
+                f"{args.job} out (or run it as a new job without --resume)", True)
     rundir = Path(args.resume)
     try:
         options = rundirs.read_run_file(rundir)
     except ValueError as exc:
-        return str(exc)
+        return str(exc), False
     for name, value in options.items():
         if name not in _NOT_RESUMED and hasattr(args, name):
             setattr(args, name, tuple(value) if isinstance(value, list) else value)
