@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_worker.comm.collectives import gloo_collective_
 from hetero_worker.comm.commplan import GLOO, CommPlan, CommRank, comm_ranks, plan_communicators
 from heterotrain_common.topology import GroupLayout
 
@@ -229,30 +230,21 @@ def hierarchical_all_reduce_(tensor: torch.Tensor, groups: ProcessGroups, *,
     nbytes = numel * tensor.element_size()
     gloo_intra = groups.intra_backend == GLOO
     if groups.layout.is_flat:
-        _on_backend(tensor, gloo_intra, lambda t: dist.all_reduce(t, group=groups.intra))
+        gloo_collective_(tensor, lambda t: dist.all_reduce(t, group=groups.intra), gloo=gloo_intra)
         return nbytes if groups.intra_crosses else 0
     sent = 0
     multi = len(groups.intra_ranks) > 1
     if multi:
-        _on_backend(tensor, gloo_intra,
-                    lambda t: dist.reduce(t, dst=groups.leader, group=groups.intra))
+        gloo_collective_(tensor, lambda t: dist.reduce(t, dst=groups.leader, group=groups.intra),
+                         gloo=gloo_intra)
         sent += nbytes if groups.intra_crosses else 0
     if groups.leaders is not None and leaders_reduce is not None:
         sent += leaders_reduce(tensor)
     elif groups.leaders is not None:
-        _on_backend(tensor, True, lambda t: dist.all_reduce(t, group=groups.leaders))
+        gloo_collective_(tensor, lambda t: dist.all_reduce(t, group=groups.leaders), gloo=True)
         sent += nbytes if groups.leaders_cross else 0
     if multi:
-        _on_backend(tensor, gloo_intra,
-                    lambda t: dist.broadcast(t, src=groups.leader, group=groups.intra))
+        gloo_collective_(tensor, lambda t: dist.broadcast(t, src=groups.leader, group=groups.intra),
+                         gloo=gloo_intra)
     return sent
 
-
-def _on_backend(tensor: torch.Tensor, gloo: bool, collective: Callable[[torch.Tensor], Any]) -> None:
-    """Run ``collective`` on ``tensor``; on a Gloo group a CUDA tensor goes through a host copy."""
-    if not gloo or tensor.device.type == "cpu":
-        collective(tensor)
-        return
-    host = tensor.to("cpu")
-    collective(host)
-    tensor.copy_(host)

@@ -10,7 +10,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from hetero_worker.comm.collectives import copy_back_, flatten
+from hetero_worker.comm.collectives import copy_back_, flatten, split_extra_, with_extra
 
 
 class InterGroupCodec(Protocol):
@@ -64,11 +64,11 @@ class NoCompression:
         """SUM-reduce in place; one all-reduce (``exact`` appended)."""
         flat = flat_tensors(tensors)
         n = flat.numel()
-        wire = flat if exact is None else torch.cat([flat, exact.to(flat.dtype)])
+        wire = with_extra(flat, exact)
         dist.all_reduce(wire, group=group)
         self.bytes_sent += ring_allreduce_bytes(n * flat.element_size(), dist.get_world_size(group))
-        unflatten_into(wire[:n], tensors)
-        copy_exact(wire[n:], exact)
+        split_extra_(wire, n, flat, exact)
+        unflatten_into(flat, tensors)
 
 
 class CastCompression:

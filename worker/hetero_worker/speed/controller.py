@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_worker.comm.collectives import host_copy, split_extra_, with_extra
 from hetero_worker.comm.groups import hierarchical_all_reduce_
 from hetero_worker.comm.sync import device_future
 from hetero_worker.speed.bucket_codecs import codec_for_bucket
@@ -43,7 +44,6 @@ from hetero_worker.speed.hierarchy import measure_and_choose
 from hetero_worker.speed.rebalance import RebalanceConfig, Rebalancer, pack_stats, unpack_stats
 from heterotrain_common import contract, envread
 from heterotrain_common.linkcost import LinkModel
-
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,11 +155,9 @@ class CodecReducer:
         (slot :data:`STEAL_KEY`); ``exact`` (1-D float) rides along losslessly.  Work stealing's
         reduction (its gradients are sums over the samples each rank took).  Blocking."""
         n = flat.numel()
-        wire = flat if exact is None else torch.cat([flat, exact.to(flat.device, flat.dtype)])
+        wire = with_extra(flat, exact)
         sent = self._reduce(wire, n, list(shapes), self.STEAL_KEY, exact is not None)
-        if exact is not None:
-            flat.copy_(wire[:n])
-            exact.copy_(wire[n:].to(exact.dtype))
+        split_extra_(wire, n, flat, exact)
         self.sync.count_inter_group_bytes(sent)
         return flat
 
@@ -308,15 +306,13 @@ class CodecReducer:
             codec.transactional = self.transactional
         if key in self.bucket_keys and hasattr(codec, "align_"):
             codec.align_(self.bucket_keys[key])  # permute error feedback to this bucket order
-        host = wire if wire.device.type == "cpu" else wire.cpu()
-        views, offset = [], 0
-        for shape in shapes:
-            views.append(host[offset:offset + shape.numel()].view(shape))
-            offset += shape.numel()
         before = codec.bytes_sent
-        codec.allreduce_(views, self.sync.groups.leaders, exact=host[n:] if has_stats else None)
-        if host is not wire:
-            wire.copy_(host)
+        with host_copy(wire) as host:
+            views, offset = [], 0
+            for shape in shapes:
+                views.append(host[offset:offset + shape.numel()].view(shape))
+                offset += shape.numel()
+            codec.allreduce_(views, self.sync.groups.leaders, exact=host[n:] if has_stats else None)
         return codec.bytes_sent - before if self.sync.groups.leaders_cross else 0
 
 

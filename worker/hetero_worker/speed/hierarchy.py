@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_worker.comm.collectives import gloo_collective_
 from hetero_worker.comm.groups import hierarchical_all_reduce_
 from hetero_worker.comm.sync import WeightedGradSync
 from heterotrain_common.linkcost import FIXED_MODES, LinkModel, RankPlace, predict_modes
@@ -147,12 +148,7 @@ def _time_allreduce(nbytes: int, group: Any, backend: str, device: torch.device,
     t = torch.zeros(max(nbytes // 4, 1), device=device)
 
     def once() -> None:
-        if backend == "gloo" and t.is_cuda:
-            host = t.cpu()
-            dist.all_reduce(host, group=group)
-            t.copy_(host)
-        else:
-            dist.all_reduce(t, group=group)
+        gloo_collective_(t, lambda x: dist.all_reduce(x, group=group), gloo=backend == "gloo")
         if t.is_cuda:
             torch.cuda.synchronize(t.device)
 
