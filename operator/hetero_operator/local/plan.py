@@ -25,8 +25,7 @@ from hetero_operator.api.quantities import gib
 from hetero_operator.api.settings import DEFAULT_IMAGES
 from hetero_operator.api.spec import KIND, JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Plan, Unschedulable, to_dict
-from hetero_operator.cluster.inventory import build_inventory, used_resources
-from hetero_operator.planning.placement import restrict_to_template
+from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local import valueview
 from hetero_operator.planning.plan import plan_job
 
@@ -66,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"heterotrain plan: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)
-    inventory = restrict_to_template(build_inventory(nodes, pods), nodes, job.worker.template,
-                                     used=used_resources(pods))
-    result = plan_job(job, inventory, inputs=inputs)
+    result = plan_job(job, build_inventory(nodes, pods), inputs=inputs)
     notes = [*notes, *plan_notes(result, job)]
     if args.output == "json":
         print(json.dumps({**to_dict(result), "notes": notes}, indent=2, sort_keys=True))
