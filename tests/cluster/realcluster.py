@@ -33,6 +33,9 @@ CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devi
                         resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
                         unschedulable_retry_s=1.0)
 """The in-process operator's settings (tests/operator/test_e2e.py's)."""
+WAIT_FOR_PODS_READY_S = 40
+"""Kueue's waitForPodsReady timeout in the test cluster, seconds: longer than a short job takes
+to start and finish on a loaded 2-core machine (the operator sets no PodsReady yet: docs/cluster.md)."""
 GRACE_S = 10
 """The node lifecycle controller's grace (seconds) in the test cluster; leases renew every 1 s."""
 
@@ -108,7 +111,7 @@ class RealCluster:
     def start_kueue(self) -> None:
         if self.kueue_pid is None:
             from hetero_operator.local import kueue
-            self.kueue_pid = kueue.start(self.dir, self.bins, wait_for_pods_ready_s=20)
+            self.kueue_pid = kueue.start(self.dir, self.bins, wait_for_pods_ready_s=WAIT_FOR_PODS_READY_S)
 
     def stop(self) -> None:
         self.stop_operator()

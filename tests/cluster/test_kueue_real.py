@@ -1,7 +1,8 @@
 """The operator with REAL Kueue (v0.17.0's manager, its CRDs and webhooks) on the real API server:
 Kueue itself admits the job's Workload on one ResourceFlavor per GPU type, preempts it for a
-higher-priority one, and evicts a Workload whose pods never get ready (waitForPodsReady, 20 s
-in this cluster).  The stand-in test (tests/operator/test_kueue_e2e.py) plays Kueue."""
+higher-priority one, and evicts a Workload whose pods never get ready (waitForPodsReady,
+``realcluster.WAIT_FOR_PODS_READY_S``).  The stand-in test (tests/operator/test_kueue_e2e.py)
+plays Kueue."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from realcluster import GROUP, PLURAL, REPO, VERSION, RealCluster
+from realcluster import GROUP, PLURAL, REPO, VERSION, WAIT_FOR_PODS_READY_S, RealCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
@@ -147,7 +148,8 @@ def test_kueue_wait_for_pods_ready_evicts_a_workload_whose_pods_never_start(queu
     cl.wait_for(lambda: wl_cond(workload(cl, ns), "Admitted").get("status") == "True", 60, "admitted on ghost")
     # the flavor's node label matches no node: no pod of the job ever gets ready
     evicted = cl.wait_for(lambda: wl_cond(workload(cl, ns), "Evicted").get("status") == "True"
-                          and wl_cond(workload(cl, ns), "Evicted"), 60, "Kueue's PodsReadyTimeout eviction")
+                          and wl_cond(workload(cl, ns), "Evicted"), WAIT_FOR_PODS_READY_S + 60,
+                          "Kueue's PodsReadyTimeout eviction")
     assert evicted["reason"] == "PodsReadyTimeout", (evicted, (cl.job("stuck", ns) or {}).get("status"))
     cl.wait_for(lambda: cl.pods(ns) == [], 60, "no pod left")
     cl.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "stuck")
