@@ -387,37 +387,10 @@ class Reconciler:
     async def _record(self, job: Mapping[str, Any], status: dict[str, Any], d: lc.Decision,
                       states: Iterable[lc.PodState], now: float, event_type: str = "",
                       extra: Mapping[str, Any] | None = None) -> None:
-        gen = job["metadata"].get("generation")
-        new = dict(status, phase=d.phase, observedGeneration=gen, **(extra or {}))
-        if d.message:
-            new["message"] = d.message
-            new["conditions"] = c.apply_phase(status.get("conditions") or [], phase=d.phase,
-                                              reason=d.reason, message=d.message, now_s=now,
-                                              generation=gen)
+        new = st.decided_status(status, d, states, generation=job["metadata"].get("generation"),
+                                now_s=now, extra=extra)
         if d.count_restart:
-            new["restarts"] = int(status.get("restarts") or 0) + 1
-            new["lastFailure"] = d.message.split(";")[0]
             self.metrics.restarts.inc()
-        if d.count_infrastructure_restart:
-            new["infrastructureRestarts"] = int(status.get("infrastructureRestarts") or 0) + 1
-        if d.disruption:
-            new["lastDisruption"] = d.disruption
-        if d.node_loss is not None:
-            new["lastNodeLoss"] = st.node_loss_status(d.node_loss)
-        if d.restart_not_before_s is not None:
-            new["restartNotBefore"] = c.now_iso(d.restart_not_before_s)
-        if d.action == lc.REPLAN:
-            new["replans"] = int(status.get("replans") or 0) + 1
-        if d.action == lc.FAIL and d.reason == "BackoffLimitExceeded":
-            new["lastFailure"] = d.message.split(";")[0]
-        if d.phase in c.FINISHED_PHASES and not status.get("completionTime"):
-            new["completionTime"] = c.now_iso(now)
-        plan = status.get("plan") or {}
-        wanted = int(plan.get("worldSize") or status.get("ranksWanted") or 0)
-        running = st.ranks_running(states)
-        new.update(ranksRunning=running, ranksSummary=f"{running}/{wanted}")
-        if wanted:
-            new["ranksWanted"] = wanted
         await self._patch(job, status, new)
         self._set_phase(job, d.phase)
         if not d.message:

@@ -15,6 +15,8 @@ from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, L
                                         LABEL_RANK)
 from hetero_operator.api.memoryplan import MemoryPlan
 from hetero_operator.api.types import Plan
+from hetero_operator.lifecycle.decisions import FAIL, REPLAN, Decision
+from hetero_operator.lifecycle.restart import BACKOFF_LIMIT_EXCEEDED
 from hetero_operator.lifecycle.decisions import SHUTDOWN_REASONS, JobState, NodeLoss, PodState
 from hetero_operator.planning.marginal import VALUE_STATUS_KEYS, value_status
 from hetero_operator.render.pods import pod_units
@@ -169,3 +171,49 @@ def gpu_types_text(groups: Iterable[Mapping[str, Any]]) -> str:
     for g in groups:
         counts[g["gpuType"]] = counts.get(g["gpuType"], 0) + int(g["ranks"])
     return ",".join(f"{k}:{v}" for k, v in counts.items())
+
+
+def decided_status(status: Mapping[str, Any], d: Decision, states: Iterable[PodState], *,
+                   generation: Any, now_s: float, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The job's new ``status`` once decision ``d`` is taken: phase, ``observedGeneration``, the
+    message and its condition, the restart counters, the last failure, disruption and node loss,
+    when a restart may start, the completion time and the running ranks.
+
+    Args:
+        status: the current status.
+        d: the lifecycle's decision.
+        states: the job's pods.
+        generation: ``metadata.generation`` of the job.
+        now_s: the clock, epoch seconds.
+        extra: more keys to set first (e.g. the plan of a start).
+    """
+    new = dict(status, phase=d.phase, observedGeneration=generation, **(extra or {}))
+    if d.message:
+        new["message"] = d.message
+        new["conditions"] = c.apply_phase(status.get("conditions") or [], phase=d.phase,
+                                          reason=d.reason, message=d.message, now_s=now_s,
+                                          generation=generation)
+    if d.count_restart:
+        new["restarts"] = int(status.get("restarts") or 0) + 1
+        new["lastFailure"] = d.message.split(";")[0]
+    if d.count_infrastructure_restart:
+        new["infrastructureRestarts"] = int(status.get("infrastructureRestarts") or 0) + 1
+    if d.disruption:
+        new["lastDisruption"] = d.disruption
+    if d.node_loss is not None:
+        new["lastNodeLoss"] = node_loss_status(d.node_loss)
+    if d.restart_not_before_s is not None:
+        new["restartNotBefore"] = c.now_iso(d.restart_not_before_s)
+    if d.action == REPLAN:
+        new["replans"] = int(status.get("replans") or 0) + 1
+    if d.action == FAIL and d.reason == BACKOFF_LIMIT_EXCEEDED:
+        new["lastFailure"] = d.message.split(";")[0]
+    if d.phase in c.FINISHED_PHASES and not status.get("completionTime"):
+        new["completionTime"] = c.now_iso(now_s)
+    plan = status.get("plan") or {}
+    wanted = int(plan.get("worldSize") or status.get("ranksWanted") or 0)
+    running = ranks_running(states)
+    new.update(ranksRunning=running, ranksSummary=f"{running}/{wanted}")
+    if wanted:
+        new["ranksWanted"] = wanted
+    return new
