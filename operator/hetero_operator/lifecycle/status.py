@@ -7,14 +7,15 @@ schema silently prunes undeclared status fields); ``STATUS_KEYS`` lists them for
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hetero_operator.api import conditions as c
+from hetero_operator.api import limits
 from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ATTEMPT,
                                         LABEL_RANK)
 from hetero_operator.api.memoryplan import MemoryPlan
-from hetero_operator.api.types import Plan
+from hetero_operator.api.types import ExcludedNode, Plan
 from hetero_operator.lifecycle.decisions import FAIL, REPLAN, Decision
 from hetero_operator.lifecycle.restart import BACKOFF_LIMIT_EXCEEDED
 from hetero_operator.lifecycle.decisions import SHUTDOWN_REASONS, JobState, NodeLoss, PodState
@@ -28,7 +29,8 @@ STATUS_KEYS = frozenset({
     "completionTime", "restartNotBefore", "lastFailure", "plan", "progress",
 })
 PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
-                       "groups", "excluded", "pods", "memory"}) | VALUE_STATUS_KEYS
+                       "groups", "excluded", "excludedCount", "excludedReasons", "pods",
+                       "memory"}) | VALUE_STATUS_KEYS
 MEMORY_KEYS = frozenset({"requested", "mode", "stateBytes", "reasons", "gpuTypes"})
 MEMORY_TYPE_KEYS = frozenset({"gpuType", "ranks", "usableBytes", "stateSharePercent", "stateBytes",
                               "microBatches", "activationCheckpointing", "peakBytes"})
@@ -124,10 +126,38 @@ def plan_status(job_name: str, plan: Plan, *, master_addr: str, master_port: int
             "architecture": g.architecture, "resourceName": g.resource_name, "image": g.image,
             "precision": g.precision, "firstRank": g.ranks[0], "ranks": len(g.ranks),
             "localBatches": list(g.local_batches)} for g in plan.groups],
-        "excluded": [{"node": e.node, "reason": e.reason, "message": e.message}
-                     for e in plan.excluded],
+        **excluded_status(plan.excluded),
         **value_status(plan.value),
         **({"memory": memory_status(plan.memory)} if plan.memory is not None else {}),
+    }
+
+
+def excluded_status(excluded: Sequence[ExcludedNode]) -> dict[str, Any]:
+    """``status.plan.excluded`` (at most :data:`limits.EXCLUDED_MAX` nodes), ``excludedCount`` (all
+    of them) and ``excludedReasons`` (a count per reason).
+
+    At 2,000 nodes a plan can exclude more nodes than the CRD's ``maxItems`` allows, and the API
+    server then refuses the whole status write; so the list keeps the first nodes of every reason
+    in turn (each reason shown, none crowding out the others), in the plan's order.
+    """
+    by_reason: dict[str, list[int]] = {}
+    for i, e in enumerate(excluded):
+        by_reason.setdefault(e.reason, []).append(i)
+    keep: set[int] = set()
+    queues = [by_reason[r] for r in sorted(by_reason)]
+    depth = 0
+    while len(keep) < min(len(excluded), limits.EXCLUDED_MAX):
+        for q in queues:
+            if depth < len(q) and len(keep) < limits.EXCLUDED_MAX:
+                keep.add(q[depth])
+        depth += 1
+    counts = sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return {
+        "excluded": [{"node": e.node, "reason": e.reason, "message": e.message}
+                     for i, e in enumerate(excluded) if i in keep],
+        "excludedCount": len(excluded),
+        "excludedReasons": [{"reason": r, "count": len(ix)}
+                            for r, ix in counts[:limits.EXCLUDED_REASONS_MAX]],
     }
 
 
