@@ -8,6 +8,7 @@ means no progress update this time.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from hetero_operator.api import conditions as c
-from hetero_operator.api.labels import LABEL_RANK
+from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS, LABEL_RANK, LOCAL_POD_IP
 from heterotrain_common import metricnames as mn
 
 MetricsUrlFn = Callable[[Mapping[str, Any], int], "str | None"]
@@ -24,9 +25,24 @@ READ_TIMEOUT_S = 2.0
 
 
 def default_metrics_url(pod: Mapping[str, Any], port: int) -> str | None:
-    """``http://<podIP>:<port>/metrics`` of a running pod, ``None`` before it has an IP."""
+    """``http://<podIP>:<port>/metrics`` of a running pod, ``None`` before it has an IP.
+
+    A pod of the local kubelet (``heterotrain cluster``: pod IP 127.0.0.1, which no real kubelet
+    reports) listens where its ``local.heterotrain.io/ports`` annotation says: the kubelet remaps
+    the ports several pods on 127.0.0.1 would all bind.  Elsewhere the annotation is ignored.
+    """
     ip = (pod.get("status") or {}).get("podIP")
-    return f"http://{ip}:{port}/metrics" if ip and port else None
+    if not ip or not port:
+        return None
+    if ip == LOCAL_POD_IP:
+        ann = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_LOCAL_PORTS)
+        try:
+            real = json.loads(ann).get(str(port)) if ann else None
+        except (ValueError, AttributeError):
+            real = None
+        if isinstance(real, int) and 0 < real < 65536:
+            port = real
+    return f"http://{ip}:{port}/metrics"
 
 
 async def fetch_metrics(url: str) -> str | None:

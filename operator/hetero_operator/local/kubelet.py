@@ -39,13 +39,15 @@ from typing import Any
 
 import yaml
 
+from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS
+
 from . import podenv
 from .controlplane import free_ports
 from .kubeapi import Api, ApiError
 
 REPO = Path(__file__).resolve().parents[3]
 LEASE_NS = "kube-node-lease"
-PORTS_ANNOTATION = "local.heterotrain.io/ports"
+PORTS_ANNOTATION = ANNOTATION_LOCAL_PORTS
 
 
 def load_nodes(path: Path) -> list[dict[str, Any]]:
