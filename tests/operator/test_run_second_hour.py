@@ -198,9 +198,11 @@ def test_resume_refuses_a_directory_that_is_no_run(tmp_path):
      "call last):\n  File \"y\"\nRuntimeError: wrapped\n", "KeyError: 'lr'"),
     ("usage: t.py [-h]\nt.py: error: the following arguments are required: --data\n",
      "t.py: error: the following arguments are required: --data"),
-    ("loading\nKilled\n", "Killed"), ("", "")],
+    ("loading\nKilled\n", "Killed"), ("", ""),
+    ("[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x\"\n[rank0]: ImportError: "
+     "cannot import name 'f'\n", "ImportError: cannot import name 'f'")],
     ids=["the root exception of a chained traceback", "argparse's error line",
-         "the last line otherwise", "no output"])
+         "the last line otherwise", "no output", "torch's [rank0]: prefix dropped"])
 def test_the_first_line_of_a_ranks_error(output, expected):
     assert failure.error_line(output) == expected
 

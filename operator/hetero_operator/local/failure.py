@@ -56,16 +56,18 @@ class RankFailure:
 
 
 _TRACEBACK = "Traceback (most recent call last):"
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]:")
+"""torch.distributed's prefix on a rank's traceback lines (``[rank0]: ImportError: ...``)."""
 
 
 def error_line(text: str) -> str:
     """The first line of the error in one attempt's output of a rank.
 
     The exception line of the first traceback (the root of a chained one: Python prints the
-    original first), else the first line holding ``error:`` (argparse, ``heterotrain: error:``),
+    original first; torch's ``[rank0]:`` line prefix dropped), else the first line holding ``error:`` (argparse, ``heterotrain: error:``),
     else the last non-empty line; ``""`` for no output.
     """
-    lines = [line.rstrip() for line in text.splitlines()]
+    lines = [_RANK_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
     if _TRACEBACK in lines:
         start = lines.index(_TRACEBACK) + 1
         for line in lines[start:]:
