@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from heterotrain_common import defaults
-from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DIR,
+from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DIR, CHECKPOINT_KEEP,
+                                         CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S,
+                                         TERMINATION_GRACE_S,
                                          CHECKPOINT_INTERVAL_STEPS, COMPRESSION, DEVICE_PROFILE,
                                          FIRST_RANK, GLOBAL_BATCH_SIZE, GROUP, GROUP_RANK,
                                          GROUP_SIZE, HIERARCHIES, HIERARCHY, JOB_NAME,
@@ -37,7 +39,7 @@ from heterotrain_common.envread import (ContractError, choice_var, compression_m
                                         load_json, memory_settings, powersgd_rank,
                                         predicted_samples_per_s, profile_steps,
                                         rebalance_interval_steps, rendezvous_timeout_s, required,
-                                        run_dir, sim_delay_per_sample_s)
+                                        run_dir, seconds_from_env, sim_delay_per_sample_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -142,6 +144,10 @@ class Contract:
     activation_checkpointing: bool = False
     memory_cap_bytes: int = 0
     shard_ppm: tuple[int, ...] = ()
+    checkpoint_keep: int = defaults.CHECKPOINT_KEEP
+    checkpoint_timeout_s: float = float(defaults.CHECKPOINT_TIMEOUT_S)
+    collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S
+    termination_grace_s: float = float(defaults.TERMINATION_GRACE_S)
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -217,6 +223,13 @@ def render_rank_env(contract: Contract) -> dict[str, str]:
         env[MEMORY_CAP_BYTES] = str(contract.memory_cap_bytes)
     if contract.shard_ppm:
         env[SHARD_PPM] = ",".join(str(p) for p in contract.shard_ppm)
+    for name, value, default in (
+            (CHECKPOINT_KEEP, contract.checkpoint_keep, defaults.CHECKPOINT_KEEP),
+            (CHECKPOINT_TIMEOUT_S, contract.checkpoint_timeout_s, defaults.CHECKPOINT_TIMEOUT_S),
+            (COLLECTIVE_TIMEOUT_S, contract.collective_timeout_s, defaults.COLLECTIVE_TIMEOUT_S),
+            (TERMINATION_GRACE_S, contract.termination_grace_s, defaults.TERMINATION_GRACE_S)):
+        if value != default:
+            env[name] = f"{value:g}" if isinstance(value, float) else str(value)
     env.update(contract.extra)
     return env
 
@@ -304,6 +317,15 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         max_steps=_optional_count(environ, MAX_STEPS),
         epochs=_optional_count(environ, EPOCHS),
         restart_generation=int_var(environ, RESTART_GENERATION, minimum=0, default=0),
+        checkpoint_keep=int_var(environ, CHECKPOINT_KEEP, minimum=1, default=defaults.CHECKPOINT_KEEP),
+        checkpoint_timeout_s=seconds_from_env(environ, CHECKPOINT_TIMEOUT_S,
+                                              default_s=float(defaults.CHECKPOINT_TIMEOUT_S),
+                                              allow_zero=False),
+        collective_timeout_s=seconds_from_env(environ, COLLECTIVE_TIMEOUT_S,
+                                              default_s=defaults.COLLECTIVE_TIMEOUT_S, allow_zero=False),
+        termination_grace_s=seconds_from_env(environ, TERMINATION_GRACE_S,
+                                             default_s=float(defaults.TERMINATION_GRACE_S),
+                                             allow_zero=True),
         **memory_settings(environ),
     )
     _check_rank_against_topology(contract)

@@ -36,3 +36,15 @@ BACKOFF_BASE_S = 10.0
 """First restart delay; doubles per restart (``HTJ_BACKOFF_BASE_S``)."""
 BACKOFF_MAX_S = 300.0
 """Largest restart delay (``HTJ_BACKOFF_MAX_S``)."""
+CHECKPOINT_KEEP = 2
+"""Verified checkpoints kept (``spec.training.checkpoint.keep``, ``HTJ_CHECKPOINT_KEEP``): the newest
+and one to fall back to when the newest is unreadable."""
+CHECKPOINT_TIMEOUT_S = 1800
+"""Timeout of the checkpoint process group, seconds (``spec.training.checkpoint.timeoutSeconds``,
+``HTJ_CHECKPOINT_TIMEOUT_S``): a save to slow storage may take this long before the ranks give up."""
+TERMINATION_GRACE_S = 300
+"""``terminationGracePeriodSeconds`` of worker pods when the template sets none: long enough for
+the ranks to reach the next step, agree and write one checkpoint (docs/operator.md, "Preemption")."""
+SHM_PER_LOCAL_RANK_BYTES = 2 * 2**30
+"""Default ``/dev/shm`` size per local rank (``spec.worker.sharedMemorySize`` unset): DataLoader
+workers and NCCL's shared-memory transport; capped at half the worker container's memory limit."""

@@ -23,6 +23,8 @@ from typing import IO, Any
 GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL when stopping the gang."""
 POLL_S = 0.1
+PREEMPTED_EXIT_CODE = 75
+"""A rank stopped at an agreed step after SIGTERM (``heterotrain_common.envnames``)."""
 DEADLINE_EXIT_CODE = 124
 """Exit code of a gang stopped at its deadline (as coreutils ``timeout``)."""
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -114,9 +116,13 @@ class Gang:
         """True while any process is alive."""
         return any(p.poll() is None for p in self.procs)
 
-    def stop(self, grace_s: float = GRACE_S) -> None:
-        """SIGTERM every live process, SIGKILL what is left after ``grace_s`` seconds, reap all."""
-        self.send_signal(signal.SIGTERM)
+    def stop(self, grace_s: float = GRACE_S, *, resend: bool = True) -> None:
+        """SIGTERM every live process, SIGKILL what is left after ``grace_s`` seconds, reap all.
+
+        ``resend=False``: they had their SIGTERM already (forwarded from ours): only wait, then
+        SIGKILL (a second SIGTERM would cut a rank's stop checkpoint short)."""
+        if resend:
+            self.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while self.running() and time.monotonic() < deadline:
             time.sleep(POLL_S / 2)
@@ -125,12 +131,17 @@ class Gang:
             p.wait()
 
     def wait(self, *, on_tick: Callable[[], None] | None = None, grace_s: float = GRACE_S,
-             poll_s: float = POLL_S, deadline_s: float | None = None) -> Outcome:
+             poll_s: float = POLL_S, deadline_s: float | None = None,
+             signal_grace_s: float | None = None) -> Outcome:
         """Wait until all exit or one fails (then stop the rest).
 
         Args:
             on_tick: called every ``poll_s`` seconds while waiting (progress display).
             grace_s: SIGTERM-to-SIGKILL grace when stopping the rest, seconds.
+            signal_grace_s: after a signal to the supervisor (forwarded to every process) or a
+                process that exited with :data:`PREEMPTED_EXIT_CODE`, how long the others may take
+                to finish on their own before SIGKILL (a rank's stop at an agreed step writes a
+                checkpoint); None: ``grace_s``.
             poll_s: polling period, seconds.
             deadline_s: ``time.monotonic()`` value at which to stop everything; None for none.
 
@@ -139,8 +150,14 @@ class Gang:
         """
         while True:
             failed = self.first_failure()
-            if failed is not None or self.signal_received is not None:
-                self.stop(grace_s)
+            if self.signal_received is not None:  # forwarded: a SIGTERM'd rank stops on its own
+                graceful = self.signal_received == signal.SIGTERM and signal_grace_s is not None
+                self.stop(signal_grace_s if graceful else grace_s,
+                          resend=self.signal_received != signal.SIGTERM)
+                break
+            if failed is not None:
+                preempted = exit_code_of(self.procs[failed].returncode) == PREEMPTED_EXIT_CODE
+                self.stop(signal_grace_s if preempted and signal_grace_s is not None else grace_s)
                 break
             if deadline_s is not None and time.monotonic() >= deadline_s and self.running():
                 self.stop(grace_s)

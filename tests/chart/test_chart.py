@@ -524,6 +524,8 @@ def test_watch_timeouts_and_worker_hardening_reach_the_operator_config() -> None
     assert (config.network_policy, config.worker_run_as_non_root) is not None
     assert config.network_policy is True and config.worker_run_as_non_root is True
     assert config.metrics_namespaces == ("monitoring", NAMESPACE)
+    assert (config.network_policy_egress, config.dns_namespace, config.dns_labels) == (
+        "auto", "kube-system", {"k8s-app": "kube-dns"})  # shared/cases/46
     off = OperatorConfig.from_env({k: v for k, v in env_of(operator_container(
         "default", "workers.networkPolicy.enabled=false", "workers.runAsNonRoot=false",
         "workers.networkPolicy.monitoringNamespace=prom")).items() if k.startswith("HTJ_")})
@@ -538,8 +540,8 @@ def _network_policy_rules(*sets: str) -> list[dict[str, Any]]:
 
 
 def test_rbac_grants_creating_network_policies_only_when_they_are_on() -> None:
-    assert _network_policy_rules() == [{"apiGroups": ["networking.k8s.io"],
-                                        "resources": ["networkpolicies"], "verbs": ["create"]}]
+    assert _network_policy_rules() == [{"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+                                        "verbs": ["create", "list", "patch"]}]
     assert _network_policy_rules("workers.networkPolicy.enabled=false") == []
 
 
@@ -552,9 +554,9 @@ def test_case_27_upgrade_hook_brings_every_field_the_operator_checks_for() -> No
     upgrade = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--is-upgrade").stdout
     cm = next(d for d in yaml.safe_load_all(upgrade)
               if d and d["kind"] == "ConfigMap" and "crd-upgrade" in d["metadata"]["name"])
-    applied = yaml.safe_load(cm["data"][CRD_NAME])
+    applied = yaml.load(cm["data"][CRD_NAME], Loader=yaml.CSafeLoader)  # libyaml: a 0.5 MB schema
     schemacheck.check_installed_crd(applied)
-    stale = yaml.safe_load(cm["data"][CRD_NAME])
+    stale = yaml.load(cm["data"][CRD_NAME], Loader=yaml.CSafeLoader)
     schema = schemacheck.schema_of(stale)
     del schema["properties"]["spec"]["properties"]["training"]["properties"]["compression"]
     with pytest.raises(schemacheck.StaleCrdError, match="spec.training.compression"):

@@ -10,6 +10,9 @@ shipped untested).
 from __future__ import annotations
 
 import copy
+import functools
+import re
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,8 @@ import jsonschema
 import yaml
 
 CRD_PATH = Path(__file__).resolve().parents[2] / "crds" / "heterotrainingjobs.heterotrain.io.yaml"
+sys.path.insert(0, str(CRD_PATH.parents[1] / "operator"))
+from hetero_operator.api import podtemplate  # noqa: E402
 
 CEL_RULES: dict[str, Callable[[Any, Any], bool]] = {
     "size(self.metadata.name) <= 50": lambda s, old: len(s["metadata"]["name"]) <= 50,
@@ -26,6 +31,10 @@ CEL_RULES: dict[str, Callable[[Any, Any], bool]] = {
     "self == oldSelf": lambda s, old: old is None or s == old,
     "!has(self.persistentVolumeClaim) || self.persistentVolumeClaim == '' || (has(self.path) && self.path != '')":
         lambda s, old: not s.get("persistentVolumeClaim") or bool(s.get("path")),
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')":
+        lambda s, old: re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", s["metadata"]["name"]) is not None,
+    **{podtemplate.cel_text(r): (lambda rule: lambda s, old: rule.check(s) is None)(r)
+       for r in podtemplate.RULES},
 }
 """CEL rule text -> Python twin ``(self, oldSelf_or_None) -> bool``.  Transition rules
 (``oldSelf``) pass on create, as in Kubernetes."""
@@ -36,8 +45,14 @@ class Invalid(ValueError):
 
 
 def load_crd(path: Path = CRD_PATH) -> dict[str, Any]:
-    """The CRD manifest."""
-    return yaml.safe_load(path.read_text())
+    """The CRD manifest (a copy: callers may change it)."""
+    return copy.deepcopy(_load(path))
+
+
+@functools.cache
+def _load(path: Path) -> dict[str, Any]:
+    # libyaml: the pure-Python loader takes seconds for the embedded PodTemplateSpec schema
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def openapi_schema(crd: Mapping[str, Any], version: str = "v1alpha1") -> dict[str, Any]:
@@ -95,6 +110,18 @@ def prune(schema: Mapping[str, Any], obj: Any) -> Any:
     return obj
 
 
+_VALIDATORS: dict[int, tuple[Mapping[str, Any], Any]] = {}
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    """The JSON Schema validator of ``schema``, built once (the embedded PodTemplateSpec schema
+    takes a while to convert); the schema is kept so its ``id`` is never reused."""
+    found = _VALIDATORS.get(id(schema))
+    if found is None or found[0] is not schema:
+        found = _VALIDATORS[id(schema)] = (schema, jsonschema.Draft7Validator(to_json_schema(schema)))
+    return found[1]
+
+
 def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
              crd: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Default, then validate like the API server; returns the defaulted object.
@@ -103,11 +130,10 @@ def validate(obj: Mapping[str, Any], old: Mapping[str, Any] | None = None,
         Invalid: schema or CEL violation, message ``HeteroTrainingJob.heterotrain.io "x" is
             invalid: spec.gpus.ranks: ...``.
     """
-    schema = openapi_schema(crd or load_crd())
+    schema = openapi_schema(crd or _load(CRD_PATH))  # read only: the cached one
     defaulted = apply_defaults(schema, obj)
     name = (obj.get("metadata") or {}).get("name", "")
-    errors = sorted(jsonschema.Draft7Validator(to_json_schema(schema)).iter_errors(defaulted),
-                    key=lambda e: list(e.absolute_path))
+    errors = sorted(_validator(schema).iter_errors(defaulted), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
         path = ".".join(str(p) for p in e.absolute_path) or "<root>"
@@ -131,6 +157,9 @@ def _cel_sites(schema: Mapping[str, Any], value: Any, old: Any, path: str):
             if key in value:
                 sub_old = old.get(key) if isinstance(old, dict) else None
                 yield from _cel_sites(sub, value[key], sub_old, f"{path}.{key}" if path else key)
+    elif isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        for i, item in enumerate(value):  # list items: no transition rules (oldSelf) there
+            yield from _cel_sites(schema["items"], item, None, f"{path}[{i}]")
 
 
 def cel_rules(schema: Mapping[str, Any]) -> list[str]:

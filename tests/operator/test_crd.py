@@ -63,10 +63,16 @@ def _walk(schema: dict[str, Any], path: str = ""):
         yield from _walk(schema["items"], path + "[]")
 
 
+TEMPLATE = "spec.worker.template.spec"
+"""Kubernetes' own PodSpec schema (scripts/gen-crd-podtemplate.py): its descriptions are
+Kubernetes' documentation and its bounds are checked on the pods the API server admits, so the
+two rules below apply to our own fields only."""
+
+
 def test_every_field_has_a_description_starting_with_its_name() -> None:
     missing = []
     for path, name, sub in _walk(SCHEMA):
-        if path == "metadata":
+        if path == "metadata" or path.startswith(TEMPLATE):
             continue
         desc = sub.get("description", "")
         if not desc.split(" ")[0].lower().startswith(name.lower().split("[")[0]):
@@ -77,6 +83,8 @@ def test_every_field_has_a_description_starting_with_its_name() -> None:
 def test_numbers_are_bounded_and_lists_capped_in_spec() -> None:
     unbounded = []
     for path, _, sub in _walk(SCHEMA["properties"]["spec"], "spec"):
+        if path.startswith(TEMPLATE):
+            continue
         if sub.get("type") == "integer" and ("minimum" not in sub or "maximum" not in sub):
             unbounded.append(path)
         if sub.get("type") == "array" and "maxItems" not in sub:
@@ -145,6 +153,18 @@ BAD = [
      "spec.training.checkpoint: Invalid value: spec.training.checkpoint.path is required"),
     ("name too long", lambda j: j["metadata"].update(name="x" * 51),
      "<root>: Invalid value: metadata.name must be at most 50 characters"),
+    ("name with a dot (case 44)", lambda j: j["metadata"].update(name="llama-3.1-8b"),
+     "<root>: Invalid value: metadata.name must be a DNS-1035 label"),
+    ("name with a leading digit (case 44)", lambda j: j["metadata"].update(name="7b-sft"),
+     "<root>: Invalid value: metadata.name must be a DNS-1035 label"),
+    ("hostNetwork in the template", lambda j: j["spec"]["worker"].update(template={"spec": {"hostNetwork": True}}),
+     "spec.worker.template.spec: Invalid value: ranks talk over the pod network"),
+    ("a second container", lambda j: j["spec"]["worker"].update(
+        template={"spec": {"containers": [{"name": "worker"}, {"name": "side"}]}}),
+     "spec.worker.template.spec: Invalid value: only a container named worker may be given"),
+    ("a GPU in the template", lambda j: j["spec"]["worker"].update(
+        template={"spec": {"containers": [{"name": "worker", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}),
+     "spec.worker.template.spec.containers[0]: Invalid value: the operator requests the GPUs"),
 ]
 
 

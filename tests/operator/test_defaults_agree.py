@@ -3,6 +3,7 @@ and the code all carry :mod:`heterotrain_common.defaults`."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,12 @@ SPEC_DEFAULTS = [
 ]
 
 
+@functools.cache
+def _load(path: Path) -> dict[str, Any]:
+    # libyaml: the CRD embeds Kubernetes' PodTemplateSpec schema (seconds with the Python loader)
+    return yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+
+
 def _crd_default(crd: dict[str, Any], path: str) -> Any:
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     for part in path.split("."):
@@ -43,7 +50,7 @@ def _crd_default(crd: dict[str, Any], path: str) -> Any:
 @pytest.mark.parametrize("crd", sorted(CRDS), ids=lambda c: f"the default in {c} is the one in defaults")
 @pytest.mark.parametrize(("path", "value", "_"), SPEC_DEFAULTS, ids=[p for p, _, _ in SPEC_DEFAULTS])
 def test_the_crd_carries_the_default(crd: str, path: str, value: Any, _: Any) -> None:
-    assert _crd_default(yaml.safe_load(CRDS[crd].read_text()), path) == value
+    assert _crd_default(_load(CRDS[crd]), path) == value
 
 
 @pytest.mark.parametrize(("path", "value", "parsed"), SPEC_DEFAULTS, ids=[p for p, _, _ in SPEC_DEFAULTS])

@@ -19,7 +19,7 @@ from hetero_operator.api.spec import parse_job
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.lifecycle.status import plan_status
 from hetero_operator.planning.plan import plan_job
-from hetero_worker.ckpt import checkpoint, files
+from hetero_worker.ckpt import checkpoint, files, store
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "examples" / "lm-large.yaml"
@@ -83,7 +83,7 @@ def test_the_memory_decision_goes_into_status_plan_and_survives_pruning() -> Non
          "stateBytes": 3764224, "microBatches": 3,
          "activationCheckpointing": plan.memory.ranks[1].activation_checkpointing,
          "peakBytes": max(r.peak_bytes for r in plan.memory.ranks[1:])}]
-    schema = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema = yaml.load(CRD.read_text(), Loader=yaml.CSafeLoader)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     status_schema = schema["properties"]["status"]
     assert crdcheck.prune(status_schema, status) == status  # every field declared: nothing pruned
     jsonschema.validate(status, status_schema)
@@ -114,10 +114,13 @@ def test_heterotrain_run_trains_it_within_each_simulated_cap(tmp_path: Path) -> 
         stats = json.loads((work / f"rank-{rank}.json").read_text())
         assert 0 < stats["memory_peak_bytes"] <= stats["memory_cap_bytes"]
     assert "(simulated cap)" in done.stdout
-    # Group sharding checkpoints through torch.distributed.checkpoint: the manifest names the
-    # complete DCP directory of the last save (step 40), the only one left
-    manifest = files.load_file(work / "checkpoints" / "checkpoint.pt")
+    # Group sharding checkpoints through torch.distributed.checkpoint: the newest checkpoint's
+    # file names the complete DCP directory beside it (step 40); the newest 2 are kept (20, 40)
+    newest = store.newest_file(work / "checkpoints")
+    manifest = files.load_file(newest)
     assert (manifest["format"], manifest["step"]) == (files.SHARDED_FORMAT, 40)
-    saved = sorted(p.name for p in (work / "checkpoints").iterdir() if p.name != "checkpoint.pt")
-    assert len(saved) == 1 and saved[0].startswith("sharded-")
-    assert (work / "checkpoints" / saved[0] / ".metadata").is_file()
+    kept = sorted(c.step for c in store.candidates(work / "checkpoints"))
+    assert kept == [20, 40]
+    saved = sorted(p.name for p in newest.parent.iterdir() if p.is_dir())
+    assert len(saved) == 1 and saved[0].startswith("sharded-") and saved[0] == manifest["sharded"]["dir"]
+    assert (newest.parent / saved[0] / ".metadata").is_file()

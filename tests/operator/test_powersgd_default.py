@@ -16,7 +16,7 @@ DEFAULT_RANK = 16  # rank 4 ended the speed benchmark 4.5-6.7 % above uncompress
 
 
 def _crd_rank_schema() -> dict:
-    crd = yaml.safe_load((REPO / "crds" / "heterotrainingjobs.heterotrain.io.yaml").read_text())
+    crd = yaml.load((REPO / "crds" / "heterotrainingjobs.heterotrain.io.yaml").read_text(), Loader=yaml.CSafeLoader)
     props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     return props["spec"]["properties"]["training"]["properties"]["compression"]["properties"][
         "powerSGDRank"]

@@ -129,9 +129,11 @@ def test_user_env_resources_pvc_and_priority_class_are_carried() -> None:
     assert [e for e in c["env"] if e["name"] == "RANK"] == [{"name": "RANK", "value": "99"}]
     assert c["resources"] == {"requests": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"},
                               "limits": {"memory": "8Gi", "nvidia.com/gpu": "1"}}
-    assert c["volumeMounts"] == [{"name": "checkpoint", "mountPath": "/ckpt"}]
-    assert pods[0]["spec"]["volumes"] == [{"name": "checkpoint",
-                                           "persistentVolumeClaim": {"claimName": "digits-ckpt"}}]
+    assert c["volumeMounts"] == [{"name": "checkpoint", "mountPath": "/ckpt"},
+                                 {"name": "dshm", "mountPath": "/dev/shm"}]
+    assert pods[0]["spec"]["volumes"] == [
+        {"name": "checkpoint", "persistentVolumeClaim": {"claimName": "digits-ckpt"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}]  # 2Gi x 1 rank < 8Gi / 2
     assert pods[0]["spec"]["priorityClassName"] == "training-high"
 
 

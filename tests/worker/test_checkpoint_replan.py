@@ -17,7 +17,7 @@ import torch
 from epoch_checks import assert_every_sample_once
 from rankproc import assert_ok, mixed_cluster_envs, run_ranks
 
-from hetero_worker.ckpt import checkpoint, files
+from hetero_worker.ckpt import checkpoint, files, store
 
 HERE = Path(__file__).parent
 SAMPLES = 108  # 6 steps of a global batch of 18, no remainder
@@ -47,7 +47,7 @@ def kill_and_resume(tmp_path: Path, before: list[int], after: list[int], *,
                       mixed_cluster_envs(before, checkpoint_dir=str(ckpt)), timeout_s=120)
     assert runs1[killed].returncode == -9, "the last rank was not killed"
     assert all(r.returncode != 0 for r in runs1), "a rank finished although a peer was killed"
-    assert files.load_file(ckpt / "checkpoint.pt")["step"] == 2
+    assert files.load_file(store.newest_file(ckpt))["step"] == 2
     runs2 = run_ranks(cmd(out2, "--checkpoint-every", "2", "--compression", compression),
                       mixed_cluster_envs(after, checkpoint_dir=str(ckpt)), timeout_s=120)
     assert_ok(runs2)
@@ -93,7 +93,8 @@ def test_rank_that_cannot_read_the_checkpoint_stops_every_rank(tmp_path: Path) -
     checkpoint.save_checkpoint(shared, step=4, model=model,
                                optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                plan={"world_size": 3})
-    saved_id = files.load_file(shared / "checkpoint.pt")["checkpoint_id"]
+    saved = store.newest_file(shared)
+    saved_id = files.load_file(saved)["checkpoint_id"]
     empty.mkdir()
     broken.mkdir()
     (broken / "checkpoint.pt").write_bytes(b"not a checkpoint")
@@ -106,6 +107,6 @@ def test_rank_that_cannot_read_the_checkpoint_stops_every_rank(tmp_path: Path) -
     assert not (out / "steps-rank0.jsonl").exists(), "a rank trained without agreement"
     for run in runs:  # every rank says the same: the decision and each disagreeing rank
         assert "ResumeDisagreement: resume not agreed: rank 0 resumes from step 4 " \
-               f"(checkpoint {saved_id} at {shared / 'checkpoint.pt'})" in run.stderr
+               f"(checkpoint {saved_id} at {saved})" in run.stderr
         assert f"rank 1 found no checkpoint at {empty / 'checkpoint.pt'}" in run.stderr
         assert f"rank 2 could not read {broken / 'checkpoint.pt'}: UnpicklingError" in run.stderr

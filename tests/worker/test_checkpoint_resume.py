@@ -12,7 +12,7 @@ import pytest
 import torch
 from rankproc import assert_ok, mixed_cluster_envs, run_ranks, start_rank, wait_all
 
-from hetero_worker.ckpt import checkpoint, files
+from hetero_worker.ckpt import checkpoint, files, store
 
 STEPS = 30
 BATCHES = [32, 16]
@@ -57,7 +57,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path: Path) -> None:
     killed_at = kill_after_checkpoint(mixed_cluster_envs(BATCHES, checkpoint_dir=str(ckpt_dir)),
                                       min_step=10)
     assert 10 <= killed_at < STEPS, f"the run was not killed mid-way (checkpoint {killed_at})"
-    saved_step = files.load_file(ckpt_dir / "checkpoint.pt")["step"]  # weights_only=True
+    saved_step = files.load_file(store.newest_file(ckpt_dir))["step"]  # weights_only=True
     assert saved_step % 5 == 0 and 10 <= saved_step < STEPS
 
     resumed = tmp_path / "resumed.pt"

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from hetero_worker.ckpt import agreement, checkpoint, files
+from hetero_worker.ckpt import agreement, checkpoint, files, store
 from hetero_worker.ckpt import sharded as shardckpt
 
 HERE = Path(__file__).parent
@@ -77,7 +77,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 
 def manifest(ckpt: Path) -> dict:
-    return files.load_file(ckpt / files.CHECKPOINT_FILE)  # weights_only=True
+    """The newest checkpoint's file (weights_only=True)."""
+    return files.load_file(store.newest_file(ckpt))
 
 
 def assert_exact_epoch(phase1: list[dict], phase2: list[dict], saved_step: int) -> None:
@@ -103,11 +104,11 @@ def test_kill_while_publishing_resumes_from_the_previous_checkpoint_bit_identica
     saved = manifest(ckpt)
     assert (saved["format"], saved["step"], saved["model"]) == (files.SHARDED_FORMAT, 2, None)
     assert saved["sharded"]["writers"] == [2, 3]  # the largest group writes
-    assert sorted(os.listdir(ckpt / saved["sharded"]["dir"])) == [
+    assert sorted(os.listdir(store.newest_file(ckpt).parent / saved["sharded"]["dir"])) == [
         ".metadata", "__0_0.distcp", "__1_0.distcp"]
     unpublished = [p for p in ckpt.iterdir() if p.name.endswith(".tmp")]
-    assert len(unpublished) == 1 and (unpublished[0] / ".metadata").is_file(), \
-        "step 4's data were complete: only publishing was cut"
+    assert len(unpublished) == 1 and [m.parent.parent for m in unpublished[0].glob("sharded-*/.metadata")] == [
+        unpublished[0]], "step 4's data were complete: only publishing was cut"
 
     runs2 = run_ranks(cmd(out2, "--checkpoint-every", "2"), envs(SPLIT4, ckpt), timeout_s=200)
     assert_ok(runs2)
@@ -120,7 +121,11 @@ def test_kill_while_publishing_resumes_from_the_previous_checkpoint_bit_identica
     assert_exact_epoch(records(out1, 4), records(out2, 4), 2)
     final = manifest(ckpt)
     assert final["step"] == 6
-    assert sorted(p.name for p in ckpt.iterdir()) == ["checkpoint.pt", final["sharded"]["dir"]]
+    # the newest 2 verified checkpoints stay (steps 4 and 6), the dead save's .tmp is gone
+    assert [c.step for c in store.candidates(ckpt)] == [6, 4]
+    assert not [p for p in ckpt.iterdir() if p.name.endswith(".tmp")]
+    newest = store.newest_file(ckpt).parent
+    assert sorted(p.name for p in newest.iterdir()) == ["MANIFEST.json", "checkpoint.pt", final["sharded"]["dir"]]
 
 
 @pytest.mark.slow
@@ -286,7 +291,8 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, world_of_one
 
     monkeypatch.setattr(shardckpt.dcp, "save", disk_full)
     with pytest.raises(RuntimeError, match=r"^sharded checkpoint of step 2 failed on every rank's "
-                       r"account \(rank 0: writing .*\.sharded-[0-9a-f]{16}\.tmp: OSError: No space "
+                       r"account \(rank 0: writing .*\.step-00000002-[0-9a-f]{16}\.tmp/sharded-[0-9a-f]{16}: "
+                       r"OSError: No space "
                        r"left on device\); the previous checkpoint is kept$"):
         shardckpt.save_sharded_checkpoint(ckpt, step=2, model=model, optimizer=opt,
                                           groups=[(0,)], group=world_of_one, rank=0)

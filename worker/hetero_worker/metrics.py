@@ -67,6 +67,8 @@ _DOCS: dict[str, tuple[type, str]] = {
     mn.PLANNED_STEPS: (Gauge, "Optimizer steps the job takes in all, resumed ones included "
                               "(absent while the script has not said)."),
     mn.RESUMED_STEP: (Gauge, "The job step this process resumed at; 0 when it started fresh."),
+    mn.CHECKPOINT_FALLBACKS_TOTAL: (Counter, "Resumes from an older checkpoint because a newer "
+                                        "one was unreadable on some rank (truncated, corrupt)."),
     mn.GPU_UTILIZATION_RATIO: (Gauge, "GPU busy fraction 0..1 from NVML (whole GPUs only)."),
     mn.GPU_MEMORY_USED_BYTES: (Gauge, "Device memory used by all processes, from NVML, bytes."),
     mn.GPU_MEMORY_TOTAL_BYTES: (Gauge, "Device memory, from NVML, bytes."),
@@ -268,6 +270,11 @@ class WorkerMetrics:
         self._child(mn.RESUMED_STEP).set(int(step))
         with self._lock:
             self._last["resumed_step"] = int(step)
+
+    def record_checkpoint_fallback(self) -> None:
+        """Count one resume that passed over an unreadable newer checkpoint
+        (``htj_checkpoint_fallbacks_total``; the operator posts a ``CheckpointFallback`` Event)."""
+        self._child(mn.CHECKPOINT_FALLBACKS_TOTAL).inc()
 
     def record_rebalance(self) -> None:
         """Count one change of this rank's batch split."""

@@ -54,6 +54,7 @@ from hetero_worker.memory import microbatch
 from hetero_worker.memory.wrap import ShardedWrapping
 from hetero_worker.precision import PrecisionPolicy, agree_found_inf
 from hetero_worker.runtime import rendezvous
+from hetero_worker.runtime.preemption import GracefulStop
 from hetero_worker.runtime.preflight import exit_on_setup_error, preflight
 from hetero_worker.runtime.shutdown import leave_process_group
 from hetero_worker.runtime.simulation import simulate_compute
@@ -100,7 +101,7 @@ def _make_metrics(contract: Contract) -> Any:
     return WorkerMetrics(contract)
 
 
-class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
+class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing, GracefulStop):
     """One rank of a heterogeneous data-parallel job. Build it with :func:`init`.
 
     Args:
@@ -138,6 +139,10 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
                           "would cross them use Gloo (plan one build per job)", stacklevel=2)
         self.groups = self.build_groups(contract.hierarchy)
         self.layout = self.groups.layout
+        # checkpoints and the stop agreement: their own group and timeout (slow storage)
+        self.ckpt_group = (rendezvous.checkpoint_group(contract.checkpoint_timeout_s)
+                           if dist.is_initialized() else None)
+        self._init_stop()  # SIGTERM: stop at a step every rank agrees on, with one checkpoint
         self.metrics = _make_metrics(contract)
         self.profiler = profiling.from_contract(contract, cuda=use_cuda)  # None unless asked
         # The memory model's cap (issue 12): counted when the plan set one, enforced on a
@@ -388,6 +393,7 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
         """
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
+        self._begin_stop_agreement()  # overlaps the step; answered at its end
         local = self.local_batch  # a split change decided after this step applies to the next
         if self.profiler is not None:
             self.profiler.before_step(self.global_step + 1)
@@ -433,6 +439,9 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing):
             self.speed.after_step(result.compute_s, local)
         if self.profiler is not None:
             self.profiler.after_step(self.global_step)
+        self._end_stop_agreement()
+        if self.stopping:  # SIGTERM somewhere: one checkpoint at this step, exit 75 on every rank
+            self.stop_now(optimizer)
         return result
 
     def _backward(self, loss: torch.Tensor) -> None:
@@ -581,7 +590,8 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
         torch.cuda.set_device(cuda_index(contract))
     rendezvous.init_distributed(  # Gloo only: never a world-wide NCCL communicator
         rank=contract.rank, world_size=contract.world_size, master_addr=contract.master_addr,
-        master_port=contract.master_port, backend="gloo", timeout_s=rendezvous_timeout_s)
+        master_port=contract.master_port, backend="gloo", timeout_s=rendezvous_timeout_s,
+        collective_timeout_s=contract.collective_timeout_s)
     seed_everything(seed)
     trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
                       sync_mode=sync_mode)

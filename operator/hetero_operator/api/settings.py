@@ -87,6 +87,13 @@ class OperatorConfig:
             (``HTJ_METRICS_NAMESPACES``, comma-separated; default ``monitoring``).
         worker_run_as_non_root: set ``runAsNonRoot`` on worker pods (``HTJ_WORKER_RUN_AS_NON_ROOT``,
             true; false only for worker images that must run as root).
+        network_policy_egress: whether the job's NetworkPolicy also restricts its pods' egress to
+            the job's own pods and the cluster DNS (``HTJ_NETWORK_POLICY_EGRESS``): ``auto`` (the
+            default) when a policy of the namespace isolates the pods' egress already (e.g.
+            "default deny all", shared/cases/46), so the ranks still reach each other and the DNS
+            while everything else stays as the namespace decides; ``always``; ``never``.
+        dns_namespace / dns_labels: where the cluster DNS pods run and their labels, for that
+            egress rule (``HTJ_DNS_NAMESPACE`` kube-system, ``HTJ_DNS_LABELS`` k8s-app=kube-dns).
     """
 
     namespaces: tuple[str, ...] = ()
@@ -119,6 +126,9 @@ class OperatorConfig:
     network_policy: bool = True
     metrics_namespaces: tuple[str, ...] = ("monitoring",)
     worker_run_as_non_root: bool = True
+    network_policy_egress: str = "auto"
+    dns_namespace: str = "kube-system"
+    dns_labels: Mapping[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
 
     def __post_init__(self) -> None:
         for name in ("metrics_port", "health_port", "master_port"):
@@ -145,6 +155,9 @@ class OperatorConfig:
                               f"not exceed watch_server_timeout_s ({self.watch_server_timeout_s})")
         if not self.launcher:
             raise ConfigError("launcher must not be empty")
+        if self.network_policy_egress not in EGRESS_MODES:
+            raise ConfigError(f"network_policy_egress must be one of {', '.join(EGRESS_MODES)}, "
+                              f"got {self.network_policy_egress!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OperatorConfig:
@@ -167,6 +180,9 @@ class OperatorConfig:
         return replace(self, **changes)
 
 
+EGRESS_MODES = ("auto", "always", "never")
+
+
 def _parse(name: str, var: str, raw: str) -> Any:
     try:
         if name in ("namespaces", "launcher", "metrics_namespaces"):
@@ -178,8 +194,15 @@ def _parse(name: str, var: str, raw: str) -> Any:
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
                 raise ValueError("use true or false")
             return raw.lower() in ("1", "true", "yes")
-        if name in ("peering", "service_domain"):
+        if name in ("peering", "service_domain", "dns_namespace"):
             return raw
+        if name == "network_policy_egress":
+            return raw.strip().lower()
+        if name == "dns_labels":
+            pairs = [p.strip().split("=", 1) for p in raw.split(",") if p.strip()]
+            if not pairs or any(len(p) != 2 or not p[0] for p in pairs):
+                raise ValueError("use key=value[,key=value]")
+            return {k.strip(): v.strip() for k, v in pairs}
         if name == "gpu_prices":
             return parse_prices_setting(raw, var)
         if name.endswith("_gbps"):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hetero_operator.api import podtemplate
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.fields import (boolean, enum, integer, mapping, optional_integer, string,
                                         string_list)
@@ -39,6 +40,10 @@ _PROFILE_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,251}[a-z0-9])?$")
 _GENERATED_SUFFIX_RE = re.compile(r"^(?=.*[0-9])[bcdfghjklmnpqrstvwxz2456789]{5}$")
 """Kubernetes ``generateName`` appends 5 characters of this alphabet (apimachinery's
 ``utilrand.String``: consonants and digits without vowels, 0, 1, 3)."""
+_DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+"""apimachinery's DNS-1035 label: a Service name (``<job>``) and a pod's subdomain (shared/cases/44)."""
+MAX_NAME_LENGTH = 50
+"""Longest job name: pods ``<name>-g<group>-m<k>`` and hostnames must stay DNS labels (63)."""
 _CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 _CC_RE = re.compile(r"^\d{1,2}\.\d$")
 _TORCH_RE = re.compile(r"^\d{1,2}\.\d{1,3}(\.\d{1,3})?([+.-][0-9A-Za-z.]{1,24})?$")
@@ -114,6 +119,9 @@ class TrainingSpec:
         checkpoint_path: directory inside the worker for checkpoints; ``""`` disables.
         checkpoint_pvc: PersistentVolumeClaim mounted at ``checkpoint_path``; ``""`` for none.
         checkpoint_interval_steps: steps between checkpoints.
+        checkpoint_keep: verified checkpoints kept on disk (``spec.training.checkpoint.keep``).
+        checkpoint_timeout_s: timeout of the checkpoint process group (save and agreement).
+        collective_timeout_s: timeout of the training collectives.
         rebalance_interval_steps: steps between split re-solves; 0 disables rebalancing.
         compression: inter-group gradient compression (see ``COMPRESSIONS``).
         powersgd_rank: matrix rank for PowerSGD compression.
@@ -143,6 +151,9 @@ class TrainingSpec:
     checkpoint_path: str = ""
     checkpoint_pvc: str = ""
     checkpoint_interval_steps: int = defaults.CHECKPOINT_INTERVAL_STEPS
+    checkpoint_keep: int = defaults.CHECKPOINT_KEEP
+    checkpoint_timeout_s: int = defaults.CHECKPOINT_TIMEOUT_S
+    collective_timeout_s: int = int(defaults.COLLECTIVE_TIMEOUT_S)
     rebalance_interval_steps: int = defaults.REBALANCE_INTERVAL_STEPS
     compression: str = "None"
     powersgd_rank: int = defaults.POWERSGD_RANK
@@ -165,6 +176,10 @@ class WorkerTemplate:
         env: extra environment, as Kubernetes ``EnvVar`` dicts.
         resources: Kubernetes ``ResourceRequirements`` for CPU/memory (GPUs are added by us).
         metrics_port: Prometheus port of local rank 0; local rank i uses ``metrics_port + i``.
+        template: the pod template (``spec.worker.template``, a ``PodTemplateSpec`` dict, ``{}``
+            for none), checked by :func:`hetero_operator.api.podtemplate.check_template`.
+        shared_memory_bytes: ``spec.worker.sharedMemorySize`` in bytes; None for the default
+            (:func:`shared_memory_bytes`), 0 for no ``/dev/shm`` volume.
     """
 
     command: tuple[str, ...]
@@ -172,6 +187,54 @@ class WorkerTemplate:
     env: tuple[Mapping[str, Any], ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
     metrics_port: int = 9480
+    template: Mapping[str, Any] = field(default_factory=dict)
+    shared_memory_bytes: int | None = None
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        """The worker container's memory limit (the template's container ``worker`` wins over
+        ``spec.worker.resources``), bytes; None without one or when it is no whole quantity."""
+        return memory_limit_bytes(merged_resources(self))
+
+    @property
+    def termination_grace_s(self) -> int:
+        """The pods' ``terminationGracePeriodSeconds``: the template's, else the default."""
+        value = (self.template.get("spec") or {}).get("terminationGracePeriodSeconds")
+        return int(value) if value is not None else defaults.TERMINATION_GRACE_S
+
+
+def merged_resources(worker: WorkerTemplate) -> dict[str, Any]:
+    """``spec.worker.resources`` with the template's container ``worker``'s over it, per resource
+    name (``requests`` and ``limits``; other keys of the template's, such as ``claims``, are refused
+    there)."""
+    out = {k: dict(v) for k, v in worker.resources.items() if k in ("requests", "limits") and v}
+    extra = podtemplate.worker_container(worker.template).get("resources") or {}
+    for key in ("requests", "limits"):
+        if extra.get(key):
+            out.setdefault(key, {}).update(extra[key])
+    return out
+
+
+def memory_limit_bytes(resources: Mapping[str, Any]) -> int | None:
+    """``limits.memory`` in bytes; None when absent or no whole-number quantity."""
+    raw = (resources.get("limits") or {}).get("memory")
+    if raw is None:
+        return None
+    try:
+        return parse_quantity(raw)
+    except QuantityError:
+        return None
+
+
+def shared_memory_bytes(worker: WorkerTemplate, local_ranks: int) -> int:
+    """Size of a pod's ``/dev/shm`` (Memory emptyDir): ``spec.worker.sharedMemorySize``, else
+    :data:`heterotrain_common.defaults.SHM_PER_LOCAL_RANK_BYTES` per local rank capped at half the
+    worker container's memory limit (tmpfs pages count against it); 0 = no volume."""
+    if worker.shared_memory_bytes is not None:
+        return worker.shared_memory_bytes
+    size = defaults.SHM_PER_LOCAL_RANK_BYTES * max(1, local_ranks)
+    limit = worker.memory_limit_bytes
+    return min(size, limit // 2) if limit else size
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -241,7 +304,7 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
     if labels.get("kueue.x-k8s.io/queue-name") and not run_policy.queue:
         run_policy = replace(run_policy, queue=str(labels["kueue.x-k8s.io/queue-name"]))
     return JobSpec(
-        name=string(meta, "name", "metadata.name"),
+        name=job_name(meta),
         namespace=str(meta.get("namespace") or "default"),
         worker=_worker(mapping(spec, "worker", "spec.worker")),
         images=_images(spec.get("images", []), "spec.images"),
@@ -250,6 +313,35 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
         run_policy=run_policy,
         profile_steps=_profile_steps(mapping(meta, "annotations", "metadata.annotations", required=False)),
     )
+
+
+def job_name(meta: Mapping[str, Any]) -> str:
+    """``metadata.name``, refused unless it can name the job's Service, pods and hostnames.
+
+    Raises:
+        SpecError: not a DNS-1035 label of at most :data:`MAX_NAME_LENGTH` characters (the CRD's
+            CEL rules say the same at admission), with a name that would do.
+    """
+    name = string(meta, "name", "metadata.name")
+    if len(name) > MAX_NAME_LENGTH:
+        raise SpecError("metadata.name", f"must be at most {MAX_NAME_LENGTH} characters (pod names "
+                        f"<name>-g<group> must stay DNS labels), got {len(name)}")
+    if not _DNS_1035_RE.match(name):
+        raise SpecError("metadata.name", f"{name!r} is not a DNS-1035 label: lower-case letters, "
+                        "digits and '-', starting with a letter and ending with a letter or digit "
+                        "(it names the job's headless Service and is every worker pod's "
+                        f"subdomain); e.g. {dns_1035_name(name)!r}")
+    return name
+
+
+def dns_1035_name(name: str) -> str:
+    """A DNS-1035 label close to ``name``: lower case, every other character ``-``, a ``job-``
+    prefix before a leading digit (``llama-3.1-8b`` -> ``llama-3-1-8b``, ``7b-sft`` ->
+    ``job-7b-sft``)."""
+    text = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", name.lower())).strip("-") or "job"
+    if not text[0].isalpha():
+        text = f"job-{text}"
+    return text[:MAX_NAME_LENGTH].rstrip("-")
 
 
 def _profile_steps(annotations: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -276,11 +368,23 @@ def _worker(w: Mapping[str, Any]) -> WorkerTemplate:
     if not command:
         raise SpecError("spec.worker.command", "must name the program each rank runs, "
                         "e.g. [python, -m, hetero_worker.examples.digits]")
-    return WorkerTemplate(
+    template = mapping(w, "template", podtemplate.TEMPLATE_PATH, required=False)
+    podtemplate.check_template(template)
+    shm = w.get("sharedMemorySize")
+    worker = WorkerTemplate(
         command=command, args=string_list(w, "args", "spec.worker.args"),
         env=tuple(w.get("env") or ()), resources=dict(w.get("resources") or {}),
         metrics_port=integer(w, "metricsPort", "spec.worker.metricsPort", 9480, 0, 65535),
+        template=dict(template),
+        shared_memory_bytes=None if shm is None else _quantity(w, "sharedMemorySize",
+                                                               "spec.worker.sharedMemorySize"),
     )
+    limit = worker.memory_limit_bytes
+    if worker.shared_memory_bytes and limit is not None and worker.shared_memory_bytes > limit:
+        raise SpecError("spec.worker.sharedMemorySize", f"{shm} exceeds the worker container's memory "
+                        f"limit ({limit} bytes): tmpfs pages count against it; lower it or raise "
+                        "limits.memory")
+    return worker
 
 
 def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
@@ -366,6 +470,11 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         checkpoint_pvc=str(ckpt.get("persistentVolumeClaim", "")),
         checkpoint_interval_steps=integer(ckpt, "intervalSteps", f"{p}.checkpoint.intervalSteps",
                                           defaults.CHECKPOINT_INTERVAL_STEPS, 1, 10**7),
+        checkpoint_keep=integer(ckpt, "keep", f"{p}.checkpoint.keep", defaults.CHECKPOINT_KEEP, 1, 100),
+        checkpoint_timeout_s=integer(ckpt, "timeoutSeconds", f"{p}.checkpoint.timeoutSeconds",
+                                     defaults.CHECKPOINT_TIMEOUT_S, 1, 86400),
+        collective_timeout_s=integer(t, "collectiveTimeoutSeconds", f"{p}.collectiveTimeoutSeconds",
+                                     int(defaults.COLLECTIVE_TIMEOUT_S), 1, 86400),
         rebalance_interval_steps=integer(rebalance, "intervalSteps", f"{p}.rebalance.intervalSteps",
                                          defaults.REBALANCE_INTERVAL_STEPS, 0, 10**6),
         compression=enum(compression, "mode", f"{p}.compression.mode", COMPRESSIONS),

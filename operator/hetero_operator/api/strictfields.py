@@ -61,7 +61,9 @@ def crd_schema() -> Mapping[str, Any] | None:
     path = next((p for p in CRD_PATHS if p.is_file()), None)
     if path is None:
         return None
-    crd = yaml.safe_load(path.read_text(encoding="utf-8"))
+    # libyaml's loader: the CRD embeds Kubernetes' PodTemplateSpec schema (about 0.5 MB), which
+    # the pure-Python loader takes seconds to read
+    crd = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     try:
         return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     except (KeyError, IndexError, TypeError):

@@ -187,6 +187,23 @@ class Api:
                 return False
             raise
 
+    async def ensure_network_policy(self, obj: Mapping[str, Any]) -> bool:
+        """Create the job's NetworkPolicy, or bring an existing one's ``spec`` to ``obj``'s (a
+        restart may need egress rules the first start did not: the namespace changed); True
+        when it was created."""
+        meta = obj["metadata"]
+        if await self.create(obj):
+            return True
+        await self._call(self.networking.patch_namespaced_network_policy, meta["name"],
+                         meta["namespace"], {"spec": dict(obj["spec"])},
+                         _content_type="application/merge-patch+json")
+        return False
+
+    async def list_network_policies(self, namespace: str) -> list[dict[str, Any]]:
+        """The NetworkPolicies of ``namespace``."""
+        data = await self._call(self.networking.list_namespaced_network_policy, namespace)
+        return list(data.get("items") or [])
+
     async def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         """Pods matching ``labels`` in ``namespace``."""
         data = await self._call(self.core.list_namespaced_pod, namespace,

@@ -67,10 +67,13 @@ class ProgressReader:
     def __init__(self, metrics_url: MetricsUrlFn, interval_s: float) -> None:
         self.metrics_url, self.interval_s = metrics_url, interval_s
         self._read_at: dict[tuple[str, str], float] = {}
+        self.last: dict[tuple[str, str], Progress] = {}
+        """The last progress read per job (the reconciler posts a checkpoint fallback from it)."""
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted job's memory."""
         self._read_at.pop((namespace, name), None)
+        self.last.pop((namespace, name), None)
 
     async def read(self, namespace: str, name: str, pods: list[dict[str, Any]], *, metrics_port: int,
                    global_batch: int, now_s: float) -> dict[str, Any]:
@@ -87,7 +90,10 @@ class ProgressReader:
         if text is None:
             return {}
         progress = parse_progress(text, global_batch)
-        return {} if progress is None else {"progress": progress_status(progress, now_s, global_batch)}
+        if progress is None:
+            return {}
+        self.last[key] = progress
+        return {"progress": progress_status(progress, now_s, global_batch)}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,6 +121,9 @@ class Progress:
     loss: float | None = None
     efficiency: float | None = None
     prediction_ratio: float | None = None
+    resumed_step: int = 0
+    checkpoint_fallbacks: int = 0
+    """``htj_checkpoint_fallbacks_total``: rank 0 resumed past an unreadable newer checkpoint."""
 
 
 def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
@@ -124,7 +133,8 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
         for sample in family.samples:
             if sample.name in (mn.STEPS_TOTAL, mn.THROUGHPUT_SAMPLES_PER_SECOND,
                                mn.LOCAL_BATCH_SIZE, mn.LOSS, mn.JOB_EFFICIENCY_RATIO,
-                               mn.JOB_PREDICTION_RATIO, mn.PLANNED_STEPS, mn.RESUMED_STEP):
+                               mn.JOB_PREDICTION_RATIO, mn.PLANNED_STEPS, mn.RESUMED_STEP,
+                               mn.CHECKPOINT_FALLBACKS_TOTAL):
                 values[sample.name] = sample.value
     if mn.STEPS_TOTAL not in values:
         return None
@@ -135,7 +145,9 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
     return Progress(step=int(values.get(mn.RESUMED_STEP, 0) + values[mn.STEPS_TOTAL]),
                     total_steps=None if total is None else int(total), samples_per_s=rate * scale,
                     loss=values.get(mn.LOSS), efficiency=values.get(mn.JOB_EFFICIENCY_RATIO),
-                    prediction_ratio=values.get(mn.JOB_PREDICTION_RATIO))
+                    prediction_ratio=values.get(mn.JOB_PREDICTION_RATIO),
+                    resumed_step=int(values.get(mn.RESUMED_STEP, 0)),
+                    checkpoint_fallbacks=int(values.get(mn.CHECKPOINT_FALLBACKS_TOTAL, 0)))
 
 
 def progress_status(progress: Progress, now_s: float, global_batch: int = 0) -> dict[str, Any]:

@@ -16,6 +16,7 @@ node health (:mod:`~hetero_operator.cluster.nodehealth`), pods and status
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -30,9 +31,10 @@ from hetero_operator.api.errors import SpecError
 from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.api.spec import JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Inventory, Plan, Unschedulable
-from hetero_operator.cluster import dra
+from hetero_operator.cluster import dra, netpol
 from hetero_operator.cluster.nodehealth import FirstSeen, NodeHealth, node_health
-from hetero_operator.cluster.nodeindex import build_indexed_inventory, gpu_pod_entry
+from hetero_operator.cluster.nodeindex import (build_indexed_inventory, gpu_pod_entry,
+                                               indexed_used_resources)
 from hetero_operator.controller.events import EventRecorder
 from hetero_operator.controller.k8s import Api
 from hetero_operator.controller.leadership import Leadership
@@ -48,6 +50,7 @@ from hetero_operator.lifecycle import decisions as lc
 from hetero_operator.lifecycle import status as st
 from hetero_operator.planning import profiles
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
+from hetero_operator.planning.placement import restrict_to_template
 from hetero_operator.planning.plan import plan_job
 from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
@@ -58,6 +61,11 @@ log = logging.getLogger("heterotrain.operator")
 Key = tuple[str, str]
 WARNING_WAITS = frozenset({"NodeNotReady"})
 """Wait reasons that are Warnings (re-posted while the job keeps waiting)."""
+REFUSED = "PodsRefused"
+"""Reason of a start whose pods the API server refused (quota, limits, Pod Security, webhooks)."""
+REFUSAL_STATUSES = frozenset({400, 403, 422})
+"""HTTP statuses of an admission refusal: Forbidden (quota, Pod Security, a webhook), Invalid,
+BadRequest; retried with backoff, never in a storm."""
 
 __all__ = ["MetricsUrlFn", "Reconciler", "default_metrics_url", "with_default_images"]
 
@@ -122,6 +130,7 @@ class Reconciler:
         self._job_nodes: dict[Key, frozenset[str]] = {}
         self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
         self.reservations = Reservations()  # planned pods the pod index has not seen yet
+        self._fallbacks_told: set[tuple[str, str, int]] = set()
         self.node_first_seen = FirstSeen()  # time-less NotReady marks, dated at first sight
 
     # --- kicks -----------------------------------------------------------------------------
@@ -202,6 +211,12 @@ class Reconciler:
                              states, nodes=self._node_health(used, now), now_s=now, timing=self.timing,
                              checkpointing=bool(spec.training.checkpoint_path))
         decision = gate.explain(decision) if gate else decision
+        retry_s = _refused_until_s(status)
+        if retry_s is not None:  # a refused start (_refused): back off, keep the server's word
+            if decision.action == lc.START and now < retry_s:
+                return retry_s - now
+            if decision.action == lc.WAIT and decision.phase == c.PENDING:
+                decision = replace(decision, reason=REFUSED, message=str(status.get("message") or ""))
         log.debug("%s/%s: %s %s (%s) pods=%s", namespace, name, decision.action, decision.phase,
                   decision.reason, [(p.name, p.phase, p.deleting) for p in states])
         if decision.action == lc.START:
@@ -215,6 +230,7 @@ class Reconciler:
         if decision.action == lc.RUNNING:
             extra = await self.progress.read(namespace, name, pods, metrics_port=spec.worker.metrics_port,
                                              global_batch=spec.training.global_batch_size, now_s=now)
+            await self._checkpoint_fallback(job, status, now)
             await self.learner.observe(namespace, name, pods, status.get("plan"),
                                        metrics_port=spec.worker.metrics_port, now_s=now)
         await self._record(job, status, decision, states, now, extra=extra)
@@ -283,7 +299,9 @@ class Reconciler:
         children = [rendering.render_service(spec, master_port=self.config.master_port)]
         if self.config.network_policy:  # before any pod exists: no window with open ports
             children.append(rendering.render_network_policy(
-                spec, result, metrics_namespaces=self.config.metrics_namespaces))
+                spec, result, metrics_namespaces=self.config.metrics_namespaces,
+                egress=await self._egress(spec, pods), dns_namespace=self.config.dns_namespace,
+                dns_labels=self.config.dns_labels))
         kopf.append_owner_reference([*children, *claim_templates, *pods], owner=job)
         plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.master_port)
         message = (f"Placed {result.world_size} ranks on {len(result.nodes)} node(s) "
@@ -298,13 +316,26 @@ class Reconciler:
         new["conditions"] = c.apply_phase(status.get("conditions") or [], phase=c.CREATED,
                                           reason="PodsCreated", message=message, now_s=now,
                                           generation=gen)
+        refusals = int(status.get("createRefusals") or 0)
+        created_status = {k: v for k, v in new.items() if k not in ("createRefusals", "createRetryTime")}
+        if refusals:  # a retry after a refusal stays Pending with the server's word until it worked
+            new.update({k: status[k] for k in ("phase", "message", "conditions") if k in status})
         await self._patch(job, status, new)  # the plan is recorded before any pod exists
         for child in children:
-            await self.api.create(child)
+            if child["kind"] == "NetworkPolicy":  # brought up to date when it exists
+                await getattr(self.api, "ensure_network_policy", self.api.create)(child)
+            else:
+                await self.api.create(child)
         for template in claim_templates:  # DRA nodes: the pods' claims come from these
             await self.kueue.objects.create(RESOURCE_CLAIM_TEMPLATES, template)
-        created = await asyncio.gather(*(self.api.create(p) for p in pods))
-        self.metrics.pods_created.inc(sum(created))
+        created = await asyncio.gather(*(self.api.create(p) for p in pods), return_exceptions=True)
+        self.metrics.pods_created.inc(sum(1 for r in created if r is True))
+        failed = [(p, r) for p, r in zip(pods, created, strict=True) if isinstance(r, BaseException)]
+        if failed:
+            return await self._refused(job, new, pods, failed, refusals, now,
+                                       conditions=status.get("conditions") or [])
+        if refusals:  # every pod was admitted this time
+            await self._patch(job, new, created_status)
         self._set_phase(job, c.CREATED)
         self._job_nodes[(spec.namespace, spec.name)] = frozenset(result.nodes)
         await self.events.post(job, "Normal", "Planned", message, now)
@@ -312,6 +343,76 @@ class Reconciler:
             if warning.node in result.nodes:
                 await self.events.post(job, "Warning", warning.reason, warning.message, now)
         return self.config.resync_s
+
+    async def _checkpoint_fallback(self, job: Mapping[str, Any], status: Mapping[str, Any],
+                                   now: float) -> None:
+        """Rank 0 resumed past an unreadable newer checkpoint (``htj_checkpoint_fallbacks_total``):
+        say so on the job, once per attempt (rank 0's log has the file and the reason)."""
+        meta = job["metadata"]
+        read = self.progress.last.get((meta["namespace"], meta["name"]))
+        attempt = int(status.get("attempt") or 0)
+        key = (meta["namespace"], meta["name"], attempt)
+        if read is None or not read.checkpoint_fallbacks or key in self._fallbacks_told:
+            return
+        self._fallbacks_told.add(key)
+        await self.events.post(job, "Warning", "CheckpointFallback",
+                               f"Attempt {attempt} resumed from the checkpoint of step "
+                               f"{read.resumed_step}: a newer one was unreadable on some rank "
+                               "(truncated or corrupt; rank 0's log names it and why).", now)
+
+    async def _egress(self, spec: JobSpec, pods: list[dict[str, Any]]) -> bool:
+        """Whether the job's NetworkPolicy restricts egress too (``HTJ_NETWORK_POLICY_EGRESS``):
+        ``auto`` when another policy of the namespace isolates any of the pods' egress already
+        (shared/cases/46: "default deny all"), so the ranks keep reaching each other and the
+        DNS; an unreadable policy list (RBAC of an older chart) leaves egress as it is."""
+        mode = self.config.network_policy_egress
+        if mode != "auto":
+            return mode == "always"
+        lister = getattr(self.api, "list_network_policies", None)
+        if lister is None:
+            return False
+        try:
+            policies = await lister(spec.namespace)
+        except Exception as exc:  # noqa: BLE001 - advice only: the policy stays ingress-only
+            log.warning("%s: cannot list NetworkPolicies (%s); the job's policy restricts ingress "
+                        "only", spec.namespace, exc)
+            return False
+        return any(netpol.egress_isolated(policies, p["metadata"]["labels"], ignore=spec.name)
+                   for p in pods)
+
+    async def _refused(self, job: Mapping[str, Any], started: dict[str, Any],
+                       pods: list[dict[str, Any]], failed: list[tuple[dict[str, Any], BaseException]],
+                       refusals: int, now: float, *, conditions: list[Any]) -> float:
+        """The API server refused pods of this start (ResourceQuota, LimitRange, Pod Security, a
+        webhook): delete what was created of it, wait ``Pending`` with the server's message, retry
+        after an exponential backoff (shared/cases/21: no create/delete storm).  Anything but a
+        refusal (timeouts, 5xx after the retries) propagates as before."""
+        other = next((r for _, r in failed if getattr(r, "status", None) not in REFUSAL_STATUSES), None)
+        if other is not None:  # the next reconcile retries the creates (deterministic names: 409s)
+            raise other
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
+        self.reservations.release(key)
+        await asyncio.gather(*(self.api.delete_pod(meta["namespace"], p["metadata"]["name"])
+                               for p in pods))
+        pod, exc = failed[0]
+        n = refusals + 1
+        delay = lc.backoff_s(n, self.timing)
+        said = (f"The API server refused pod {pod['metadata']['name']}: {_server_message(exc)}. "
+                f"The pods created for this start were deleted; the job retries with exponential "
+                f"backoff")
+        message = f"{said} (refusal {n}, next try in {delay:.3g} s)."
+        gen = meta.get("generation")
+        new = dict(started, phase=c.PENDING, message=message, createRefusals=n,
+                   createRetryTime=c.now_iso(now + delay), ranksRunning=0)
+        new["conditions"] = c.apply_phase(conditions, phase=c.PENDING, reason=REFUSED,
+                                          message=message, now_s=now, generation=gen)
+        await self.api.patch_job_status(meta["namespace"], meta["name"],
+                                        {k: v for k, v in new.items() if started.get(k) != v})
+        self._set_phase(job, c.PENDING)
+        await self.events.post(job, "Warning", REFUSED, said + ".", now)
+        log.warning("%s/%s: %s", *key, message)
+        return delay
 
     def _plan(self, spec: JobSpec, *, allowed: Mapping[str, Any] | None = None, capacity: bool = False,
               dra_source: tuple[list[Any], list[Any]] = ([], []),
@@ -334,12 +435,15 @@ class Reconciler:
         nodes, indexed = self.nodes(), self.gpu_pods()
         held = self.reservations.held_by_others((spec.namespace, spec.name), indexed,
                                                 now_s=self.clock())
-        inventory = build_indexed_inventory(
-            nodes, [p for p in indexed if not _owned_by(p, spec.name, spec.namespace)] + held)
+        others = [p for p in indexed if not _owned_by(p, spec.name, spec.namespace)] + held
+        inventory = build_indexed_inventory(nodes, others)
         slices, claims = dra_source
         drainv = dra.merge_dra(inventory, nodes, slices,
                                [x for x in claims if not dra.claim_owned_by_job(x, spec.name, spec.namespace)])
         inventory = drainv.inventory
+        if spec.worker.template:  # its nodeSelector, affinity and tolerations (a tainted pool)
+            inventory = restrict_to_template(inventory, nodes, spec.worker.template,
+                                             used=indexed_used_resources(others))
         if capacity:
             inventory = kueue.capacity_inventory(inventory)
         if allowed is not None:
@@ -419,6 +523,23 @@ class Reconciler:
         meta = job["metadata"]
         self._phases[(meta["namespace"], meta["name"])] = phase
         self.metrics.set_phases(self._phases.values())
+
+
+def _refused_until_s(status: Mapping[str, Any]) -> float | None:
+    """When the next start after a refusal may be tried; None without a refusal."""
+    if not status.get("createRefusals") or status.get("phase") != c.PENDING:
+        return None
+    return c.parse_iso(status.get("createRetryTime"))
+
+
+def _server_message(exc: BaseException) -> str:
+    """The API server's ``message`` of a refusal (its Status body), else the error text."""
+    body = getattr(exc, "body", None)
+    try:
+        text = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        text = None
+    return str(text or getattr(exc, "reason", None) or exc).rstrip(".")
 
 
 def _owned_by(pod: Mapping[str, Any], job: str, namespace: str) -> bool:

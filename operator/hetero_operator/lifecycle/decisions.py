@@ -62,6 +62,10 @@ EVICTION_REASONS = frozenset({"Evicted", "DeletionByTaintManager", "EvictionByEv
 PREEMPTION_REASONS = frozenset({"PreemptionByScheduler", "PreemptionByKubeScheduler", "Preempting"})
 DELETED = "Deleted"
 """Disruption of a pod deleted while the job ran (not by this operator)."""
+STOPPED_AT_CHECKPOINT = "StoppedAtCheckpoint"
+"""A pod whose ranks exited 75 (``heterotrain_common.envnames.PREEMPTED_EXIT_CODE``): they stopped at
+a step every rank agreed on after a SIGTERM to one of them and wrote a checkpoint.  Counts as the
+cluster's doing when the cause shows (another pod of the gang disrupted, deleted or gone)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -306,14 +310,21 @@ def _disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], he
         what += f"; force-deleted pod(s) {', '.join(force)}"
         return _infra_restart(job, policy, "NodeLost", what, delete=others, force=force,
                               node_loss=loss)
-    failed = [p for p in current if p.phase == "Failed"]
-    disrupted = [p for p in current if p.disruption or p.deleting]
+    stopped = [p for p in current if p.disruption == STOPPED_AT_CHECKPOINT and not p.deleting]
+    failed = [p for p in current if p.phase == "Failed" and p not in stopped]
+    disrupted = [p for p in current if (p.disruption or p.deleting) and p not in stopped]
+    gone = set(job.planned_pods) - {p.name for p in current}
+    if stopped and (disrupted or gone):  # the peers of a preempted pod: the cluster's doing
+        disrupted += stopped
+    else:
+        failed += stopped
     # A pod that already succeeded is done with its node, whatever happens to the node now.
     unhealthy = [p for p in current if p.phase != "Succeeded" and health.unhealthy(p.node)]
     if disrupted or (failed and unhealthy):
-        if disrupted:
-            first = min(disrupted, key=lambda p: p.first_rank)
-            reason, words = _disruption_kind(first.disruption or DELETED)
+        if disrupted:  # the cause first, the peers that stopped for it after
+            first = min(disrupted, key=lambda p: (p in stopped, p.first_rank))
+            cause = DELETED if first.deleting and first.disruption == STOPPED_AT_CHECKPOINT else first.disruption
+            reason, words = _disruption_kind(cause or DELETED)
             what = f"{first.name} on {first.node or 'no node'} {words}"
         else:
             first = min(unhealthy, key=lambda p: p.first_rank)
@@ -349,6 +360,9 @@ def _disruption_kind(reason: str) -> tuple[str, str]:
         return "PodEvicted", f"was evicted ({reason})"
     if reason == DELETED:
         return "PodDeleted", "was deleted while the job ran"
+    if reason == STOPPED_AT_CHECKPOINT:
+        return "PodPreempted", ("stopped at an agreed step with a checkpoint after SIGTERM (exit 75), "
+                                "its peer pods gone")
     return "PodDisrupted", f"was disrupted ({reason})"
 
 

@@ -18,7 +18,9 @@ from hetero_operator.api.memoryplan import MemoryPlan
 from hetero_operator.api.types import ExcludedNode, Plan
 from hetero_operator.lifecycle.decisions import FAIL, REPLAN, Decision
 from hetero_operator.lifecycle.restart import BACKOFF_LIMIT_EXCEEDED
-from hetero_operator.lifecycle.decisions import SHUTDOWN_REASONS, JobState, NodeLoss, PodState
+from hetero_operator.lifecycle.decisions import (SHUTDOWN_REASONS, STOPPED_AT_CHECKPOINT, JobState,
+                                                 NodeLoss, PodState)
+from heterotrain_common.envnames import PREEMPTED_EXIT_CODE
 from hetero_operator.planning.marginal import VALUE_STATUS_KEYS, value_status
 from hetero_operator.render.pods import pod_units
 
@@ -27,6 +29,7 @@ STATUS_KEYS = frozenset({
     "infrastructureRestarts", "lastDisruption", "lastNodeLoss",
     "ranksWanted", "ranksRunning", "ranksSummary", "gpuTypes", "startTime", "lastStartTime",
     "completionTime", "restartNotBefore", "lastFailure", "plan", "progress",
+    "createRefusals", "createRetryTime",
 })
 PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
                        "groups", "excluded", "excludedCount", "excludedReasons", "pods",
@@ -100,6 +103,10 @@ def disruption(st: Mapping[str, Any]) -> str:
     for cond in st.get("conditions") or ():
         if cond.get("type") == "DisruptionTarget" and str(cond.get("status")) == "True":
             return str(cond.get("reason") or "DisruptionTarget")
+    for cs in st.get("containerStatuses") or ():  # the ranks stopped at an agreed step (SIGTERM)
+        done = (cs.get("state") or {}).get("terminated") or {}
+        if cs.get("name") == "worker" and done.get("exitCode") == PREEMPTED_EXIT_CODE:
+            return STOPPED_AT_CHECKPOINT
     return ""
 
 

@@ -19,13 +19,14 @@ from typing import Any
 
 import yaml
 
-from hetero_operator.api import prices
+from hetero_operator.api import podtemplate, prices
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.quantities import gib
 from hetero_operator.api.settings import DEFAULT_IMAGES
 from hetero_operator.api.spec import KIND, JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Plan, Unschedulable, to_dict
-from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.cluster.inventory import build_inventory, used_resources
+from hetero_operator.planning.placement import restrict_to_template
 from hetero_operator.local import valueview
 from hetero_operator.planning.plan import plan_job
 
@@ -65,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"heterotrain plan: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)
-    result = plan_job(job, build_inventory(nodes, pods), inputs=inputs)
+    inventory = restrict_to_template(build_inventory(nodes, pods), nodes, job.worker.template,
+                                     used=used_resources(pods))
+    result = plan_job(job, inventory, inputs=inputs)
     notes = [*notes, *plan_notes(result, job)]
     if args.output == "json":
         print(json.dumps({**to_dict(result), "notes": notes}, indent=2, sort_keys=True))
@@ -110,6 +113,26 @@ def plan_notes(result: Plan | Unschedulable, job: JobSpec) -> list[str]:
     return [f"{got} of {asked} ranks asked (spec.gpus.ranks): {why}; it plans {got} because "
             f"spec.gpus.minRanks is {job.gpus.min_ranks} (the fewest it may start with). Set "
             f"minRanks to {asked} to wait for all of them instead"]
+
+
+EMBEDDED_TEMPLATE_FIELDS = ("env",)
+"""What ``heterotrain run`` applies of the worker container in ``spec.worker.template``."""
+
+
+def embedded_template_notes(job: JobSpec) -> list[str]:
+    """What the embedded default does with ``spec.worker.template``: the worker container's
+    ``env`` (plain values) reaches every rank; everything else describes pods and is ignored on
+    one machine (said once, naming the fields)."""
+    spec = job.worker.template.get("spec") or {}
+    worker = podtemplate.worker_container(job.worker.template)
+    ignored = sorted({*(k for k in spec if k != "containers"),
+                      *(f"containers[worker].{k}" for k in worker if k not in ("name", *EMBEDDED_TEMPLATE_FIELDS))})
+    if job.worker.template.get("metadata"):
+        ignored.insert(0, "metadata")
+    if not ignored:
+        return []
+    return [f"spec.worker.template: on this machine the ranks get the worker container's env; "
+            f"{', '.join(ignored)} only apply to pods on a cluster and are ignored here"]
 
 
 # --- input -----------------------------------------------------------------------------------

@@ -35,8 +35,9 @@ from hetero_operator.api.types import Plan
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local import nodes as localnodes
 from hetero_operator.local import report, rundirs, valueview
-from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file, load_job,
-                                        load_objects, make_console, plan_notes, print_result,
+from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file,
+                                        embedded_template_notes, load_job, load_objects,
+                                        make_console, plan_notes, print_result,
                                         with_default_images)
 from hetero_operator.local.supervise import (Ended, Planned, RankOutput, free_port_range,
                                              has_checkpoint, supervise)
@@ -214,7 +215,7 @@ def _plan(args: argparse.Namespace, console: Any) -> Planned | int:
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)  # named in the plan, as the operator would use them
     plan = plan_job(job, build_inventory(nodes), inputs=inputs)
-    print_result(plan, job, console, notes=[*notes, *plan_notes(plan, job)])
+    print_result(plan, job, console, notes=[*notes, *plan_notes(plan, job), *embedded_template_notes(job)])
     if not isinstance(plan, Plan):
         return EXIT_UNSCHEDULABLE
     planned = Planned(job, plan, True, None)

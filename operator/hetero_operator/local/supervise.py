@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from hetero_operator.api import podtemplate
 from hetero_operator.local import failure as failures
 from hetero_operator.lifecycle import restart
 from hetero_operator.local import valueview
@@ -231,7 +232,8 @@ def render_envs(planned: Planned, *, port_base: int, checkpoint_dir: str, workdi
     if planned.simulated:
         valueview.apply_simulated_speeds(rank_envs, planned.plan, planned.true_speeds)
     envs = process_envs(rank_envs, base_env=os.environ, run_dir=workdir.resolve(),
-                        worker_env=planned.job.worker.env, gpu_ids=planned.gpu_ids)
+                        worker_env=[*planned.job.worker.env, *podtemplate.worker_container(
+                            planned.job.worker.template).get("env", ())], gpu_ids=planned.gpu_ids)
     for env in envs:
         env.update(planned.extra_env)
     return envs

@@ -79,6 +79,10 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
             profile_steps=job.profile_steps,
             compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank,
             restart_generation=restart_generation, predicted_samples_per_s=predicted,
+            checkpoint_keep=job.training.checkpoint_keep,
+            checkpoint_timeout_s=float(job.training.checkpoint_timeout_s),
+            collective_timeout_s=float(job.training.collective_timeout_s),
+            termination_grace_s=float(job.worker.termination_grace_s),
             **_memory_fields(memory.get(r.rank), sharding, shares))
         envs.append(render_rank_env(contract))
     return envs

@@ -10,10 +10,24 @@ on every rank through the headless Service (shared/cases/18).
 
 Pods are hardened (issue 10): no privilege escalation, every capability dropped, seccomp
 ``RuntimeDefault``, ``runAsNonRoot`` (our worker images run as UID 10001; the operator setting
-``HTJ_WORKER_RUN_AS_NON_ROOT=false`` is for images that need root), and no service-account token.
+``HTJ_WORKER_RUN_AS_NON_ROOT=false`` is for images that need root), and no service-account token
+unless the template asks for one.
 A NetworkPolicy per job (:func:`render_network_policy`) admits only the job's own pods (the
 rendezvous store, Gloo and NCCL listen on their ports) and the metrics namespaces (to the metrics
-ports): the ``*_object`` collectives unpickle what they receive, so nothing else may connect.
+ports): the ``*_object`` collectives unpickle what they receive, so nothing else may connect.  It
+also allows the job's own egress (to its pods and to the cluster DNS), so a namespace with a
+"default deny all" policy does not cut the ranks off from each other (shared/cases/46).
+
+The pod template (``spec.worker.template``, :mod:`hetero_operator.api.podtemplate`) is merged in:
+its labels and annotations under ours; its pod fields as given, except that ours win for what we
+own (restartPolicy, hostname, subdomain, the security context's seccompProfile and runAsNonRoot,
+the priority class) and that lists add up: tolerations, volumes (ours first: the checkpoint
+claim and ``/dev/shm``), node affinity (each of the template's required terms gets our node pin,
+so the terms still OR and the node is ours).  Its container ``worker`` is merged into the rank
+container: env and envFrom, volume mounts, ports, probes, CPU and memory as given, around our
+image, command, env contract, GPUs and hardened security context.  Its init containers (and
+native sidecars) get the hardened security context too.  Every pod mounts a Memory emptyDir at
+``/dev/shm`` (shared/cases/38; :func:`hetero_operator.api.spec.shared_memory_bytes`).
 """
 
 from __future__ import annotations
@@ -26,12 +40,14 @@ from typing import Any
 from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ARCH,
                                         LABEL_ATTEMPT, LABEL_GROUP, LABEL_JOB, LABEL_MANAGED_BY,
                                         LABEL_RANK, MANAGED_BY, selector)
-from hetero_operator.api.spec import JobSpec
+from hetero_operator.api import podtemplate
+from hetero_operator.api.spec import JobSpec, merged_resources, shared_memory_bytes
 from hetero_operator.api.types import GroupPlan, Plan
 from heterotrain_common import contract, envnames
 
-CONTAINER = "worker"
-CHECKPOINT_VOLUME = "checkpoint"
+CONTAINER = podtemplate.WORKER_CONTAINER
+CHECKPOINT_VOLUME = podtemplate.CHECKPOINT_VOLUME
+SHM_VOLUME = podtemplate.SHM_VOLUME
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 WORKER_FS_GROUP = 10001
 """Group of the worker images' user (Dockerfile.worker); a checkpoint volume is made writable to it."""
@@ -118,54 +134,131 @@ def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]]
                  run_as_non_root=run_as_non_root) for unit in pod_units(job.name, plan)]
 
 
+_MERGED_POD_FIELDS = ("containers", "initContainers", "volumes", "tolerations", "affinity",
+                      "securityContext")
+"""Template pod fields merged field by field; every other allowed one is copied as given."""
+_MERGED_CONTAINER_FIELDS = ("name", "env", "resources", "securityContext", "ports", "volumeMounts")
+
+
 def _pod(job: JobSpec, unit: PodUnit, rank_envs: Sequence[Mapping[str, str]], *,
          launcher: Sequence[str], attempt: int, run_as_non_root: bool) -> dict[str, Any]:
     g = unit.group
     env = contract.pod_env(rank_envs[unit.ranks[0]])
     env[envnames.LOCAL_WORLD_SIZE] = str(len(unit.ranks))
     env.update(g.extra_env)
-    labels = {**selector(job.name), LABEL_GROUP: str(g.index), LABEL_RANK: str(unit.ranks[0]),
-              LABEL_ARCH: (g.architecture or "unknown").lower(), LABEL_ATTEMPT: str(attempt)}
-    spec: dict[str, Any] = {
+    tmeta = job.worker.template.get("metadata") or {}
+    tspec = job.worker.template.get("spec") or {}
+    labels = {**(tmeta.get("labels") or {}), **selector(job.name), LABEL_GROUP: str(g.index),
+              LABEL_RANK: str(unit.ranks[0]), LABEL_ARCH: (g.architecture or "unknown").lower(),
+              LABEL_ATTEMPT: str(attempt)}
+    annotations = {**(tmeta.get("annotations") or {}), ANNOTATION_GPU_TYPE: g.gpu_type,
+                   ANNOTATION_RANKS: _ranks_text(unit.ranks)}
+    spec: dict[str, Any] = {k: copy.deepcopy(v) for k, v in tspec.items()
+                            if k not in _MERGED_POD_FIELDS}
+    volumes, mounts = _own_volumes(job, len(unit.ranks))
+    spec.update({
         "restartPolicy": "Never",
-        "automountServiceAccountToken": False,  # workers never talk to the API server
-        "securityContext": _pod_security_context(job, run_as_non_root=run_as_non_root),
+        # workers never talk to the API server, unless the template asks (object-store identity)
+        "automountServiceAccountToken": bool(tspec.get("automountServiceAccountToken", False)),
+        "securityContext": _pod_security_context(job, tspec.get("securityContext") or {},
+                                                 run_as_non_root=run_as_non_root),
         "hostname": unit.name,
         "subdomain": job.name,
-        "enableServiceLinks": False,
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [g.node]}]}]}}},
-        "tolerations": [dict(GPU_TOLERATION)],
-        "containers": [_container(job, unit, env, launcher)],
-    }
+        "enableServiceLinks": bool(tspec.get("enableServiceLinks", False)),
+        "affinity": _affinity(tspec.get("affinity") or {}, g.node),
+        "tolerations": _add([dict(GPU_TOLERATION)], tspec.get("tolerations") or ()),
+        "terminationGracePeriodSeconds": job.worker.termination_grace_s,
+        "containers": [_container(job, unit, env, launcher, mounts)],
+    })
+    if tspec.get("initContainers"):
+        spec["initContainers"] = [_hardened(c) for c in tspec["initContainers"]]
     if job.run_policy.priority_class:
         spec["priorityClassName"] = job.run_policy.priority_class
-    if job.training.checkpoint_pvc:
-        spec["volumes"] = [{"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {
-            "claimName": job.training.checkpoint_pvc}}]
+    volumes += [copy.deepcopy(dict(v)) for v in tspec.get("volumes") or ()]
+    if volumes:
+        spec["volumes"] = volumes
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": unit.name, "namespace": job.namespace, "labels": labels,
-                     "annotations": {ANNOTATION_GPU_TYPE: g.gpu_type,
-                                     ANNOTATION_RANKS: _ranks_text(unit.ranks)}},
+                     "annotations": annotations},
         "spec": spec,
     }
 
 
-def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str],
-               launcher: Sequence[str]) -> dict[str, Any]:
+def _own_volumes(job: JobSpec, local_ranks: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Our volumes and the worker's mounts of them: the checkpoint claim, ``/dev/shm``."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if job.training.checkpoint_pvc:
+        volumes.append({"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {
+            "claimName": job.training.checkpoint_pvc}})
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": job.training.checkpoint_path})
+    shm = shared_memory_bytes(job.worker, local_ranks)
+    if shm:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory",
+                                                         "sizeLimit": quantity_text(shm)}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": podtemplate.SHM_PATH})
+    return volumes, mounts
+
+
+def quantity_text(n_bytes: int) -> str:
+    """Bytes as the shortest exact binary quantity: ``4Gi``, ``1536Mi``, ``1000``."""
+    for suffix, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n_bytes >= size and n_bytes % size == 0:
+            return f"{n_bytes // size}{suffix}"
+    return str(n_bytes)
+
+
+def _affinity(user: Mapping[str, Any], node: str) -> dict[str, Any]:
+    """The template's affinity with our node pin ANDed into each of its required node terms
+    (node selector terms OR; the expressions of one term AND), so every term still holds and the
+    pod lands on its planned node."""
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    out = copy.deepcopy(dict(user))
+    node_aff = dict(out.get("nodeAffinity") or {})
+    required = dict(node_aff.get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [{**t, "matchFields": [*(t.get("matchFields") or ()), pin]}
+                                     for t in terms]
+    node_aff["requiredDuringSchedulingIgnoredDuringExecution"] = required
+    out["nodeAffinity"] = node_aff
+    return out
+
+
+def _add(ours: list[dict[str, Any]], theirs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``ours`` then each of ``theirs`` not already there."""
+    out = list(ours)
+    out += [copy.deepcopy(dict(t)) for t in theirs if dict(t) not in out]
+    return out
+
+
+def _hardened(container: Mapping[str, Any]) -> dict[str, Any]:
+    """A template init container or native sidecar with our container hardening."""
+    out = copy.deepcopy(dict(container))
+    out["securityContext"] = {**(out.get("securityContext") or {}),
+                              **copy.deepcopy(CONTAINER_SECURITY_CONTEXT)}
+    return out
+
+
+def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str], launcher: Sequence[str],
+               mounts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     g = unit.group
+    user = podtemplate.worker_container(job.worker.template)
     ours = set(env)
-    user_env = [copy.deepcopy(dict(e)) for e in job.worker.env if e.get("name") not in ours]
-    resources = _resources(job.worker.resources, g.resource_name, len(unit.ranks))
-    container: dict[str, Any] = {
+    given = {e.get("name"): e for e in job.worker.env}  # the template's win over spec.worker.env
+    given.update({e.get("name"): e for e in user.get("env") or ()})
+    user_env = [copy.deepcopy(dict(e)) for name, e in given.items() if name not in ours]
+    resources = _resources(merged_resources(job.worker), g.resource_name, len(unit.ranks))
+    container: dict[str, Any] = {k: copy.deepcopy(v) for k, v in user.items()
+                                 if k not in _MERGED_CONTAINER_FIELDS}
+    container.update({
         "name": CONTAINER, "image": g.image,
         "command": list(launcher), "args": [*job.worker.command, *job.worker.args],
         "env": user_env + [{"name": k, "value": v} for k, v in sorted(env.items())],
         "resources": resources,
-        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
-    }
+        "securityContext": {**(user.get("securityContext") or {}),
+                            **copy.deepcopy(CONTAINER_SECURITY_CONTEXT)},
+    })
     ports = []
     if unit.ranks[0] == 0:
         ports.append({"name": "rendezvous", "containerPort": int(env[envnames.MASTER_PORT]),
@@ -174,26 +267,41 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str],
         for i in range(len(unit.ranks)):
             ports.append({"name": "metrics" if i == 0 else f"metrics-{i}",
                           "containerPort": job.worker.metrics_port + i, "protocol": "TCP"})
+    taken = {p["name"] for p in ports} | {p["containerPort"] for p in ports}
+    ports += [copy.deepcopy(dict(p)) for p in user.get("ports") or ()
+              if p.get("name") not in taken and p.get("containerPort") not in taken]
     if ports:
         container["ports"] = ports
-    if job.training.checkpoint_pvc:
-        container["volumeMounts"] = [{"name": CHECKPOINT_VOLUME,
-                                      "mountPath": job.training.checkpoint_path}]
+    volume_mounts = [dict(m) for m in mounts] + [copy.deepcopy(dict(m)) for m in user.get("volumeMounts") or ()]
+    if volume_mounts:
+        container["volumeMounts"] = volume_mounts
     return container
 
 
-def _pod_security_context(job: JobSpec, *, run_as_non_root: bool) -> dict[str, Any]:
-    ctx: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+def _pod_security_context(job: JobSpec, user: Mapping[str, Any], *,
+                          run_as_non_root: bool) -> dict[str, Any]:
+    ctx: dict[str, Any] = copy.deepcopy(dict(user))  # seccompProfile, runAsNonRoot: refused there
+    ctx["seccompProfile"] = {"type": "RuntimeDefault"}
     if run_as_non_root:
         ctx["runAsNonRoot"] = True
     if job.training.checkpoint_pvc:  # the image's group may write the volume; chown only once
-        ctx.update(fsGroup=WORKER_FS_GROUP, fsGroupChangePolicy="OnRootMismatch")
+        ctx.setdefault("fsGroup", WORKER_FS_GROUP)
+        ctx.setdefault("fsGroupChangePolicy", "OnRootMismatch")
     return ctx
 
 
-def render_network_policy(job: JobSpec, plan: Plan, *,
-                          metrics_namespaces: Sequence[str]) -> dict[str, Any]:
-    """The NetworkPolicy ``<job>``: who may connect to the job's pods.
+DNS_NAMESPACE = "kube-system"
+DNS_LABELS: Mapping[str, str] = {"k8s-app": "kube-dns"}
+"""Where the cluster DNS runs: CoreDNS keeps kube-dns's label in ``kube-system`` (kubeadm, EKS,
+GKE, AKS); the operator settings ``HTJ_DNS_NAMESPACE``/``HTJ_DNS_LABELS`` change it."""
+
+
+def render_network_policy(job: JobSpec, plan: Plan, *, metrics_namespaces: Sequence[str],
+                          egress: bool = False, dns_namespace: str = DNS_NAMESPACE,
+                          dns_labels: Mapping[str, str] = DNS_LABELS) -> dict[str, Any]:
+    """The NetworkPolicy ``<job>``: who may connect to the job's pods, and where they may connect.
+
+    Ingress:
 
     * the job's own pods (same namespace, :func:`selector`), on every port: the rendezvous store
       listens on ``MASTER_PORT``, but Gloo and NCCL's socket transport connect to ephemeral ports
@@ -202,12 +310,19 @@ def render_network_policy(job: JobSpec, plan: Plan, *,
       on the metrics ports ``metricsPort .. metricsPort + local ranks - 1`` only.
 
     Nothing else reaches the pods (the ``*_object`` collectives unpickle what they receive).
-    Egress is not restricted (DNS, datasets, checkpoint stores).
+
+    Egress (``egress``: the namespace isolates the pods' egress, e.g. a "default deny all"
+    policy, shared/cases/46): the job's own pods on every port, and the cluster DNS on UDP and
+    TCP 53 (``MASTER_ADDR`` is a name).  Anything else (datasets, object stores) stays as the
+    namespace's own policies decide.  Without ``egress`` the policy restricts ingress only and
+    egress is as open as the namespace leaves it.
 
     Args:
         job: the parsed job.
         plan: its plan (the largest pod's local ranks bound the metrics port range).
         metrics_namespaces: namespaces allowed to scrape, e.g. ``["monitoring", "heterotrain"]``.
+        egress: add ``Egress`` to ``policyTypes`` with the job's own egress rules.
+        dns_namespace / dns_labels: the namespace and pod labels of the cluster DNS.
 
     Returns:
         A ``networking.k8s.io/v1`` NetworkPolicy dict without owner references.
@@ -224,11 +339,20 @@ def render_network_policy(job: JobSpec, plan: Plan, *,
                 "key": METRICS_NAMESPACE_LABEL, "operator": "In",
                 "values": sorted(set(metrics_namespaces))}]}}],
             "ports": [port]})
+    spec: dict[str, Any] = {"podSelector": own_pods, "policyTypes": ["Ingress"], "ingress": ingress}
+    if egress:
+        spec["policyTypes"] = ["Ingress", "Egress"]
+        spec["egress"] = [
+            {"to": [{"podSelector": copy.deepcopy(own_pods)}]},
+            {"to": [{"namespaceSelector": {"matchLabels": {METRICS_NAMESPACE_LABEL: dns_namespace}},
+                     "podSelector": {"matchLabels": dict(dns_labels)}}],
+             "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        ]
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": {"name": job.name, "namespace": job.namespace,
                      "labels": {LABEL_JOB: job.name, LABEL_MANAGED_BY: MANAGED_BY}},
-        "spec": {"podSelector": own_pods, "policyTypes": ["Ingress"], "ingress": ingress},
+        "spec": spec,
     }
 
 

@@ -1,7 +1,10 @@
 """Atomic checkpoints that every rank loads safely, agrees on, and can resume under a new plan.
 
-Rank 0 writes ``<dir>/checkpoint.pt`` through a temp file in the same directory, ``fsync`` and
-``os.replace``: a rank killed mid-write leaves the previous checkpoint intact, never half a file.
+Rank 0 writes each checkpoint into a directory of its own (``<dir>/step-<N>-<id>/checkpoint.pt``
+with a ``MANIFEST.json`` of every file's size and SHA-256, :mod:`hetero_worker.ckpt.store`):
+written into a ``.tmp`` directory, fsynced, read back for the manifest, renamed into place and
+verified; the newest ``keep`` checkpoints stay.  A rank killed mid-write leaves every earlier
+checkpoint intact, never half a one.
 
 The file (format :data:`FORMAT`) holds only tensors and plain Python types, so every rank loads it
 with ``torch.load(weights_only=True)``: a file on a shared volume cannot run code in a rank
@@ -22,13 +25,18 @@ Under Group sharding the file is a manifest of format :data:`SHARDED_FORMAT`: th
 ``model`` and ``optimizer`` None and ``sharded`` naming a ``torch.distributed.checkpoint``
 directory beside it (:mod:`hetero_worker.ckpt.sharded` writes, checks and loads it).
 
-:func:`load_checkpoint` is collective: rank 0's reading decides the resume step and every rank
-confirms it (:func:`hetero_worker.ckpt.agreement.agree_on_resume`) before anything is restored.
+:func:`load_checkpoint` is collective: the ranks agree on the newest checkpoint every one of them
+can read (:func:`hetero_worker.ckpt.agreement.agree_on_newest`), falling back to an older one
+when the newest is unreadable, and confirm its step and id before anything is restored.
+
+Saving and agreeing use ``group`` (a trainer's checkpoint process group, with its own timeout) so
+that the other ranks waiting for rank 0's write never hit the training collectives' timeout.
 """
 
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -36,17 +44,61 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetero_worker.ckpt.agreement import Finding, agree_on_resume
+from hetero_worker.ckpt import store
+from hetero_worker.ckpt.agreement import (Finding, ResumeDisagreement, agree_on_newest,
+                                          agree_on_resume, gather_findings)
 from hetero_worker.ckpt.files import (CHECKPOINT_FILE, FORMAT, FORMATS, SHARDED_FORMAT, fresh_rng,
                                       gather_to_rank0, load_file, manifest, rng_state, same_plan,
                                       save_atomic, set_rng_state)
+from heterotrain_common import defaults
+
+LAST_RESUME: dict[str, Any] = {}
+"""What the last :func:`load_checkpoint` of this process resumed from: ``step``, ``fallback``
+(the note when an unreadable newer checkpoint was passed over, else ``""``); rank 0 exports it as
+metrics (``htj_checkpoint_resume_step``, ``htj_checkpoint_fallbacks_total``)."""
+
+
+def _log(message: str) -> None:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    print(f"heterotrain: rank {rank}: {message}", file=sys.stderr, flush=True)
+
+
+def publish_verified(directory: Path, tmp: Path, *, step: int, checkpoint_id: str, fmt: int,
+                     keep: int) -> Path:
+    """Rank 0: manifest, rename into place, verify, then prune to the newest ``keep``.
+
+    Raises:
+        OSError: the checkpoint does not read back as written (the previous ones are kept).
+    """
+    store.write_manifest(tmp, step=step, checkpoint_id=checkpoint_id, fmt=fmt)
+    final = store.publish(tmp, directory, step, checkpoint_id)
+    found = next(c for c in store.candidates(directory) if c.path == final)
+    problem = store.verify(found)
+    if problem:
+        raise OSError(f"checkpoint of step {step} did not verify after writing: {problem}")
+    store.prune(directory, keep, current=final)
+    return final / CHECKPOINT_FILE
+
+
+def _agree_saved(error: str, group: Any) -> None:
+    """Every rank learns whether rank 0's save succeeded (raises the same error on every rank)."""
+    if not dist.is_initialized():
+        if error:
+            raise OSError(error)
+        return
+    findings = gather_findings(Finding(rank=dist.get_rank(group), path="", error=error), group)
+    failed = [f for f in findings if f.error]
+    if failed:
+        raise OSError("; ".join(f"rank {f.rank}: {f.error}" for f in failed)
+                      + " (the previous checkpoints are kept)")
 
 
 def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scaler: Any = None, sampler: Any = None,
                     plan: Mapping[str, Any] | None = None,
                     rank_state: Mapping[str, Any] | None = None,
-                    extra: Mapping[str, Any] | None = None) -> Path:
+                    extra: Mapping[str, Any] | None = None, keep: int = defaults.CHECKPOINT_KEEP,
+                    group: Any = None) -> Path:
     """Write a checkpoint; collective: call on every rank at the same step.
 
     Args:
@@ -60,33 +112,54 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
         rank_state: this rank's own state besides RNG (e.g. ``compression`` error feedback),
             tensors and plain types only.
         extra: more plain state saved as ``extra``.
+        keep: verified checkpoints to keep (the newest ``keep``).
+        group: the process group of the save (None: the default group).
 
     Returns:
-        The checkpoint path (written by rank 0; every rank returns after the barrier).
+        The new checkpoint's ``checkpoint.pt`` (written by rank 0; every rank returns once rank 0
+        has published and verified it).
+
+    Raises:
+        OSError: rank 0 could not write or verify it (on every rank; earlier checkpoints stay).
     """
-    path = Path(directory) / CHECKPOINT_FILE
+    directory = Path(directory)
     mine = {"rng": rng_state(), **(dict(rank_state) if rank_state else {})}
-    ranks = gather_to_rank0(mine)
+    ranks = gather_to_rank0(mine, group)
+    checkpoint_id = _agreed_token(group)
+    error, path = "", directory / store.dir_name(step, checkpoint_id) / CHECKPOINT_FILE
     if ranks is not None:
-        save_atomic(manifest(checkpoint_id=secrets.token_hex(8), step=step, model=model,
-                             optimizer=optimizer, scaler=scaler, sampler=sampler, plan=plan,
-                             ranks=ranks, extra=extra), path)
-    if dist.is_initialized():
-        dist.barrier()
+        tmp = store.tmp_dir(directory, step, checkpoint_id)
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            save_atomic(manifest(checkpoint_id=checkpoint_id, step=step, model=model,
+                                 optimizer=optimizer, scaler=scaler, sampler=sampler, plan=plan,
+                                 ranks=ranks, extra=extra), tmp / CHECKPOINT_FILE)
+            path = publish_verified(directory, tmp, step=step, checkpoint_id=checkpoint_id,
+                                    fmt=FORMAT, keep=keep)
+        except OSError as exc:
+            error = f"saving the checkpoint of step {step} in {directory}: {type(exc).__name__}: {exc}"
+    _agree_saved(error[:300], group)
     return path
 
 
-def read_checkpoint(directory: str | Path | None) -> tuple[dict[str, Any] | None, Finding]:
-    """Read ``<directory>/checkpoint.pt`` on this rank (weights only) and say what was found.
+def _agreed_token(group: Any) -> str:
+    """A random 16-hex-digit id chosen by rank 0, the same on every rank."""
+    chosen = secrets.token_hex(8)
+    if not dist.is_initialized():
+        return chosen
+    buf = torch.frombuffer(bytearray(chosen.encode()), dtype=torch.uint8).clone()
+    dist.broadcast(buf, src=0, group=group)
+    return bytes(buf.tolist()).decode()
+
+
+def read_file(path: Path) -> tuple[dict[str, Any] | None, Finding]:
+    """Read one ``checkpoint.pt`` on this rank (weights only) and say what was found.
 
     Returns:
         ``(state or None, Finding)``: the finding carries the step and checkpoint id, ``missing``
         when there is no file, or the error when it could not be read.
     """
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if not directory:
-        return None, Finding(rank=rank, path="", missing=True)
-    path = Path(directory) / CHECKPOINT_FILE
     if not path.exists():
         return None, Finding(rank=rank, path=str(path), missing=True)
     try:
@@ -96,20 +169,43 @@ def read_checkpoint(directory: str | Path | None) -> tuple[dict[str, Any] | None
             raise ValueError(f"checkpoint format {found}, expected {FORMAT} or {SHARDED_FORMAT}")
         if state["format"] == SHARDED_FORMAT:  # the DCP directory it names must be complete
             from hetero_worker.ckpt.sharded import check_sharded_dir  # noqa: PLC0415 (DCP import)
-            check_sharded_dir(directory, state["sharded"])
+            check_sharded_dir(path.parent, state["sharded"])
     except Exception as exc:  # noqa: BLE001 - every failure is reported to the agreement
         return None, Finding(rank=rank, path=str(path), error=f"{type(exc).__name__}: {exc}"[:300])
     return state, Finding(rank=rank, path=str(path), step=int(state["step"]),
                           checkpoint_id=str(state["checkpoint_id"]))
 
 
+def read_checkpoint(directory: str | Path | None) -> tuple[dict[str, Any] | None, Finding]:
+    """Read the newest checkpoint of ``directory`` this rank can verify (weights only); without
+    any, the newest candidate's failure (or ``missing``).  One rank's view, no agreement."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if not directory:
+        return None, Finding(rank=rank, path="", missing=True)
+    found = store.candidates(directory)
+    if not found:
+        return None, Finding(rank=rank, path=str(Path(directory) / CHECKPOINT_FILE), missing=True)
+    first_failure: tuple[None, Finding] | None = None
+    for c in found:
+        problem = store.verify(c)
+        state, finding = (None, Finding(rank=rank, path=str(c.file), error=problem)) if problem else read_file(c.file)
+        if state is not None:
+            return state, finding
+        first_failure = first_failure or (None, finding)
+    assert first_failure is not None
+    return first_failure
+
+
 def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scaler: Any = None, sampler: Any = None,
-                    plan: Mapping[str, Any] | None = None, seed: int = 0) -> dict[str, Any] | None:
-    """Agree on and restore the checkpoint in ``directory``; collective: call on every rank.
+                    plan: Mapping[str, Any] | None = None, seed: int = 0,
+                    group: Any = None) -> dict[str, Any] | None:
+    """Agree on and restore a checkpoint of ``directory``; collective: call on every rank.
 
-    Every rank reads the file (weights only); rank 0's finding is the decision and every rank
-    confirms it before anything is restored. Model, optimizer, scaler and the global data
+    The ranks agree on the newest checkpoint every one of them verifies against its manifest
+    (:func:`hetero_worker.ckpt.agreement.agree_on_newest`; an unreadable newer one is passed over
+    on every rank, and rank 0 says so); every rank reads it (weights only) and confirms rank 0's
+    step and id before anything is restored. Model, optimizer, scaler and the global data
     position are always restored. RNG states are restored per rank when ``plan`` is the plan the
     checkpoint was taken under (:func:`same_plan`); otherwise every rank gets fresh RNG
     (:func:`fresh_rng` of ``seed``, the step and its rank).
@@ -119,6 +215,7 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
         model, optimizer, scaler, sampler: restored in place when given.
         plan: the resuming plan (see :func:`save_checkpoint`); None compares world sizes only.
         seed: the job seed, for fresh RNG under a new plan.
+        group: the process group of the agreement (None: the default group).
 
     Returns:
         The checkpoint dict (``step``, ``plan``, ``split``, ``ranks``, ...) with
@@ -129,17 +226,25 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
             than rank 0, none, or could not read it (every rank raises the same message).
         ValueError: the data position is for another dataset (sampler).
     """
-    state, finding = read_checkpoint(directory)
-    agree_on_resume(finding)
-    if state is None:
+    chosen, _, note = agree_on_newest(directory, group)
+    if chosen is None:
+        LAST_RESUME.clear()
         return None
+    state, finding = read_file(chosen.file)
+    agree_on_resume(finding, group)
+    if state is None:  # every rank read it, or every rank raised above
+        raise ResumeDisagreement([finding])
+    LAST_RESUME.update(step=int(state["step"]), fallback=note)
+    if note and (not dist.is_initialized() or dist.get_rank() == 0):
+        _log(f"checkpoint_fallback: resuming from step {state['step']} (checkpoint "
+             f"{state['checkpoint_id']}); the newest is unreadable: {note}")
     if not state.get("sharded") and _is_sharded(model):
         raise ValueError("this checkpoint was taken without sharding (format 2: one full state "
                          "dict) and this job shards its model (HTJ_SHARDING): resume it with "
                          "spec.training.sharding None, or start a new checkpoint directory")
     if state.get("sharded"):  # DCP: every rank loads its own chunks, resharded to its model
         from hetero_worker.ckpt.sharded import check_sharded_dir, load_sharded  # noqa: PLC0415
-        load_sharded(check_sharded_dir(directory, state["sharded"]), model=model,
+        load_sharded(check_sharded_dir(chosen.file.parent, state["sharded"]), model=model,
                      optimizer=optimizer)
     else:
         model.load_state_dict(state["model"])

@@ -126,13 +126,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def gather_to_rank0(mine: Any) -> list[Any] | None:
-    """Every rank's ``mine`` on rank 0 (ordered by rank), None elsewhere; collective."""
+def gather_to_rank0(mine: Any, group: Any = None) -> list[Any] | None:
+    """Every rank's ``mine`` on rank 0 (ordered by rank), None elsewhere; collective over
+    ``group`` (None: the default group; a group of every rank, such as the checkpoint group)."""
     if not dist.is_initialized():
         return [mine]
     rank = dist.get_rank()
-    out: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-    dist.gather_object(mine, out, dst=0)
+    out: list[Any] | None = [None] * dist.get_world_size(group) if rank == 0 else None
+    dist.gather_object(mine, out, dst=0, group=group)
     return out
 
 

@@ -122,12 +122,14 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
             groups=trainer.layout.groups, group=trainer.groups.intra, rank=trainer.rank,
             scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
             rank_state={"compression": codec_states(trainer)},
-            before_publish=getattr(trainer, "before_checkpoint_publish", None))
+            before_publish=getattr(trainer, "before_checkpoint_publish", None),
+            keep=trainer.contract.checkpoint_keep, ckpt_group=getattr(trainer, "ckpt_group", None))
         return str(path)
     path = checkpoint.save_checkpoint(
         directory, step=trainer.global_step, model=trainer.module, optimizer=optimizer,
         scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
-        rank_state={"compression": codec_states(trainer)})
+        rank_state={"compression": codec_states(trainer)}, keep=trainer.contract.checkpoint_keep,
+        group=getattr(trainer, "ckpt_group", None))
     return str(path)
 
 
@@ -154,7 +156,8 @@ def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,
     current = plan_of(trainer)
     state = checkpoint.load_checkpoint(
         directory, model=trainer.module, optimizer=optimizer, scaler=trainer.scaler,
-        sampler=trainer.sampler, plan=current, seed=trainer.seed)
+        sampler=trainer.sampler, plan=current, seed=trainer.seed,
+        group=getattr(trainer, "ckpt_group", None))
     if state is None:
         return False
     rank = trainer.rank

@@ -4,13 +4,14 @@ Under Group sharding (:mod:`hetero_worker.memory.group`) each GPU-type group hol
 state, sharded by FSDP2 inside the group; the groups are replicas of each other. A checkpoint
 directory then holds:
 
-* ``checkpoint.pt``: the manifest, format :data:`hetero_worker.ckpt.files.SHARDED_FORMAT`, written
-  by rank 0 through a temp file and ``os.replace`` and read with ``torch.load(weights_only=True)``:
-  step, checkpoint id, the job's global data position, the plan it was taken under, per-rank RNG,
-  and ``sharded``: the directory holding model and optimizer state, the ranks that wrote it;
-* ``sharded-<id>/``: model and optimizer state in DCP's layout (``.metadata`` plus one
-  ``__<r>_0.distcp`` file per writing rank), written by **one** group;
-* ``.sharded-<id>.tmp/``: a save in progress, or one that died; never read.
+* ``step-<N>-<id>/`` (:mod:`hetero_worker.ckpt.store`), one per kept checkpoint, holding
+  ``checkpoint.pt``: the manifest, format :data:`hetero_worker.ckpt.files.SHARDED_FORMAT`, read with
+  ``torch.load(weights_only=True)``: step, checkpoint id, the job's global data position, the plan
+  it was taken under, per-rank RNG, and ``sharded``: the directory holding model and optimizer
+  state, the ranks that wrote it; ``sharded-<id>/``: model and optimizer state in DCP's layout
+  (``.metadata`` plus one ``__<r>_0.distcp`` file per writing rank), written by **one** group;
+  and ``MANIFEST.json``, every file's size and SHA-256 (DCP's files included);
+* ``.step-<N>-<id>.tmp/``: a save in progress, or one that died; never read.
 
 **Who writes.** The groups' FSDP2 ``DTensor`` s live on different one-dimensional meshes (each
 group's process group), so one world-wide ``dcp.save`` would see every group's chunks: DCP
@@ -27,13 +28,15 @@ sharding), ``dcp.load`` fills each rank's own chunks from whatever chunks were s
 default Gloo group), and ``set_state_dict`` puts them back. So a checkpoint taken with groups
 [A100] [T4, T4] resumes on [A100] [T4], or onto a job without sharding.
 
-**Atomic, agreed.** The writing group saves into ``.sharded-<id>.tmp``; once every writer has
-succeeded (all ranks agree, :func:`_agree`), rank 0 renames it to ``sharded-<id>`` and only then
-replaces ``checkpoint.pt``; older ``sharded-*`` directories go after that. A kill at any point
-leaves the previous manifest pointing to a complete directory. On resume every rank reads the
-manifest and checks the directory's ``.metadata`` (:func:`check_sharded_dir`), and
-:func:`hetero_worker.ckpt.agreement.agree_on_resume` makes every rank confirm rank 0's step and id
-before anything is loaded.
+**Atomic, agreed.** The writing group saves into ``.step-<N>-<id>.tmp/sharded-<id>``; once every
+writer has succeeded (all ranks agree, :func:`_agree`), rank 0 writes ``checkpoint.pt`` beside
+it, records every file's size and SHA-256 in ``MANIFEST.json``, renames the directory into place
+and verifies it; checkpoints beyond the newest ``keep`` go after that. A kill at any point leaves
+the earlier checkpoints complete. On resume every rank verifies candidates against their
+manifests and :func:`hetero_worker.ckpt.agreement.agree_on_newest` picks the newest every rank can
+read (an unreadable newest one is passed over), before anything is loaded. The agreements run on
+the checkpoint process group (``ckpt_group``), whose timeout is the checkpoint's, not the
+training collectives'.
 
 **No pickle from the volume.** DCP (torch 2.13) unpickles two things from the files:
 ``FileSystemReader.read_metadata`` reads ``.metadata`` with plain ``pickle.load``, and
@@ -53,7 +56,6 @@ import io
 import os
 import pickle
 import secrets
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -67,7 +69,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from hetero_worker.ckpt import files
+from hetero_worker.ckpt import files, store
+from heterotrain_common import defaults
 
 __all__ = ["METADATA_GLOBALS", "SafeFileSystemReader", "SafeLoadPlanner", "check_sharded_dir",
            "load_metadata", "load_sharded", "save_sharded_checkpoint", "saver_ranks"]
@@ -165,27 +168,27 @@ def saver_ranks(groups: Sequence[Sequence[int]]) -> tuple[int, ...]:
     return tuple(sorted(best))
 
 
-def _agreed_id() -> str:
+def _agreed_id(group: Any = None) -> str:
     """A random 16-hex-digit id chosen by rank 0, the same on every rank (a byte broadcast)."""
     chosen = secrets.token_hex(8)
     if not dist.is_initialized():
         return chosen
     buf = torch.frombuffer(bytearray(chosen.encode()), dtype=torch.uint8).clone()
-    dist.broadcast(buf, src=0)
+    dist.broadcast(buf, src=0, group=group)
     return bytes(buf.tolist()).decode()
 
 
-def _agree(error: str) -> list[tuple[int, str]]:
+def _agree(error: str, group: Any = None) -> list[tuple[int, str]]:
     """Every rank's error (``""`` = fine) on every rank: one all-gather of fixed-size UTF-8
-    records over the default group (no pickling). Returns the failing ``(rank, error)`` pairs."""
+    records over ``group`` (no pickling). Returns the failing ``(rank, error)`` pairs."""
     if not dist.is_initialized():
         return [(0, error)] if error else []
     encoded = error.encode()[:ERROR_BYTES]
     record = torch.zeros(ERROR_BYTES, dtype=torch.uint8)
     if encoded:
         record[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
-    gathered = [torch.empty_like(record) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, record)
+    gathered = [torch.empty_like(record) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, record, group=group)
     texts = [bytes(g.tolist()).rstrip(b"\0").decode(errors="replace") for g in gathered]
     return [(r, t) for r, t in enumerate(texts) if t]
 
@@ -199,31 +202,13 @@ def _raise_if_failed(failures: list[tuple[int, str]], what: str) -> None:
 
 # --- save ------------------------------------------------------------------------------------
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_stale(directory: Path, keep: str) -> None:
-    """Remove ``sharded-*`` and ``.sharded-*.tmp`` entries other than ``keep`` (rank 0, after
-    the manifest names ``keep``)."""
-    for entry in directory.iterdir():
-        name = entry.name
-        stale = (name.startswith(DIR_PREFIX) or
-                 (name.startswith("." + DIR_PREFIX) and name.endswith(TMP_SUFFIX)))
-        if stale and name != keep and entry.is_dir():
-            shutil.rmtree(entry, ignore_errors=True)
-
-
 def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
                             optimizer: torch.optim.Optimizer, groups: Sequence[Sequence[int]],
                             group: Any, rank: int, scaler: Any = None, sampler: Any = None,
                             plan: Mapping[str, Any] | None = None,
                             rank_state: Mapping[str, Any] | None = None,
-                            before_publish: Any = None) -> Path:
+                            before_publish: Any = None, keep: int = defaults.CHECKPOINT_KEEP,
+                            ckpt_group: Any = None) -> Path:
     """Write a sharded checkpoint; collective: every rank calls it at the same step.
 
     Args:
@@ -237,19 +222,22 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
         scaler, sampler, plan, rank_state: as :func:`hetero_worker.ckpt.checkpoint.save_checkpoint`.
         before_publish: test hook, called on rank 0 after the data is written and before it is
             published (a test kills the rank there).
+        keep: verified checkpoints to keep.
+        ckpt_group: the checkpoint process group (agreements; None: the default group).
 
     Returns:
-        The manifest's path.
+        The new checkpoint's ``checkpoint.pt``.
 
     Raises:
         RuntimeError: a writing rank (or rank 0's publication) failed; raised on every rank with
             every failing rank's error, and the previous checkpoint stays in place.
     """
     directory = Path(directory)
-    checkpoint_id = _agreed_id()
+    checkpoint_id = _agreed_id(ckpt_group)
     writers = saver_ranks(groups)
-    tmp = directory / f".{DIR_PREFIX}{checkpoint_id}{TMP_SUFFIX}"
+    step_tmp = store.tmp_dir(directory, step, checkpoint_id)
     final = f"{DIR_PREFIX}{checkpoint_id}"
+    tmp = step_tmp / final  # complete only once its parent is renamed into place
     error = ""
     # Every rank: get_state_dict initialises an optimizer without state by a zero-lr step
     # (torch's _init_optim_state); on the writers alone that would make the replicas differ.
@@ -262,10 +250,11 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank learns it
             # (CheckpointException, DCP's error gathered from its ranks, is a BaseException)
             error = f"writing {tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
-    _raise_if_failed(_agree(error), f"sharded checkpoint of step {step}")
+    _raise_if_failed(_agree(error, ckpt_group), f"sharded checkpoint of step {step}")
     ranks = files.gather_to_rank0(
-        {"rng": files.rng_state(), **(dict(rank_state) if rank_state else {})})
+        {"rng": files.rng_state(), **(dict(rank_state) if rank_state else {})}, ckpt_group)
     error = ""
+    path = directory / store.dir_name(step, checkpoint_id) / files.CHECKPOINT_FILE
     if ranks is not None:
         try:
             if before_publish is not None:
@@ -273,19 +262,18 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
             if not (tmp / METADATA_FILE).is_file():
                 raise FileNotFoundError(f"{tmp / METADATA_FILE} is not visible to rank 0: put "
                                         "HTJ_CHECKPOINT_DIR on a volume shared by all ranks")
-            os.replace(tmp, directory / final)
-            _fsync_dir(directory)
             state = files.manifest(
                 checkpoint_id=checkpoint_id, step=step, model=None, optimizer=None, scaler=scaler,
                 sampler=sampler, plan=plan, ranks=ranks,
                 sharded={"dir": final, "writers": list(writers), "sharding": "group"})
-            files.save_atomic(state, directory / files.CHECKPOINT_FILE)
-            _fsync_dir(directory)
-            _remove_stale(directory, keep=final)
+            files.save_atomic(state, step_tmp / files.CHECKPOINT_FILE)
+            from hetero_worker.ckpt.checkpoint import publish_verified  # noqa: PLC0415 (cycle)
+            path = publish_verified(directory, step_tmp, step=step, checkpoint_id=checkpoint_id,
+                                    fmt=files.SHARDED_FORMAT, keep=keep)
         except Exception as exc:  # noqa: BLE001
-            error = f"publishing {directory / final}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
-    _raise_if_failed(_agree(error), f"sharded checkpoint of step {step}")
-    return directory / files.CHECKPOINT_FILE
+            error = f"publishing {step_tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
+    _raise_if_failed(_agree(error, ckpt_group), f"sharded checkpoint of step {step}")
+    return path
 
 
 # --- load ------------------------------------------------------------------------------------

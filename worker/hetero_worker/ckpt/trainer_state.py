@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from hetero_worker.ckpt import resume
+from hetero_worker.ckpt import checkpoint, resume
 
 
 class Checkpointing:
@@ -48,9 +48,10 @@ class Checkpointing:
     def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
         """Restore the latest checkpoint if there is one; True when resumed (collective).
 
-        Rank 0's reading decides the step and every rank confirms it (a rank that finds another
-        checkpoint, none, or cannot read it makes every rank raise
-        :class:`~hetero_worker.ckpt.agreement.ResumeDisagreement`). Under the same plan the split, RNG
+        The ranks agree on the newest checkpoint every one of them can read (an unreadable
+        newest one is passed over on every rank, and rank 0 says so); a rank with no usable
+        checkpoint while others have one makes every rank raise
+        :class:`~hetero_worker.ckpt.agreement.ResumeDisagreement`. Under the same plan the split, RNG
         and compression state continue exactly; under a new plan (another world size or split)
         the data continue from the global position with fresh RNG
         (:func:`hetero_worker.ckpt.resume.resume_trainer`). Call it after :meth:`wrap` and
@@ -59,4 +60,6 @@ class Checkpointing:
         resumed = resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint_dir)
         if resumed:
             self.metrics.set_resumed_step(self.global_step)
+            if checkpoint.LAST_RESUME.get("fallback"):  # a newer one was unreadable somewhere
+                self.metrics.record_checkpoint_fallback()
         return resumed

@@ -12,7 +12,9 @@ order). Without one, the GPUs come from NVML as UUIDs, which mean the same devic
 ``CUDA_DEVICE_ORDER``, so the launcher never sets that variable. A MIG slice is never remapped: one process
 can use only one MIG device, and the device plugin already exposes exactly that one
 (pytorch/pytorch#130181). Signals are forwarded; when one rank fails, the others are stopped and
-the launcher exits with that rank's code.
+the launcher exits with that rank's code.  After a SIGTERM (preemption, drain, eviction) the ranks
+get the pod's ``terminationGracePeriodSeconds`` to stop at an agreed step and write one checkpoint
+(:mod:`hetero_worker.runtime.preemption`) before anything is killed.
 
 Torch-free (the launcher process itself never touches a GPU).
 """
@@ -26,7 +28,7 @@ import sys
 from collections.abc import Mapping
 
 from heterotrain_common import contract as c
-from heterotrain_common import envnames, envread, nvml, procs
+from heterotrain_common import defaults, envnames, envread, nvml, procs
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
@@ -105,6 +107,17 @@ def child_envs(pod: Mapping[str, str], *, visible_gpus: list[str] | None) -> lis
     return envs
 
 
+def termination_grace_s(pod: Mapping[str, str]) -> float:
+    """How long the ranks may take to stop after SIGTERM: the pod's
+    ``terminationGracePeriodSeconds`` (``HTJ_TERMINATION_GRACE_S``; the kubelet kills the pod
+    then anyway).  Meanwhile they reach the next agreed step and write one checkpoint."""
+    try:
+        return envread.seconds_from_env(pod, envnames.TERMINATION_GRACE_S,
+                                        default_s=float(defaults.TERMINATION_GRACE_S), allow_zero=True)
+    except envread.ContractError:
+        return float(defaults.TERMINATION_GRACE_S)
+
+
 def resolve_command(cmd: list[str]) -> list[str]:
     """Drop a leading ``--``; raises LaunchError when nothing is left or the program is not found."""
     if cmd and cmd[0] == "--":
@@ -126,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     gang = procs.Gang(cmd, envs)
     with procs.forwarding_signals(gang):
-        outcome = gang.wait(grace_s=args.grace_s)
+        outcome = gang.wait(grace_s=args.grace_s, signal_grace_s=termination_grace_s(os.environ))
     if outcome.failed_index is not None and outcome.signal_received is None:
         print(f"heterotrain launch: local rank {outcome.failed_index} "
               f"(rank {envs[outcome.failed_index][envnames.RANK]}) exited with code {outcome.exit_code}; "

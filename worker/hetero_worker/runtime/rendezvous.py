@@ -21,7 +21,12 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
+from hetero_worker.runtime import netfamily
 from heterotrain_common import defaults, envnames, envread
+
+
+_STATE: dict[str, Any] = {}
+"""The training collectives' timeout this process initialised with, and the checkpoint group."""
 
 
 class RendezvousTimeout(TimeoutError):
@@ -85,14 +90,42 @@ def wait_for_master(host: str, port: int, *, timeout_s: float,
         backoff_s = min(backoff_s * 2, max_backoff_s)
 
 
+def collective_timeout() -> timedelta | None:
+    """The training collectives' timeout :func:`init_distributed` set (every process group the
+    worker creates uses it: ``new_group`` would otherwise default to torch's 30 minutes for Gloo);
+    None when this process did not initialise through it."""
+    return _STATE.get("collective_timeout")
+
+
+def checkpoint_group(timeout_s: float) -> Any:
+    """The checkpoint process group: every rank, Gloo, its own timeout (collective on first use).
+
+    Checkpoint saves, their agreement and the per-step stop agreement run on it, so a save to slow
+    storage (rank 0 writing for minutes while the others wait) never trips the training
+    collectives' timeout, and the training collectives never wait on a checkpoint's.  One per
+    default group: every rank creates it at the same point (:class:`hetero_worker.trainer.Trainer`).
+    """
+    import torch.distributed as dist
+
+    default = dist.distributed_c10d._get_default_group()
+    found = _STATE.get("checkpoint_group")
+    if found is not None and found[0] is default:
+        return found[1]
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    _STATE["checkpoint_group"] = (default, group)
+    return group
+
+
 def init_distributed(*, rank: int, world_size: int, master_addr: str, master_port: int,
-                     backend: str, timeout_s: float | None = None) -> None:
+                     backend: str, timeout_s: float | None = None,
+                     collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S) -> None:
     """Join the job: wait for rank 0 (ranks > 0), build the TCPStore, init the default group.
 
     Args:
         rank, world_size, master_addr, master_port: from the contract.
         backend: default group backend, ``"gloo"`` on CPU or ``"nccl"`` on CUDA.
         timeout_s: rendezvous timeout; None reads :func:`timeout_from_env`.
+        collective_timeout_s: timeout of every training collective (``HTJ_COLLECTIVE_TIMEOUT_S``).
 
     Raises:
         RendezvousTimeout: rank 0 unreachable (ranks > 0), or not all ranks joined rank 0's store
@@ -104,6 +137,7 @@ def init_distributed(*, rank: int, world_size: int, master_addr: str, master_por
     left_s = timeout_s
     if rank != 0:
         left_s = wait_for_master(master_addr, master_port, timeout_s=timeout_s)
+    netfamily.pin_transports(master_addr, master_port)  # Gloo/NCCL in the master's family
     try:
         store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
                               timeout=timedelta(seconds=max(1.0, left_s)),
@@ -112,5 +146,6 @@ def init_distributed(*, rank: int, world_size: int, master_addr: str, master_por
         raise RendezvousTimeout(
             f"RendezvousTimeout: rank {rank} could not complete the store rendezvous at "
             f"{master_addr}:{master_port} within {timeout_s:g} s ({exc})") from exc
+    _STATE["collective_timeout"] = timedelta(seconds=collective_timeout_s)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=defaults.COLLECTIVE_TIMEOUT_S))
+                            timeout=_STATE["collective_timeout"])

@@ -1,0 +1,246 @@
+"""The worker pod template (``spec.worker.template``): what a user may set, what the operator owns,
+and the rules that refuse the rest (pure).
+
+The template is a Kubernetes ``PodTemplateSpec`` (its schema in the CRD is generated from the
+Kubernetes OpenAPI by ``scripts/gen-crd-podtemplate.py``, so ``kubectl explain
+htj.spec.worker.template.spec`` shows every field).  The operator merges it with what it must own
+(:func:`hetero_operator.render.pods.render_pods`): the GPU resources, the env contract, the image per
+node, the hardened securityContext, the rank's hostname and subdomain, the node it was planned
+onto.  A field the user may not set is refused at admission by a CEL rule of the CRD naming the
+field and why, and by :func:`check_template` (the same :data:`RULES`, in Python) where a manifest
+never went through an API server (``heterotrain plan``/``run``) or an old CRD let it through.
+
+Each :class:`Rule` is the one definition: its CEL text and message go into the CRD (the
+generator), its Python twin (:attr:`Rule.check`) runs in :func:`check_template` and in
+``tests/k8s/crdcheck.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hetero_operator.api.errors import SpecError
+from heterotrain_common import envnames
+
+TEMPLATE_PATH = "spec.worker.template"
+WORKER_CONTAINER = "worker"
+"""The one entry of ``template.spec.containers`` a user may give: merged into the rank container."""
+CHECKPOINT_VOLUME = "checkpoint"
+SHM_VOLUME = "dshm"
+RESERVED_VOLUMES = (CHECKPOINT_VOLUME, SHM_VOLUME)
+SHM_PATH = "/dev/shm"
+GPU_RESOURCE_PREFIX = "nvidia.com/"
+OWNED_LABEL_PREFIX = "heterotrain.io/"
+
+OWNED_ENV: tuple[str, ...] = tuple(sorted({
+    *envnames.TORCHRUN_VARS, *envnames.REQUIRED_VARS, *envnames.OPTIONAL_VARS,
+    *envnames.MEMORY_VARS, envnames.FIRST_RANK, envnames.PROFILE_STEPS,
+    envnames.PREDICTED_SAMPLES_PER_S, *envnames.RESILIENCE_VARS,
+}))
+"""Variables the operator (or ``heterotrain launch``) sets in every rank: the env contract.  A
+template that sets one is refused; ``spec.worker.env`` entries of these names are dropped as
+before (ours win)."""
+
+Path = tuple[str, ...]
+"""Where a rule sits, relative to the template: keys, ``"*"`` for every item of a list."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rule:
+    """One admission rule on the template.
+
+    Attributes:
+        at: where it sits relative to the template (``("spec",)``, ``("spec", "containers",
+            "*")``).
+        field: the field it is about, relative to ``at`` (``"hostNetwork"``); the CEL rule's
+            ``fieldPath`` and the Python path.
+        cel: the CEL expression (``self`` is the object at ``at``).
+        message: why, one sentence (the API server prints ``<path>.<field>: Forbidden: <message>``).
+        check: Python twin: ``check(obj)`` returns the offending sub-path below ``field``
+            (``""`` for the field itself, ``"[2].name"`` for an item) or None when it passes.
+    """
+
+    at: Path
+    field: str
+    cel: str
+    message: str
+    check: Callable[[Mapping[str, Any]], str | None]
+
+
+def _absent(field: str) -> Callable[[Mapping[str, Any]], str | None]:
+    return lambda obj: "" if field in obj else None
+
+
+def _forbid(at: Path, field: str, why: str) -> Rule:
+    return Rule(at=at, field=field, cel=f"!has(self.{field})", message=why, check=_absent(field))
+
+
+def _items(field: str, bad: Callable[[Mapping[str, Any]], str | None]) -> Callable[[Mapping[str, Any]], str | None]:
+    """Twin of ``!has(self.F) || self.F.all(x, ok(x))``: the first bad item's sub-path."""
+    def check(obj: Mapping[str, Any]) -> str | None:
+        for i, item in enumerate(obj.get(field) or ()):
+            found = bad(item if isinstance(item, Mapping) else {})
+            if found is not None:
+                return f"[{i}]{found}"
+        return None
+    return check
+
+
+def _keys(field: str, bad: Callable[[str], bool]) -> Callable[[Mapping[str, Any]], str | None]:
+    """Twin of ``!has(self.F) || self.F.all(k, !bad(k))`` over a map's keys."""
+    def check(obj: Mapping[str, Any]) -> str | None:
+        for key in obj.get(field) or {}:
+            if bad(str(key)):
+                return f"[{key}]"
+        return None
+    return check
+
+
+def _gpu_resources(obj: Mapping[str, Any]) -> str | None:
+    res = obj.get("resources") or {}
+    for kind in ("limits", "requests"):
+        for key in res.get(kind) or {}:
+            if str(key).startswith(GPU_RESOURCE_PREFIX):
+                return f".{kind}[{key}]"
+    return ".claims" if "claims" in res else None
+
+
+def _owned_env(item: Mapping[str, Any]) -> str | None:
+    return ".name" if item.get("name") in OWNED_ENV else None
+
+
+def _cel_list(values: Sequence[str]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
+
+
+_HOW_PLACED = "the planner places every pod on one node with free GPUs of its plan"
+POD = ("spec",)
+CONTAINER = ("spec", "containers", "*")
+INIT = ("spec", "initContainers", "*")
+_SECURITY_WHY = ("the operator hardens every container (Pod Security Standards \"restricted\": no "
+                 "privilege escalation, no privileged mode, every capability dropped, runAsNonRoot "
+                 "by the operator's HTJ_WORKER_RUN_AS_NON_ROOT)")
+
+RULES: tuple[Rule, ...] = (
+    _forbid(POD, "nodeName", f"{_HOW_PLACED}; narrow the nodes with nodeSelector or affinity instead"),
+    _forbid(POD, "hostNetwork", "ranks talk over the pod network (the job's headless Service and "
+            "NetworkPolicy); hostNetwork is refused by Pod Security \"baseline\" too"),
+    _forbid(POD, "hostPID", "refused by Pod Security \"baseline\"; the ranks need no host processes"),
+    _forbid(POD, "hostIPC", "refused by Pod Security \"baseline\"; shared memory comes from the "
+            "Memory emptyDir the operator mounts at /dev/shm (spec.worker.sharedMemorySize)"),
+    _forbid(POD, "hostname", "the operator names every pod's host <pod> under the job's Service, "
+            "so MASTER_ADDR resolves the same on every rank"),
+    _forbid(POD, "hostnameOverride", "the operator owns each pod's hostname (MASTER_ADDR)"),
+    _forbid(POD, "subdomain", "the operator sets the subdomain to the job's headless Service "
+            "(MASTER_ADDR)"),
+    _forbid(POD, "setHostnameAsFQDN", "the operator owns each pod's hostname (MASTER_ADDR)"),
+    _forbid(POD, "restartPolicy", "the operator restarts the whole gang itself (restartPolicy "
+            "Never, spec.runPolicy.backoffLimit)"),
+    _forbid(POD, "activeDeadlineSeconds", "use spec.runPolicy.activeDeadlineSeconds: the job's "
+            "deadline counts from its first start, over every restart"),
+    _forbid(POD, "priorityClassName", "use spec.runPolicy.schedulingPolicy.priorityClass (Kueue "
+            "reads it from there)"),
+    _forbid(POD, "priority", "set by the API server from the PriorityClass; use "
+            "spec.runPolicy.schedulingPolicy.priorityClass"),
+    _forbid(POD, "ephemeralContainers", "ephemeral containers are added to running pods with "
+            "kubectl debug, not created"),
+    _forbid(POD, "resourceClaims", "the operator claims the GPUs (DRA ResourceClaimTemplates on "
+            "DRA nodes)"),
+    _forbid(POD, "resources", "set CPU and memory on the worker container (spec.worker.resources "
+            "or the template's container named worker); the operator adds the GPUs"),
+    _forbid(POD, "overhead", "set by the RuntimeClass admission controller"),
+    Rule(at=POD, field="containers", cel=f"self.containers.all(c, c.name == '{WORKER_CONTAINER}')",
+         message=(f"only a container named {WORKER_CONTAINER} may be given (it is merged into every "
+                  "rank's container); put sidecars in initContainers with restartPolicy Always "
+                  "(Kubernetes native sidecars, which stop when the worker exits: a plain extra "
+                  "container would keep the pod Running after training ends)"),
+         check=_items("containers", lambda c: ".name" if c.get("name") != WORKER_CONTAINER else None)),
+    Rule(at=POD, field="volumes",
+         cel=f"self.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}))",
+         message=(f"the volume names {', '.join(RESERVED_VOLUMES)} are the operator's (the "
+                  "checkpoint PersistentVolumeClaim and /dev/shm); rename yours"),
+         check=_items("volumes", lambda v: ".name" if v.get("name") in RESERVED_VOLUMES else None)),
+    _forbid(("spec", "securityContext"), "seccompProfile",
+            "the operator sets seccompProfile RuntimeDefault on every pod"),
+    _forbid(("spec", "securityContext"), "runAsNonRoot",
+            "the operator sets runAsNonRoot (its setting HTJ_WORKER_RUN_AS_NON_ROOT)"),
+    _forbid(CONTAINER, "image", "the operator picks the image per node from spec.images (the CUDA "
+            "build its driver runs)"),
+    _forbid(CONTAINER, "command", "set spec.worker.command: the operator runs it through "
+            "heterotrain launch, one process per GPU"),
+    _forbid(CONTAINER, "args", "set spec.worker.args (appended to spec.worker.command)"),
+    Rule(at=CONTAINER, field="env", cel=f"self.env.all(e, !(e.name in {_cel_list(OWNED_ENV)}))",
+         message=("the variables of the env contract (RANK, WORLD_SIZE, MASTER_ADDR, HTJ_* ...) are "
+                  "set by the operator for every rank; use other names"),
+         check=_items("env", _owned_env)),
+    Rule(at=CONTAINER, field="volumeMounts",
+         cel=f"self.volumeMounts.all(m, m.mountPath != '{SHM_PATH}')",
+         message=(f"the operator mounts a Memory emptyDir at {SHM_PATH}; size it with "
+                  "spec.worker.sharedMemorySize"),
+         check=_items("volumeMounts", lambda m: ".mountPath" if m.get("mountPath") == SHM_PATH else None)),
+    *(Rule(at=at, field="resources",
+           cel=("(!has(self.resources.limits) || self.resources.limits.all(k, "
+                f"!k.startsWith('{GPU_RESOURCE_PREFIX}'))) && (!has(self.resources.requests) || "
+                f"self.resources.requests.all(k, !k.startsWith('{GPU_RESOURCE_PREFIX}'))) && "
+                "!has(self.resources.claims)"),
+           message=("the operator requests the GPUs of each pod's plan (nvidia.com/gpu or a MIG "
+                    "resource, or a DRA claim); set only CPU, memory and other resources here"),
+           check=_gpu_resources) for at in (CONTAINER, INIT)),
+    *(_forbid((*at, "securityContext"), field, _SECURITY_WHY) for at in (CONTAINER, INIT)
+      for field in ("privileged", "allowPrivilegeEscalation", "capabilities", "procMount",
+                    "runAsNonRoot")),
+    Rule(at=("metadata",), field="labels",
+         cel=f"self.labels.all(k, !k.startsWith('{OWNED_LABEL_PREFIX}'))",
+         message=f"labels under {OWNED_LABEL_PREFIX} are the operator's (job, group, rank, attempt)",
+         check=_keys("labels", lambda k: k.startswith(OWNED_LABEL_PREFIX))),
+    Rule(at=("metadata",), field="annotations",
+         cel=f"self.annotations.all(k, !k.startsWith('{OWNED_LABEL_PREFIX}'))",
+         message=f"annotations under {OWNED_LABEL_PREFIX} are the operator's (ranks, GPU type)",
+         check=_keys("annotations", lambda k: k.startswith(OWNED_LABEL_PREFIX))),
+)
+
+
+def cel_text(rule: Rule) -> str:
+    """The rule as it goes into the CRD: guarded by ``has()`` when it reads a field."""
+    if rule.cel.startswith("!has("):
+        return rule.cel
+    return f"!has(self.{rule.field}) || ({rule.cel})"
+
+
+def _at(obj: Any, at: Path, prefix: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """Every object at ``at`` below ``obj`` with its path (lists expanded at ``"*"``)."""
+    if not at:
+        if isinstance(obj, Mapping):
+            yield obj, prefix
+        return
+    head, rest = at[0], at[1:]
+    if head == "*":
+        for i, item in enumerate(obj if isinstance(obj, list) else ()):
+            yield from _at(item, rest, f"{prefix}[{i}]")
+    elif isinstance(obj, Mapping) and head in obj:
+        yield from _at(obj[head], rest, f"{prefix}.{head}")
+
+
+def check_template(template: Mapping[str, Any], path: str = TEMPLATE_PATH) -> None:
+    """Refuse what the operator owns, like the CRD's CEL rules (first violation named).
+
+    Raises:
+        SpecError: naming the field, e.g. ``spec.worker.template.spec.hostNetwork: refused: ...``.
+    """
+    if not isinstance(template, Mapping):
+        raise SpecError(path, "must be a mapping (a Kubernetes PodTemplateSpec: metadata, spec)")
+    for rule in RULES:
+        for obj, where in _at(template, rule.at, path):
+            found = rule.check(obj)
+            if found is not None:
+                raise SpecError(f"{where}.{rule.field}{found}", f"refused: {rule.message}")
+
+
+def worker_container(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The template's container named ``worker`` (``{}`` when it gives none)."""
+    for c in ((template.get("spec") or {}).get("containers") or ()):
+        if c.get("name") == WORKER_CONTAINER:
+            return dict(c)
+    return {}
