@@ -313,15 +313,18 @@ VARIANTS = {
 def run_benchmark(args: argparse.Namespace, deadline: benchlib.Deadline) -> tuple[list, dict]:
     """All repeats; returns (targets, details)."""
     equal = [GLOBAL_BATCH // len(SPEEDS)] * len(SPEEDS)
-    balance: dict[float, list[dict]] = {d: [] for d in args.delays_per_sample_s}
-    overhead: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    delays = [] if args.only == "overhead" else args.delays_per_sample_s
+    variants = [] if args.only == "balance" else (args.variants or list(VARIANTS))
+    balance: dict[float, list[dict]] = {d: [] for d in delays}
+    overhead: dict[str, list[dict]] = {v: [] for v in variants}
     for repeat in range(args.repeats):  # repeats outermost: a load change hits every variant
-        for d in args.delays_per_sample_s:
+        for d in delays:
             balance[d].append(balance_once(d, args, deadline))
             print(f"repeat {repeat}: {d * 1e3:g} ms/sample: proportional/ideal "
                   f"{balance[d][-1]['proportional_over_ideal']:.3f}, proportional/equal "
                   f"{balance[d][-1]['proportional_over_equal']:.2f}x", flush=True)
-        for name, (nodes, hierarchy, flag, _) in VARIANTS.items():
+        for name in variants:
+            nodes, hierarchy, flag, _ = VARIANTS[name]
             overhead[name].append(launch("overhead", equal, [1.0] * 4, nodes, delay_s=0.0, args=args,
                                          deadline=deadline, hierarchy=hierarchy, variant=flag))
             print(f"repeat {repeat}: sync {name}: ours/plain {overhead[name][-1]['ratio']:.3f}",
@@ -397,6 +400,9 @@ def main() -> int:
                         help="simulated seconds per sample at speed 1, comma-separated")
     parser.add_argument("--blocks", type=int, default=8, help="overhead: blocks per variant")
     parser.add_argument("--block-steps", type=int, default=6, help="overhead: steps per block")
+    parser.add_argument("--only", choices=["balance", "overhead"], help="run one part")
+    parser.add_argument("--variants", type=lambda v: v.split(","), default=None,
+                        help=f"overhead variants to run (default all: {','.join(VARIANTS)})")
     parser.add_argument("--repeats", type=int, default=benchlib.REPEATS)
     parser.add_argument("--timeout-s", type=float, default=900.0,
                         help="whole benchmark; on expiry exit 3 and write nothing")

@@ -30,6 +30,11 @@ BENCHMARKS = [  # (results file stem, title, command)
      "its link and codec rows supersede those of the full run above, which ran the commit before",
      "bench/bench_speed.py --only link --out DIR; DIR/speed.json copied to "
      "bench/results/speed-link.json"),
+    ("balance-hierarchy", "Hierarchical sync overhead with the pipelined hierarchy (issue 23)",
+     "bench/bench_balance.py --only overhead --variants hierarchical --output "
+     "bench/results/balance-hierarchy.json"),
+    ("speed-hierarchy", "Pipelined hierarchy on the shaped link (issue 23)",
+     "bench/bench_speed.py --only hierarchy (as root: network namespaces)"),
     ("plan", "Planner", "bench/bench_plan.py"),
     ("operator", "Operator", "bench/bench_operator.py"),
     ("memory", "Memory and sharding (issue 12)", "bench/bench_memory.py"),
