@@ -37,6 +37,8 @@ BENCHMARKS = [  # (results file stem, title, command)
      "bench/bench_speed.py --only hierarchy (as root: network namespaces)"),
     ("plan", "Planner", "bench/bench_plan.py"),
     ("operator", "Operator", "bench/bench_operator.py"),
+    ("operator-real", "Operator against the real control plane, 2,000 lease-heartbeating nodes "
+     "(issue 18)", "bench/bench_operator.py --real"),
     ("memory", "Memory and sharding (issue 12)", "bench/bench_memory.py"),
     ("sharded-checkpoint", "Sharded checkpoints (issue 12)", "bench/bench_sharded_checkpoint.py"),
 ]
