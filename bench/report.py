@@ -40,6 +40,8 @@ BENCHMARKS = [  # (results file stem, title, command)
     ("operator-real", "Operator against the real control plane, 2,000 lease-heartbeating nodes "
      "(issue 18)", "bench/bench_operator.py --real"),
     ("memory", "Memory and sharding (issue 12)", "bench/bench_memory.py"),
+    ("memory-steptime", "Sharding modes: measured / predicted throughput (issue 23)",
+     "bench/bench_memory.py --only steptime --output bench/results/memory-steptime.json"),
     ("sharded-checkpoint", "Sharded checkpoints (issue 12)", "bench/bench_sharded_checkpoint.py"),
 ]
 
