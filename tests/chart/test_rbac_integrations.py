@@ -28,7 +28,7 @@ def test_namespaced_scope_writes_claim_templates_only_in_watched_namespaces() ->
 
 def test_kueue_rules() -> None:
     role = one("default", "ClusterRole")
-    for verb in ("get", "list", "watch", "create"):
+    for verb in ("get", "list", "watch", "create", "patch"):  # patch: spec.active (suspend)
         assert grants(role, "kueue.x-k8s.io", "workloads", verb)
     assert grants(role, "kueue.x-k8s.io", "workloads/status", "patch")
     assert not grants(role, "kueue.x-k8s.io", "workloads", "delete")  # owner references do that

@@ -105,6 +105,10 @@ class FakeApiServer(kmock.KubernetesScaffold):
 
     graceful_pods: bool = False
     validate_htj: bool = True
+    kueue_version: str = "v1beta2"
+    """The one version Kueue's resources are served in (``v1beta1``: a Kueue <= 0.14, case 49)."""
+    served: dict[tuple[str, str, str], dict[str, Any]] = attrs.field(factory=dict)
+    """:data:`RESOURCES` with Kueue's in :attr:`kueue_version` (what this server serves)."""
     store: dict[tuple[tuple[str, str, str], str | None, str], dict[str, Any]] = attrs.field(factory=dict)
     _rv: Any = attrs.field(factory=lambda: itertools.count(1))
     _last_rv: int = 0
@@ -123,7 +127,9 @@ class FakeApiServer(kmock.KubernetesScaffold):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
-        for (group, version, plural), info in RESOURCES.items():
+        self.served = {(g, self.kueue_version if g == "kueue.x-k8s.io" else v, p): info
+                       for (g, v, p), info in RESOURCES.items()}
+        for (group, version, plural), info in self.served.items():
             key = f"{group}/{version}/{plural}" if group else f"v1/{plural}"
             self.resources[key] = kmock.ResourceInfo(verbs=set(VERBS), **info)
         self.fallback[kmock.action.LIST] << self._serve_list
@@ -185,7 +191,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
                        "the object has been modified; please apply your changes to the latest "
                        "version and try again")
         new = jsonpatch.apply_patch(old, patch) if isinstance(patch, list) else _merge(old, patch)
-        info = RESOURCES.get(resource, {})
+        info = self.served.get(resource, {})
         if "status" in info.get("subresources", ()):
             if subresource == "status":
                 new = {**copy.deepcopy(old), "status": new.get("status")}
@@ -311,7 +317,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
         resource = self._resource(request)
         await self._maybe_stall("list", resource)
         items = [o for o in self._select(resource, request.namespace, request.params)]
-        return {"apiVersion": "v1", "kind": RESOURCES[resource]["kind"] + "List",
+        return {"apiVersion": "v1", "kind": self.served[resource]["kind"] + "List",
                 "metadata": {"resourceVersion": str(self._last_rv)}, "items": items}
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
@@ -362,7 +368,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
         await self._maybe_stall("create", resource)
         if not isinstance(request.data, dict):
             raise _err(400, "BadRequest", "the body must be a JSON object")
-        namespace = request.namespace if RESOURCES[resource]["namespaced"] else None
+        namespace = request.namespace if self.served[resource]["namespaced"] else None
         return await self.create(resource, namespace, request.data)
 
     async def _serve_patch(self, request: rendering.Request) -> dict[str, Any]:
@@ -385,7 +391,7 @@ class FakeApiServer(kmock.KubernetesScaffold):
     def _resource(self, request: rendering.Request) -> tuple[str, str, str]:
         r = request.resource
         key = (r.group or "", r.version or "", r.plural or "")
-        if key not in RESOURCES:
+        if key not in self.served:
             raise _err(404, "NotFound", f"the server could not find the requested resource {key}")
         return key
 

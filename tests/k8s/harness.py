@@ -38,9 +38,9 @@ def load_nodes(path: Path = REPO / "examples" / "clusters" / "mixed.yaml") -> li
 class Cluster:
     """A fake cluster: API server, kubelet (optional) and the operator (started on demand)."""
 
-    def __init__(self, workdir: Path, *, kubelet: bool = True) -> None:
+    def __init__(self, workdir: Path, *, kubelet: bool = True, kueue_version: str = "v1beta2") -> None:
         self.workdir = workdir
-        self.api = FakeApiServer()
+        self.api = FakeApiServer(kueue_version=kueue_version)
         self.server = kmock.Server(self.api)
         self.kubelet = LocalKubelet(self.api, log_dir=workdir / "pods") if kubelet else None
         self._operator: threading.Thread | None = None

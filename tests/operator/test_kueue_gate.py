@@ -32,14 +32,45 @@ class Custom:
     """The CustomObjectsApi calls the adapter makes, on a dict store; ``served`` lists the API
     groups the cluster has (others answer 404)."""
 
-    def __init__(self, served: set[str]) -> None:
+    def __init__(self, served: set[str], kueue_versions: tuple[str, ...] = ("v1beta2", "v1beta1")) -> None:
         self.store: dict[tuple[str, str, str | None, str], dict[str, Any]] = {}
         self.served = served
+        self.kueue_versions = kueue_versions
         self.calls: list[str] = []
+        self.rv = 0
 
     def _check(self, group: str) -> None:
         if group not in self.served:
             raise ApiError(404)
+
+    def get_api_resources(self, group, version):
+        self._check(group)
+        if group == "kueue.x-k8s.io" and version not in self.kueue_versions:
+            raise ApiError(404)
+        return {"groupVersion": f"{group}/{version}", "resources": []}
+
+    def _bump(self, obj):
+        self.rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+        self._check(group)
+        obj = self.store[(group, plural, namespace, name)]
+        for part in ("metadata", "spec"):
+            into = obj.setdefault(part, {})
+            for k, v in (body.get(part) or {}).items():
+                if isinstance(v, dict):
+                    sub = into.setdefault(k, {})
+                    for kk, vv in v.items():
+                        if vv is None:
+                            sub.pop(kk, None)
+                        else:
+                            sub[kk] = vv
+                else:
+                    into[k] = v
+        self.calls.append(f"patch {plural}")
+        self._bump(obj)
+        return obj
 
     def get_cluster_custom_object(self, group, version, plural, name):
         self._check(group)
@@ -66,11 +97,16 @@ class Custom:
             raise ApiError(409)
         self.calls.append(f"create {plural}")
         self.store[key] = copy.deepcopy(body)
+        self._bump(self.store[key])
         return body
 
     def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body):
         self._check(group)
         obj = self.store[(group, plural, namespace, name)]
+        wanted = (body.get("metadata") or {}).get("resourceVersion")
+        if wanted is not None and wanted != (obj.get("metadata") or {}).get("resourceVersion"):
+            raise ApiError(409)
+        self._bump(obj)
         status = dict(obj.get("status") or {})
         for k, v in body["status"].items():
             if v is None:
@@ -195,4 +231,5 @@ async def test_without_kueue_the_job_waits_naming_the_fix() -> None:
     gate = await KueueGate(Api(Custom({"scheduling.k8s.io"}))).check(body, parse_job(body), capacity_plan)
     assert (gate.admitted, gate.reason) == (False, "KueueNotInstalled")
     assert gate.message == ("The job is queued (kueue.x-k8s.io/queue-name=team-q) but the cluster "
-                            "serves no kueue.x-k8s.io/v1beta2 Workloads; install Kueue or remove the label")
+                            "serves no Kueue Workloads (kueue.x-k8s.io v1beta2 or v1beta1); install Kueue "
+                            "or remove the label")

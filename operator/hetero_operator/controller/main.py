@@ -60,7 +60,7 @@ async def pod_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo,
     runner.reconciler(memo, nodes_idx, gpu_pods_idx).kick(namespace, labels[LABEL_JOB], delay_s=0.05)
 
 
-@kopf.on.event("kueue.x-k8s.io", "v1beta2", "workloads", labels={LABEL_JOB: kopf.PRESENT})
+@kopf.on.event("kueue.x-k8s.io", "workloads", labels={LABEL_JOB: kopf.PRESENT})  # preferred version
 async def workload_event(labels: kopf.Labels, namespace: str, memo: kopf.Memo,
                          nodes_idx: kopf.Index[str, Any], gpu_pods_idx: kopf.Index[str, Any],
                          **_: Any) -> None:

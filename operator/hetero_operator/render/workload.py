@@ -43,12 +43,28 @@ from typing import Any
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import Device, GroupPlan, Inventory, NodeInventory, Plan
 from hetero_operator.cluster import gfd
+from hetero_operator.render import kueuestatus as kstatus
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
 WORKLOADS = (GROUP, VERSION, "workloads")
 RESOURCE_FLAVORS = (GROUP, VERSION, "resourceflavors")
+VERSIONS = ("v1beta2", "v1beta1")
+"""Workload versions the operator speaks, preferred first: v1beta2 (Kueue >= 0.15, its storage
+version from 0.16) and v1beta1 (Kueue <= 0.14 serves only it; 0.15-0.17 serve both).  The pod
+sets, admission and checks read and written are the same in both; only the priority differs
+(v1beta2 ``priorityClassRef``, v1beta1 ``priorityClassName`` + ``priorityClassSource``)."""
+
+
+def workloads(version: str = VERSION) -> tuple[str, str, str]:
+    """The Workload resource in ``version``."""
+    return (GROUP, version, "workloads")
+
+
+def resource_flavors(version: str = VERSION) -> tuple[str, str, str]:
+    """The ResourceFlavor resource in ``version``."""
+    return (GROUP, version, "resourceflavors")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 GPU_TYPE_ANNOTATION = "heterotrain.io/gpu-type"
@@ -147,7 +163,7 @@ def capacity_inventory(inventory: Inventory) -> Inventory:
 
 
 def render_workload(job: Mapping[str, Any], spec: JobSpec, plan: Plan, *,
-                    priority: int | None = None) -> dict[str, Any]:
+                    priority: int | None = None, version: str = VERSION) -> dict[str, Any]:
     """The Workload of a queued job.
 
     Args:
@@ -156,9 +172,10 @@ def render_workload(job: Mapping[str, Any], spec: JobSpec, plan: Plan, *,
         plan: a plan of the job (on :func:`capacity_inventory`): its GPU types and counts.
         priority: value of ``spec.runPolicy.schedulingPolicy.priorityClass``'s PriorityClass;
             None when the job names none (Kueue then uses 0 or its default).
+        version: one of :data:`VERSIONS` (what the cluster's Kueue serves).
 
     Returns:
-        A ``kueue.x-k8s.io/v1beta2`` Workload with a controller owner reference to the job.
+        A ``kueue.x-k8s.io/<version>`` Workload with a controller owner reference to the job.
     """
     meta = job["metadata"]
     requests = dict((spec.worker.resources or {}).get("requests") or {})
@@ -182,15 +199,23 @@ def render_workload(job: Mapping[str, Any], spec: JobSpec, plan: Plan, *,
             "spec": pod_spec}})
     body: dict[str, Any] = {"queueName": queue_name(job), "podSets": pod_sets}
     if spec.run_policy.priority_class and priority is not None:
-        body["priorityClassRef"] = {"group": "scheduling.k8s.io", "kind": "PriorityClass",
-                                    "name": spec.run_policy.priority_class}
+        if version == "v1beta1":
+            body["priorityClassName"] = spec.run_policy.priority_class
+            body["priorityClassSource"] = "scheduling.k8s.io/priorityclass"
+        else:
+            body["priorityClassRef"] = {"group": "scheduling.k8s.io", "kind": "PriorityClass",
+                                        "name": spec.run_policy.priority_class}
         body["priority"] = int(priority)
+    body["active"] = not spec.run_policy.suspend  # a user's suspend holds no quota
+    meta_annotations = ({kstatus.DEACTIVATED_BY: kstatus.USER_SUSPEND}
+                        if spec.run_policy.suspend else {})
     return {
-        "apiVersion": API_VERSION, "kind": "Workload",
+        "apiVersion": f"{GROUP}/{version}", "kind": "Workload",
         "metadata": {
             "name": workload_name(meta["name"], meta.get("uid", "")), "namespace": meta["namespace"],
             "labels": {JOB_UID_LABEL: str(meta.get("uid", "")),
                        "heterotrain.io/job-name": meta["name"]},
+            **({"annotations": meta_annotations} if meta_annotations else {}),
             "ownerReferences": [{"apiVersion": job.get("apiVersion", "heterotrain.io/v1alpha1"),
                                  "kind": job.get("kind", "HeteroTrainingJob"),
                                  "name": meta["name"], "uid": meta.get("uid", ""),
@@ -257,6 +282,9 @@ def read_admission(workload: Mapping[str, Any]) -> Admission:
                          flavors=flavors, counts=counts, gpu_types=gpu_types)
     quota = _condition(workload, QUOTA_RESERVED)
     why = quota.get("message") or "waiting for quota in its ClusterQueue"
+    checks = kstatus.pending_checks(workload)
+    if quota.get("status") == "True" and checks:  # quota held; Admitted waits for the checks
+        why = f"quota reserved, waiting for admission check {', '.join(checks)}"
     return Admission(state=PENDING, reason="WaitingForAdmission",
                      message=f"Queued in LocalQueue {spec.get('queueName', '?')}: Workload {name} "
                              f"is not admitted ({why})", gpu_types=gpu_types)
@@ -269,9 +297,11 @@ class FlavorPlacement:
     Attributes:
         gpu_type: the type.
         flavor: ResourceFlavor name.
-        node_labels: the flavor's ``spec.nodeLabels`` (become the pods' ``nodeSelector``).
-        tolerations: the flavor's ``spec.tolerations`` (added to the pods).
+        node_labels: the flavor's ``spec.nodeLabels`` and the admission checks' nodeSelector
+            (become the pods' ``nodeSelector``).
+        tolerations: the flavor's ``spec.tolerations`` and the checks' (added to the pods).
         count: admitted ranks of this type.
+        labels / annotations: the admission checks' ``podSetUpdates`` for the pods' metadata.
     """
 
     gpu_type: str
@@ -279,6 +309,8 @@ class FlavorPlacement:
     node_labels: Mapping[str, str]
     tolerations: tuple[Mapping[str, Any], ...]
     count: int
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
 
 class FlavorMismatch(ValueError):
@@ -297,10 +329,17 @@ def placements(admission: Admission, workload: Mapping[str, Any],
         workload: the Workload (pod-set templates: product selector, GPU resource).
         flavors: ResourceFlavor objects by name.
 
+    Admission checks' ``podSetUpdates`` (:func:`~hetero_operator.render.kueuestatus.pod_set_updates`)
+    add their nodeSelector and tolerations to the placement and their labels and annotations to
+    the pods (shared case 42).
+
     Raises:
         FlavorMismatch: a flavor pins ``nvidia.com/gpu.product`` to another product than its pod
             set's, or a flavor is missing.
+        kueuestatus.PodSetUpdateConflict: an admission check's update contradicts the pod set's
+            selector (its product or flavor labels) or another check.
     """
+    updates = kstatus.pod_set_updates(workload)
     out = {}
     for ps in (workload.get("spec") or {}).get("podSets") or ():
         name = ps.get("name", "main")
@@ -325,10 +364,17 @@ def placements(admission: Admission, workload: Mapping[str, Any],
                 f"ResourceFlavor {flavor_name} whose nodeLabels say {PRODUCT_LABEL}="
                 f"{node_labels[PRODUCT_LABEL]}; give each GPU type its own ResourceFlavor whose "
                 f"nodeLabels name that {PRODUCT_LABEL}")
+        update = updates.get(name, kstatus.PodSetUpdate())
+        kstatus.check_metadata(name, update)
+        own = {**({PRODUCT_LABEL: wanted} if wanted else {}), **node_labels}
+        node_labels = {k: v for k, v in kstatus.merged_selector(name, own, update).items()
+                       if k != PRODUCT_LABEL or PRODUCT_LABEL in node_labels}
+        tolerations = [dict(t) for t in fspec.get("tolerations") or ()]
+        tolerations += [dict(t) for t in update.tolerations if dict(t) not in tolerations]
         out[gpu_type] = FlavorPlacement(
             gpu_type=gpu_type, flavor=flavor_name, node_labels=node_labels,
-            tolerations=tuple(dict(t) for t in fspec.get("tolerations") or ()),
-            count=int(admission.counts.get(name, ps.get("count", 1))))
+            tolerations=tuple(tolerations), count=int(admission.counts.get(name, ps.get("count", 1))),
+            labels=dict(update.labels), annotations=dict(update.annotations))
     return out
 
 
@@ -364,7 +410,10 @@ def apply_placements(pods: Sequence[Mapping[str, Any]], plan: Plan,
     """Pods with their admitted flavor's ``nodeSelector`` and ``tolerations``.
 
     Each pod's ``nodeSelector`` = its GPU type's ``nvidia.com/gpu.product`` merged with the
-    flavor's node labels; the flavor's tolerations are added to the pod's own (no duplicates).
+    flavor's node labels (and the admission checks' nodeSelector); the flavor's and the checks'
+    tolerations are added to the pod's own (no duplicates); the checks' labels and annotations
+    go onto the pod's metadata.
+
     """
     groups = {str(g.index): g for g in plan.groups}
     out = []
@@ -380,7 +429,11 @@ def apply_placements(pods: Sequence[Mapping[str, Any]], plan: Plan,
         tolerations = [dict(t) for t in spec.get("tolerations") or ()]
         tolerations += [dict(t) for t in place.tolerations if dict(t) not in tolerations]
         spec["tolerations"] = tolerations
-        out.append({**pod, "spec": spec})
+        meta = dict(pod["metadata"])
+        if place.labels or place.annotations:  # placements() refused any clash with ours
+            meta["labels"] = {**(meta.get("labels") or {}), **place.labels}
+            meta["annotations"] = {**(meta.get("annotations") or {}), **place.annotations}
+        out.append({**pod, "metadata": meta, "spec": spec})
     return out
 
 
