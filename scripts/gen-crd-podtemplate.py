@@ -180,9 +180,10 @@ def template_schema(openapi: dict[str, Any]) -> dict[str, Any]:
         field = at(schema, (*rule.at, rule.field))
         if rule.cel.startswith("!has("):
             field["description"] = f"Refused: {rule.message}. " + field.get("description", "")
+        # the message names the field itself: ``fieldPath`` and ``reason`` of a rule need
+        # Kubernetes 1.28, and the chart supports 1.25
         node.setdefault("x-kubernetes-validations", []).append({
-            "rule": podtemplate.cel_text(rule), "message": rule.message,
-            "fieldPath": f".{rule.field}", "reason": "FieldValueForbidden"})
+            "rule": podtemplate.cel_text(rule), "message": podtemplate.cel_message(rule)})
     return schema
 
 

@@ -158,13 +158,13 @@ BAD = [
     ("name with a leading digit (case 44)", lambda j: j["metadata"].update(name="7b-sft"),
      "<root>: Invalid value: metadata.name must be a DNS-1035 label"),
     ("hostNetwork in the template", lambda j: j["spec"]["worker"].update(template={"spec": {"hostNetwork": True}}),
-     "spec.worker.template.spec: Invalid value: ranks talk over the pod network"),
+     "spec.worker.template.spec: Invalid value: hostNetwork: refused: ranks talk over the pod network"),
     ("a second container", lambda j: j["spec"]["worker"].update(
         template={"spec": {"containers": [{"name": "worker"}, {"name": "side"}]}}),
-     "spec.worker.template.spec: Invalid value: only a container named worker may be given"),
+     "spec.worker.template.spec: Invalid value: containers: refused: only a container named worker may be given"),
     ("a GPU in the template", lambda j: j["spec"]["worker"].update(
         template={"spec": {"containers": [{"name": "worker", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}),
-     "spec.worker.template.spec.containers[0]: Invalid value: the operator requests the GPUs"),
+     "spec.worker.template.spec.containers[0]: Invalid value: resources: refused: the operator requests the GPUs"),
 ]
 
 

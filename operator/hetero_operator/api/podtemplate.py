@@ -57,7 +57,7 @@ class Rule:
         field: the field it is about, relative to ``at`` (``"hostNetwork"``); the CEL rule's
             ``fieldPath`` and the Python path.
         cel: the CEL expression (``self`` is the object at ``at``).
-        message: why, one sentence (the API server prints ``<path>.<field>: Forbidden: <message>``).
+        message: why, one sentence (:func:`cel_message` puts the field before it in the CRD).
         check: Python twin: ``check(obj)`` returns the offending sub-path below ``field``
             (``""`` for the field itself, ``"[2].name"`` for an item) or None when it passes.
     """
@@ -200,6 +200,13 @@ RULES: tuple[Rule, ...] = (
          message=f"annotations under {OWNED_LABEL_PREFIX} are the operator's (ranks, GPU type)",
          check=_keys("annotations", lambda k: k.startswith(OWNED_LABEL_PREFIX))),
 )
+
+
+def cel_message(rule: Rule) -> str:
+    """The rule's message as the CRD carries it: the field first, then why (the API server prints
+    it after the path of the object the rule sits on: ``spec.worker.template.spec: Invalid value:
+    "object": hostNetwork: refused: ranks talk ...``)."""
+    return f"{rule.field}: refused: {rule.message}"
 
 
 def cel_text(rule: Rule) -> str:

@@ -197,7 +197,12 @@ def agree_on_newest(directory: str | Path | None, group: Any = None) -> tuple[An
         low = min(keys)
         if all(k == low for k in keys):
             chosen = next(c for c in cands if c.key == low)
-            notes = [f"rank {f.rank}: {f.newest}" for f in findings if f.newest]
+            by_note: dict[str, list[int]] = {}
+            for f in findings:
+                if f.newest:
+                    by_note.setdefault(f.newest, []).append(f.rank)
+            notes = [f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {n}"
+                     for n, r in by_note.items()]
             return chosen, findings, "; ".join(notes)
         bound = low
     raise ResumeDisagreement(findings)

@@ -63,23 +63,6 @@ def _log(message: str) -> None:
     print(f"heterotrain: rank {rank}: {message}", file=sys.stderr, flush=True)
 
 
-def publish_verified(directory: Path, tmp: Path, *, step: int, checkpoint_id: str, fmt: int,
-                     keep: int) -> Path:
-    """Rank 0: manifest, rename into place, verify, then prune to the newest ``keep``.
-
-    Raises:
-        OSError: the checkpoint does not read back as written (the previous ones are kept).
-    """
-    store.write_manifest(tmp, step=step, checkpoint_id=checkpoint_id, fmt=fmt)
-    final = store.publish(tmp, directory, step, checkpoint_id)
-    found = next(c for c in store.candidates(directory) if c.path == final)
-    problem = store.verify(found)
-    if problem:
-        raise OSError(f"checkpoint of step {step} did not verify after writing: {problem}")
-    store.prune(directory, keep, current=final)
-    return final / CHECKPOINT_FILE
-
-
 def _agree_saved(error: str, group: Any) -> None:
     """Every rank learns whether rank 0's save succeeded (raises the same error on every rank)."""
     if not dist.is_initialized():
@@ -134,8 +117,8 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
             save_atomic(manifest(checkpoint_id=checkpoint_id, step=step, model=model,
                                  optimizer=optimizer, scaler=scaler, sampler=sampler, plan=plan,
                                  ranks=ranks, extra=extra), tmp / CHECKPOINT_FILE)
-            path = publish_verified(directory, tmp, step=step, checkpoint_id=checkpoint_id,
-                                    fmt=FORMAT, keep=keep)
+            path = store.publish_verified(directory, tmp, step=step, checkpoint_id=checkpoint_id,
+                                          fmt=FORMAT, keep=keep)
         except OSError as exc:
             error = f"saving the checkpoint of step {step} in {directory}: {type(exc).__name__}: {exc}"
     _agree_saved(error[:300], group)

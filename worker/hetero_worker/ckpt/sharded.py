@@ -267,9 +267,9 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
                 sampler=sampler, plan=plan, ranks=ranks,
                 sharded={"dir": final, "writers": list(writers), "sharding": "group"})
             files.save_atomic(state, step_tmp / files.CHECKPOINT_FILE)
-            from hetero_worker.ckpt.checkpoint import publish_verified  # noqa: PLC0415 (cycle)
-            path = publish_verified(directory, step_tmp, step=step, checkpoint_id=checkpoint_id,
-                                    fmt=files.SHARDED_FORMAT, keep=keep)
+            path = store.publish_verified(directory, step_tmp, step=step,
+                                          checkpoint_id=checkpoint_id, fmt=files.SHARDED_FORMAT,
+                                          keep=keep)
         except Exception as exc:  # noqa: BLE001
             error = f"publishing {step_tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
     _raise_if_failed(_agree(error, ckpt_group), f"sharded checkpoint of step {step}")

@@ -141,6 +141,26 @@ def publish(tmp: Path, directory: Path, step: int, checkpoint_id: str) -> Path:
     return final
 
 
+def publish_verified(directory: Path, tmp: Path, *, step: int, checkpoint_id: str, fmt: int,
+                     keep: int) -> Path:
+    """Rank 0: manifest, rename into place, verify, then prune to the newest ``keep``.
+
+    Returns:
+        The published checkpoint's ``checkpoint.pt``.
+
+    Raises:
+        OSError: the checkpoint does not read back as written (the previous ones are kept).
+    """
+    write_manifest(tmp, step=step, checkpoint_id=checkpoint_id, fmt=fmt)
+    final = publish(tmp, directory, step, checkpoint_id)
+    found = next(c for c in candidates(directory) if c.path == final)
+    problem = verify(found)
+    if problem:
+        raise OSError(f"checkpoint of step {step} did not verify after writing: {problem}")
+    prune(directory, keep, current=final)
+    return final / CHECKPOINT_FILE
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """``MANIFEST.json`` of a checkpoint directory.
 
