@@ -10,6 +10,7 @@ ResourceClaim allocation, plus an outdated pool generation that must be ignored)
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import json
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,9 @@ def test_slices_read_as_devices_with_the_drivers_attributes() -> None:
     assert read[2] == dra.DraDevice(
         node="a100-mig-0", pool="a100-mig-0", name="gpu-0-mig-9-0-4", product_name=A100,
         mig_profile="3g.40gb", compute_capability="8.0", driver_version="550.127.5",
-        cuda_driver=(12, 4), memory_mib=40192, multiprocessors=42)
+        cuda_driver=(12, 4), memory_mib=40192, multiprocessors=42,
+        uuid="MIG-a2000000-0000-0000-0000-000000000000",
+        parent_uuid="GPU-a2000000-0000-0000-0000-0000000000ff")
 
 
 def test_dra_inventory_equals_the_gfd_twins() -> None:
@@ -74,7 +77,9 @@ def test_dra_inventory_equals_the_gfd_twins() -> None:
     gfd = build_inventory(nodes, pods)
     twin = dra_inventory()
     assert twin.dra_nodes == {"a100-0", "a100-mig-0", "t4-0"}
-    assert twin.inventory.devices() == gfd.devices()
+    # the T4 a pod uses on the GFD twin is allocated to a ResourceClaim on the DRA one
+    assert [(d.node, d.claimed) for d in twin.inventory.devices() if d.claimed] == [("t4-0", 1)]
+    assert [replace(d, claimed=0) for d in twin.inventory.devices()] == gfd.devices()
     assert [(n.name, n.max_cuda, n.driver_cuda) for n in twin.inventory.nodes] == [
         (n.name, n.max_cuda, n.driver_cuda) for n in gfd.nodes]
     assert [(e.node, e.reason) for e in twin.inventory.excluded] == [
@@ -120,7 +125,7 @@ def test_claim_templates_pin_the_planned_gpu_type_with_cel() -> None:
     assert [(g.node, g.gpu_type, len(g.ranks)) for g in plan.groups] == [
         ("a100-0", "NVIDIA-A100-SXM4-80GB", 2), ("a100-mig-0", "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb", 1),
         ("a100-mig-0", "NVIDIA-A100-SXM4-80GB-MIG-3g.40gb", 1), ("t4-0", "Tesla-T4", 2)]
-    assert [t["metadata"]["name"] for t in templates] == ["mixed-g0", "mixed-g1", "mixed-g2", "mixed-g3"]
+    assert [t["metadata"]["name"] for t in templates] == ["mixed-a1-g0", "mixed-a1-g1", "mixed-a1-g2", "mixed-a1-g3"]
     whole = 'device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-80GB"'
     mig = whole + ' && device.attributes["gpu.nvidia.com"].profile == "3g.40gb"'
     t4 = 'device.attributes["gpu.nvidia.com"].productName == "Tesla T4"'
@@ -134,7 +139,7 @@ def test_claim_templates_pin_the_planned_gpu_type_with_cel() -> None:
 def test_pods_reference_their_groups_template_instead_of_extended_resources() -> None:
     _plan, pods, _templates = rendered()
     assert [(p["metadata"]["name"], p["spec"]["resourceClaims"]) for p in pods] == [
-        (f"mixed-g{i}", [{"name": "gpus", "resourceClaimTemplateName": f"mixed-g{i}"}])
+        (f"mixed-g{i}", [{"name": "gpus", "resourceClaimTemplateName": f"mixed-a1-g{i}"}])
         for i in range(4)]
     for pod in pods:
         (container,) = pod["spec"]["containers"]
@@ -169,7 +174,7 @@ def test_gfd_nodes_keep_extended_resources_beside_dra_nodes() -> None:
     envs = render_rank_envs(plan, spec, master_addr="x", master_port=29500, simulated=False)
     pods = rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--"))
     out, templates = use_claims(spec.name, spec.namespace, plan, pods, inv, labels={})
-    assert [t["metadata"]["name"] for t in templates] == ["mixed-g1", "mixed-g2", "mixed-g3"]
+    assert [t["metadata"]["name"] for t in templates] == ["mixed-a1-g1", "mixed-a1-g2", "mixed-a1-g3"]
     assert "resourceClaims" not in out[0]["spec"]
     assert out[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"
 
@@ -195,7 +200,7 @@ def test_a_device_without_product_name_excludes_its_node_naming_the_attribute() 
     assert "t4-0" not in inv.dra_nodes
 
 
-def test_other_drivers_and_partitionable_devices_are_ignored() -> None:
+def test_other_drivers_are_ignored_and_partitionable_devices_carry_their_consumption() -> None:
     nodes, slices, _claims = dra_cluster()
     extra = copy.deepcopy(slices[0])
     extra["spec"]["driver"] = "gpu.example.com"
@@ -203,7 +208,8 @@ def test_other_drivers_and_partitionable_devices_are_ignored() -> None:
     partitionable["spec"]["devices"][0]["consumesCounters"] = [
         {"counterSet": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}]
     assert dra.read_slices([extra]) == []
-    assert [d.name for d in dra.read_slices([partitionable])] == ["gpu-1"]
+    assert [(d.name, d.consumes) for d in dra.read_slices([partitionable])] == [
+        ("gpu-0", (("gpu-0-counters", (("memory", 80 * 2**30),)),)), ("gpu-1", ())]
 
 
 def test_claims_of_the_job_itself_are_recognised() -> None:

@@ -85,6 +85,10 @@ class Device:
         time_sliced_replicas: replicas per physical GPU under time-slicing/MPS; 1 when exclusive.
         compute_slices: compute slices out of 7 for MIG; 7 for a whole GPU.
         multiprocessors: SM count when labelled (MIG), else 0.
+        unhealthy: devices of ``total`` that cannot be used: counted in capacity but not in
+            allocatable (the device plugin's unhealthy GPUs, e.g. after an XID error), or marked by
+            a DRA driver's device taint.
+        claimed: devices of ``total`` allocated to DRA ResourceClaims.
     """
 
     node: str
@@ -100,6 +104,8 @@ class Device:
     time_sliced_replicas: int = 1
     compute_slices: int = 7
     multiprocessors: int = 0
+    unhealthy: int = 0
+    claimed: int = 0
 
     @property
     def gpu_type(self) -> str:

@@ -30,9 +30,22 @@ on older clusters); NVIDIA's driver publishes ``v1`` on 1.34+. The reader also a
 ``v1beta1`` device shape (attributes under ``basic``), so slices listed from a 1.32/1.33 cluster
 read the same; what we create (claim templates) is ``v1`` only.
 
-Not modelled: partitionable devices (dynamic MIG with shared counters, KEP-4815): devices that
-consume counters are skipped, so such a node is read as its whole GPUs. Device taints (alpha) are
-ignored; node health (cordon, NotReady, taints) is checked as for GFD nodes.
+A GPU in MIG mode is published both as its MIG devices and, by some driver versions, as a whole
+GPU (``type: gpu``, ``uuid`` = the MIG devices' ``parentUUID``;
+kubernetes-sigs/dra-driver-nvidia-gpu#719, shared case 39): such a parent is not capacity (CUDA
+has no usable whole device there) and the node says so (``GpuOfferedTwice``).
+
+Partitionable devices (dynamic MIG, KEP-4815): the pool's ``sharedCounters`` give each physical
+GPU a counter set (memory slices, compute, ...), and each device that can be carved from it
+``consumesCounters``; the scheduler allocates any devices whose consumption fits.  Per counter
+set, what allocated devices consume is subtracted, and the rest is offered once: the whole GPU
+when nothing of it is allocated (the fastest use of a card for training), else the largest
+partitions that still fit, packed greedily without overlap, so no counter is offered twice.
+
+Devices marked taken by the driver (a ``NoSchedule``/``NoExecute`` device taint, e.g. an
+unhealthy GPU) and devices allocated to ResourceClaims are not free; the unschedulable message
+names both (:mod:`hetero_operator.planning.unschedulable`).  Node health (cordon, NotReady,
+taints) is checked as for GFD nodes.
 """
 
 from __future__ import annotations
@@ -80,6 +93,10 @@ class DraDevice:
         cuda_driver: ``cudaDriverVersion`` as ``(12, 4)``.
         memory_mib: capacity ``memory`` in MiB.
         multiprocessors: capacity ``multiprocessors`` (MIG), else 0.
+        uuid / parent_uuid: the device's ``uuid`` and a MIG device's ``parentUUID`` (``""`` when
+            not published).
+        consumes: ``((counter set, ((counter, amount), ...)), ...)`` of a partitionable device.
+        taint: ``key=value:effect`` of a device taint that keeps pods off it, ``""`` when none.
     """
 
     node: str
@@ -92,6 +109,10 @@ class DraDevice:
     cuda_driver: tuple[int, int]
     memory_mib: int
     multiprocessors: int = 0
+    uuid: str = ""
+    parent_uuid: str = ""
+    consumes: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
+    taint: str = ""
 
     @property
     def gpu_type(self) -> str:
@@ -126,27 +147,14 @@ def read_slices(slices: Iterable[Mapping[str, Any]]) -> list[DraDevice | tuple[s
 
     Only slices of driver :data:`DRIVER` with ``spec.nodeName`` count, and of each pool only the
     slices of its newest ``pool.generation`` (older ones are being replaced, per the ResourceSlice
-    API). Devices that consume shared counters (partitionable MIG) and devices of other types
-    (``vfio``) are skipped.
+    API). Devices of other types (``vfio``) are skipped; partitionable devices carry what they
+    consume (:attr:`DraDevice.consumes`).
 
     Returns:
         :class:`DraDevice` entries, and ``(node, message)`` for a device that cannot be read.
     """
-    newest: dict[str, int] = {}
-    ours = []
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
-            continue
-        pool = spec.get("pool") or {}
-        gen = int(pool.get("generation") or 0)
-        name = str(pool.get("name") or spec["nodeName"])
-        newest[name] = max(newest.get(name, gen), gen)
-        ours.append((name, gen, spec))
     out: list[DraDevice | tuple[str, str]] = []
-    for pool, gen, spec in sorted(ours, key=lambda t: (str(t[2]["nodeName"]), t[0])):
-        if gen != newest[pool]:
-            continue
+    for pool, spec in _newest_slices(slices):
         for dev in spec.get("devices") or ():
             try:
                 read = _device(str(spec["nodeName"]), pool, dev)
@@ -158,10 +166,51 @@ def read_slices(slices: Iterable[Mapping[str, Any]]) -> list[DraDevice | tuple[s
     return out
 
 
+def _newest_slices(slices: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(pool, spec)`` of the driver's node slices of each pool's newest generation, by node."""
+    newest: dict[str, int] = {}
+    ours = []
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
+            continue
+        pool = spec.get("pool") or {}
+        gen = int(pool.get("generation") or 0)
+        name = str(pool.get("name") or spec["nodeName"])
+        newest[name] = max(newest.get(name, gen), gen)
+        ours.append((name, gen, spec))
+    return [(pool, spec) for pool, gen, spec in sorted(ours, key=lambda t: (str(t[2]["nodeName"]), t[0]))
+            if gen == newest[pool]]
+
+
+def counter_sets(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, int]]:
+    """``{(pool, counter set): {counter: capacity}}`` from the pools' ``sharedCounters`` (newest
+    generation; a counter set may sit in a slice of its own, as Kubernetes 1.35 asks)."""
+    out: dict[tuple[str, str], dict[str, int]] = {}
+    for pool, spec in _newest_slices(slices):
+        for cs in spec.get("sharedCounters") or ():
+            name = str(cs.get("name"))
+            out[(pool, name)] = {str(k): _quantity({"c": v}, "c", f"counter set {name}")
+                                 for k, v in (cs.get("counters") or {}).items()}
+    return out
+
+
+def _consumes(body: Mapping[str, Any], device: str) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    return tuple((str(c.get("counterSet")), tuple(sorted(
+        (str(k), _quantity({"c": v}, "c", device)) for k, v in (c.get("counters") or {}).items())))
+        for c in body.get("consumesCounters") or ())
+
+
+def _taint(body: Mapping[str, Any]) -> str:
+    for t in body.get("taints") or ():
+        if t.get("effect") in ("NoSchedule", "NoExecute"):
+            value = f"={t['value']}" if t.get("value") else ""
+            return f"{t.get('key')}{value}:{t.get('effect')}"
+    return ""
+
+
 def _device(node: str, pool: str, dev: Mapping[str, Any]) -> DraDevice | None:
     body = dev.get("basic") or dev  # v1beta1 nests attributes/capacity under "basic"
-    if body.get("consumesCounters"):
-        return None
     attrs = {_unqualified(k): v for k, v in (body.get("attributes") or {}).items()}
     capacity = {_unqualified(k): v for k, v in (body.get("capacity") or {}).items()}
     name = str(dev.get("name") or "")
@@ -177,7 +226,10 @@ def _device(node: str, pool: str, dev: Mapping[str, Any]) -> DraDevice | None:
         driver_version=_version(attrs, "driverVersion", name),
         cuda_driver=(int(cuda.split(".")[0]), int((cuda.split(".") + ["0"])[1])),
         memory_mib=_quantity(capacity, "memory", name) // _MIB,
-        multiprocessors=_quantity(capacity, "multiprocessors", name) if kind == "mig" else 0)
+        multiprocessors=_quantity(capacity, "multiprocessors", name) if kind == "mig" else 0,
+        uuid=str((attrs.get("uuid") or {}).get("string") or ""),
+        parent_uuid=str((attrs.get("parentUUID") or {}).get("string") or "") if kind == "mig" else "",
+        consumes=_consumes(body, name), taint=_taint(body))
 
 
 def _unqualified(key: str) -> str:
@@ -271,6 +323,7 @@ def merge_dra(base: Inventory, nodes: Iterable[Mapping[str, Any]],
         return DraInventory(inventory=base)
     by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
     taken = allocated_devices(claims)
+    counters = counter_sets(slices)
     devices: dict[str, list[DraDevice]] = {}
     errors: dict[str, str] = {}
     for entry in read:
@@ -301,7 +354,7 @@ def merge_dra(base: Inventory, nodes: Iterable[Mapping[str, Any]],
                                           message=f"ResourceSlice of {DRIVER}: {errors[name]}; "
                                                   "check the DRA driver's kubelet plugin")
             continue
-        inv, node_warnings = _node_inventory(name, devices[name], taken)
+        inv, node_warnings = _node_inventory(name, devices[name], taken, counters)
         usable[name] = inv
         warnings.extend(node_warnings)
         dra_nodes.add(name)
@@ -314,12 +367,77 @@ def merge_dra(base: Inventory, nodes: Iterable[Mapping[str, Any]],
                         product_names=product_names)
 
 
+def _without_mig_parents(name: str, devices: Sequence[DraDevice],
+                         warnings: list[InventoryWarning]) -> list[DraDevice]:
+    """``devices`` without the whole GPUs whose MIG devices are listed too (shared case 39)."""
+    parents = {d.parent_uuid for d in devices if d.mig_profile and d.parent_uuid}
+    dropped = [d for d in devices if not d.mig_profile and not d.consumes and d.uuid in parents]
+    if dropped:
+        names = ", ".join(d.name for d in dropped)
+        warnings.append(InventoryWarning(
+            node=name, reason=model.GPU_OFFERED_TWICE,
+            message=f"{name}: {names} {'are' if len(dropped) > 1 else 'is'} in MIG mode (the "
+                    f"ResourceSlice also lists {'their' if len(dropped) > 1 else 'its'} MIG devices "
+                    "by parentUUID): not offered whole, only the MIG devices are (update the DRA "
+                    "driver: it hands out the same hardware twice)"))
+    return [d for d in devices if d not in dropped]
+
+
+def _fits(need: Mapping[str, int], left: Mapping[str, int]) -> bool:
+    return all(left.get(k, 0) >= v for k, v in need.items())
+
+
+def _offered_from_counters(devices: Sequence[DraDevice], taken: set[tuple[str, str]],
+                           counters: Mapping[tuple[str, str], Mapping[str, int]],
+                           ) -> tuple[list[DraDevice], set[tuple[str, str]]]:
+    """Partitionable devices as capacity: ``(devices counted, the free ones' keys)``.
+
+    Per counter set: what the allocated devices consume is subtracted; the rest is offered as the
+    whole GPU when nothing is allocated, else as the largest partitions that fit, greedily (a
+    device that consumes several sets must fit in every one)."""
+    counted: list[DraDevice] = []
+    free: set[tuple[str, str]] = set()
+    by_set: dict[tuple[str, str], list[DraDevice]] = {}
+    for d in devices:
+        by_set.setdefault((d.pool, d.consumes[0][0]), []).append(d)
+    left = {k: dict(v) for k, v in counters.items()}
+    for members in by_set.values():
+        for d in members:
+            if (d.pool, d.name) in taken:
+                counted.append(d)
+                for cs, use in d.consumes:
+                    for k, v in use:
+                        left.setdefault((d.pool, cs), {})[k] = left.get((d.pool, cs), {}).get(k, 0) - v
+    for members in by_set.values():
+        candidates = [d for d in members if (d.pool, d.name) not in taken and not d.taint]
+        whole = [d for d in candidates if not d.mig_profile]
+        order = whole[:1] + sorted((d for d in candidates if d.mig_profile),
+                                   key=lambda d: (-d.multiprocessors, -d.memory_mib, d.name))
+        for d in order:
+            if all(_fits(dict(use), left.get((d.pool, cs), {})) for cs, use in d.consumes):
+                counted.append(d)
+                free.add((d.pool, d.name))
+                for cs, use in d.consumes:
+                    for k, v in use:
+                        left[(d.pool, cs)][k] -= v
+                if not d.mig_profile:
+                    break  # the whole GPU took the counter set
+    return counted, free
+
+
 def _node_inventory(name: str, devices: Sequence[DraDevice], taken: set[tuple[str, str]],
+                    counters: Mapping[tuple[str, str], Mapping[str, int]] | None = None,
                     ) -> tuple[NodeInventory, list[InventoryWarning]]:
     """One node's device classes: devices of equal (product, profile) are one class."""
     warnings: list[InventoryWarning] = []
+    devices = _without_mig_parents(name, devices, warnings)
+    static = [d for d in devices if not d.consumes]
+    free_keys = {(d.pool, d.name) for d in static if (d.pool, d.name) not in taken and not d.taint}
+    partitioned, partition_free = _offered_from_counters(
+        [d for d in devices if d.consumes], taken, counters or {})
+    free_keys |= partition_free
     classes: dict[tuple[str, str], list[DraDevice]] = {}
-    for dev in devices:
+    for dev in [*static, *partitioned]:
         classes.setdefault((gfd_product(dev.product_name), dev.mig_profile), []).append(dev)
     out = []
     for (product, profile), members in classes.items():
@@ -331,10 +449,12 @@ def _node_inventory(name: str, devices: Sequence[DraDevice], taken: set[tuple[st
                 node=name, reason=model.UNKNOWN_GPU_SPEED,
                 message=f"{product} is not in the speed table; using the {arch} default "
                         f"{speed:.2f} (set spec.gpus.speedOverrides to correct it)"))
-        free = sum(1 for d in members if (d.pool, d.name) not in taken)
+        free = sum(1 for d in members if (d.pool, d.name) in free_keys)
         common = {"node": name, "product": product, "compute_capability": first.compute_capability,
                   "architecture": arch, "total": len(members), "free": free,
-                  "memory_mib": min(d.memory_mib for d in members)}
+                  "memory_mib": min(d.memory_mib for d in members),
+                  "claimed": sum(1 for d in members if (d.pool, d.name) in taken),
+                  "unhealthy": sum(1 for d in members if d.taint and (d.pool, d.name) not in taken)}
         if profile:
             slices = gfd.profile_slices(profile)
             out.append(Device(**common, mig_profile=profile,

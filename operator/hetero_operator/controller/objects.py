@@ -130,6 +130,17 @@ class Objects:
             if _status(exc) != 404:
                 raise
 
+    async def delete(self, gvr: tuple[str, str, str], namespace: str, name: str) -> bool:
+        """Delete a namespaced object; False when it was not there (404)."""
+        group, version, plural = gvr
+        try:
+            await self._call("delete_namespaced_custom_object", group, version, namespace, plural, name)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return False
+            raise
+        return True
+
     async def served(self, group: str, version: str) -> bool:
         """Whether the cluster serves ``group/version`` (API discovery; any error but a 404 raises)."""
         try:
@@ -337,3 +348,16 @@ async def dra_objects(objects: Objects) -> tuple[list[dict[str, Any]], list[dict
     if not slices:
         return [], []
     return slices, await objects.list(RESOURCE_CLAIMS) or []
+
+
+async def replace_claim_templates(objects: Objects, namespace: str, stale: Sequence[str],
+                                  templates: Sequence[Mapping[str, Any]]) -> None:
+    """Delete the templates of the attempt before (``stale``, 404s ignored), then create this
+    attempt's (409 tolerated: a retried start), so no pod of the new attempt can claim from an
+    old template (:mod:`hetero_operator.render.claims`)."""
+    new = {t["metadata"]["name"] for t in templates}
+    for name in stale:
+        if name not in new:
+            await objects.delete(RESOURCE_CLAIM_TEMPLATES, namespace, name)
+    for template in templates:
+        await objects.create(RESOURCE_CLAIM_TEMPLATES, template)

@@ -41,7 +41,7 @@ from hetero_operator.controller.leadership import Leadership
 from hetero_operator.controller.learning import SpeedLearner
 from hetero_operator.controller.learning import record as record_speeds
 from hetero_operator.controller.metrics import OperatorMetrics
-from hetero_operator.controller.objects import (RESOURCE_CLAIM_TEMPLATES, Gate, KueueGate,
+from hetero_operator.controller.objects import (Gate, KueueGate, replace_claim_templates,
                                                 dra_objects)
 from hetero_operator.controller.progress import MetricsUrlFn, ProgressReader, default_metrics_url
 from hetero_operator.controller.requeue import Requeue, next_look_s
@@ -54,7 +54,7 @@ from hetero_operator.planning.placement import restrict_to_template
 from hetero_operator.planning.plan import plan_job
 from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
-from hetero_operator.render.claims import use_claims
+from hetero_operator.render.claims import stale_template_names, use_claims
 from hetero_operator.render.env import render_rank_envs
 
 log = logging.getLogger("heterotrain.operator")
@@ -290,7 +290,7 @@ class Reconciler:
         if gate is not None and gate.allowed:  # the admitted flavors' nodeSelector/tolerations
             pods = kueue.apply_placements(pods, result, gate.allowed)
         pods, claim_templates = use_claims(spec.name, spec.namespace, result, pods, drainv,
-                                               labels=labels.selector(spec.name))
+                                           labels=labels.selector(spec.name), attempt=attempt)
 
         # Held before the first await: a start planned meanwhile counts these GPUs as used.
         self.reservations.hold((spec.namespace, spec.name),
@@ -326,8 +326,10 @@ class Reconciler:
                 await getattr(self.api, "ensure_network_policy", self.api.create)(child)
             else:
                 await self.api.create(child)
-        for template in claim_templates:  # DRA nodes: the pods' claims come from these
-            await self.kueue.objects.create(RESOURCE_CLAIM_TEMPLATES, template)
+        before = status.get("plan") or {}  # DRA nodes: the pods' claims come from these
+        if claim_templates or any(g.get("node") in drainv.dra_nodes for g in before.get("groups") or ()):
+            await replace_claim_templates(self.kueue.objects, spec.namespace, stale_template_names(
+                spec.name, before, int(status.get("attempt") or 0)), claim_templates)
         created = await asyncio.gather(*(self.api.create(p) for p in pods), return_exceptions=True)
         self.metrics.pods_created.inc(sum(1 for r in created if r is True))
         failed = [(p, r) for p, r in zip(pods, created, strict=True) if isinstance(r, BaseException)]

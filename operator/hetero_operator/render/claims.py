@@ -1,6 +1,13 @@
 """DRA requests: a ResourceClaimTemplate per planned group whose CEL selector pins the planned
 product (and MIG profile), and the pods rewritten to claim it (pure; the inventory side is
-:mod:`hetero_operator.cluster.dra`)."""
+:mod:`hetero_operator.cluster.dra`).
+
+Templates are named per attempt (``<job>-a<attempt>-g<group>``): a re-plan (node loss, a pending
+timeout, a Kueue re-admission) makes a new attempt whose groups may hold another GPU type or
+count, and a template named by group alone would be reused with the old request (an existing
+template is not replaced by a create), so the new pods would ask for devices that are not there
+and stay Pending.  The templates of the attempt before are deleted when the next one starts
+(:func:`stale_template_names`); the last attempt's go with the job (owner reference)."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hetero_operator.api.labels import LABEL_ATTEMPT
 from hetero_operator.api.types import GroupPlan, Plan
 from hetero_operator.cluster.dra import API_VERSION, DRIVER, DraInventory
 
@@ -17,9 +25,21 @@ CLAIM_NAME = "gpus"
 """Name of the pod's resource claim and of the request inside the template."""
 
 
-def template_name(job_name: str, group: GroupPlan) -> str:
-    """``<job>-g<group>``: one ResourceClaimTemplate per group (each pod gets its own claim)."""
-    return f"{job_name}-g{group.index}"
+def template_name(job_name: str, group: GroupPlan | int, attempt: int = 1) -> str:
+    """``<job>-a<attempt>-g<group>``: one ResourceClaimTemplate per group and attempt (each pod
+    gets its own claim from it)."""
+    index = group if isinstance(group, int) else group.index
+    return f"{job_name}-a{attempt}-g{index}"
+
+
+def stale_template_names(job_name: str, previous_plan: Mapping[str, Any] | None,
+                         previous_attempt: int) -> list[str]:
+    """The templates a new attempt replaces: those of ``previous_attempt`` for the groups of
+    ``previous_plan`` (``status.plan``), and the per-group names of operators before per-attempt
+    names (``<job>-g<group>``)."""
+    groups = range(len((previous_plan or {}).get("groups") or ()))
+    return ([template_name(job_name, i, previous_attempt) for i in groups] if previous_attempt else []) + \
+        [f"{job_name}-g{i}" for i in groups]
 
 
 def selector_expression(product_name: str, mig_profile: str) -> str:
@@ -37,8 +57,9 @@ def selector_expression(product_name: str, mig_profile: str) -> str:
 
 
 def render_claim_template(job_name: str, namespace: str, group: GroupPlan, *, product_name: str,
-                          devices_per_pod: int, labels: Mapping[str, str]) -> dict[str, Any]:
-    """The ``resource.k8s.io/v1`` ResourceClaimTemplate of one group.
+                          devices_per_pod: int, labels: Mapping[str, str],
+                          attempt: int = 1) -> dict[str, Any]:
+    """The ``resource.k8s.io/v1`` ResourceClaimTemplate of one group of one attempt.
 
     Args:
         job_name / namespace: the job.
@@ -46,12 +67,13 @@ def render_claim_template(job_name: str, namespace: str, group: GroupPlan, *, pr
         product_name: the driver's ``productName`` of the group's GPU type.
         devices_per_pod: devices each pod of the group needs (its ranks; 1 for MIG pods).
         labels: labels of the template (the job's selector labels).
+        attempt: the attempt the template belongs to (``status.attempt``).
     """
     device_class = MIG_DEVICE_CLASS if group.mig_profile else GPU_DEVICE_CLASS
     return {
         "apiVersion": API_VERSION, "kind": "ResourceClaimTemplate",
-        "metadata": {"name": template_name(job_name, group), "namespace": namespace,
-                     "labels": dict(labels)},
+        "metadata": {"name": template_name(job_name, group, attempt), "namespace": namespace,
+                     "labels": {**labels, LABEL_ATTEMPT: str(attempt)}},
         "spec": {"spec": {"devices": {"requests": [{
             "name": CLAIM_NAME,
             "exactly": {
@@ -63,7 +85,7 @@ def render_claim_template(job_name: str, namespace: str, group: GroupPlan, *, pr
 
 
 def use_claims(job_name: str, namespace: str, plan: Plan, pods: Sequence[Mapping[str, Any]],
-               dra: DraInventory, *, labels: Mapping[str, str],
+               dra: DraInventory, *, labels: Mapping[str, str], attempt: int = 1,
                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Swap extended-resource GPU requests for resource claims on the plan's DRA nodes.
 
@@ -77,6 +99,7 @@ def use_claims(job_name: str, namespace: str, plan: Plan, pods: Sequence[Mapping
         pods: pods from :func:`hetero_operator.render.pods.render_pods` (not modified).
         dra: the inventory the plan was made on.
         labels: labels for the templates.
+        attempt: the attempt the pods belong to (templates are named per attempt).
 
     Returns:
         ``(pods, claim templates)``; the templates are ordered by group.
@@ -95,12 +118,13 @@ def use_claims(job_name: str, namespace: str, plan: Plan, pods: Sequence[Mapping
         if group is None:
             out.append(dict(pod))
             continue
-        pod, count = _claiming_pod(pod, template_name(job_name, group), group.resource_name)
+        pod, count = _claiming_pod(pod, template_name(job_name, group, attempt), group.resource_name)
         per_pod[str(group.index)] = count
         out.append(pod)
     templates = [render_claim_template(job_name, namespace, g,
                                        product_name=dra.product_names[(g.node, g.gpu_type)],
-                                       devices_per_pod=per_pod.get(i, len(g.ranks)), labels=labels)
+                                       devices_per_pod=per_pod.get(i, len(g.ranks)), labels=labels,
+                                       attempt=attempt)
                  for i, g in sorted(groups.items(), key=lambda kv: kv[1].index)]
     return out, templates
 
