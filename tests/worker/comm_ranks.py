@@ -68,9 +68,10 @@ def trainer_run() -> tuple[object, dict]:
         "ddp_size": dist.get_world_size(t.groups.ddp_group),
         "live_groups": len(c10d._world.pg_map),
         # pg_map holds the groups this rank is a member of: the default one and its layout's
-        # (plus, on a hierarchy, the pipeline's broadcast copy of its own group)
+        # (plus, on a hierarchy, the pipeline's broadcast copy of its own group, and the
+        # checkpoint group: checkpoints and the stop agreement, issue 20)
         "expected_live": 1 + sum(t.rank in g.ranks for g in t.groups.plan.to_create())
-        + (t.groups.intra_bcast is not None),
+        + (t.groups.intra_bcast is not None) + (t.ckpt_group is not None),
         "created_by_trainer": list(CREATED),
         "destroyed_by_trainer": len(DESTROYED),
     }

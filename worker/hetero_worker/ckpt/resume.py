@@ -123,7 +123,9 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
             scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
             rank_state={"compression": codec_states(trainer)},
             before_publish=getattr(trainer, "before_checkpoint_publish", None),
-            keep=trainer.contract.checkpoint_keep, ckpt_group=getattr(trainer, "ckpt_group", None))
+            keep=trainer.contract.checkpoint_keep, ckpt_group=getattr(trainer, "ckpt_group", None),
+            ckpt_timeout_s=trainer.contract.checkpoint_timeout_s if getattr(
+                trainer, "ckpt_group", None) is not None else None)
         return str(path)
     path = checkpoint.save_checkpoint(
         directory, step=trainer.global_step, model=trainer.module, optimizer=optimizer,

@@ -35,7 +35,8 @@ and verifies it; checkpoints beyond the newest ``keep`` go after that. A kill at
 the earlier checkpoints complete. On resume every rank verifies candidates against their
 manifests and :func:`hetero_worker.ckpt.agreement.agree_on_newest` picks the newest every rank can
 read (an unreadable newest one is passed over), before anything is loaded. The agreements run on
-the checkpoint process group (``ckpt_group``), whose timeout is the checkpoint's, not the
+the checkpoint process group (``ckpt_group``), and DCP's own coordination among the writers on a
+Gloo group of the writing ranks (:func:`writers_group`), both with the checkpoint's timeout, not the
 training collectives'.
 
 **No pickle from the volume.** DCP (torch 2.13) unpickles two things from the files:
@@ -193,6 +194,21 @@ def _agree(error: str, group: Any = None) -> list[tuple[int, str]]:
     return [(r, t) for r, t in enumerate(texts) if t]
 
 
+_WRITERS_GROUPS: dict[tuple[Any, tuple[int, ...], float], Any] = {}
+
+
+def writers_group(writers: tuple[int, ...], timeout_s: float) -> Any:
+    """A Gloo group of the writing ranks with the checkpoint timeout, made once per default group
+    (collective the first time: every rank calls it from the save, at the same point)."""
+    from datetime import timedelta  # noqa: PLC0415
+
+    key = (dist.distributed_c10d._get_default_group() if dist.is_initialized() else None, writers, timeout_s)
+    if key not in _WRITERS_GROUPS:
+        _WRITERS_GROUPS[key] = dist.new_group(ranks=list(writers), backend="gloo",
+                                              timeout=timedelta(seconds=timeout_s))
+    return _WRITERS_GROUPS[key]
+
+
 def _raise_if_failed(failures: list[tuple[int, str]], what: str) -> None:
     if failures:
         detail = "; ".join(f"rank {r}: {e}" for r, e in failures)
@@ -208,7 +224,7 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
                             plan: Mapping[str, Any] | None = None,
                             rank_state: Mapping[str, Any] | None = None,
                             before_publish: Any = None, keep: int = defaults.CHECKPOINT_KEEP,
-                            ckpt_group: Any = None) -> Path:
+                            ckpt_group: Any = None, ckpt_timeout_s: float | None = None) -> Path:
     """Write a sharded checkpoint; collective: every rank calls it at the same step.
 
     Args:
@@ -224,6 +240,9 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
             published (a test kills the rank there).
         keep: verified checkpoints to keep.
         ckpt_group: the checkpoint process group (agreements; None: the default group).
+        ckpt_timeout_s: the checkpoint timeout: the writers coordinate DCP's save on a Gloo group of
+            their own with it (a slow writer never trips the training timeout of ``group``);
+            None: on ``group``.
 
     Returns:
         The new checkpoint's ``checkpoint.pt``.
@@ -242,11 +261,12 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
     # Every rank: get_state_dict initialises an optimizer without state by a zero-lr step
     # (torch's _init_optim_state); on the writers alone that would make the replicas differ.
     model_sd, optim_sd = get_state_dict(model, optimizer)
+    save_group = group if ckpt_timeout_s is None else writers_group(writers, ckpt_timeout_s)
     if rank in writers:
         try:
             dcp.save({"model": model_sd, "optim": optim_sd},
                      storage_writer=FileSystemWriter(tmp, sync_files=True),
-                     process_group=group)
+                     process_group=save_group)
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank learns it
             # (CheckpointException, DCP's error gathered from its ranks, is a BaseException)
             error = f"writing {tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
