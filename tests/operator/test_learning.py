@@ -57,7 +57,7 @@ def test_rank_stats_reads_the_workers_own_counters() -> None:
     stats = learning.rank_stats(generate_latest(metrics.registry).decode())
     assert stats == {"steps": 3, "samples": 12.0, "compute_seconds": 0.75}
     (obs,) = p.observations_from_stats([{**stats, "gpu_product": "Tesla-T4", "precision": "fp16"}],
-                                       unix_s=1.0)
+                                       unix_s=1.0, min_steps=1, min_compute_s=0.0, min_samples=1)
     assert obs.samples_per_s == pytest.approx(16.0)
     assert learning.rank_stats("# nothing\n") is None
 

@@ -27,7 +27,8 @@ CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devi
                         resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
                         unschedulable_retry_s=2.0)
 NS = "learn"
-TYPES = {"NVIDIA-A100-SXM4-40GB/bf16", "Tesla-V100-SXM2-16GB/fp16", "Tesla-T4/fp16"}
+TYPES = {"NVIDIA-A100-SXM4-40GB/bf16/64-127", "Tesla-V100-SXM2-16GB/fp16/16-31", "Tesla-T4/fp16/8-15"}
+"""Entries per GPU type, precision and batch band (the digits plan's local batches 70, 28, 15)."""
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -75,8 +76,9 @@ async def test_a_succeeded_job_records_per_type_speeds_and_the_next_job_plans_wi
     entries = profiles.configmap_entries(cm, "learn")
     assert set(entries) == TYPES
     assert {e.observations for e in entries.values()} == {1}
-    a100 = entries["NVIDIA-A100-SXM4-40GB/bf16"].samples_per_s
-    t4 = entries["Tesla-T4/fp16"].samples_per_s
+    a100 = entries["NVIDIA-A100-SXM4-40GB/bf16/64-127"].samples_per_s
+    t4 = entries["Tesla-T4/fp16/8-15"].samples_per_s
+    assert {(e.job, e.namespace) for e in entries.values()} == {("learn-1", NS)}
     # simulated delay: the A100 sleeps 1 ms per sample, the T4 4.76 ms, plus the same CPU work
     assert 0 < t4 < a100 < 1000
 

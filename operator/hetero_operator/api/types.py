@@ -360,6 +360,9 @@ class TypeValue:
             plan has no absolute figure (table speeds without a reference throughput).
         observations: learned observations behind the figure (0 for table/override).
         age_s: seconds since the newest learned observation; None for table/override.
+        table_speed: the built-in table's relative speed of a learned type (None otherwise):
+            ``heterotrain plan`` points out a learned figure more than 2x away from it.
+        observed_by: ``namespace/job`` that last changed the learned figure.
         share_of_step: this type's share of the global batch per step, 0..1.
         throughput_added: predicted job throughput with the type minus without it (samples/s,
             or A100-equivalents when not absolute).
@@ -379,6 +382,8 @@ class TypeValue:
     samples_per_s_per_device: float | None
     observations: int = 0
     age_s: float | None = None
+    table_speed: float | None = None
+    observed_by: str = ""
     share_of_step: float
     throughput_added: float
     gain_percent: float | None

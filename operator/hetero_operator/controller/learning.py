@@ -10,13 +10,15 @@ and keeps the newest reading in memory.  The ranks' endpoints end with their pro
 recorded is the last reading before the end: that device's samples over its compute seconds up to
 then (communication waits left out, like ``heterotrain run`` records from ``rank-<r>.json``).
 
-When the job turns Succeeded, :func:`record` merges the readings (at least
-``profiles.observations_from_stats``' 3 steps each) into the ConfigMap with
+When the job turns Succeeded, :func:`record` merges the readings (long enough to measure:
+``profiles.observations_from_stats``) into the ConfigMap with
 :func:`hetero_operator.planning.profiles.configmap_update`: get, then create or a merge patch carrying the
 ``resourceVersion`` read (optimistic concurrency: two jobs finishing at once both land, the loser
 re-reads and merges again).  The ConfigMap has no owner: it outlives the jobs that filled it.
 
-Limits: a job that ends before one reading with 3 steps records nothing; readings live in the
+Limits: a job that ends before one reading long enough to measure
+(``profiles.MIN_STEPS`` steps, ``MIN_COMPUTE_S`` compute seconds, ``MIN_SAMPLES`` samples)
+records nothing; readings live in the
 operator's memory (a restarted operator starts over from the next reading); the job's step
 efficiency (``profiles.JOB_EFFICIENCY``) is not recorded (it needs every rank's figures).
 """
@@ -126,7 +128,7 @@ class SpeedLearner:
     def observations(self, namespace: str, name: str, *, unix_s: float) -> list[profiles.Observation]:
         """The job's readings as observations (and forgets them: each job is recorded once)."""
         stats = list(self._stats.pop((namespace, name), {}).values())
-        return profiles.observations_from_stats(stats, unix_s=unix_s)
+        return profiles.observations_from_stats(stats, unix_s=unix_s, job=name, namespace=namespace)
 
 
 def configmap_body(namespace: str, data: Mapping[str, str | None]) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from hetero_operator.api.prices import load_prices
 from hetero_operator.api.spec import JobSpec, profile_key
 from hetero_operator.api.types import Plan, PlanValue
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
-from hetero_operator.planning.profiles import (JOB_EFFICIENCY, FileStore, default_path,
-                                               observations_from_stats)
+from hetero_operator.planning.profiles import (JOB_EFFICIENCY, TABLE_DIFFERENCE, FileStore,
+                                               default_path, observations_from_stats)
 from heterotrain_common import contract, envnames, envread, rundir
 
 
@@ -105,12 +105,32 @@ def print_value(value: PlanValue | None, console: Any, *, profile: str = "") -> 
                   f"communication {value.communication_note}", highlight=False)
     for lo in value.left_out:
         console.print(f"[yellow]Note[/]: {lo.message}", highlight=False)
+    for note in learned_far_from_table(value):
+        console.print(f"[yellow]Note[/]: {note}", highlight=False)
     if value.cost_per_hour is not None:
         per_m = ("" if value.cost_per_million_samples is None
                  else f", {value.cost_per_million_samples:.3f} per million samples")
         console.print(f"Cost: {value.cost_per_hour:.2f} per hour{per_m}", highlight=False)
     if value.cheapest_mix is not None:
         console.print(f"Cheapest mix: {value.cheapest_mix.message}", highlight=False)
+
+
+def learned_far_from_table(value: PlanValue) -> list[str]:
+    """One sentence per learned figure more than :data:`TABLE_DIFFERENCE` times away from the
+    built-in table (a throttled device, a co-tenant, a wrong table entry: worth a look)."""
+    notes = []
+    for t in value.types:
+        if t.speed_source != "learned" or not t.table_speed or t.relative_speed <= 0:
+            continue
+        ratio = t.relative_speed / t.table_speed
+        if ratio > TABLE_DIFFERENCE or ratio < 1 / TABLE_DIFFERENCE:
+            by = f", last changed by job {t.observed_by}" if t.observed_by else ""
+            notes.append(f"{t.gpu_type}'s learned speed {t.relative_speed:.3f} is "
+                         f"{max(ratio, 1 / ratio):.1f}x {'above' if ratio > 1 else 'below'} the "
+                         f"table's {t.table_speed:.3f} ({t.observations} obs.{by}); check those "
+                         "devices (clocks, throttling, a co-tenant) or drop the entry from the "
+                         "learned-speeds file")
+    return notes
 
 
 def _age(seconds: float) -> str:
@@ -226,7 +246,8 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
                       f"{steady})", highlight=False)
     store = store_for(args)
     if store is not None and exit_code == 0:
-        observations = observations_from_stats(stats_ok, unix_s=time.time())
+        observations = observations_from_stats(stats_ok, unix_s=time.time(), job=job.name,
+                                               namespace=job.namespace)
         try:
             entries = store.record(profile_key(job), observations)
         except OSError as exc:

@@ -288,7 +288,8 @@ def type_values(slots: Sequence[Slot], model: StepModel, *, figures: Mapping[str
             gpu_type=t, devices=n, relative_speed=round(fig.relative_speed, 6),
             speed_source=fig.source,
             samples_per_s_per_device=(round(1.0 / model.sample_s[t], 6) if model.absolute else None),
-            observations=fig.observations, age_s=fig.age_s, share_of_step=round(share, 6),
+            observations=fig.observations, age_s=fig.age_s, table_speed=fig.table_speed,
+            observed_by=fig.observed_by, share_of_step=round(share, 6),
             throughput_added=round(added, 6), gain_percent=_round(g_pct),
             communication_added_percent=_round(c_pct), price_per_hour=price,
             cost_per_million_samples=_round(cost)))
@@ -365,6 +366,8 @@ class SpeedFigure:
         samples_per_s: learned samples/s of one device (None for table/override).
         observations: learned observations (0 otherwise).
         age_s: seconds since the newest learned observation (None otherwise).
+        table_speed: the table's relative speed of a learned type (None otherwise).
+        observed_by: ``namespace/job`` that last changed a learned figure.
     """
 
     relative_speed: float
@@ -372,6 +375,8 @@ class SpeedFigure:
     samples_per_s: float | None = None
     observations: int = 0
     age_s: float | None = None
+    table_speed: float | None = None
+    observed_by: str = ""
 
 
 def price_for(prices: Mapping[str, float], gpu_type: str, product: str, mig_profile: str) -> float | None:

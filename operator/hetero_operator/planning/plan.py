@@ -42,7 +42,8 @@ from hetero_operator.planning.marginal import (PlanInputs, Slot, SpeedFigure, St
 from hetero_operator.planning.pools import (TORCH_VERSION_MISMATCH, Pool, eligible_pools,
                                             group_specs, image_warnings, is_consumer_gpu, select,
                                             torch_version_mismatch)
-from hetero_operator.planning.profiles import JOB_EFFICIENCY
+from hetero_operator.planning.profiles import efficiency as learned_efficiency
+from hetero_operator.planning.profiles import for_batch
 from hetero_operator.planning.unschedulable import (batch_too_small, insufficient_gpus,
                                                     insufficient_memory)
 
@@ -206,10 +207,13 @@ def apply_learned_speeds(pools: list[Pool], job: JobSpec, inputs: PlanInputs,
     """
     table: dict[str, float] = {}
     learned: dict[str, Any] = {}
+    batches = _expected_batches(pools, job)
     for p in pools:
         t = p.gpu_type
         table.setdefault(t, p.speed)
-        figure = inputs.learned.get((t, p.precision))
+        # the figure measured nearest to the batch this type would get (per-sample throughput
+        # depends on the batch: learned figures are kept per batch band)
+        figure = for_batch(inputs.learned.get((t, p.precision)), batches[t])
         if figure is not None:
             learned.setdefault(t, figure)
     if learned:
@@ -225,7 +229,8 @@ def apply_learned_speeds(pools: list[Pool], job: JobSpec, inputs: PlanInputs,
             figures[t] = SpeedFigure(
                 relative_speed=lf.samples_per_s / reference, source="learned",
                 samples_per_s=lf.samples_per_s, observations=lf.observations,
-                age_s=None if inputs.now_s is None else round(lf.age_s(inputs.now_s), 1))
+                age_s=None if inputs.now_s is None else round(lf.age_s(inputs.now_s), 1),
+                table_speed=speed, observed_by=getattr(lf, "observed_by", ""))
         else:
             overridden = any(k in job.gpus.speed_overrides for k in _override_keys(t))
             figures[t] = SpeedFigure(relative_speed=speed,
@@ -234,6 +239,22 @@ def apply_learned_speeds(pools: list[Pool], job: JobSpec, inputs: PlanInputs,
     for p in pools:
         p.speed = speeds[p.gpu_type]
     return figures, reference
+
+
+def _expected_batches(pools: list[Pool], job: JobSpec) -> dict[str, float]:
+    """Each GPU type's local batch under the table speeds, over the fastest devices the job could
+    take (what picks a learned figure's batch band before the split is known)."""
+    g = job.training.global_batch_size
+    devices = sorted(((p.speed, p.gpu_type) for p in pools for _ in range(p.free)), reverse=True)
+    devices = devices[:max(1, min(job.gpus.ranks, g, len(devices)))]
+    equal = job.training.batch_split != "Proportional"
+    total = len(devices) if equal else (sum(speed for speed, _ in devices) or 1.0)
+    out: dict[str, float] = {}
+    for speed, t in devices:
+        out.setdefault(t, g * (1.0 if equal else speed) / total)
+    for p in pools:  # a type the fastest devices leave out: as if it got an equal share
+        out.setdefault(p.gpu_type, g / len(devices) if devices else float(g))
+    return out
 
 
 def _override_keys(gpu_type: str) -> tuple[str, ...]:
@@ -251,7 +272,7 @@ def _step_model(job: JobSpec, pools: list[Pool], figures: dict[str, SpeedFigure]
         else:
             sample_s[t] = 1.0 / (f.relative_speed * (reference_sps if absolute else 1.0))
     grad_bytes = gradient_bytes(job)
-    learned_eff = inputs.learned.get(JOB_EFFICIENCY)
+    learned_eff = learned_efficiency(inputs.learned)
     # The learned efficiency includes synchronisation: used only where the model has none.
     efficiency = (learned_eff.samples_per_s if learned_eff is not None and absolute
                   and not grad_bytes else 1.0)
@@ -299,7 +320,7 @@ def _plan_value(specs: list[tuple[Pool, int]], candidate_specs: list[tuple[Pool,
     elif step_model.grad_bytes <= 0:
         note = ("not modelled: no gradient size (spec.training.gradientMiB or "
                 "spec.training.model.parameters)")
-        learned_eff = inputs.learned.get(JOB_EFFICIENCY)
+        learned_eff = learned_efficiency(inputs.learned)
         if learned_eff is not None:
             note += (f"; throughput x {learned_eff.samples_per_s:.3f}, the efficiency earlier jobs "
                      f"of this profileKey reached ({learned_eff.observations} obs.: waiting, "
