@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from hetero_operator.api.labels import LABEL_MANAGED_BY
-from hetero_operator.controller.progress import MetricsUrlFn, fetch_metrics
+from hetero_operator.controller.progress import MetricsUrlFn, parse_problem, read_metrics
 from hetero_operator.planning import profiles
 from heterotrain_common import metricnames as mn
 
@@ -94,11 +94,22 @@ class SpeedLearner:
         self.metrics_url, self.interval_s = metrics_url, interval_s
         self._read_at: dict[Key, float] = {}
         self._stats: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
+        self._warnings: dict[Key, list[str]] = {}
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a job's readings and timer."""
         self._read_at.pop((namespace, name), None)
         self._stats.pop((namespace, name), None)
+        self._warnings.pop((namespace, name), None)
+
+    def warn(self, namespace: str, name: str, problem: str) -> None:
+        """Keep ``problem`` for the job's next :meth:`take_warnings`."""
+        if problem:
+            self._warnings.setdefault((namespace, name), []).append(problem)
+
+    def take_warnings(self, namespace: str, name: str) -> list[str]:
+        """The problems of the job's last reads (and forgets them)."""
+        return self._warnings.pop((namespace, name), [])
 
     async def observe(self, namespace: str, name: str, pods: Sequence[Mapping[str, Any]],
                       plan: Mapping[str, Any] | None, *, metrics_port: int, now_s: float) -> int:
@@ -115,10 +126,15 @@ class SpeedLearner:
         if not urls:
             return 0
         self._read_at[key] = now_s
-        texts = await asyncio.gather(*(fetch_metrics(u) for u in urls.values()))
+        reads = await asyncio.gather(*(read_metrics(u) for u in urls.values()))
         taken = 0
-        for (gpu_type, precision), text in zip(urls, texts):
-            stats = rank_stats(text) if text is not None else None
+        for ((gpu_type, precision), url), read in zip(urls.items(), reads):
+            self.warn(namespace, name, read.problem)
+            try:
+                stats = rank_stats(read.text) if read.text is not None else None
+            except Exception as exc:  # noqa: BLE001 - not a worker's metrics: a warning
+                self.warn(namespace, name, parse_problem(url, exc))
+                continue
             if stats is not None:
                 self._stats.setdefault(key, {})[(gpu_type, precision)] = {
                     **stats, "gpu_product": gpu_type, "precision": precision}

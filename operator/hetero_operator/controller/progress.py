@@ -1,8 +1,12 @@
 """Rank 0's training progress: read its Prometheus endpoint, write ``status.progress``.
 
 The one place that scrapes rank 0 (worker metric names in docs/internal-api.md).  Reads are
-throttled per job (``progress_interval_s``) and bounded (2 s); an unreadable endpoint only
-means no progress update this time.
+throttled per job (``progress_interval_s``) and bounded: 2 s, no redirects followed (an endpoint
+that redirects is not a HeteroTrain worker's, and following it would let a pod send the operator
+anywhere), at most :data:`MAX_BODY_BYTES` read.  An unreachable endpoint only means no progress
+update this time; an answer that is not a worker's metrics (a redirect, an error status, an
+oversized body, text Prometheus' parser refuses) is a Warning Event on the job
+(:meth:`ProgressReader.take_warnings`), never an aborted reconcile.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ from heterotrain_common import metricnames as mn
 
 MetricsUrlFn = Callable[[Mapping[str, Any], int], "str | None"]
 READ_TIMEOUT_S = 2.0
+MAX_BODY_BYTES = 4 * 2**20
+"""A worker's ``/metrics`` is a few KiB; a body above this is not read (bytes)."""
+METRICS_UNREADABLE = "MetricsUnreadable"
+"""Reason of the Warning Event for an answer that is not a worker's metrics."""
 
 
 def default_metrics_url(pod: Mapping[str, Any], port: int) -> str | None:
@@ -45,15 +53,51 @@ def default_metrics_url(pod: Mapping[str, Any], port: int) -> str | None:
     return f"http://{ip}:{port}/metrics"
 
 
-async def fetch_metrics(url: str) -> str | None:
-    """The ``/metrics`` text at ``url``, ``None`` when unreadable within :data:`READ_TIMEOUT_S`."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MetricsRead:
+    """One read of an endpoint: its text, or why there is none.
+
+    Attributes:
+        text: the body (UTF-8, undecodable bytes replaced); None when not read.
+        problem: one sentence when the endpoint answered but not as a worker's metrics
+            (a redirect, an error status, an oversized body); ``""`` when fine or unreachable.
+    """
+
+    text: str | None
+    problem: str = ""
+
+
+async def read_metrics(url: str) -> MetricsRead:
+    """GET ``url`` within :data:`READ_TIMEOUT_S`, no redirects, at most :data:`MAX_BODY_BYTES`."""
     try:
         timeout = aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            async with session.get(url) as resp:
-                return await resp.text()
+            async with session.get(url, allow_redirects=False) as resp:
+                if 300 <= resp.status < 400:
+                    return MetricsRead(text=None, problem=(
+                        f"{url} answered HTTP {resp.status} redirecting to "
+                        f"{resp.headers.get('Location', '?')}; redirects are not followed"))
+                if resp.status != 200:
+                    return MetricsRead(text=None, problem=f"{url} answered HTTP {resp.status}")
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    body += chunk
+                    if len(body) > MAX_BODY_BYTES:
+                        return MetricsRead(text=None, problem=(
+                            f"{url} sent more than {MAX_BODY_BYTES // 2**20} MiB; not read"))
+                return MetricsRead(text=body.decode("utf-8", errors="replace"))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-        return None
+        return MetricsRead(text=None)
+
+
+async def fetch_metrics(url: str) -> str | None:
+    """The ``/metrics`` text at ``url`` (:func:`read_metrics`), ``None`` when unreadable."""
+    return (await read_metrics(url)).text
+
+
+def parse_problem(url: str, exc: Exception) -> str:
+    """The sentence for metrics text Prometheus' parser refused."""
+    return f"{url} is not Prometheus text ({type(exc).__name__}: {str(exc)[:120]})"
 
 
 class ProgressReader:
@@ -69,11 +113,22 @@ class ProgressReader:
         self._read_at: dict[tuple[str, str], float] = {}
         self.last: dict[tuple[str, str], Progress] = {}
         """The last progress read per job (the reconciler posts a checkpoint fallback from it)."""
+        self._warnings: dict[tuple[str, str], list[str]] = {}
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a deleted job's memory."""
         self._read_at.pop((namespace, name), None)
         self.last.pop((namespace, name), None)
+        self._warnings.pop((namespace, name), None)
+
+    def warn(self, namespace: str, name: str, problem: str) -> None:
+        """Keep ``problem`` for the job's next :meth:`take_warnings`."""
+        if problem:
+            self._warnings.setdefault((namespace, name), []).append(problem)
+
+    def take_warnings(self, namespace: str, name: str) -> list[str]:
+        """The problems of the job's last reads (and forgets them)."""
+        return self._warnings.pop((namespace, name), [])
 
     async def read(self, namespace: str, name: str, pods: list[dict[str, Any]], *, metrics_port: int,
                    global_batch: int, now_s: float) -> dict[str, Any]:
@@ -86,10 +141,15 @@ class ProgressReader:
         if url is None:
             return {}
         self._read_at[key] = now_s
-        text = await fetch_metrics(url)
-        if text is None:
+        read = await read_metrics(url)
+        self.warn(namespace, name, read.problem)
+        if read.text is None:
             return {}
-        progress = parse_progress(text, global_batch)
+        try:
+            progress = parse_progress(read.text, global_batch)
+        except Exception as exc:  # noqa: BLE001 - not a worker's metrics: a warning, not an error
+            self.warn(namespace, name, parse_problem(url, exc))
+            return {}
         if progress is None:
             return {}
         self.last[key] = progress

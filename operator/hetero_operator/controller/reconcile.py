@@ -43,7 +43,8 @@ from hetero_operator.controller.learning import record as record_speeds
 from hetero_operator.controller.metrics import OperatorMetrics
 from hetero_operator.controller.objects import (Gate, KueueGate, replace_claim_templates,
                                                 dra_objects)
-from hetero_operator.controller.progress import MetricsUrlFn, ProgressReader, default_metrics_url
+from hetero_operator.controller.progress import (METRICS_UNREADABLE, MetricsUrlFn, ProgressReader,
+                                                 default_metrics_url)
 from hetero_operator.controller.requeue import Requeue, next_look_s
 from hetero_operator.controller.reservations import Reservations
 from hetero_operator.lifecycle import decisions as lc
@@ -233,6 +234,7 @@ class Reconciler:
             await self._checkpoint_fallback(job, status, now)
             await self.learner.observe(namespace, name, pods, status.get("plan"),
                                        metrics_port=spec.worker.metrics_port, now_s=now)
+            await self._metrics_warnings(job, now)
         await self._record(job, status, decision, states, now, extra=extra)
         if decision.phase == c.SUCCEEDED and status.get("phase") != c.SUCCEEDED:
             await self._learn(spec, now)
@@ -240,6 +242,17 @@ class Reconciler:
         if gate is not None:
             await self.kueue.after(gate, job, decision, states, c.now_iso(now))
         return next_look_s(decision, self.config.resync_s)
+
+    async def _metrics_warnings(self, job: Mapping[str, Any], now: float) -> None:
+        """A Warning Event for a rank endpoint that answered but not as a worker's metrics
+        (:mod:`hetero_operator.controller.progress`); the reconcile goes on either way."""
+        meta = job["metadata"]
+        problems = (self.progress.take_warnings(meta["namespace"], meta["name"])
+                    + self.learner.take_warnings(meta["namespace"], meta["name"]))
+        if problems:
+            message = f"Rank metrics unreadable: {problems[0]}"
+            if self.events.due(job, "Warning", METRICS_UNREADABLE, message, now):
+                await self.events.post(job, "Warning", METRICS_UNREADABLE, message, now)
 
     def _node_health(self, used: Iterable[str], now: float) -> dict[str, NodeHealth] | None:
         """Health of the job's nodes that exist; ``None`` before the node index has any node.
