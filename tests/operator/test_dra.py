@@ -102,7 +102,10 @@ def test_same_unschedulable_answer_on_both() -> None:
     from_gfd = plan_job(job(7), build_inventory(nodes, pods))
     from_dra = plan_job(job(7), dra_inventory().inventory)
     assert isinstance(from_gfd, model.Unschedulable)
-    assert from_dra.message == from_gfd.message
+    # the same, except that the DRA twin says why its busy T4 is not free (issue 21)
+    assert "t4-0: 1 of 3 in use," in from_gfd.message
+    assert from_dra.message == from_gfd.message.replace(
+        "t4-0: 1 of 3 in use,", "t4-0: 1 of 3 in use (1 allocated to DRA ResourceClaims),")
 
 
 def rendered(ranks: int = 6) -> tuple[model.Plan, list[dict[str, Any]], list[dict[str, Any]]]:

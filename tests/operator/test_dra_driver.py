@@ -163,7 +163,7 @@ def test_a_device_the_driver_taints_is_not_free_and_says_why() -> None:
     sick["taints"] = [{"key": "gpu.nvidia.com/unhealthy", "value": "xid-79", "effect": "NoSchedule"}]
     inv = dra.build_dra_inventory([node("node-t")], (), [slice_of("node-t", [gpu(whole, 0, "GPU-t0"), sick])], ())
     (device,) = inv.inventory.nodes[0].devices
-    assert (device.total, device.free, device.unhealthy) == (2, 1, 1)
+    assert (device.total, device.free, device.unhealthy) == (1, 1, 1)  # usable 1, plus 1 unhealthy
 
 
 @pytest.mark.parametrize("prefix", ["39", "41", "42", "43", "49"])

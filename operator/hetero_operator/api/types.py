@@ -23,6 +23,9 @@ MIG_FAILED = "MigReconfigurationFailed"
 MALFORMED_LABELS = "MalformedLabels"
 NO_COMPATIBLE_IMAGE = "NoCompatibleImage"
 NO_GPUS = "NoGPUs"
+GPUS_UNHEALTHY = "GPUsUnhealthy"
+"""Every GPU the node has is unusable: counted in ``status.capacity`` but not in allocatable (the
+device plugin's health check, e.g. after an XID error), or tainted by a DRA driver."""
 # Job-specific reasons added by the planner.
 DENIED_BY_SPEC = "DeniedBySpec"
 INSUFFICIENT_MEMORY = "InsufficientMemory"
@@ -37,6 +40,7 @@ REASON_PHRASES: dict[str, str] = {
     MALFORMED_LABELS: "malformed GPU labels",
     NO_COMPATIBLE_IMAGE: "no compatible image",
     NO_GPUS: "no GPUs",
+    GPUS_UNHEALTHY: "all GPUs unhealthy",
     DENIED_BY_SPEC: "denied by spec.gpus",
     INSUFFICIENT_MEMORY: "too little memory",
     PRECISION_UNSUPPORTED: "precision unsupported",
@@ -85,10 +89,10 @@ class Device:
         time_sliced_replicas: replicas per physical GPU under time-slicing/MPS; 1 when exclusive.
         compute_slices: compute slices out of 7 for MIG; 7 for a whole GPU.
         multiprocessors: SM count when labelled (MIG), else 0.
-        unhealthy: devices of ``total`` that cannot be used: counted in capacity but not in
-            allocatable (the device plugin's unhealthy GPUs, e.g. after an XID error), or marked by
-            a DRA driver's device taint.
-        claimed: devices of ``total`` allocated to DRA ResourceClaims.
+        unhealthy: devices of this class that exist but cannot be used, not part of ``total``:
+            counted in ``status.capacity`` but not in allocatable (the device plugin's unhealthy
+            GPUs, e.g. after an XID error), or marked by a DRA driver's device taint.
+        claimed: devices of ``total`` allocated to DRA ResourceClaims (not free).
     """
 
     node: str

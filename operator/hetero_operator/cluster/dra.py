@@ -450,11 +450,12 @@ def _node_inventory(name: str, devices: Sequence[DraDevice], taken: set[tuple[st
                 message=f"{product} is not in the speed table; using the {arch} default "
                         f"{speed:.2f} (set spec.gpus.speedOverrides to correct it)"))
         free = sum(1 for d in members if (d.pool, d.name) in free_keys)
+        sick = sum(1 for d in members if d.taint and (d.pool, d.name) not in taken)
         common = {"node": name, "product": product, "compute_capability": first.compute_capability,
-                  "architecture": arch, "total": len(members), "free": free,
+                  "architecture": arch, "total": len(members) - sick, "free": free,
                   "memory_mib": min(d.memory_mib for d in members),
                   "claimed": sum(1 for d in members if (d.pool, d.name) in taken),
-                  "unhealthy": sum(1 for d in members if d.taint and (d.pool, d.name) not in taken)}
+                  "unhealthy": sick}
         if profile:
             slices = gfd.profile_slices(profile)
             out.append(Device(**common, mig_profile=profile,

@@ -23,6 +23,7 @@ Source for label names and semantics: see :mod:`hetero_operator.cluster.gfd`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from hetero_operator.api import types as model
@@ -193,9 +194,16 @@ def _read_devices(name: str, node: Mapping[str, Any], labels: Mapping[str, str],
                     "Feature Discovery and the device plugin on the node)"))
     devices = whole_or_single(name, labels, alloc, used, product, speed, common, mig_gpus, warnings)
     devices += mixed
+    lost = _unhealthy(node, alloc)
     if not devices:
+        if lost:
+            raise NodeExcluded(model.GPUS_UNHEALTHY, _unhealthy_text(lost) + " and nothing else "
+                               "allocatable: check the GPUs (nvidia-smi -q, XID errors in the kernel "
+                               "log) and the device plugin")
         raise NodeExcluded(model.NO_GPUS, f"{product_raw or product.base}: no allocatable nvidia.com/gpu "
                         "or nvidia.com/mig-* devices")
+    devices = [replace(d, unhealthy=-(-lost[d.resource_name] // d.time_sliced_replicas))
+               if lost.get(d.resource_name) else d for d in devices]
     driver_text, max_cuda, driver_cuda = _cuda(name, labels, warnings)
     return NodeInventory(name=name, driver_version=driver_text, max_cuda=max_cuda,
                          devices=tuple(devices), driver_cuda=driver_cuda), warnings
@@ -311,6 +319,26 @@ def _allocatable(node: Mapping[str, Any]) -> dict[str, int] | None:
                                 f"integer, got {value!r}")
             out[str(key)] = int(text)
     return out
+
+
+def _unhealthy(node: Mapping[str, Any], alloc: Mapping[str, int] | None) -> dict[str, int]:
+    """``{resource: capacity - allocatable}`` of ``nvidia.com/*`` where capacity counts more: the
+    devices the device plugin reports unhealthy (kubelet's device manager keeps them in capacity
+    only).  Empty without both maps."""
+    capacity = (node.get("status") or {}).get("capacity")
+    if alloc is None or not isinstance(capacity, Mapping) or "allocatable" not in (node.get("status") or {}):
+        return {}
+    out = {}
+    for key, value in capacity.items():
+        text = str(value).strip()
+        if str(key).startswith("nvidia.com/") and text.isdigit() and int(text) > alloc.get(str(key), 0):
+            out[str(key)] = int(text) - alloc.get(str(key), 0)
+    return out
+
+
+def _unhealthy_text(lost: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} {resource} in capacity but not allocatable (unhealthy)"
+                     for resource, n in sorted(lost.items()))
 
 
 def _has_gpu_signals(labels: Mapping[str, str], alloc: Mapping[str, int] | None) -> bool:

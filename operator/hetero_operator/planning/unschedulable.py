@@ -39,11 +39,9 @@ def insufficient_gpus(job: JobSpec, inventory: Inventory, pools: Sequence[Pool],
     for p in pools:
         t = p.device.gpu_type
         free[t] = free.get(t, 0) + p.free
-        busy = p.device.total - p.free
-        if busy:
-            notes.setdefault(t, []).append(f"{p.node}: {busy} of {p.device.total} in use")
-        elif p.free:
-            notes.setdefault(t, []).append(f"{p.node}: {p.free} free")
+        note = device_note(p)
+        if note:
+            notes.setdefault(t, []).append(f"{p.node}: {note}")
     other: list[str] = []
     denied: list[ExcludedNode] = []
     fixable: list[ExcludedNode] = []
@@ -70,6 +68,28 @@ def insufficient_gpus(job: JobSpec, inventory: Inventory, pools: Sequence[Pool],
                          reason="InsufficientGPUs", warnings=inventory.warnings)
 
 
+def device_note(pool: Pool) -> str:
+    """Why a pool's devices are or are not free, every reason named: ``"2 of 4 in use (1 allocated
+    to DRA ResourceClaims), 1 more unhealthy (in capacity, not allocatable: e.g. an XID error)"``.
+
+    ``in use`` counts what pods bound to the node request (and GPUs held for jobs whose pods the
+    API does not show yet) or, on DRA nodes, devices allocated to ResourceClaims; ``unhealthy``
+    devices are not in the pool's total at all (:attr:`hetero_operator.api.types.Device.unhealthy`).
+    """
+    d = pool.device
+    parts = []
+    busy = d.total - pool.free
+    if busy:
+        claimed = f" ({d.claimed} allocated to DRA ResourceClaims)" if d.claimed else ""
+        parts.append(f"{busy} of {d.total} in use{claimed}")
+    elif pool.free:
+        parts.append(f"{pool.free} free")
+    if d.unhealthy:
+        parts.append(f"{d.unhealthy} more unhealthy (in capacity but not allocatable, or tainted by "
+                     "the DRA driver: e.g. an XID error)")
+    return ", ".join(parts)
+
+
 FIXES: dict[str, str] = {
     model.UNSCHEDULABLE: "uncordon {node} (kubectl uncordon {node})",
     model.NOT_READY: "bring {node} back to Ready",
@@ -77,6 +97,7 @@ FIXES: dict[str, str] = {
     model.MIG_PENDING: "wait for the MIG reconfiguration on {node} to finish",
     model.MIG_FAILED: "fix the MIG configuration of {node} (nvidia.com/mig.config)",
     model.MALFORMED_LABELS: "fix the GPU labels of {node} (GPU Feature Discovery)",
+    model.GPUS_UNHEALTHY: "repair the GPUs of {node} ({message})",
     model.NO_COMPATIBLE_IMAGE: "add a spec.images variant that fits {node} ({message})",
     model.INSUFFICIENT_MEMORY: "lower spec.gpus.minMemoryMiB ({message})",
     model.PRECISION_UNSUPPORTED: "use spec.training.precision Auto ({message})",
