@@ -14,14 +14,13 @@ import copy
 from typing import Any
 
 import pytest
-from test_kueue_gate import NOW, Api, Custom, capacity_plan, job_body, the_workload
+from test_kueue_gate import NOW, Api, Custom, capacity_plan, custom, job_body, the_workload  # noqa: F401 (fixture)
 
 from hetero_operator.api.spec import parse_job
 from hetero_operator.controller.objects import KueueGate
 from hetero_operator.lifecycle import decisions as lc
 from hetero_operator.lifecycle.decisions import PodState
 from hetero_operator.render import kueuestatus as ks
-from hetero_operator.render import workload as kueue
 
 LATER = "2026-12-01T09:01:00Z"
 
@@ -103,24 +102,6 @@ async def test_a_condition_kueue_writes_between_read_and_patch_survives(custom: 
     assert (conditions["PodsReady"]["status"], conditions["PodsReady"]["reason"]) == ("True", "Started")
 
 
-@pytest.fixture
-def custom() -> Custom:
-    return _custom()
-
-
-def _custom() -> Custom:
-    """test_kueue_gate's store: PriorityClass ``training``, flavors ``a100`` and ``t4``."""
-    cu = Custom({"kueue.x-k8s.io", "scheduling.k8s.io"})
-    cu.store[("scheduling.k8s.io", "priorityclasses", None, "training")] = {
-        "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-        "metadata": {"name": "training"}, "value": 1000}
-    for name, product in (("a100", "NVIDIA-A100-SXM4-40GB"), ("t4", "Tesla-T4")):
-        cu.store[("kueue.x-k8s.io", "resourceflavors", None, name)] = {
-            "apiVersion": kueue.API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": name},
-            "spec": {"nodeLabels": {"nvidia.com/gpu.product": product}}}
-    return cu
-
-
 def admit(wl: dict[str, Any], *, checks: list[dict[str, Any]] | None = None,
           admitted: bool = True) -> None:
     wl["status"] = {"conditions": [
@@ -198,8 +179,8 @@ def test_two_checks_disagreeing_on_a_key_conflict() -> None:
 
 # --- versions (case 49) ---------------------------------------------------------------------------
 
-async def test_a_v1beta1_only_kueue_gets_a_v1beta1_workload() -> None:
-    cu = _custom()
+async def test_a_v1beta1_only_kueue_gets_a_v1beta1_workload(custom: Custom) -> None:
+    cu = custom
     cu.kueue_versions = ("v1beta1",)
     body = job_body()
     gate = await KueueGate(Api(cu)).check(body, parse_job(body), capacity_plan)

@@ -33,7 +33,8 @@ from typing import Any, Protocol
 from prometheus_client.parser import text_string_to_metric_families
 
 from hetero_operator.api.labels import LABEL_MANAGED_BY
-from hetero_operator.controller.progress import MetricsUrlFn, parse_problem, read_metrics
+from hetero_operator.controller.progress import (MetricsUrlFn, ReadWarnings, parse_problem,
+                                                 read_metrics)
 from hetero_operator.planning import profiles
 from heterotrain_common import metricnames as mn
 
@@ -82,7 +83,7 @@ def reading_pods(plan: Mapping[str, Any] | None) -> dict[tuple[str, str], str]:
     return out
 
 
-class SpeedLearner:
+class SpeedLearner(ReadWarnings):
     """Newest per-type readings of each running job (see the module docstring).
 
     Args:
@@ -91,25 +92,16 @@ class SpeedLearner:
     """
 
     def __init__(self, metrics_url: MetricsUrlFn, interval_s: float) -> None:
+        super().__init__()
         self.metrics_url, self.interval_s = metrics_url, interval_s
         self._read_at: dict[Key, float] = {}
         self._stats: dict[Key, dict[tuple[str, str], dict[str, Any]]] = {}
-        self._warnings: dict[Key, list[str]] = {}
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop a job's readings and timer."""
         self._read_at.pop((namespace, name), None)
         self._stats.pop((namespace, name), None)
-        self._warnings.pop((namespace, name), None)
-
-    def warn(self, namespace: str, name: str, problem: str) -> None:
-        """Keep ``problem`` for the job's next :meth:`take_warnings`."""
-        if problem:
-            self._warnings.setdefault((namespace, name), []).append(problem)
-
-    def take_warnings(self, namespace: str, name: str) -> list[str]:
-        """The problems of the job's last reads (and forgets them)."""
-        return self._warnings.pop((namespace, name), [])
+        self.take_warnings(namespace, name)
 
     async def observe(self, namespace: str, name: str, pods: Sequence[Mapping[str, Any]],
                       plan: Mapping[str, Any] | None, *, metrics_port: int, now_s: float) -> int:

@@ -100,26 +100,11 @@ def parse_problem(url: str, exc: Exception) -> str:
     return f"{url} is not Prometheus text ({type(exc).__name__}: {str(exc)[:120]})"
 
 
-class ProgressReader:
-    """Reads rank 0's metrics at most every ``interval_s`` per job.
+class ReadWarnings:
+    """Problems of a reader's last reads per job, kept until the reconciler posts them."""
 
-    Args:
-        metrics_url: where rank 0's metrics are (a test kubelet maps ports).
-        interval_s: least time between two reads of one job, seconds.
-    """
-
-    def __init__(self, metrics_url: MetricsUrlFn, interval_s: float) -> None:
-        self.metrics_url, self.interval_s = metrics_url, interval_s
-        self._read_at: dict[tuple[str, str], float] = {}
-        self.last: dict[tuple[str, str], Progress] = {}
-        """The last progress read per job (the reconciler posts a checkpoint fallback from it)."""
+    def __init__(self) -> None:
         self._warnings: dict[tuple[str, str], list[str]] = {}
-
-    def forget(self, namespace: str, name: str) -> None:
-        """Drop a deleted job's memory."""
-        self._read_at.pop((namespace, name), None)
-        self.last.pop((namespace, name), None)
-        self._warnings.pop((namespace, name), None)
 
     def warn(self, namespace: str, name: str, problem: str) -> None:
         """Keep ``problem`` for the job's next :meth:`take_warnings`."""
@@ -129,6 +114,28 @@ class ProgressReader:
     def take_warnings(self, namespace: str, name: str) -> list[str]:
         """The problems of the job's last reads (and forgets them)."""
         return self._warnings.pop((namespace, name), [])
+
+
+class ProgressReader(ReadWarnings):
+    """Reads rank 0's metrics at most every ``interval_s`` per job.
+
+    Args:
+        metrics_url: where rank 0's metrics are (a test kubelet maps ports).
+        interval_s: least time between two reads of one job, seconds.
+    """
+
+    def __init__(self, metrics_url: MetricsUrlFn, interval_s: float) -> None:
+        super().__init__()
+        self.metrics_url, self.interval_s = metrics_url, interval_s
+        self._read_at: dict[tuple[str, str], float] = {}
+        self.last: dict[tuple[str, str], Progress] = {}
+        """The last progress read per job (the reconciler posts a checkpoint fallback from it)."""
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted job's memory."""
+        self._read_at.pop((namespace, name), None)
+        self.last.pop((namespace, name), None)
+        self.take_warnings(namespace, name)
 
     async def read(self, namespace: str, name: str, pods: list[dict[str, Any]], *, metrics_port: int,
                    global_batch: int, now_s: float) -> dict[str, Any]:
