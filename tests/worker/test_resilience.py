@@ -59,8 +59,8 @@ def test_sigterm_to_one_rank_mid_step_stops_all_with_one_checkpoint_and_resumes_
     deadline = time.monotonic() + 120
     while not (log.exists() and len(log.read_text().splitlines()) >= 6):
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "no training"
-        time.sleep(0.05)
-    time.sleep(0.1)  # inside step 6 or 7 (0.2 s of it is the sleep before the step)
+        time.sleep(0.05)  # sync-ok: the poll interval of the wait for 6 logged steps
+    time.sleep(0.1)  # sync-ok: aims the signal inside step 6 or 7 (0.2 s of it is the sleep before the step)
     sent = time.monotonic()
     procs[1].send_signal(signal.SIGTERM)  # one rank: its pod is preempted
     runs = wait_all(procs, timeout_s=GRACE_S + 30)
