@@ -144,6 +144,11 @@ def steal_step(*, step: int, dispenser: MicroBatchDispenser, params: Sequence[to
         taken.append(index)
         local += hi - lo
     compute_s = time.perf_counter() - start_s
+    if not taken and scale is not None:
+        # A rank that took nothing (the others drained the step first) still steps its scaler
+        # with everyone: a GradScaler creates its scale on the first scale() call, and unscale_
+        # before that raises (found by the feature matrix, fp16 x stealing, issue 21).
+        scale(torch.zeros((), device=device))
     if on_drained is not None:
         on_drained()
     wire = params[0].dtype if params else torch.float64  # counts ride with the gradients
