@@ -67,6 +67,12 @@ def test_every_rank_running_means_every_planned_rank() -> None:
     assert not ks.all_ranks_running(states("Running", "Pending", "Running"), 3)
     assert not ks.all_ranks_running(states("Running", "Running"), 3)
     assert not ks.all_ranks_running([], 0)
+    # the ranks that finish first at the end of a job: still ready (not WaitForRecovery)
+    assert ks.all_ranks_running(states("Succeeded", "Running", "Succeeded"), 3)
+    assert not ks.all_ranks_running(states("Succeeded", "Failed", "Running"), 3)
+    deleting = states("Running", "Running", "Running")
+    deleting[0] = PodState(name="p0", first_rank=0, phase="Running", ranks=1, deleting=True)
+    assert not ks.all_ranks_running(deleting, 3)
 
 
 # --- merged conditions --------------------------------------------------------------------------

@@ -215,7 +215,11 @@ def active_patch(workload: Mapping[str, Any], *, suspended: bool) -> dict[str, A
 
 
 def all_ranks_running(states: Sequence[Any], world_size: int) -> bool:
-    """Every one of the plan's ``world_size`` ranks is in a Running pod that is not terminating."""
+    """Every one of the plan's ``world_size`` ranks is in a pod that is not terminating and runs or
+    has succeeded: Kueue's own ``PodsReady`` counts ready *or succeeded* pods (v0.17
+    ``jobframework``, message "Not all pods are ready or succeeded"), so the ranks that finish
+    first at the end of a job do not turn it into ``WaitForRecovery``."""
     if world_size <= 0:
         return False
-    return sum(p.ranks for p in states if p.phase == "Running" and not p.deleting) >= world_size
+    return sum(p.ranks for p in states
+               if p.phase in ("Running", "Succeeded") and not p.deleting) >= world_size
