@@ -26,7 +26,8 @@ from k8s.netpol import Cluster, Flow, Pod  # noqa: E402
 
 from hetero_operator.api import podtemplate  # noqa: E402
 from hetero_operator.api.errors import SpecError  # noqa: E402
-from hetero_operator.api.spec import JobSpec, dns_1035_name, parse_job  # noqa: E402
+from hetero_operator.api.jobnames import dns_1035_name  # noqa: E402
+from hetero_operator.api.spec import JobSpec, parse_job  # noqa: E402
 from hetero_operator.api.types import Plan  # noqa: E402
 from hetero_operator.cluster.inventory import build_inventory  # noqa: E402
 from hetero_operator.planning.placement import restrict_to_template  # noqa: E402

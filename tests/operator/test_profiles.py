@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from builders import make_job
 
-from hetero_operator.api.spec import default_profile_key, profile_key
+from hetero_operator.api.jobnames import default_profile_key
+from hetero_operator.api.spec import profile_key
 from hetero_operator.planning import profiles as p
 
 DAY = 86400.0

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetero_operator.api.errors import SpecError
+from hetero_operator.api.quantities import QuantityError, parse_quantity
 
 
 def mapping(obj: Mapping[str, Any], key: str, path: str, *, required: bool = True) -> Mapping[str, Any]:
@@ -68,3 +69,19 @@ def enum(obj: Mapping[str, Any], key: str, path: str, choices: tuple[str, ...],
     if value not in choices:
         raise SpecError(path, f"must be one of {', '.join(choices)}; got {value!r}")
     return str(value)
+
+
+def quantity(obj: Mapping[str, Any], key: str, path: str, *, binary: bool = True,
+              hi: int = 2**50) -> int:
+    """An integer or Kubernetes quantity string (``"1.3G"``, ``"48Mi"``), exactly; 0 when absent."""
+
+    value = obj.get(key)
+    if value is None:
+        return 0
+    try:
+        number = parse_quantity(value, binary=binary)
+    except QuantityError as exc:
+        raise SpecError(path, str(exc)) from None
+    if number > hi:
+        raise SpecError(path, f"must be at most {hi}, got {number}")
+    return number

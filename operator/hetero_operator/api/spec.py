@@ -3,7 +3,9 @@
 Pure: no kopf, no kubernetes.  The CRD schema in ``crds/`` is the first line of validation; this
 module re-checks what a manifest that skipped the API server (``heterotrain plan``/``run``) or an old
 CRD may carry, and raises :class:`SpecError` naming the field path and the fix.
-Defaults here equal the CRD's defaults.
+Defaults here equal the CRD's defaults.  The job's name and profile key
+(:mod:`~hetero_operator.api.jobnames`) and the worker container
+(:mod:`~hetero_operator.api.workerspec`) have modules of their own.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hetero_operator.api import podtemplate
 from hetero_operator.api.errors import SpecError
-from hetero_operator.api.fields import (boolean, enum, integer, mapping, optional_integer, string,
-                                        string_list)
-from hetero_operator.api.quantities import QuantityError, parse_quantity
+from hetero_operator.api.fields import (boolean, enum, integer, mapping, optional_integer, quantity,
+                                        string, string_list)
+from hetero_operator.api.jobnames import default_profile_key, job_name, parse_profile_key
 from hetero_operator.api.strictfields import unknown_fields
+from hetero_operator.api.workerspec import WorkerTemplate, parse_worker
 from heterotrain_common import defaults
 from heterotrain_common.envread import ContractError, parse_step_range
 
@@ -36,14 +38,6 @@ CLEAN_POD_POLICIES = ("All", "Running", "None")
 SELECTIONS = ("Throughput", "All")
 SHARDINGS = ("Auto", "None", "Group", "Full")
 OPTIMIZERS = ("AdamW", "Adam", "Momentum", "SGD")
-_PROFILE_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,251}[a-z0-9])?$")
-_GENERATED_SUFFIX_RE = re.compile(r"^(?=.*[0-9])[bcdfghjklmnpqrstvwxz2456789]{5}$")
-"""Kubernetes ``generateName`` appends 5 characters of this alphabet (apimachinery's
-``utilrand.String``: consonants and digits without vowels, 0, 1, 3)."""
-_DNS_1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-"""apimachinery's DNS-1035 label: a Service name (``<job>``) and a pod's subdomain (shared/cases/44)."""
-MAX_NAME_LENGTH = 50
-"""Longest job name: pods ``<name>-g<group>-m<k>`` and hostnames must stay DNS labels (63)."""
 _CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 _CC_RE = re.compile(r"^\d{1,2}\.\d$")
 _TORCH_RE = re.compile(r"^\d{1,2}\.\d{1,3}(\.\d{1,3})?([+.-][0-9A-Za-z.]{1,24})?$")
@@ -168,76 +162,6 @@ class TrainingSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class WorkerTemplate:
-    """The worker container: what each rank process runs.
-
-    Attributes:
-        command / args: argv of one rank process (the launcher starts one per GPU).
-        env: extra environment, as Kubernetes ``EnvVar`` dicts.
-        resources: Kubernetes ``ResourceRequirements`` for CPU/memory (GPUs are added by us).
-        metrics_port: Prometheus port of local rank 0; local rank i uses ``metrics_port + i``.
-        template: the pod template (``spec.worker.template``, a ``PodTemplateSpec`` dict, ``{}``
-            for none), checked by :func:`hetero_operator.api.podtemplate.check_template`.
-        shared_memory_bytes: ``spec.worker.sharedMemorySize`` in bytes; None for the default
-            (:func:`shared_memory_bytes`), 0 for no ``/dev/shm`` volume.
-    """
-
-    command: tuple[str, ...]
-    args: tuple[str, ...] = ()
-    env: tuple[Mapping[str, Any], ...] = ()
-    resources: Mapping[str, Any] = field(default_factory=dict)
-    metrics_port: int = 9480
-    template: Mapping[str, Any] = field(default_factory=dict)
-    shared_memory_bytes: int | None = None
-
-    @property
-    def memory_limit_bytes(self) -> int | None:
-        """The worker container's memory limit (the template's container ``worker`` wins over
-        ``spec.worker.resources``), bytes; None without one or when it is no whole quantity."""
-        return memory_limit_bytes(merged_resources(self))
-
-    @property
-    def termination_grace_s(self) -> int:
-        """The pods' ``terminationGracePeriodSeconds``: the template's, else the default."""
-        value = (self.template.get("spec") or {}).get("terminationGracePeriodSeconds")
-        return int(value) if value is not None else defaults.TERMINATION_GRACE_S
-
-
-def merged_resources(worker: WorkerTemplate) -> dict[str, Any]:
-    """``spec.worker.resources`` with the template's container ``worker``'s over it, per resource
-    name (``requests`` and ``limits``; other keys of the template's, such as ``claims``, are refused
-    there)."""
-    out = {k: dict(v) for k, v in worker.resources.items() if k in ("requests", "limits") and v}
-    extra = podtemplate.worker_container(worker.template).get("resources") or {}
-    for key in ("requests", "limits"):
-        if extra.get(key):
-            out.setdefault(key, {}).update(extra[key])
-    return out
-
-
-def memory_limit_bytes(resources: Mapping[str, Any]) -> int | None:
-    """``limits.memory`` in bytes; None when absent or no whole-number quantity."""
-    raw = (resources.get("limits") or {}).get("memory")
-    if raw is None:
-        return None
-    try:
-        return parse_quantity(raw)
-    except QuantityError:
-        return None
-
-
-def shared_memory_bytes(worker: WorkerTemplate, local_ranks: int) -> int:
-    """Size of a pod's ``/dev/shm`` (Memory emptyDir): ``spec.worker.sharedMemorySize``, else
-    :data:`heterotrain_common.defaults.SHM_PER_LOCAL_RANK_BYTES` per local rank capped at half the
-    worker container's memory limit (tmpfs pages count against it); 0 = no volume."""
-    if worker.shared_memory_bytes is not None:
-        return worker.shared_memory_bytes
-    size = defaults.SHM_PER_LOCAL_RANK_BYTES * max(1, local_ranks)
-    limit = worker.memory_limit_bytes
-    return min(size, limit // 2) if limit else size
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class RunPolicy:
     """Kubeflow-style run policy.
 
@@ -306,42 +230,13 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
     return JobSpec(
         name=job_name(meta),
         namespace=str(meta.get("namespace") or "default"),
-        worker=_worker(mapping(spec, "worker", "spec.worker")),
+        worker=parse_worker(mapping(spec, "worker", "spec.worker")),
         images=_images(spec.get("images", []), "spec.images"),
         gpus=_gpus(mapping(spec, "gpus", "spec.gpus")),
         training=_training(mapping(spec, "training", "spec.training")),
         run_policy=run_policy,
         profile_steps=_profile_steps(mapping(meta, "annotations", "metadata.annotations", required=False)),
     )
-
-
-def job_name(meta: Mapping[str, Any]) -> str:
-    """``metadata.name``, refused unless it can name the job's Service, pods and hostnames.
-
-    Raises:
-        SpecError: not a DNS-1035 label of at most :data:`MAX_NAME_LENGTH` characters (the CRD's
-            CEL rules say the same at admission), with a name that would do.
-    """
-    name = string(meta, "name", "metadata.name")
-    if len(name) > MAX_NAME_LENGTH:
-        raise SpecError("metadata.name", f"must be at most {MAX_NAME_LENGTH} characters (pod names "
-                        f"<name>-g<group> must stay DNS labels), got {len(name)}")
-    if not _DNS_1035_RE.match(name):
-        raise SpecError("metadata.name", f"{name!r} is not a DNS-1035 label: lower-case letters, "
-                        "digits and '-', starting with a letter and ending with a letter or digit "
-                        "(it names the job's headless Service and is every worker pod's "
-                        f"subdomain); e.g. {dns_1035_name(name)!r}")
-    return name
-
-
-def dns_1035_name(name: str) -> str:
-    """A DNS-1035 label close to ``name``: lower case, every other character ``-``, a ``job-``
-    prefix before a leading digit (``llama-3.1-8b`` -> ``llama-3-1-8b``, ``7b-sft`` ->
-    ``job-7b-sft``)."""
-    text = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", name.lower())).strip("-") or "job"
-    if not text[0].isalpha():
-        text = f"job-{text}"
-    return text[:MAX_NAME_LENGTH].rstrip("-")
 
 
 def _profile_steps(annotations: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -361,30 +256,6 @@ def _refuse_unknown_fields(body: Mapping[str, Any]) -> None:
     if unknown:
         more = f" (also unknown: {', '.join(u.path for u in unknown[1:])})" if unknown[1:] else ""
         raise SpecError(unknown[0].path, unknown[0].message() + more)
-
-
-def _worker(w: Mapping[str, Any]) -> WorkerTemplate:
-    command = string_list(w, "command", "spec.worker.command", required=True)
-    if not command:
-        raise SpecError("spec.worker.command", "must name the program each rank runs, "
-                        "e.g. [python, -m, hetero_worker.examples.digits]")
-    template = mapping(w, "template", podtemplate.TEMPLATE_PATH, required=False)
-    podtemplate.check_template(template)
-    shm = w.get("sharedMemorySize")
-    worker = WorkerTemplate(
-        command=command, args=string_list(w, "args", "spec.worker.args"),
-        env=tuple(w.get("env") or ()), resources=dict(w.get("resources") or {}),
-        metrics_port=integer(w, "metricsPort", "spec.worker.metricsPort", 9480, 0, 65535),
-        template=dict(template),
-        shared_memory_bytes=None if shm is None else _quantity(w, "sharedMemorySize",
-                                                               "spec.worker.sharedMemorySize"),
-    )
-    limit = worker.memory_limit_bytes
-    if worker.shared_memory_bytes and limit is not None and worker.shared_memory_bytes > limit:
-        raise SpecError("spec.worker.sharedMemorySize", f"{shm} exceeds the worker container's memory "
-                        f"limit ({limit} bytes): tmpfs pages count against it; lower it or raise "
-                        "limits.memory")
-    return worker
 
 
 def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
@@ -447,9 +318,9 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
     rebalance = mapping(t, "rebalance", f"{p}.rebalance", required=False)
     compression = mapping(t, "compression", f"{p}.compression", required=False)
     mdl = mapping(t, "model", f"{p}.model", required=False)
-    parameters = _quantity(mdl, "parameters", f"{p}.model.parameters", binary=False, hi=10**15)
-    activation = _quantity(mdl, "activationBytesPerSample", f"{p}.model.activationBytesPerSample")
-    checkpointed = _quantity(mdl, "checkpointedActivationBytesPerSample",
+    parameters = quantity(mdl, "parameters", f"{p}.model.parameters", binary=False, hi=10**15)
+    activation = quantity(mdl, "activationBytesPerSample", f"{p}.model.activationBytesPerSample")
+    checkpointed = quantity(mdl, "checkpointedActivationBytesPerSample",
                              f"{p}.model.checkpointedActivationBytesPerSample")
     if checkpointed and checkpointed >= activation:
         raise SpecError(f"{p}.model.checkpointedActivationBytesPerSample",
@@ -480,7 +351,7 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         compression=enum(compression, "mode", f"{p}.compression.mode", COMPRESSIONS),
         powersgd_rank=integer(compression, "powerSGDRank", f"{p}.compression.powerSGDRank",
                               defaults.POWERSGD_RANK, 1, 64),
-        profile_key=_profile_key(t, f"{p}.profileKey"),
+        profile_key=parse_profile_key(t, f"{p}.profileKey"),
         gradient_mib=integer(t, "gradientMiB", f"{p}.gradientMiB", 0, 0, 10**7),
         reference_samples_per_second=integer(t, "referenceSamplesPerSecond",
                                           f"{p}.referenceSamplesPerSecond", 0, 0, 10**9),
@@ -489,46 +360,6 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         checkpointed_activation_bytes_per_sample=checkpointed,
         sharding=enum(t, "sharding", f"{p}.sharding", SHARDINGS),
     )
-
-
-def _quantity(obj: Mapping[str, Any], key: str, path: str, *, binary: bool = True,
-              hi: int = 2**50) -> int:
-    """An integer or Kubernetes quantity string (``"1.3G"``, ``"48Mi"``), exactly; 0 when absent."""
-
-    value = obj.get(key)
-    if value is None:
-        return 0
-    try:
-        number = parse_quantity(value, binary=binary)
-    except QuantityError as exc:
-        raise SpecError(path, str(exc)) from None
-    if number > hi:
-        raise SpecError(path, f"must be at most {hi}, got {number}")
-    return number
-
-
-def _profile_key(t: Mapping[str, Any], path: str) -> str:
-    value = t.get("profileKey")
-    if value is None or value == "":
-        return ""
-    if not isinstance(value, str) or not _PROFILE_KEY_RE.match(value):
-        raise SpecError(path, "must be 1-253 characters of a-z, 0-9, '-', '.', '_' starting and "
-                        f"ending with a letter or digit, got {value!r}")
-    return value
-
-
-def default_profile_key(job_name: str) -> str:
-    """The job name without run suffixes: trailing ``-<digits>`` segments and a trailing
-    five-character ``generateName`` suffix that contains a digit are removed
-    (``digits-2`` -> ``digits``, ``lm-x7k2q`` -> ``lm``, ``lm-20261201-3`` -> ``lm``).
-
-    Returns:
-        The key; the name itself when nothing is left after stripping.
-    """
-    parts = job_name.split("-")
-    while len(parts) > 1 and (parts[-1].isdigit() or _GENERATED_SUFFIX_RE.match(parts[-1])):
-        parts.pop()
-    return "-".join(parts) or job_name
 
 
 def profile_key(job: JobSpec) -> str:
@@ -552,4 +383,3 @@ def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
     )
 
 
-# --- field readers -------------------------------------------------------------------------

@@ -16,13 +16,12 @@ from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, L
                                         LABEL_RANK)
 from hetero_operator.api.memoryplan import MemoryPlan
 from hetero_operator.api.types import ExcludedNode, Plan
-from hetero_operator.lifecycle.decisions import FAIL, REPLAN, Decision
+from hetero_operator.lifecycle.disruptions import SHUTDOWN_REASONS, STOPPED_AT_CHECKPOINT
 from hetero_operator.lifecycle.restart import BACKOFF_LIMIT_EXCEEDED
-from hetero_operator.lifecycle.decisions import (SHUTDOWN_REASONS, STOPPED_AT_CHECKPOINT, JobState,
-                                                 NodeLoss, PodState)
-from heterotrain_common.envnames import PREEMPTED_EXIT_CODE
+from hetero_operator.lifecycle.values import FAIL, REPLAN, Decision, JobState, NodeLoss, PodState
 from hetero_operator.planning.marginal import VALUE_STATUS_KEYS, value_status
 from hetero_operator.render.pods import pod_units
+from heterotrain_common.envnames import PREEMPTED_EXIT_CODE
 
 STATUS_KEYS = frozenset({
     "phase", "message", "observedGeneration", "conditions", "restarts", "replans", "attempt",

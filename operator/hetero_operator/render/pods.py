@@ -27,7 +27,7 @@ so the terms still OR and the node is ours).  Its container ``worker`` is merged
 container: env and envFrom, volume mounts, ports, probes, CPU and memory as given, around our
 image, command, env contract, GPUs and hardened security context.  Its init containers (and
 native sidecars) get the hardened security context too.  Every pod mounts a Memory emptyDir at
-``/dev/shm`` (shared/cases/38; :func:`hetero_operator.api.spec.shared_memory_bytes`).
+``/dev/shm`` (shared/cases/38; :func:`hetero_operator.api.workerspec.shared_memory_bytes`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, L
                                         LABEL_ATTEMPT, LABEL_GROUP, LABEL_JOB, LABEL_MANAGED_BY,
                                         LABEL_RANK, MANAGED_BY, selector)
 from hetero_operator.api import podtemplate
-from hetero_operator.api.spec import JobSpec, merged_resources, shared_memory_bytes
+from hetero_operator.api.spec import JobSpec
+from hetero_operator.api.workerspec import merged_resources, shared_memory_bytes
 from hetero_operator.api.types import GroupPlan, Plan
 from heterotrain_common import contract, envnames
 

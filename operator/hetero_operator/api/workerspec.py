@@ -1,0 +1,118 @@
+"""The worker container of a job (``spec.worker``): what each rank runs, its resources and its
+``/dev/shm`` (pure).
+
+:func:`parse_worker` reads the section; :func:`merged_resources` and :func:`shared_memory_bytes`
+are what the pod renderer asks of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetero_operator.api import podtemplate
+from hetero_operator.api.errors import SpecError
+from hetero_operator.api.fields import integer, mapping, quantity, string_list
+from hetero_operator.api.quantities import QuantityError, parse_quantity
+from heterotrain_common import defaults
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerTemplate:
+    """The worker container: what each rank process runs.
+
+    Attributes:
+        command / args: argv of one rank process (the launcher starts one per GPU).
+        env: extra environment, as Kubernetes ``EnvVar`` dicts.
+        resources: Kubernetes ``ResourceRequirements`` for CPU/memory (GPUs are added by us).
+        metrics_port: Prometheus port of local rank 0; local rank i uses ``metrics_port + i``.
+        template: the pod template (``spec.worker.template``, a ``PodTemplateSpec`` dict, ``{}``
+            for none), checked by :func:`hetero_operator.api.podtemplate.check_template`.
+        shared_memory_bytes: ``spec.worker.sharedMemorySize`` in bytes; None for the default
+            (:func:`shared_memory_bytes`), 0 for no ``/dev/shm`` volume.
+    """
+
+    command: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    env: tuple[Mapping[str, Any], ...] = ()
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    metrics_port: int = 9480
+    template: Mapping[str, Any] = field(default_factory=dict)
+    shared_memory_bytes: int | None = None
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        """The worker container's memory limit (the template's container ``worker`` wins over
+        ``spec.worker.resources``), bytes; None without one or when it is no whole quantity."""
+        return memory_limit_bytes(merged_resources(self))
+
+    @property
+    def termination_grace_s(self) -> int:
+        """The pods' ``terminationGracePeriodSeconds``: the template's, else the default."""
+        value = (self.template.get("spec") or {}).get("terminationGracePeriodSeconds")
+        return int(value) if value is not None else defaults.TERMINATION_GRACE_S
+
+
+def merged_resources(worker: WorkerTemplate) -> dict[str, Any]:
+    """``spec.worker.resources`` with the template's container ``worker``'s over it, per resource
+    name (``requests`` and ``limits``; other keys of the template's, such as ``claims``, are refused
+    there)."""
+    out = {k: dict(v) for k, v in worker.resources.items() if k in ("requests", "limits") and v}
+    extra = podtemplate.worker_container(worker.template).get("resources") or {}
+    for key in ("requests", "limits"):
+        if extra.get(key):
+            out.setdefault(key, {}).update(extra[key])
+    return out
+
+
+def memory_limit_bytes(resources: Mapping[str, Any]) -> int | None:
+    """``limits.memory`` in bytes; None when absent or no whole-number quantity."""
+    raw = (resources.get("limits") or {}).get("memory")
+    if raw is None:
+        return None
+    try:
+        return parse_quantity(raw)
+    except QuantityError:
+        return None
+
+
+def shared_memory_bytes(worker: WorkerTemplate, local_ranks: int) -> int:
+    """Size of a pod's ``/dev/shm`` (Memory emptyDir): ``spec.worker.sharedMemorySize``, else
+    :data:`heterotrain_common.defaults.SHM_PER_LOCAL_RANK_BYTES` per local rank capped at half the
+    worker container's memory limit (tmpfs pages count against it); 0 = no volume."""
+    if worker.shared_memory_bytes is not None:
+        return worker.shared_memory_bytes
+    size = defaults.SHM_PER_LOCAL_RANK_BYTES * max(1, local_ranks)
+    limit = worker.memory_limit_bytes
+    return min(size, limit // 2) if limit else size
+
+
+def parse_worker(w: Mapping[str, Any]) -> WorkerTemplate:
+    """Parse ``spec.worker``.
+
+    Raises:
+        SpecError: no command, a bad template or port, or a ``sharedMemorySize`` above the
+            worker container's memory limit.
+    """
+    command = string_list(w, "command", "spec.worker.command", required=True)
+    if not command:
+        raise SpecError("spec.worker.command", "must name the program each rank runs, "
+                        "e.g. [python, -m, hetero_worker.examples.digits]")
+    template = mapping(w, "template", podtemplate.TEMPLATE_PATH, required=False)
+    podtemplate.check_template(template)
+    shm = w.get("sharedMemorySize")
+    worker = WorkerTemplate(
+        command=command, args=string_list(w, "args", "spec.worker.args"),
+        env=tuple(w.get("env") or ()), resources=dict(w.get("resources") or {}),
+        metrics_port=integer(w, "metricsPort", "spec.worker.metricsPort", 9480, 0, 65535),
+        template=dict(template),
+        shared_memory_bytes=None if shm is None else quantity(w, "sharedMemorySize",
+                                                               "spec.worker.sharedMemorySize"),
+    )
+    limit = worker.memory_limit_bytes
+    if worker.shared_memory_bytes and limit is not None and worker.shared_memory_bytes > limit:
+        raise SpecError("spec.worker.sharedMemorySize", f"{shm} exceeds the worker container's memory "
+                        f"limit ({limit} bytes): tmpfs pages count against it; lower it or raise "
+                        "limits.memory")
+    return worker
