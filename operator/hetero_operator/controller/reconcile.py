@@ -5,7 +5,9 @@ continues from ``status`` alone (restarts, attempt, plan) and never creates dupl
 (deterministic names, 409 tolerated).  A decision's status is written before any pod is deleted,
 so a restart is counted exactly once even when the operator dies in between.
 
-The concerns around it each live in one module: when a job is looked at next
+The concerns around it each live in one module: planning over the operator's indexes
+(:mod:`~hetero_operator.controller.planner`), GPUs held by starts in flight
+(:mod:`~hetero_operator.controller.reservations`), when a job is looked at next
 (:mod:`~hetero_operator.controller.requeue`), which replica acts
 (:mod:`~hetero_operator.controller.leadership`), rank 0's progress
 (:mod:`~hetero_operator.controller.progress`), Events (:mod:`~hetero_operator.controller.events`),
@@ -16,7 +18,6 @@ node health (:mod:`~hetero_operator.cluster.nodehealth`), pods and status
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -30,11 +31,10 @@ from hetero_operator.api import labels
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.api.spec import JobSpec, parse_job, profile_key
-from hetero_operator.api.types import Inventory, Plan, Unschedulable
-from hetero_operator.cluster import dra, netpol
+from hetero_operator.api.types import Plan, Unschedulable
+from hetero_operator.cluster import netpol
+from hetero_operator.cluster.dra import DraInventory
 from hetero_operator.cluster.nodehealth import FirstSeen, NodeHealth, node_health
-from hetero_operator.cluster.nodeindex import (build_indexed_inventory, gpu_pod_entry,
-                                               indexed_used_resources)
 from hetero_operator.controller.events import EventRecorder
 from hetero_operator.controller.k8s import Api
 from hetero_operator.controller.leadership import Leadership
@@ -43,16 +43,15 @@ from hetero_operator.controller.learning import record as record_speeds
 from hetero_operator.controller.metrics import OperatorMetrics
 from hetero_operator.controller.objects import (Gate, KueueGate, replace_claim_templates,
                                                 dra_objects)
+from hetero_operator.controller.planner import plan_inputs, plan_on_indexes, with_default_images
 from hetero_operator.controller.progress import (METRICS_UNREADABLE, MetricsUrlFn, ProgressReader,
                                                  default_metrics_url)
+from hetero_operator.controller.refusals import REFUSED, not_a_refusal, refusal_words
 from hetero_operator.controller.requeue import Requeue, next_look_s
-from hetero_operator.controller.reservations import Reservations
+from hetero_operator.controller.reservations import Reservations, planned_gpu_pods
 from hetero_operator.lifecycle import decisions as lc
 from hetero_operator.lifecycle import status as st
-from hetero_operator.planning import profiles
-from hetero_operator.planning.marginal import LinkSettings, PlanInputs
-from hetero_operator.planning.placement import restrict_to_template
-from hetero_operator.planning.plan import plan_job
+from hetero_operator.planning.marginal import PlanInputs
 from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
 from hetero_operator.render.claims import stale_template_names, use_claims
@@ -62,32 +61,8 @@ log = logging.getLogger("heterotrain.operator")
 Key = tuple[str, str]
 WARNING_WAITS = frozenset({"NodeNotReady"})
 """Wait reasons that are Warnings (re-posted while the job keeps waiting)."""
-REFUSED = "PodsRefused"
-"""Reason of a start whose pods the API server refused (quota, limits, Pod Security, webhooks)."""
-REFUSAL_STATUSES = frozenset({400, 403, 422})
-"""HTTP statuses of an admission refusal: Forbidden (quota, Pod Security, a webhook), Invalid,
-BadRequest; retried with backoff, never in a storm."""
 
 __all__ = ["MetricsUrlFn", "Reconciler", "default_metrics_url", "with_default_images"]
-
-
-def profile_note(spec: JobSpec) -> str:
-    """Where the ranks write profiler traces (annotation ``heterotrain.io/profile-steps``), for
-    the Created condition's message; ``""`` when not profiling."""
-    if spec.profile_steps is None:
-        return ""
-    first, last = spec.profile_steps
-    where = (f"{spec.training.checkpoint_path}/profiles/" if spec.training.checkpoint_path
-             else "./profiles/ in each container (lost with the pod: set spec.training.checkpoint)")
-    volume = (f" on PersistentVolumeClaim {spec.training.checkpoint_pvc}"
-              if spec.training.checkpoint_path and spec.training.checkpoint_pvc else "")
-    return (f" Profiling steps {first}-{last}: every rank writes "
-            f"{where}rank-<r>-steps-{first}-{last}.trace.json{volume}.")
-
-
-def with_default_images(job: JobSpec, config: OperatorConfig) -> JobSpec:
-    """Fill an empty ``spec.images`` with the operator's default catalog."""
-    return job if job.images else replace(job, images=config.default_images)
 
 
 class Reconciler:
@@ -201,7 +176,7 @@ class Reconciler:
         pods = await self.api.list_pods(namespace, labels.selector(name))
         if pods:  # the API has them: from here on the pod index counts them, not a hold
             self.reservations.release((namespace, name))
-        planned_nodes = {g["pod"]: g["node"] for g in (status.get("plan") or {}).get("groups") or ()}
+        planned_nodes = st.planned_nodes(status)
         states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], "")) for p in pods]
         used = frozenset(p.node for p in states if p.node)
         self._job_nodes[(namespace, name)] = used
@@ -212,12 +187,12 @@ class Reconciler:
                              states, nodes=self._node_health(used, now), now_s=now, timing=self.timing,
                              checkpointing=bool(spec.training.checkpoint_path))
         decision = gate.explain(decision) if gate else decision
-        retry_s = _refused_until_s(status)
-        if retry_s is not None:  # a refused start (_refused): back off, keep the server's word
-            if decision.action == lc.START and now < retry_s:
-                return retry_s - now
+        refused = st.refusals(status)
+        if refused.retry_s is not None:  # a refused start (_refused): back off, keep the server's word
+            if decision.action == lc.START and now < refused.retry_s:
+                return refused.retry_s - now
             if decision.action == lc.WAIT and decision.phase == c.PENDING:
-                decision = replace(decision, reason=REFUSED, message=str(status.get("message") or ""))
+                decision = replace(decision, reason=REFUSED, message=refused.message)
         log.debug("%s/%s: %s %s (%s) pods=%s", namespace, name, decision.action, decision.phase,
                   decision.reason, [(p.name, p.phase, p.deleting) for p in states])
         if decision.action == lc.START:
@@ -236,7 +211,7 @@ class Reconciler:
                                        metrics_port=spec.worker.metrics_port, now_s=now)
             await self._metrics_warnings(job, now)
         await self._record(job, status, decision, states, now, extra=extra)
-        if decision.phase == c.SUCCEEDED and status.get("phase") != c.SUCCEEDED:
+        if decision.phase == c.SUCCEEDED and st.job_state(status).phase != c.SUCCEEDED:
             await self._learn(spec, now)
         await self._delete_pods(namespace, decision)  # after the status: a restart counts once
         if gate is not None:
@@ -284,7 +259,7 @@ class Reconciler:
         gen = job["metadata"].get("generation")
         result, drainv = self._plan(spec, allowed=gate.allowed if gate else None,
                                     dra_source=await dra_objects(self.kueue.objects),
-                                    inputs=await self._plan_inputs(spec, now))
+                                    inputs=await plan_inputs(self.api, spec, self.config, now_s=now))
         if isinstance(result, Unschedulable):
             self.metrics.record_plan("unschedulable")
             message = f"Unschedulable: {result.message}"
@@ -293,7 +268,7 @@ class Reconciler:
             await self._record(job, status, decision, [], now, event_type="Warning")
             return self.config.unschedulable_retry_s
         self.metrics.record_plan("planned")
-        attempt = int(status.get("attempt") or 0) + 1
+        attempt = st.job_state(status).attempt + 1
         maddr = rendering.master_addr(spec.name, spec.namespace, result, self.config.service_domain)
         envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.master_port,
                                 simulated=self.config.simulate_devices,
@@ -306,9 +281,8 @@ class Reconciler:
                                            labels=labels.selector(spec.name), attempt=attempt)
 
         # Held before the first await: a start planned meanwhile counts these GPUs as used.
-        self.reservations.hold((spec.namespace, spec.name),
-                               [e for p in pods for e in (gpu_pod_entry(p) or {}).values()],
-                               now_s=self.clock())
+        self.reservations.hold((spec.namespace, spec.name), planned_gpu_pods(
+            spec.namespace, spec.name, result, dra_nodes=drainv.dra_nodes), now_s=self.clock())
         children = [rendering.render_service(spec, master_port=self.config.master_port)]
         if self.config.network_policy:  # before any pod exists: no window with open ports
             children.append(rendering.render_network_policy(
@@ -317,43 +291,30 @@ class Reconciler:
                 dns_labels=self.config.dns_labels))
         kopf.append_owner_reference([*children, *claim_templates, *pods], owner=job)
         plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.master_port)
-        message = (f"Placed {result.world_size} ranks on {len(result.nodes)} node(s) "
-                   f"({st.gpu_types_text(plan['groups'])}); expected speedup over an equal split "
-                   f"{plan['expectedSpeedupOverEqual']}x.") + profile_note(spec)
-        new = dict(status, plan=plan, attempt=attempt, ranksWanted=result.world_size,
-                   ranksRunning=0, ranksSummary=f"0/{result.world_size}",
-                   gpuTypes=st.gpu_types_text(plan["groups"]), lastStartTime=c.now_iso(now),
-                   phase=c.CREATED, message=message, observedGeneration=gen)
-        new.setdefault("startTime", c.now_iso(now))
-        new.pop("restartNotBefore", None)
-        new["conditions"] = c.apply_phase(status.get("conditions") or [], phase=c.CREATED,
-                                          reason="PodsCreated", message=message, now_s=now,
-                                          generation=gen)
-        refusals = int(status.get("createRefusals") or 0)
-        created_status = {k: v for k, v in new.items() if k not in ("createRefusals", "createRetryTime")}
-        if refusals:  # a retry after a refusal stays Pending with the server's word until it worked
-            new.update({k: status[k] for k in ("phase", "message", "conditions") if k in status})
-        await self._patch(job, status, new)  # the plan is recorded before any pod exists
+        started = st.started_status(status, spec, result, plan, attempt=attempt, generation=gen,
+                                    now_s=now)
+        await self._patch(job, status, started.before)  # the plan is recorded before any pod exists
         for child in children:
             if child["kind"] == "NetworkPolicy":  # brought up to date when it exists
                 await getattr(self.api, "ensure_network_policy", self.api.create)(child)
             else:
                 await self.api.create(child)
-        before = status.get("plan") or {}  # DRA nodes: the pods' claims come from these
-        if claim_templates or any(g.get("node") in drainv.dra_nodes for g in before.get("groups") or ()):
+        before = st.planned_nodes(status).values()  # DRA nodes: the pods' claims come from these
+        if claim_templates or any(node in drainv.dra_nodes for node in before):
             await replace_claim_templates(self.kueue.objects, spec.namespace, stale_template_names(
-                spec.name, before, int(status.get("attempt") or 0)), claim_templates)
+                spec.name, status.get("plan") or {}, st.job_state(status).attempt), claim_templates)
         created = await asyncio.gather(*(self.api.create(p) for p in pods), return_exceptions=True)
         self.metrics.pods_created.inc(sum(1 for r in created if r is True))
         failed = [(p, r) for p, r in zip(pods, created, strict=True) if isinstance(r, BaseException)]
+        refused = st.refusals(status).count
         if failed:
-            return await self._refused(job, new, pods, failed, refusals, now,
+            return await self._refused(job, started.before, pods, failed, refused, now,
                                        conditions=status.get("conditions") or [])
-        if refusals:  # every pod was admitted this time
-            await self._patch(job, new, created_status)
+        if refused:  # every pod was admitted this time
+            await self._patch(job, started.before, started.created)
         self._set_phase(job, c.CREATED)
         self._job_nodes[(spec.namespace, spec.name)] = frozenset(result.nodes)
-        await self.events.post(job, "Normal", "Planned", message, now)
+        await self.events.post(job, "Normal", "Planned", started.created["message"], now)
         for warning in result.warnings:  # label inconsistencies of the nodes this job runs on
             if warning.node in result.nodes:
                 await self.events.post(job, "Warning", warning.reason, warning.message, now)
@@ -365,7 +326,7 @@ class Reconciler:
         say so on the job, once per attempt (rank 0's log has the file and the reason)."""
         meta = job["metadata"]
         read = self.progress.last.get((meta["namespace"], meta["name"]))
-        attempt = int(status.get("attempt") or 0)
+        attempt = st.job_state(status).attempt
         key = (meta["namespace"], meta["name"], attempt)
         if read is None or not read.checkpoint_fallbacks or key in self._fallbacks_told:
             return
@@ -398,11 +359,10 @@ class Reconciler:
     async def _refused(self, job: Mapping[str, Any], started: dict[str, Any],
                        pods: list[dict[str, Any]], failed: list[tuple[dict[str, Any], BaseException]],
                        refusals: int, now: float, *, conditions: list[Any]) -> float:
-        """The API server refused pods of this start (ResourceQuota, LimitRange, Pod Security, a
-        webhook): delete what was created of it, wait ``Pending`` with the server's message, retry
-        after an exponential backoff (shared/cases/21: no create/delete storm).  Anything but a
-        refusal (timeouts, 5xx after the retries) propagates as before."""
-        other = next((r for _, r in failed if getattr(r, "status", None) not in REFUSAL_STATUSES), None)
+        """The API server refused pods of this start: delete what was created of it, wait
+        ``Pending`` with the server's message, retry after an exponential backoff
+        (:mod:`hetero_operator.controller.refusals`)."""
+        other = not_a_refusal(r for _, r in failed)
         if other is not None:  # the next reconcile retries the creates (deterministic names: 409s)
             raise other
         meta = job["metadata"]
@@ -413,15 +373,10 @@ class Reconciler:
         pod, exc = failed[0]
         n = refusals + 1
         delay = lc.backoff_s(n, self.timing)
-        said = (f"The API server refused pod {pod['metadata']['name']}: {_server_message(exc)}. "
-                f"The pods created for this start were deleted; the job retries with exponential "
-                f"backoff")
-        message = f"{said} (refusal {n}, next try in {delay:.3g} s)."
-        gen = meta.get("generation")
-        new = dict(started, phase=c.PENDING, message=message, createRefusals=n,
-                   createRetryTime=c.now_iso(now + delay), ranksRunning=0)
-        new["conditions"] = c.apply_phase(conditions, phase=c.PENDING, reason=REFUSED,
-                                          message=message, now_s=now, generation=gen)
+        said, message = refusal_words(pod["metadata"]["name"], exc, refusals=n, delay_s=delay)
+        new = st.refused_status(started, reason=REFUSED, message=message, refusals_count=n,
+                                retry_s=now + delay, conditions=conditions,
+                                generation=meta.get("generation"), now_s=now)
         await self.api.patch_job_status(meta["namespace"], meta["name"],
                                         {k: v for k, v in new.items() if started.get(k) != v})
         self._set_phase(job, c.PENDING)
@@ -431,62 +386,15 @@ class Reconciler:
 
     def _plan(self, spec: JobSpec, *, allowed: Mapping[str, Any] | None = None, capacity: bool = False,
               dra_source: tuple[list[Any], list[Any]] = ([], []),
-              inputs: Any = None) -> tuple[Plan | Unschedulable, Any]:
-        """Plan ``spec`` over the indexed nodes and the GPU pods not its own.
-
-        ``dra_source`` (ResourceSlices, ResourceClaims) adds the nodes whose GPUs DRA publishes
-        (:mod:`hetero_operator.cluster.dra`); ``allowed`` keeps only what Kueue admitted
-        (:func:`hetero_operator.render.workload.restrict_inventory`); ``capacity`` plans as if every GPU
-        were free (the shape of a Workload). Returns the plan and the DRA view it was made on.
-
-        The inventory (about 0.4 KiB per node: ~0.8 MiB at 2,000 nodes) lives only inside this
-        call: ``_start`` awaits API calls after planning, and an inventory kept in its frame would
-        be held once per job being started at the same time (the operator's peak RSS grew by
-        ~1 MiB per job that way).
-        """
-
-        # Index values remember their parse: only nodes changed since the last start are re-read.
-        # Each index is read once per plan (a read lists every Store of the kopf index).
+              inputs: PlanInputs | None = None) -> tuple[Plan | Unschedulable, DraInventory]:
+        """:func:`hetero_operator.controller.planner.plan_on_indexes` over the node and pod
+        indexes (each read once per plan: a read lists every Store of the kopf index) and the
+        GPUs other starts hold."""
         nodes, indexed = self.nodes(), self.gpu_pods()
         held = self.reservations.held_by_others((spec.namespace, spec.name), indexed,
                                                 now_s=self.clock())
-        others = [p for p in indexed if not _owned_by(p, spec.name, spec.namespace)] + held
-        inventory = build_indexed_inventory(nodes, others)
-        slices, claims = dra_source
-        drainv = dra.merge_dra(inventory, nodes, slices,
-                               [x for x in claims if not dra.claim_owned_by_job(x, spec.name, spec.namespace)])
-        inventory = drainv.inventory
-        if spec.worker.template:  # its nodeSelector, affinity and tolerations (a tainted pool)
-            inventory = restrict_to_template(inventory, nodes, spec.worker.template,
-                                             used=indexed_used_resources(others))
-        if capacity:
-            inventory = kueue.capacity_inventory(inventory)
-        if allowed is not None:
-            inventory = kueue.restrict_inventory(inventory, nodes, allowed)
-        result = plan_job(spec, inventory, inputs=inputs)
-        log.info("%s/%s: planned over %d usable node(s), %d GPU pod(s) bound: %s", spec.namespace,
-                 spec.name, len(inventory.nodes), len(indexed),
-                 getattr(result, "message", None) or [(g.node, g.gpu_type, len(g.ranks)) for g in result.groups])
-        return result, replace(drainv, inventory=Inventory(nodes=(), excluded=()))
-
-    async def _plan_inputs(self, spec: JobSpec, now: float) -> Any:
-        """Prices and links from the settings; learned speeds of the job's profileKey from the
-        namespace's ``heterotrain-profiles`` ConfigMap (:mod:`hetero_operator.planning.profiles`); an
-        unreadable ConfigMap only means table speeds."""
-
-        learned: dict[Any, Any] = {}
-        get = getattr(self.api, "get_configmap", None)
-        if get is not None:
-            try:
-                cm = await get(spec.namespace, profiles.CONFIGMAP_NAME)
-            except Exception as exc:  # noqa: BLE001 - advice only: plan from the table
-                log.warning("%s: cannot read ConfigMap %s: %s", spec.namespace,
-                            profiles.CONFIGMAP_NAME, exc)
-                cm = None
-            learned = profiles.fresh(profiles.configmap_entries(cm, profile_key(spec)), now_s=now)
-        return PlanInputs(learned=learned, prices=self.config.gpu_prices, now_s=now,
-                          link=LinkSettings(intra_node_gbps=self.config.link_intra_node_gbps,
-                                            inter_node_gbps=self.config.link_inter_node_gbps))
+        return plan_on_indexes(spec, nodes, indexed, held, allowed=allowed, capacity=capacity,
+                               dra_source=dra_source, inputs=inputs)
 
     async def _learn(self, spec: JobSpec, now: float) -> None:
         """Record the succeeded job's per-type speeds in ``heterotrain-profiles``
@@ -538,25 +446,3 @@ class Reconciler:
         meta = job["metadata"]
         self._phases[(meta["namespace"], meta["name"])] = phase
         self.metrics.set_phases(self._phases.values())
-
-
-def _refused_until_s(status: Mapping[str, Any]) -> float | None:
-    """When the next start after a refusal may be tried; None without a refusal."""
-    if not status.get("createRefusals") or status.get("phase") != c.PENDING:
-        return None
-    return c.parse_iso(status.get("createRetryTime"))
-
-
-def _server_message(exc: BaseException) -> str:
-    """The API server's ``message`` of a refusal (its Status body), else the error text."""
-    body = getattr(exc, "body", None)
-    try:
-        text = json.loads(body).get("message") if body else None
-    except (ValueError, AttributeError):
-        text = None
-    return str(text or getattr(exc, "reason", None) or exc).rstrip(".")
-
-
-def _owned_by(pod: Mapping[str, Any], job: str, namespace: str) -> bool:
-    meta = pod.get("metadata") or {}
-    return meta.get("namespace") == namespace and (meta.get("labels") or {}).get(labels.LABEL_JOB) == job

@@ -11,9 +11,15 @@ has all of them or the hold expires.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from hetero_operator.api.labels import selector
+from hetero_operator.api.podtemplate import WORKER_CONTAINER
+from hetero_operator.api.types import Plan
+from hetero_operator.cluster.nodeindex import IndexedPod
+from hetero_operator.render.pods import pod_units
 
 HOLD_S = 120.0
 """How long a plan's pods are held without appearing in the index, seconds (the pod creations
@@ -38,8 +44,8 @@ class Reservations:
         self._holds: dict[JobKey, _Hold] = {}
 
     def hold(self, job: JobKey, entries: Sequence[Mapping[str, Any]], *, now_s: float) -> None:
-        """Hold ``entries`` (pod-index entries, as ``runner.gpu_pod_entry`` makes them, of the
-        pods just planned) for ``job``, replacing what it held before."""
+        """Hold ``entries`` (pod-index entries of the pods just planned: :func:`planned_gpu_pods`)
+        for ``job``, replacing what it held before."""
         names = frozenset(str((e.get("metadata") or {}).get("name")) for e in entries)
         self._holds[job] = _Hold(since_s=now_s, names=names, entries=tuple(entries))
 
@@ -72,3 +78,22 @@ class Reservations:
             elif key != job:
                 out.extend(missing)
         return out
+
+
+def planned_gpu_pods(namespace: str, job_name: str, plan: Plan, *,
+                     dra_nodes: Collection[str] = ()) -> list[IndexedPod]:
+    """The pod-index entries of a plan's pods, as
+    :func:`hetero_operator.cluster.nodeindex.gpu_pod_entry` reads them once the pods exist: one per
+    pod, on its group's node, requesting its ranks' devices of the group's resource.
+
+    Pods on ``dra_nodes`` request their GPUs through ResourceClaims, not extended resources
+    (:func:`hetero_operator.render.claims.use_claims`), and are left out as the index leaves them out.
+    """
+    return [IndexedPod({"metadata": {"name": u.name, "namespace": namespace,
+                                     "labels": selector(job_name)},
+                        "spec": {"nodeName": u.group.node, "containers": [{
+                            "name": WORKER_CONTAINER, "resources": {
+                                "requests": {u.group.resource_name: str(len(u.ranks))},
+                                "limits": {u.group.resource_name: str(len(u.ranks))}}}]},
+                        "status": {"phase": None}})
+            for u in pod_units(job_name, plan) if u.group.node not in dra_nodes]

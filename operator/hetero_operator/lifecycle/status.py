@@ -8,6 +8,7 @@ schema silently prunes undeclared status fields); ``STATUS_KEYS`` lists them for
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hetero_operator.api import conditions as c
@@ -15,6 +16,7 @@ from hetero_operator.api import limits
 from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ATTEMPT,
                                         LABEL_RANK)
 from hetero_operator.api.memoryplan import MemoryPlan
+from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import ExcludedNode, Plan
 from hetero_operator.lifecycle.disruptions import SHUTDOWN_REASONS, STOPPED_AT_CHECKPOINT
 from hetero_operator.lifecycle.restart import BACKOFF_LIMIT_EXCEEDED
@@ -252,4 +254,117 @@ def decided_status(status: Mapping[str, Any], d: Decision, states: Iterable[PodS
     new.update(ranksRunning=running, ranksSummary=f"{running}/{wanted}")
     if wanted:
         new["ranksWanted"] = wanted
+    return new
+
+
+def planned_nodes(status: Mapping[str, Any]) -> dict[str, str]:
+    """``{pod: node}`` of the first pod of every group of ``status.plan`` (a pod not bound yet is
+    pinned there); ``{}`` without a plan."""
+    return {g["pod"]: g["node"] for g in (status.get("plan") or {}).get("groups") or ()}
+
+
+def profile_note(spec: JobSpec) -> str:
+    """Where the ranks write profiler traces (annotation ``heterotrain.io/profile-steps``), for
+    the Created condition's message; ``""`` when not profiling."""
+    if spec.profile_steps is None:
+        return ""
+    first, last = spec.profile_steps
+    where = (f"{spec.training.checkpoint_path}/profiles/" if spec.training.checkpoint_path
+             else "./profiles/ in each container (lost with the pod: set spec.training.checkpoint)")
+    volume = (f" on PersistentVolumeClaim {spec.training.checkpoint_pvc}"
+              if spec.training.checkpoint_path and spec.training.checkpoint_pvc else "")
+    return (f" Profiling steps {first}-{last}: every rank writes "
+            f"{where}rank-<r>-steps-{first}-{last}.trace.json{volume}.")
+
+
+def placed_message(spec: JobSpec, plan: Plan, plan_status: Mapping[str, Any]) -> str:
+    """The Created condition's message of a start: ranks, nodes, GPU types, the expected speedup
+    (``plan_status`` is :func:`plan_status` of ``plan``) and where profiles go."""
+    return (f"Placed {plan.world_size} ranks on {len(plan.nodes)} node(s) "
+            f"({gpu_types_text(plan_status['groups'])}); expected speedup over an equal split "
+            f"{plan_status['expectedSpeedupOverEqual']}x.") + profile_note(spec)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Refusals:
+    """The API server's refusals of the job's current start (``status.createRefusals``).
+
+    Attributes:
+        count: refused starts in a row (0: none).
+        retry_s: when the next start may be tried, epoch seconds; None without a refusal
+            (``status.createRetryTime``; only while the job is ``Pending``).
+        message: the status message, which carries the server's word.
+    """
+
+    count: int = 0
+    retry_s: float | None = None
+    message: str = ""
+
+
+def refusals(status: Mapping[str, Any]) -> Refusals:
+    """:class:`Refusals` from ``status``."""
+    count = int(status.get("createRefusals") or 0)
+    retry = (c.parse_iso(status.get("createRetryTime"))
+             if count and status.get("phase") == c.PENDING else None)
+    return Refusals(count=count, retry_s=retry, message=str(status.get("message") or ""))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StartStatus:
+    """The status of a start: ``before`` is written before any pod is created; ``created`` once
+    every pod was admitted (it differs only after refusals: the job stays ``Pending`` with the
+    server's word until a start worked)."""
+
+    before: dict[str, Any]
+    created: dict[str, Any]
+
+
+def started_status(status: Mapping[str, Any], spec: JobSpec, plan: Plan, plan_status: Mapping[str, Any],
+                   *, attempt: int, generation: Any, now_s: float) -> StartStatus:
+    """The job's ``status`` once its pods of ``attempt`` are planned: the plan, the attempt, the
+    ranks wanted, the GPU types, the start times and the Created condition.
+
+    Args:
+        status: the current status.
+        spec: the job.
+        plan: its plan; ``plan_status`` is :func:`plan_status` of it.
+        attempt: the attempt the pods belong to (1 for the first start).
+        generation: ``metadata.generation`` of the job.
+        now_s: the clock, epoch seconds.
+    """
+    message = placed_message(spec, plan, plan_status)
+    new = dict(status, plan=dict(plan_status), attempt=attempt, ranksWanted=plan.world_size,
+               ranksRunning=0, ranksSummary=f"0/{plan.world_size}",
+               gpuTypes=gpu_types_text(plan_status["groups"]), lastStartTime=c.now_iso(now_s),
+               phase=c.CREATED, message=message, observedGeneration=generation)
+    new.setdefault("startTime", c.now_iso(now_s))
+    new.pop("restartNotBefore", None)
+    new["conditions"] = c.apply_phase(status.get("conditions") or [], phase=c.CREATED,
+                                      reason="PodsCreated", message=message, now_s=now_s,
+                                      generation=generation)
+    created = {k: v for k, v in new.items() if k not in ("createRefusals", "createRetryTime")}
+    if refusals(status).count:  # a retry after a refusal stays Pending with the server's word
+        new.update({k: status[k] for k in ("phase", "message", "conditions") if k in status})
+    return StartStatus(before=new, created=created)
+
+
+def refused_status(started: Mapping[str, Any], *, reason: str, message: str, refusals_count: int,
+                   retry_s: float, conditions: Iterable[Mapping[str, Any]], generation: Any,
+                   now_s: float) -> dict[str, Any]:
+    """The job's ``status`` after the API server refused pods of the start whose status is
+    ``started``: ``Pending`` with ``message``, the refusals counted, the time of the next try.
+
+    Args:
+        started: :attr:`StartStatus.before` of the refused start.
+        reason: the condition's reason (``PodsRefused``).
+        message: the server's word and the backoff.
+        refusals_count: refused starts in a row, this one included.
+        retry_s: when the next start may be tried, epoch seconds.
+        conditions: the conditions before the start.
+        generation / now_s: as :func:`started_status`.
+    """
+    new = dict(started, phase=c.PENDING, message=message, createRefusals=refusals_count,
+               createRetryTime=c.now_iso(retry_s), ranksRunning=0)
+    new["conditions"] = c.apply_phase(conditions, phase=c.PENDING, reason=reason, message=message,
+                                      now_s=now_s, generation=generation)
     return new
