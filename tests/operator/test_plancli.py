@@ -253,7 +253,39 @@ def test_an_unknown_flag_prints_the_usage_of_its_subcommand(capsys: pytest.Captu
     assert usage.value.code == 64
     err = capsys.readouterr().err
     assert err.startswith("usage: heterotrain plan [-h] [--nodes NODES.yaml]")
-    assert err.rstrip().endswith(f"heterotrain plan: error: unrecognized arguments: --nodez {MIXED}")
+    assert err.rstrip().endswith(
+        f"heterotrain plan: error: unrecognized arguments: --nodez {MIXED}; did you mean --nodes?")
+
+
+@pytest.mark.timeout(60)
+def test_a_flag_is_taken_only_as_spelled_in_full() -> None:
+    """argparse's prefix matching is off: ``--node`` is not ``--nodes`` (issue 22, point 12); the
+    real console script, its exit code and its stderr."""
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "plan", DIGITS,
+                           "--node", MIXED], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+    assert done.returncode == 64 and done.stdout == ""
+    assert done.stderr.startswith("usage: heterotrain plan [-h] [--nodes NODES.yaml]")
+    assert done.stderr.rstrip().endswith(
+        f"heterotrain plan: error: unrecognized arguments: --node {MIXED}; did you mean --nodes?")
+
+
+def test_an_unknown_flag_of_a_nested_subcommand_prints_that_subcommands_usage(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        main(["cluster", "up", "--nodez", MIXED])
+    assert usage.value.code == 64
+    err = capsys.readouterr().err
+    assert err.startswith("usage: heterotrain cluster up [-h] [--nodes NODES]")
+    assert err.rstrip().endswith(
+        f"heterotrain cluster up: error: unrecognized arguments: --nodez {MIXED}; did you mean --nodes?")
+
+
+def test_an_unknown_flag_far_from_every_flag_gets_no_guess(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        main(["run", DIGITS, "--zzz"])
+    assert usage.value.code == 64
+    assert capsys.readouterr().err.rstrip().endswith(
+        "heterotrain run: error: unrecognized arguments: --zzz")
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

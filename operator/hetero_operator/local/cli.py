@@ -17,7 +17,7 @@ import argparse
 import importlib
 import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 EXIT_USAGE = 64
 """Usage error (BSD ``sysexits.h`` ``EX_USAGE``); argparse's own default would be 2."""
@@ -34,7 +34,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 class UsageParser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose usage errors exit :data:`EXIT_USAGE` (subparsers inherit it)."""
+    """An ``ArgumentParser`` whose usage errors exit :data:`EXIT_USAGE`, and which takes a long
+    flag only as spelled in full (``allow_abbrev=False``: ``plan --node x`` is an unknown flag,
+    never ``--nodes x``). Subparsers are of the same class, so every subcommand inherits both."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print usage and ``message`` to stderr, exit 64."""
@@ -70,13 +76,38 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def innermost(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of the innermost subcommand ``argv`` names under ``parser`` (``cluster up``'s for
+    ``heterotrain cluster up --nodez x``), so a usage error prints that subcommand's usage."""
+    for token in argv:
+        subs = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if subs is not None and token in subs.choices:
+            parser = subs.choices[token]
+    return parser
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """``"; did you mean --nodes?"`` for the first unknown long flag close to one of ``parser``'s
+    (``--node``, ``--nodez``), else ``""``."""
+    import difflib
+
+    flags = [f for a in parser._actions for f in a.option_strings if f.startswith("--")]
+    for token in unknown:
+        if token.startswith("--"):
+            close = difflib.get_close_matches(token.partition("=")[0], flags, n=1, cutoff=0.75)
+            if close:
+                return f"; did you mean {close[0]}?"
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``heterotrain`` console script; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        (parser.chosen or parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+        usage = innermost(parser.chosen or parser, argv)
+        usage.error(f"unrecognized arguments: {' '.join(unknown)}{_did_you_mean(usage, unknown)}")
     module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
         code = int(module.run(args) or 0)
