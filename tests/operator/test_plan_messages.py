@@ -1,5 +1,8 @@
 """Unschedulable messages that name the real cause (issue 22, point 6): a short product name in
-``allowedProducts`` gets "did you mean", a product no node has is said to be absent."""
+``allowedProducts`` gets "did you mean", a product no node has is said to be absent; and what would
+plan (point 7): the GPU type that alone holds the model with the spec change (checked by planning
+it), the smallest GPU of the table that holds it, Full sharding's rank count, the ``minMemoryMiB``
+that plans, each said once."""
 
 from __future__ import annotations
 
@@ -8,8 +11,10 @@ from pathlib import Path
 
 import yaml
 
+from builders import make_node
+
 from hetero_operator.api.spec import parse_job
-from hetero_operator.api.types import Unschedulable
+from hetero_operator.api.types import Plan, Unschedulable
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local.plan import load_objects
 from hetero_operator.planning.plan import plan_job
@@ -45,12 +50,98 @@ def test_a_product_no_node_has_is_named_as_absent():
             "Tesla-V100-SXM2-16GB); or allow") in result.message
 
 
-def test_too_little_memory_on_every_node_is_one_hint_naming_the_largest_device():
+def _digits(**training: object) -> dict:
+    doc = copy.deepcopy(DIGITS)
+    doc["spec"]["training"].update(training)
+    return doc
+
+
+def _unschedulable(doc: dict, nodes: list | None = None) -> Unschedulable:
+    result = plan_job(parse_job(doc), build_inventory(NODES if nodes is None else nodes))
+    assert isinstance(result, Unschedulable)
+    return result
+
+
+def test_too_little_memory_on_every_node_names_the_min_memory_that_plans_once():
     doc = copy.deepcopy(DIGITS)
     doc["spec"]["gpus"]["minMemoryMiB"] = 50000
-    result = plan_job(parse_job(doc), build_inventory(NODES))
-    assert isinstance(result, Unschedulable)
+    result = _unschedulable(doc)
+    assert result.message.count("minMemoryMiB") == 2  # the GPUs to add, the value that plans
+    assert result.message.endswith(
+        "To plan: add 2 GPUs of at least 50000 MiB (spec.gpus.minMemoryMiB); or set "
+        "spec.gpus.minMemoryMiB to 16384 (what Tesla-V100-SXM2-16GB has): it would plan 2 ranks")
+    doc["spec"]["gpus"]["minMemoryMiB"] = 16384  # what it says plans, plans
+    assert isinstance(plan_job(parse_job(doc), build_inventory(NODES)), Plan)
+
+
+def test_min_memory_excluding_some_types_never_suggests_adding_one_of_them():
+    doc = copy.deepcopy(DIGITS)
+    doc["spec"]["gpus"]["minMemoryMiB"] = 20000
+    result = _unschedulable(doc)
+    assert result.message.endswith(
+        "To plan: set spec.gpus.minRanks to 1 or less; or add 1 more NVIDIA-A100-SXM4-40GB GPU (a "
+        "node, or free used ones); or set spec.gpus.minMemoryMiB to 16384 (what "
+        "Tesla-V100-SXM2-16GB has): it would plan 2 ranks")
+
+
+def test_min_memory_that_no_tried_value_plans_names_the_field_once():
+    doc = copy.deepcopy(DIGITS)
+    doc["spec"]["gpus"].update(minMemoryMiB=50000, ranks=8, minRanks=8)  # 4 GPUs in all
+    result = _unschedulable(doc)
     assert result.message.count("lower spec.gpus.minMemoryMiB") == 1
     assert result.message.endswith(
-        "or lower spec.gpus.minMemoryMiB (NVIDIA-A100-SXM4-40GB has 40960 MiB < "
-        "spec.gpus.minMemoryMiB 50000; 2 more nodes alike)")
+        "or lower spec.gpus.minMemoryMiB from 50000 (NVIDIA-A100-SXM4-40GB has 40960 MiB; 2 more "
+        "nodes with less)")
+
+
+def test_a_model_only_the_a100_holds_names_the_change_that_plans_it():
+    doc = _digits(model={"parameters": "1.5G"}, optimizer="AdamW")
+    result = _unschedulable(doc)
+    assert result.reason == "ModelDoesNotFit"
+    assert result.message.endswith(
+        "or add GPUs with more memory: at least an NVIDIA-GeForce-RTX-5090 (31.8 GiB) per rank "
+        "holds the whole state (the smallest such GPU in the built-in table). Or: "
+        "NVIDIA-A100-SXM4-40GB alone holds the whole state: spec.gpus.allowedProducts "
+        "[NVIDIA-A100-SXM4-40GB] and spec.gpus.minRanks 1 would plan (1 rank, sharding None)")
+    doc["spec"]["gpus"].update(allowedProducts=["NVIDIA-A100-SXM4-40GB"], minRanks=1)
+    planned = plan_job(parse_job(doc), build_inventory(NODES))  # what it says plans, plans
+    assert isinstance(planned, Plan) and planned.world_size == 1 and planned.memory.mode == "None"
+
+
+def test_an_explicit_mode_that_does_not_fit_names_the_type_that_holds_it_too():
+    doc = _digits(model={"parameters": "1.5G"}, optimizer="AdamW", sharding="None")
+    assert _unschedulable(doc).message.endswith(
+        "Or: NVIDIA-A100-SXM4-40GB alone holds the whole state: spec.gpus.allowedProducts "
+        "[NVIDIA-A100-SXM4-40GB] and spec.gpus.minRanks 1 would plan (1 rank, sharding None)")
+
+
+def test_a_model_no_gpu_here_holds_names_the_smallest_gpu_of_the_table_that_does():
+    result = _unschedulable(_digits(model={"parameters": "3G"}, optimizer="AdamW"))
+    assert result.message.endswith(
+        "or add GPUs with more memory: at least an NVIDIA-H100-80GB-HBM3 (79.6 GiB) per rank "
+        "holds the whole state (the smallest such GPU in the built-in table)")
+    assert "Or:" not in result.message  # no type here holds it alone
+
+
+def test_30g_parameters_name_the_largest_gpu_and_how_many_full_sharding_needs():
+    doc = _digits(model={"parameters": "30G"}, optimizer="AdamW", precision="FP32")
+    del doc["spec"]["training"]["checkpoint"]  # Full sharding does not checkpoint yet
+    result = _unschedulable(doc)
+    assert result.message.endswith(
+        "or add GPUs with more memory: no GPU of the built-in table holds the whole state (the "
+        "largest, NVIDIA-B200, has 169.1 GiB usable), or spec.training.sharding Full over at least "
+        "13 NVIDIA-A100-SXM4-40GB ranks (37.0 GiB usable each)")
+    doc["spec"]["gpus"].update(ranks=13, minRanks=13)
+    doc["spec"]["training"]["sharding"] = "Full"
+    a100s = [make_node(f"a100-{i:02d}") for i in range(13)]
+    planned = plan_job(parse_job(doc), build_inventory(a100s))  # 13 hold it
+    assert isinstance(planned, Plan) and planned.memory.mode == "Full"
+    doc["spec"]["gpus"].update(ranks=12, minRanks=12)
+    assert _unschedulable(doc, a100s[:12]).reason == "ModelDoesNotFit"  # 12 do not
+
+
+def test_every_gpu_table_row_is_named_by_a_product_label_that_reads_back_as_that_row():
+    from hetero_operator.cluster.gputable import GPU_MODELS, PRODUCT_LABELS, lookup_model
+    assert set(PRODUCT_LABELS) == {g.name for g in GPU_MODELS}
+    assert {name: lookup_model(label).name for name, label in PRODUCT_LABELS.items()} == {
+        name: name for name in PRODUCT_LABELS}

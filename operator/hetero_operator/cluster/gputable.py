@@ -92,6 +92,21 @@ GPU_MODELS: tuple[GpuModel, ...] = (
 )
 """The built-in table, most specific pattern first."""
 
+PRODUCT_LABELS: dict[str, str] = {
+    "GH200": "NVIDIA-GH200-480GB", "H200": "NVIDIA-H200", "H100 NVL": "NVIDIA-H100-NVL",
+    "H100 PCIe": "NVIDIA-H100-PCIe", "H100 SXM": "NVIDIA-H100-80GB-HBM3", "B200": "NVIDIA-B200",
+    "A100": "NVIDIA-A100-SXM4-40GB", "A30": "NVIDIA-A30", "A40": "NVIDIA-A40", "A10G": "NVIDIA-A10G",
+    "A10": "NVIDIA-A10", "L40S": "NVIDIA-L40S", "L40": "NVIDIA-L40", "L4": "NVIDIA-L4",
+    "V100S": "Tesla-V100S-PCIE-32GB", "V100 PCIe": "Tesla-V100-PCIE-16GB",
+    "V100 SXM2": "Tesla-V100-SXM2-16GB", "T4": "Tesla-T4", "RTX A6000": "NVIDIA-RTX-A6000",
+    "RTX 5090": "NVIDIA-GeForce-RTX-5090", "RTX 4090": "NVIDIA-GeForce-RTX-4090",
+    "RTX 3090": "NVIDIA-GeForce-RTX-3090", "RTX 3080": "NVIDIA-GeForce-RTX-3080",
+    "P100": "Tesla-P100-PCIE-16GB",
+}
+"""Per row of :data:`GPU_MODELS`, the ``nvidia.com/gpu.product`` GPU Feature Discovery labels that
+GPU with (nvidia-smi's name, spaces as dashes), at the row's memory: how the planner names a GPU
+the cluster may not have ("needs at least an NVIDIA-H100-80GB-HBM3 ...")."""
+
 _COMPILED = tuple((re.compile(m.pattern), m) for m in GPU_MODELS)
 
 ARCH_FALLBACK_SPEED: dict[str, float] = {

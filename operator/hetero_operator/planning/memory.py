@@ -38,6 +38,7 @@ from dataclasses import replace
 from hetero_operator.api.memoryplan import (MODES, MemoryPlan, MemoryRefusal, ModelMemory,
                                             ModeOption, RankMemory, RankSlot)
 from hetero_operator.api.quantities import MIB, gib
+from hetero_operator.cluster.gputable import GPU_MODELS, PRODUCT_LABELS, GpuModel
 from hetero_operator.planning.steptime import mode_step_time
 
 OPTIMIZER_STATE_BYTES = {"SGD": 0, "Momentum": 4, "Adam": 8, "AdamW": 8}
@@ -260,7 +261,10 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
             chosen = None
     if chosen is None:
         return MemoryRefusal(message=_refusal(requested, options, state, m, per_param,
-                                              unavailable_why or {}), options=options)
+                                              unavailable_why or {},
+                                              bigger=bigger_gpus(slots, state, m, reserve_mib,
+                                                                 full="Full" in available)),
+                             options=options)
     ranks = tuple(evaluated[chosen.mode][1])
     return MemoryPlan(requested=requested, mode=chosen.mode, state_bytes=state,
                       bytes_per_parameter=per_param, ranks=ranks, options=options,
@@ -288,8 +292,58 @@ def _short_list(option: ModeOption) -> str:
     return "; ".join(f"{t} short by {gib(b)} ({gib(u)} usable)" for t, b, u in option.shortfalls)
 
 
+def smallest_activation_bytes(m: ModelMemory) -> int:
+    """One sample's activations as the planner would hold them: the checkpointed figure when it is
+    given and smaller, else the plain one (0: activations not modelled), bytes."""
+    ckpt, act = m.checkpointed_activation_bytes_per_sample, m.activation_bytes_per_sample
+    return ckpt if 0 < ckpt < act else act
+
+
+def smallest_gpu_holding(need_bytes: int, reserve_mib: int) -> GpuModel | None:
+    """The row of the built-in GPU table with the least memory whose usable memory
+    (:func:`usable_bytes`) holds ``need_bytes``; the faster of two alike; None when none does."""
+    fits = [g for g in GPU_MODELS if usable_bytes(g.memory_mib, reserve_mib) >= need_bytes]
+    return min(fits, key=lambda g: (g.memory_mib, -g.tflops), default=None)
+
+
+def bigger_gpus(slots: Sequence[RankSlot], state: int, m: ModelMemory, reserve_mib: int, *,
+                full: bool = True) -> str:
+    """What memory would hold the model, for a refusal: the smallest GPU of the built-in table that
+    holds the whole state and one sample per rank (named by its GPU Feature Discovery product, even
+    when the cluster has none), or that no GPU does; and how many ranks of the job's largest GPU
+    type ``Full`` sharding would need (each holds ``state / N`` plus one sample), when that type does
+    not hold the whole state itself and ``full`` (the worker runs Full sharding for this job).
+
+    Returns:
+        e.g. ``"at least an NVIDIA-H100-80GB-HBM3 (79.6 GiB) per rank holds the whole state (the
+        smallest such GPU in the built-in table), or spec.training.sharding Full over at least 2
+        NVIDIA-A100-SXM4-40GB ranks (37.0 GiB usable each)"``.
+    """
+    act = smallest_activation_bytes(m)
+    card = smallest_gpu_holding(state + act, reserve_mib)
+    if card is not None:
+        label = PRODUCT_LABELS.get(card.name, card.name)
+        article = "an" if label.startswith(("NVIDIA", "A", "E", "I", "O")) else "a"
+        text = (f"at least {article} {label} "
+                f"({gib(card.memory_mib * MIB)}) per rank holds the whole state (the smallest such "
+                "GPU in the built-in table)")
+    else:
+        top = max(GPU_MODELS, key=lambda g: g.memory_mib)
+        text = (f"no GPU of the built-in table holds the whole state (the largest, "
+                f"{PRODUCT_LABELS.get(top.name, top.name)}, has "
+                f"{gib(usable_bytes(top.memory_mib, reserve_mib))} usable)")
+    if slots and full:
+        big = max(slots, key=lambda s: (s.memory_mib, s.gpu_type))
+        room = usable_bytes(big.memory_mib, reserve_mib) - act
+        if 0 < room < state:  # it does not hold the whole state: sharded over how many would
+            n = max(2, -(-state // room))
+            text += (f", or spec.training.sharding Full over at least {n} {big.gpu_type} ranks "
+                     f"({gib(usable_bytes(big.memory_mib, reserve_mib))} usable each)")
+    return text
+
+
 def _refusal(requested: str, options: Sequence[ModeOption], state: int, m: ModelMemory,
-             per_param: int, why: dict[str, str]) -> str:
+             per_param: int, why: dict[str, str], bigger: str = "") -> str:
     what = _state_words(state, m, per_param)
     if m.activation_bytes_per_sample:
         ckpt = m.checkpointed_activation_bytes_per_sample
@@ -298,9 +352,10 @@ def _refusal(requested: str, options: Sequence[ModeOption], state: int, m: Model
     if requested != "Auto":
         opt = next(o for o in options if o.mode == requested)
         better = [o.mode for o in options if o.fits and o.available]
+        more = f" ({bigger})" if bigger else ""
         fix = (f"set spec.training.sharding to Auto (it would choose {better[0]})" if better else
                "no sharding mode fits either: lower spec.training.model.parameters or the batch's "
-               "activations, use an optimizer with less state, or add GPUs with more memory")
+               f"activations, use an optimizer with less state, or add GPUs with more memory{more}")
         return (f"spec.training.sharding {requested}: {what} does not fit: {_short_list(opt)}; {fix}")
     tried = "; ".join(
         f"{o.mode}: {_short_list(o) or 'fits, but ' + (why.get(o.mode) or 'the worker does not run it yet')}"
@@ -308,7 +363,7 @@ def _refusal(requested: str, options: Sequence[ModeOption], state: int, m: Model
     return (f"spec.training.sharding Auto: no sharding mode fits {what}: {tried}; lower "
             "spec.training.model.parameters, give spec.training.model."
             "checkpointedActivationBytesPerSample, use an optimizer with less state (SGD), or add "
-            "GPUs with more memory")
+            "GPUs with more memory" + (f": {bigger}" if bigger else ""))
 
 
 def _not_built(requested: str, options: Sequence[ModeOption], why: str) -> str:

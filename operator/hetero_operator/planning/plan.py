@@ -34,7 +34,7 @@ from hetero_operator.api import memoryplan
 from hetero_operator.api import types as model
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import GroupPlan, Inventory, Plan, RankPlacement
-from hetero_operator.planning import memory
+from hetero_operator.planning import memory, remedies
 from hetero_operator.planning.batching import split_global_batch, step_time
 from hetero_operator.planning.marginal import (PlanInputs, Slot, SpeedFigure, StepModel,
                                                cheapest_mix, leave_out_unpaying, plan_cost,
@@ -57,7 +57,7 @@ activations on some GPU type (:mod:`hetero_operator.planning.memory`)."""
 
 
 def plan_job(job: JobSpec, inventory: Inventory, *,
-             inputs: PlanInputs | None = None) -> Plan | model.Unschedulable:
+             inputs: PlanInputs | None = None, suggest: bool = True) -> Plan | model.Unschedulable:
     """Plan every rank of ``job`` onto ``inventory``.
 
     Args:
@@ -65,6 +65,9 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
         inventory: from :func:`hetero_operator.cluster.inventory.build_inventory`.
         inputs: learned speeds, prices, links, a target throughput
             (:class:`~hetero_operator.planning.marginal.PlanInputs`); default: none of them.
+        suggest: an unschedulable message names the spec changes that would plan, each checked
+            by planning the changed job again (:mod:`hetero_operator.planning.remedies`); False
+            for those re-plans.
 
     Returns:
         A :class:`~hetero_operator.api.types.Plan`, or :class:`~hetero_operator.api.types.Unschedulable`
@@ -72,6 +75,8 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
         batch, or the chosen devices' memory cannot hold the global batch.
     """
     inputs = inputs or PlanInputs()
+    replan = ((lambda changed: plan_job(changed, inventory, inputs=inputs, suggest=False))
+              if suggest else None)
     pools, job_excluded = eligible_pools(job, inventory)
     figures, reference_sps = apply_learned_speeds(pools, job, inputs)
     excluded = tuple(sorted((*inventory.excluded, *job_excluded), key=lambda e: (e.node, e.reason)))
@@ -80,7 +85,7 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
         return batch_too_small(job, excluded, inventory.warnings)
     total_free = sum(p.free for p in pools)
     if total_free < job.gpus.min_ranks:
-        return insufficient_gpus(job, inventory, pools, excluded)
+        return insufficient_gpus(job, inventory, pools, excluded, replan=replan)
     n = min(job.gpus.ranks, global_batch, total_free)
     taken = select(pools, n)
     mismatch = torch_version_mismatch(taken)
@@ -112,7 +117,9 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared,
                       sample_s=step_model.sample_s if step_model.absolute else None)
     if isinstance(mem, memoryplan.MemoryRefusal):
-        return model.Unschedulable(shortfalls=(), excluded=excluded, message=mem.message,
+        alone = remedies.fewer_types(job, pools, replan) if replan else ""
+        return model.Unschedulable(shortfalls=(), excluded=excluded,
+                                   message=mem.message + (f". Or: {alone}" if alone else ""),
                                    reason=MODEL_DOES_NOT_FIT, warnings=inventory.warnings)
     value = _plan_value(groups_spec, group_specs(candidates), step_model, figures, job, inputs,
                         left_out)

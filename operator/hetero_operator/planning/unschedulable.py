@@ -19,6 +19,7 @@ from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import (ExcludedNode, Inventory, InventoryWarning, Shortfall,
                                        Unschedulable)
 from hetero_operator.cluster import gfd
+from hetero_operator.planning import remedies
 from hetero_operator.planning.eligibility import type_rejection
 from hetero_operator.planning.pools import Pool
 
@@ -27,11 +28,14 @@ MAX_NOTES = 3
 
 
 def insufficient_gpus(job: JobSpec, inventory: Inventory, pools: Sequence[Pool],
-                      excluded: Sequence[ExcludedNode]) -> Unschedulable:
+                      excluded: Sequence[ExcludedNode], *,
+                      replan: remedies.Replan | None = None) -> Unschedulable:
     """Fewer eligible free devices than ``spec.gpus.minRanks``.
 
     Every eligible GPU type gets a :class:`Shortfall` whose reasons say where its devices are (free,
-    in use, on excluded nodes); the message ends with what to change (``To plan: ...``).
+    in use, on excluded nodes); the message ends with what to change (``To plan: ...``).  With
+    ``replan``, a ``minMemoryMiB`` that excludes devices gets the value that would plan, checked
+    by planning with it (:func:`hetero_operator.planning.remedies.min_memory`).
     """
     need_total = job.gpus.min_ranks
     free: dict[str, int] = {}
@@ -62,7 +66,10 @@ def insufficient_gpus(job: JobSpec, inventory: Inventory, pools: Sequence[Pool],
                   reasons=tuple(notes.get(t, ())))
         for t in sorted(free))
     message = _message(need_total, total_free, shortfalls, other, len(denied))
-    hints = _hints(job, need_total, total_free, sorted(free), denied, fixable)
+    # adding a device of a type its own memory or precision excludes would not help
+    unhelpful = {e.gpu_type for e in fixable if e.reason in DEVICE_REJECTIONS}
+    addable = sorted(t for t in free if t not in unhelpful or any(p.gpu_type == t for p in pools))
+    hints = _hints(job, need_total, total_free, addable, denied, fixable, replan)
     return Unschedulable(shortfalls=shortfalls, excluded=tuple(excluded),
                          message=f"{message}. To plan: {'; or '.join(hints)}",
                          reason="InsufficientGPUs", warnings=inventory.warnings)
@@ -105,9 +112,16 @@ FIXES: dict[str, str] = {
 """Per exclusion reason, what would make the node usable ({node}, {message} filled in)."""
 
 
+DEVICE_REJECTIONS = frozenset({model.INSUFFICIENT_MEMORY, model.PRECISION_UNSUPPORTED})
+"""Exclusions of a device by what the device is (its memory, its compute capability), not by its
+node's state: another node of that type would be excluded alike."""
+
+
 def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
-           denied: Sequence[ExcludedNode], fixable: Sequence[ExcludedNode]) -> list[str]:
-    """What to change so the job plans: lower minRanks, add capacity, allow a product, fix nodes."""
+           denied: Sequence[ExcludedNode], fixable: Sequence[ExcludedNode],
+           replan: remedies.Replan | None = None) -> list[str]:
+    """What to change so the job plans: lower minRanks, add capacity (of ``types``: those another
+    device of would help), allow a product, fix nodes."""
     short = need - free
     hints = []
     if free >= 1:
@@ -118,6 +132,9 @@ def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
     absent = [p for p in job.gpus.allowed_products if p not in denied_types]
     if types:
         hints.append(f"add {short} more {' or '.join(types)} GPU{plural} (a node, or free used ones)")
+    elif job.gpus.min_memory_mib and any(e.reason == model.INSUFFICIENT_MEMORY for e in fixable):
+        hints.append(f"add {short} GPU{plural} of at least {job.gpus.min_memory_mib} MiB "
+                     "(spec.gpus.minMemoryMiB)")
     elif absent and len(absent) == len(job.gpus.allowed_products):
         on_nodes = f" (the nodes have {', '.join(denied_types)})" if denied_types else ""
         hints.append(f"add {short} {' or '.join(absent)} GPU{plural}: no node has one of "
@@ -131,7 +148,8 @@ def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
     ordered = sorted(fixable, key=lambda e: e.gpu_type not in usable_types)
     memory = [e for e in ordered if e.reason == model.INSUFFICIENT_MEMORY]
     if memory:  # one hint for all of them: the same field, the largest device named
-        hints.append(_memory_hint(memory))
+        hints.append((remedies.min_memory(job, memory, replan) if replan else "")
+                     or _memory_hint(job, memory))
     for e in [e for e in ordered if e.reason != model.INSUFFICIENT_MEMORY][:MAX_NOTES]:
         fix = FIXES.get(e.reason)
         if fix:
@@ -139,20 +157,23 @@ def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
     return hints
 
 
-def _memory_hint(excluded: Sequence[ExcludedNode]) -> str:
-    """One hint for the nodes with too little memory: the field their message names
-    (``minMemoryMiB``, else ``memoryReserveMiB``/``memoryPerSampleMiB``), the largest device's
-    message, and how many more nodes the same change concerns."""
+def _memory_hint(job: JobSpec, excluded: Sequence[ExcludedNode]) -> str:
+    """One hint for the nodes with too little memory, the field named once: ``minMemoryMiB``
+    with the largest excluded device's memory, else ``memoryReserveMiB``/``memoryPerSampleMiB``
+    with the largest device's message; and how many more nodes the same change concerns."""
     def mib(e: ExcludedNode) -> int:
         found = re.search(r"has (\d+) MiB", e.message)
         return int(found.group(1)) if found else 0
 
     largest = max(excluded, key=mib)
-    field = ("spec.gpus.minMemoryMiB" if "minMemoryMiB" in largest.message else
-             "spec.training.memoryReserveMiB or memoryPerSampleMiB")
     more = len(excluded) - 1
+    if "minMemoryMiB" in largest.message:
+        also = f"; {more} more node{'s' if more != 1 else ''} with less" if more else ""
+        return (f"lower spec.gpus.minMemoryMiB from {job.gpus.min_memory_mib} ({largest.gpu_type} "
+                f"has {mib(largest)} MiB{also})")
     also = f"; {more} more node{'s' if more != 1 else ''} alike" if more else ""
-    return f"lower {field} ({largest.message.rstrip('.')}{also})"
+    return (f"lower spec.training.memoryReserveMiB or memoryPerSampleMiB "
+            f"({largest.message.rstrip('.')}{also})")
 
 
 def batch_too_small(job: JobSpec, excluded: Sequence[ExcludedNode],

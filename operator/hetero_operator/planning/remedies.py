@@ -1,0 +1,98 @@
+"""What would plan: spec changes for an unschedulable message, each checked by planning again (pure).
+
+An unschedulable message ends with what to change.  The changes here are not guesses: each is
+planned with the changed spec through ``replan`` (the planner without these remedies, so it never
+recurses) and named only when that plans, with what it plans (ranks, sharding mode):
+
+* :func:`fewer_types`: the model does not fit every eligible GPU type, but the types that hold the
+  whole state alone do: ``spec.gpus.allowedProducts`` of those types (and ``minRanks`` as low as
+  their free devices, when it must be lower);
+* :func:`min_memory`: ``spec.gpus.minMemoryMiB`` excludes too many devices: the highest value that
+  admits enough of them.
+
+Each costs one plan of the same inventory, and only on the unschedulable path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from hetero_operator.api import types as model
+from hetero_operator.api.memoryplan import ModelMemory
+from hetero_operator.api.spec import JobSpec
+from hetero_operator.api.types import ExcludedNode, Plan, Unschedulable
+from hetero_operator.planning import memory
+from hetero_operator.planning.pools import Pool
+
+Replan = Callable[[JobSpec], Plan | Unschedulable]
+"""Plans a changed job over the same inventory and inputs, without remedies."""
+
+MAX_PROBES = 4
+"""Most re-plans one remedy tries (each a whole plan of the inventory)."""
+
+
+def fewer_types(job: JobSpec, pools: Sequence[Pool], replan: Replan) -> str:
+    """For a model that does not fit: the eligible GPU types that hold the whole state and one
+    sample alone, when planning with only them works.
+
+    Returns:
+        e.g. ``"NVIDIA-A100-SXM4-40GB alone holds the whole state: spec.gpus.allowedProducts
+        [NVIDIA-A100-SXM4-40GB] and spec.gpus.minRanks 1 would plan (1 rank, sharding None)"``;
+        ``""`` when no type, or every type, holds it, or that plan fails too.
+    """
+    t = job.training
+    if t.model_parameters <= 0:
+        return ""
+    facts = ModelMemory(
+        parameters=t.model_parameters, optimizer=t.optimizer,
+        activation_bytes_per_sample=t.activation_bytes_per_sample,
+        checkpointed_activation_bytes_per_sample=t.checkpointed_activation_bytes_per_sample)
+    need = (t.model_parameters * memory.state_bytes_per_parameter(t.optimizer, "fp32")
+            + memory.smallest_activation_bytes(facts))
+    free: dict[str, int] = {}
+    holds: dict[str, bool] = {}
+    for p in pools:
+        free[p.gpu_type] = free.get(p.gpu_type, 0) + p.free
+        holds[p.gpu_type] = memory.usable_bytes(p.device.memory_mib, t.memory_reserve_mib) >= need
+    fitting = sorted(g for g, ok in holds.items() if ok and free[g] > 0)
+    if not fitting or len(fitting) == len(holds):
+        return ""
+    min_ranks = min(job.gpus.min_ranks, sum(free[g] for g in fitting))
+    changed = replace(job, gpus=replace(job.gpus, allowed_products=tuple(fitting),
+                                        min_ranks=min_ranks))
+    result = replan(changed)
+    if not isinstance(result, Plan):
+        return ""
+    change = f"spec.gpus.allowedProducts [{', '.join(fitting)}]"
+    if min_ranks < job.gpus.min_ranks:
+        change += f" and spec.gpus.minRanks {min_ranks}"
+    return (f"{' and '.join(fitting)} alone {'holds' if len(fitting) == 1 else 'hold'} the whole "
+            f"state: {change} would plan ({_planned(result)})")
+
+
+def min_memory(job: JobSpec, excluded: Sequence[ExcludedNode], replan: Replan) -> str:
+    """For devices ``spec.gpus.minMemoryMiB`` excludes: the highest value that plans, one of the
+    excluded devices' memory sizes (largest first, at most :data:`MAX_PROBES` tried).
+
+    Returns:
+        e.g. ``"set spec.gpus.minMemoryMiB to 16384 (what Tesla-V100-SXM2-16GB has): it would plan
+        2 ranks"``; ``""`` when no tried value plans.
+    """
+    sizes: dict[int, str] = {}
+    for e in excluded:
+        found = re.search(r"has (\d+) MiB < spec\.gpus\.minMemoryMiB", e.message)
+        if e.reason == model.INSUFFICIENT_MEMORY and found:
+            sizes.setdefault(int(found.group(1)), e.gpu_type)
+    for mib in sorted(sizes, reverse=True)[:MAX_PROBES]:
+        result = replan(replace(job, gpus=replace(job.gpus, min_memory_mib=mib)))
+        if isinstance(result, Plan):
+            return (f"set spec.gpus.minMemoryMiB to {mib} (what {sizes[mib]} has): it would plan "
+                    f"{_planned(result)}")
+    return ""
+
+
+def _planned(plan: Plan) -> str:
+    ranks = f"{plan.world_size} rank{'s' if plan.world_size != 1 else ''}"
+    return f"{ranks}, sharding {plan.memory.mode}" if plan.memory is not None else ranks
