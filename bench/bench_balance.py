@@ -100,7 +100,7 @@ def worker_balance(args: argparse.Namespace) -> None:
     budget = {"load_s": statistics.mean(p[0] for p in measured),
               "compute_s": statistics.mean(p[1] for p in measured),
               "comm_wait_s": statistics.mean(p[2] for p in measured)}
-    budgets: list = [None] * t.contract.world_size
+    budgets: list = [None] * t.contract.dist.world_size
     torch.distributed.all_gather_object(budgets, budget)
     if t.rank == 0:
         marks = starts[WARMUP_STEPS:]

@@ -65,7 +65,7 @@ def rank_main(out: Path, ckpt: Path, repeats: int) -> int:
     if t.rank == 0:
         files = {str(p.relative_to(ckpt)): p.stat().st_size for p in sorted(ckpt.rglob("*"))
                  if p.is_file()}
-        params = sum(p.numel() for p in t.module.parameters()) if t.contract.sharding == "none" \
+        params = sum(p.numel() for p in t.module.parameters()) if t.contract.memory.sharding == "none" \
             else sum(p.full_tensor().numel() for p in t.module.parameters())
         out.write_text(json.dumps({"save_s": saves, "resume_s": loads, "files": files,
                                    "parameters": params}))

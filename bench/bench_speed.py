@@ -80,7 +80,8 @@ def _torch():
 def _trainer(contract, *, hierarchy: str | None = None, delay_s: float = 0.0):
     from hetero_worker import trainer as ht
     if hierarchy is not None:
-        contract = dataclasses.replace(contract, hierarchy=hierarchy)
+        contract = dataclasses.replace(contract, comm=dataclasses.replace(contract.comm,
+                                                                          hierarchy=hierarchy))
     return ht.Trainer(contract, delay_per_sample_s=delay_s, seed=0)
 
 
@@ -136,7 +137,7 @@ def rebalance_scenario(contract) -> dict:
     from hetero_worker.speed.rebalance import proportional_split
     prop = proportional_split(GLOBAL_BATCH, SPEEDS)
     prop_slow = proportional_split(GLOBAL_BATCH, SLOW_SPEEDS)
-    rank = contract.rank
+    rank = contract.dist.rank
     alone = [standalone_throughput(prop[rank], SPEEDS[rank]),
              standalone_throughput(prop_slow[rank], SLOW_SPEEDS[rank])]
     gathered: list = [None] * 4
@@ -301,7 +302,7 @@ def pipeline_parts(contract) -> dict:
     for _ in range(PARTS_REPEATS + 1):  # the first opens the connections
         dist.barrier()
         start = time.perf_counter()
-        if contract.rank in (0, 2):
+        if contract.dist.rank in (0, 2):
             for lo in range(0, numel, cap):
                 dist.all_reduce(torch.zeros(min(cap, numel - lo)), group=leaders)
         transfer.append(time.perf_counter() - start)
@@ -343,14 +344,14 @@ def worker_main(scenario: str, out_dir: str) -> int:
     from hetero_worker.runtime import rendezvous
     from heterotrain_common.contract import parse_contract
     contract = parse_contract(os.environ)
-    rendezvous.init_distributed(rank=contract.rank, world_size=contract.world_size,
-                                master_addr=contract.master_addr, master_port=contract.master_port,
+    rendezvous.init_distributed(rank=contract.dist.rank, world_size=contract.dist.world_size,
+                                master_addr=contract.dist.master_addr, master_port=contract.dist.master_port,
                                 backend="gloo", timeout_s=120)
     if scenario == "rebalance":
         result = rebalance_scenario(contract)
     else:
         result = link_scenario(contract, slow=scenario == "slow")
-    Path(out_dir, f"rank{contract.rank}.json").write_text(json.dumps(result))
+    Path(out_dir, f"rank{contract.dist.rank}.json").write_text(json.dumps(result))
     from hetero_worker.runtime.shutdown import leave_process_group
     leave_process_group()
     return 0

@@ -1,11 +1,21 @@
 """The environment contract between the operator (or the embedded launcher) and a worker rank.
 
-This module is the one place where the variable names and their meaning are defined; the operator's
-pod rendering, the embedded ``heterotrain run`` launcher and the worker all import it.  It is pure
-Python (no torch, no kopf, no kubernetes) so the operator image can import it without torch.
+This module is the one place where the variables' meaning, parsing and defaults are defined (their
+names are in :mod:`heterotrain_common.envnames`); the operator's pod rendering, the embedded
+``heterotrain run`` launcher and the worker all import it.  It is pure Python (no torch, no kopf,
+no kubernetes) so the operator image can import it without torch.
 
 Names follow torchrun (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``; see ``torch.distributed.run``) plus our own ``HTJ_*`` variables.
+
+The parsed rank form is a :class:`Contract` of small groups: ``dist`` (:class:`RankInfo`: where the
+rank sits), ``batch`` (:class:`BatchSettings`), ``comm`` (:class:`CommSettings`), ``memory``
+(:class:`MemorySettings`), ``checkpoint`` (:class:`CheckpointSettings`) and ``run``
+(:class:`RunSettings`: metrics, profiling, run directory, simulation), beside ``precision``,
+``device`` and ``topology``.  Each variable is declared once, as the field that holds it:
+``var(NAME, reader, default=...)`` names its variable, how its text is read (and written back) and
+its default; :func:`parse_contract`, :func:`render_rank_env` and :func:`read_var` all walk those
+fields, so a new knob is one field (plus its name in ``envnames``).
 
 A pod that hosts several ranks of one group (one process per GPU, like ``torchrun
 --nproc-per-node``) receives the *pod* form: everything except ``RANK``, ``LOCAL_RANK`` and
@@ -18,29 +28,30 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from heterotrain_common import defaults
-from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DIR, CHECKPOINT_KEEP,
-                                         CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S,
-                                         TERMINATION_GRACE_S,
-                                         CHECKPOINT_INTERVAL_STEPS, COMPRESSION, DEVICE_PROFILE,
-                                         FIRST_RANK, GLOBAL_BATCH_SIZE, GROUP, GROUP_RANK,
-                                         GROUP_SIZE, HIERARCHIES, HIERARCHY, JOB_NAME,
-                                         LOCAL_BATCH_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DIR,
+                                         CHECKPOINT_INTERVAL_STEPS, CHECKPOINT_KEEP,
+                                         CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S, COMPRESSION,
+                                         DEVICE_PROFILE, EPOCHS, FIRST_RANK, GLOBAL_BATCH_SIZE,
+                                         GROUP, GROUP_RANK, GROUP_SIZE, HIERARCHIES, HIERARCHY,
+                                         JOB_NAME, LOCAL_BATCH_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
                                          MASTER_ADDR, MASTER_PORT, MAX_STEPS, MEMORY_CAP_BYTES,
-                                         METRICS_PORT, EPOCHS,
-                                         MICRO_BATCH_SIZE, POWERSGD_RANK, PRECISION, PRECISIONS,
+                                         METRICS_PORT, MICRO_BATCH_SIZE, OPTIONAL_VARS,
+                                         POWERSGD_RANK, PRECISION, PRECISIONS,
                                          PREDICTED_SAMPLES_PER_S, PROFILE_STEPS, RANK,
                                          RANK_ONLY_VARS, REBALANCE_INTERVAL_STEPS,
                                          RENDEZVOUS_TIMEOUT_S, REQUIRED_VARS, RESTART_GENERATION,
-                                         RUN_DIR, SHARD_PPM, SHARDING, SIM_DELAY_PER_SAMPLE_S,
-                                         TOPOLOGY, TORCHELASTIC_RESTART_COUNT, WORLD_SIZE)
-from heterotrain_common.envread import (ContractError, choice_var, compression_mode, int_var,
-                                        load_json, memory_settings, powersgd_rank,
-                                        predicted_samples_per_s, profile_steps,
-                                        rebalance_interval_steps, rendezvous_timeout_s, required,
-                                        run_dir, seconds_from_env, sim_delay_per_sample_s)
-
+                                         RUN_DIR, SHARD_PPM, SHARDING, SHARDINGS,
+                                         SIM_DELAY_PER_SAMPLE_S, TERMINATION_GRACE_S, TOPOLOGY,
+                                         TORCHELASTIC_RESTART_COUNT, WORLD_SIZE)
+from heterotrain_common.envfields import (Var, count, group, non_negative_s, one_of, positive_s,
+                                          read_fields, read_value, short_float, text, var, walk,
+                                          write_fields)
+from heterotrain_common.envread import (ContractError, int_var, load_json, parse_compression,
+                                        parse_flag, parse_rate, parse_shard_ppm, parse_step_range,
+                                        required)
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceProfile:
@@ -102,65 +113,6 @@ class RankEntry:
     local_batch: int
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Contract:
-    """The parsed, cross-checked rank form of the contract.
-
-    Attributes mirror the variables; ``topology`` has ``world_size`` entries, ordered by rank.
-    """
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
-    job_name: str
-    group: int
-    group_rank: int
-    group_size: int
-    local_batch_size: int
-    global_batch_size: int
-    precision: str
-    hierarchy: str
-    device: DeviceProfile
-    topology: tuple[RankEntry, ...]
-    metrics_port: int = 0
-    checkpoint_dir: str = ""
-    checkpoint_interval_steps: int = defaults.CHECKPOINT_INTERVAL_STEPS
-    rebalance_interval_steps: int = defaults.REBALANCE_INTERVAL_STEPS
-    compression: str = "none"
-    powersgd_rank: int = defaults.POWERSGD_RANK
-    restart_generation: int = 0
-    sim_delay_per_sample_s: float = defaults.SIM_DELAY_PER_SAMPLE_S
-    rendezvous_timeout_s: float = defaults.RENDEZVOUS_TIMEOUT_S
-    run_dir: str = ""
-    profile_steps: tuple[int, int] | None = None
-    predicted_samples_per_s: float = 0.0
-    max_steps: int | None = None
-    epochs: int | None = None
-    sharding: str = "none"
-    micro_batch_size: int = 0
-    activation_checkpointing: bool = False
-    memory_cap_bytes: int = 0
-    shard_ppm: tuple[int, ...] = ()
-    checkpoint_keep: int = defaults.CHECKPOINT_KEEP
-    checkpoint_timeout_s: float = float(defaults.CHECKPOINT_TIMEOUT_S)
-    collective_timeout_s: float = defaults.COLLECTIVE_TIMEOUT_S
-    termination_grace_s: float = float(defaults.TERMINATION_GRACE_S)
-    extra: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def group_ranks(self) -> list[int]:
-        """Global ranks of this rank's group, ascending."""
-        return [e.rank for e in self.topology if e.group == self.group]
-
-    @property
-    def local_batches(self) -> list[int]:
-        """Local batch per rank, ``len == world_size``."""
-        return [e.local_batch for e in self.topology]
-
-
 def topology_to_json(entries: list[RankEntry] | tuple[RankEntry, ...]) -> str:
     """Serialise a topology; compact, stable key order."""
     return json.dumps([asdict(e) for e in entries], sort_keys=True, separators=(",", ":"))
@@ -180,56 +132,231 @@ def topology_from_json(text: str) -> tuple[RankEntry, ...]:
     return tuple(entries)
 
 
+def _read_device(text: str, name: str) -> DeviceProfile:
+    return DeviceProfile.from_json(text)
+
+
+def _read_topology(text: str, name: str) -> tuple[RankEntry, ...]:
+    return topology_from_json(text)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankInfo:
+    """Where this rank sits in the job: torchrun's variables plus its group's.
+
+    Attributes:
+        rank: global rank, ``0 <= rank < world_size`` (``RANK``).
+        world_size: ranks in the job (``WORLD_SIZE``).
+        local_rank: position among the ranks of its pod (``LOCAL_RANK``).
+        local_world_size: ranks in its pod (``LOCAL_WORLD_SIZE``).
+        master_addr: rank 0's address (``MASTER_ADDR``).
+        master_port: rendezvous TCP port, 1..65535 (``MASTER_PORT``).
+        job_name: the HeteroTrainingJob's name, a metric label (``HTJ_JOB_NAME``).
+        group: its group's index (``HTJ_GROUP``); group_rank: its place in it, 0 leads
+            (``HTJ_GROUP_RANK``); group_size: ranks in it (``HTJ_GROUP_SIZE``).
+        restart_generation: job-wide restart generation, 0 on the first start
+            (``HTJ_RESTART_GENERATION``, also rendered as ``TORCHELASTIC_RESTART_COUNT``).
+    """
+
+    rank: int = var(RANK, count(0))
+    world_size: int = var(WORLD_SIZE, count(1))
+    local_rank: int = var(LOCAL_RANK, count(0))
+    local_world_size: int = var(LOCAL_WORLD_SIZE, count(1))
+    master_addr: str = var(MASTER_ADDR, text)
+    master_port: int = var(MASTER_PORT, count(1, 65535))
+    job_name: str = var(JOB_NAME, text)
+    group: int = var(GROUP, count(0))
+    group_rank: int = var(GROUP_RANK, count(0))
+    group_size: int = var(GROUP_SIZE, count(1))
+    restart_generation: int = var(RESTART_GENERATION, count(0), default=0,
+                                  also=(TORCHELASTIC_RESTART_COUNT,))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchSettings:
+    """How much one step and the whole run train.
+
+    Attributes:
+        local_batch_size: samples per step on this rank, >= 1 (``HTJ_LOCAL_BATCH_SIZE``).
+        global_batch_size: samples per step over all ranks, the sum of the local batches
+            (``HTJ_GLOBAL_BATCH_SIZE``).
+        max_steps: optimizer steps of the whole job, None = no limit (``HTJ_MAX_STEPS``).
+        epochs: epochs overriding the script's, None = the script's (``HTJ_EPOCHS``).
+    """
+
+    local_batch_size: int = var(LOCAL_BATCH_SIZE, count(1))
+    global_batch_size: int = var(GLOBAL_BATCH_SIZE, count(1))
+    max_steps: int | None = var(MAX_STEPS, count(1), default=None)
+    epochs: int | None = var(EPOCHS, count(1), default=None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommSettings:
+    """How gradients travel and how long the ranks wait for each other.
+
+    Attributes:
+        hierarchy: one of ``envnames.HIERARCHIES`` (``HTJ_HIERARCHY``).
+        compression: codec on the inter-group link, one of ``envnames.COMPRESSIONS``, lower case
+            (``HTJ_COMPRESSION``).
+        powersgd_rank: PowerSGD factor rank, 1..64 (``HTJ_POWERSGD_RANK``).
+        rebalance_interval_steps: steps between re-solves of the batch split, 0 = static
+            (``HTJ_REBALANCE_INTERVAL_STEPS``).
+        collective_timeout_s: timeout of the training collectives, s > 0
+            (``HTJ_COLLECTIVE_TIMEOUT_S``).
+        rendezvous_timeout_s: how long ranks > 0 wait for rank 0, s > 0
+            (``HTJ_RENDEZVOUS_TIMEOUT_S``).
+    """
+
+    hierarchy: str = var(HIERARCHY, one_of(HIERARCHIES))
+    compression: str = var(COMPRESSION, parse_compression, default="none")
+    powersgd_rank: int = var(POWERSGD_RANK, count(1, 64), default=defaults.POWERSGD_RANK)
+    rebalance_interval_steps: int = var(REBALANCE_INTERVAL_STEPS, count(0),
+                                        default=defaults.REBALANCE_INTERVAL_STEPS)
+    collective_timeout_s: float = var(COLLECTIVE_TIMEOUT_S, positive_s,
+                                      default=defaults.COLLECTIVE_TIMEOUT_S, write=short_float)
+    rendezvous_timeout_s: float = var(RENDEZVOUS_TIMEOUT_S, positive_s,
+                                      default=defaults.RENDEZVOUS_TIMEOUT_S, write=repr)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemorySettings:
+    """The planner's memory model for this rank (all at their defaults without one).
+
+    Attributes:
+        sharding: ``none``, ``group`` or ``full`` (``HTJ_SHARDING``).
+        micro_batch_size: most samples per forward/backward, 0 = the whole local batch
+            (``HTJ_MICRO_BATCH_SIZE``).
+        activation_checkpointing: recompute the user's blocks in backward
+            (``HTJ_ACTIVATION_CHECKPOINTING``, ``1``/``0``).
+        cap_bytes: usable device memory in bytes a simulated device enforces, 0 = no cap
+            (``HTJ_MEMORY_CAP_BYTES``).
+        shard_ppm: ``full`` only: each rank's share of the state in parts per million, in rank
+            order, summing to 1 000 000; ``()`` = even shares (``HTJ_SHARD_PPM``).
+    """
+
+    sharding: str = var(SHARDING, one_of(SHARDINGS), default="none")
+    micro_batch_size: int = var(MICRO_BATCH_SIZE, count(0), default=0)
+    activation_checkpointing: bool = var(ACTIVATION_CHECKPOINTING, parse_flag, default=False,
+                                         write=lambda on: "1" if on else "0")
+    cap_bytes: int = var(MEMORY_CAP_BYTES, count(0), default=0)
+    shard_ppm: tuple[int, ...] = var(SHARD_PPM, parse_shard_ppm, default=(),
+                                     write=lambda shares: ",".join(str(p) for p in shares))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointSettings:
+    """Where and how often the job saves, and how long a save may take.
+
+    Attributes:
+        dir: checkpoint directory, ``""`` = no checkpoints (``HTJ_CHECKPOINT_DIR``).
+        interval_steps: optimizer steps between checkpoints, >= 1
+            (``HTJ_CHECKPOINT_INTERVAL_STEPS``).
+        keep: verified checkpoints kept, >= 1 (``HTJ_CHECKPOINT_KEEP``).
+        timeout_s: timeout of the checkpoint process group, s > 0 (``HTJ_CHECKPOINT_TIMEOUT_S``).
+    """
+
+    dir: str = var(CHECKPOINT_DIR, text, default="")
+    interval_steps: int = var(CHECKPOINT_INTERVAL_STEPS, count(1),
+                              default=defaults.CHECKPOINT_INTERVAL_STEPS)
+    keep: int = var(CHECKPOINT_KEEP, count(1), default=defaults.CHECKPOINT_KEEP)
+    timeout_s: float = var(CHECKPOINT_TIMEOUT_S, positive_s,
+                           default=float(defaults.CHECKPOINT_TIMEOUT_S), write=short_float)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSettings:
+    """How the rank's process runs and reports.
+
+    Attributes:
+        dir: directory for per-rank statistics and ``heterotrain run``'s result, ``""`` in a pod
+            (``HTJ_RUN_DIR``).
+        metrics_port: Prometheus endpoint's TCP port, 0 = off (``HTJ_METRICS_PORT``).
+        profile_steps: ``(first, last)`` optimizer steps to trace, inclusive and 1-based; None =
+            no profiler (``HTJ_PROFILE_STEPS``, ``"20-25"``).
+        predicted_samples_per_s: the planner's predicted job throughput, 0 = none
+            (``HTJ_PREDICTED_SAMPLES_PER_S``).
+        sim_delay_per_sample_s: simulated seconds per sample at relative speed 1.0, >= 0
+            (``HTJ_SIM_DELAY_PER_SAMPLE_S``).
+        termination_grace_s: the pod's termination grace period, s >= 0
+            (``HTJ_TERMINATION_GRACE_S``).
+    """
+
+    dir: str = var(RUN_DIR, text, default="")
+    metrics_port: int = var(METRICS_PORT, count(0, 65535), default=0)
+    profile_steps: tuple[int, int] | None = var(PROFILE_STEPS, parse_step_range, default=None,
+                                                write=lambda steps: "{}-{}".format(*steps))
+    predicted_samples_per_s: float = var(PREDICTED_SAMPLES_PER_S, parse_rate, default=0.0,
+                                         write=repr)
+    sim_delay_per_sample_s: float = var(SIM_DELAY_PER_SAMPLE_S, non_negative_s,
+                                        default=defaults.SIM_DELAY_PER_SAMPLE_S, write=repr)
+    termination_grace_s: float = var(TERMINATION_GRACE_S, non_negative_s,
+                                     default=float(defaults.TERMINATION_GRACE_S), write=short_float)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Contract:
+    """The parsed, cross-checked rank form of the contract.
+
+    Attributes:
+        dist, batch, comm, memory, checkpoint, run: the groups above.
+        precision: autocast dtype, one of ``envnames.PRECISIONS`` (``HTJ_PRECISION``).
+        device: the real or simulated device (``HTJ_DEVICE_PROFILE``).
+        topology: ``world_size`` entries, ordered by rank (``HTJ_TOPOLOGY``).
+        extra: further variables rendered as they are (a group's ``NCCL_*``); never parsed.
+    """
+
+    dist: RankInfo = group(RankInfo)
+    batch: BatchSettings = group(BatchSettings)
+    precision: str = var(PRECISION, one_of(PRECISIONS))
+    device: DeviceProfile = var(DEVICE_PROFILE, _read_device, write=DeviceProfile.to_json)
+    topology: tuple[RankEntry, ...] = var(TOPOLOGY, _read_topology, write=topology_to_json)
+    comm: CommSettings = group(CommSettings)
+    memory: MemorySettings = group(MemorySettings)
+    checkpoint: CheckpointSettings = group(CheckpointSettings)
+    run: RunSettings = group(RunSettings)
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def group_ranks(self) -> list[int]:
+        """Global ranks of this rank's group, ascending."""
+        return [e.rank for e in self.topology if e.group == self.dist.group]
+
+    @property
+    def local_batches(self) -> list[int]:
+        """Local batch per rank, ``len == world_size``."""
+        return [e.local_batch for e in self.topology]
+
+
+_TABLE: dict[str, tuple[Var, Any]] = {v.name: (v, default) for _, v, default in walk(Contract)}
+VARIABLES: tuple[str, ...] = tuple(n for v, _ in _TABLE.values() for n in (v.name, *v.also))
+"""Every variable :func:`render_rank_env` may write, in declaration order (``extra`` aside)."""
+_ALWAYS = frozenset((*REQUIRED_VARS, *OPTIONAL_VARS))
+"""Rendered even at their defaults; every other variable only when it differs."""
+
+
+def read_var(environ: Mapping[str, str], name: str) -> Any:
+    """One variable's value as :func:`parse_contract` reads it (unset or empty: its default).
+
+    Args:
+        environ: e.g. ``os.environ``.
+        name: a variable of :data:`VARIABLES` that is read (not ``TORCHELASTIC_RESTART_COUNT``).
+
+    Raises:
+        ContractError: malformed, or required and unset.
+        KeyError: ``name`` is not a variable of the contract.
+    """
+    v, default = _TABLE[name]
+    return read_value(environ, v, default)
+
+
 def render_rank_env(contract: Contract) -> dict[str, str]:
-    """Render a :class:`Contract` as the rank form of the environment (str -> str)."""
-    env = {
-        RANK: str(contract.rank), WORLD_SIZE: str(contract.world_size),
-        LOCAL_RANK: str(contract.local_rank), LOCAL_WORLD_SIZE: str(contract.local_world_size),
-        MASTER_ADDR: contract.master_addr, MASTER_PORT: str(contract.master_port),
-        JOB_NAME: contract.job_name, GROUP: str(contract.group),
-        GROUP_RANK: str(contract.group_rank), GROUP_SIZE: str(contract.group_size),
-        LOCAL_BATCH_SIZE: str(contract.local_batch_size),
-        GLOBAL_BATCH_SIZE: str(contract.global_batch_size), PRECISION: contract.precision,
-        HIERARCHY: contract.hierarchy, DEVICE_PROFILE: contract.device.to_json(),
-        TOPOLOGY: topology_to_json(contract.topology),
-        METRICS_PORT: str(contract.metrics_port), CHECKPOINT_DIR: contract.checkpoint_dir,
-        CHECKPOINT_INTERVAL_STEPS: str(contract.checkpoint_interval_steps),
-        REBALANCE_INTERVAL_STEPS: str(contract.rebalance_interval_steps),
-        COMPRESSION: contract.compression, POWERSGD_RANK: str(contract.powersgd_rank),
-        RESTART_GENERATION: str(contract.restart_generation),
-        TORCHELASTIC_RESTART_COUNT: str(contract.restart_generation),
-    }
-    if contract.sim_delay_per_sample_s != defaults.SIM_DELAY_PER_SAMPLE_S:
-        env[SIM_DELAY_PER_SAMPLE_S] = repr(contract.sim_delay_per_sample_s)
-    if contract.rendezvous_timeout_s != defaults.RENDEZVOUS_TIMEOUT_S:
-        env[RENDEZVOUS_TIMEOUT_S] = repr(contract.rendezvous_timeout_s)
-    if contract.run_dir:
-        env[RUN_DIR] = contract.run_dir
-    if contract.profile_steps is not None:
-        env[PROFILE_STEPS] = "{}-{}".format(*contract.profile_steps)
-    if contract.predicted_samples_per_s > 0:
-        env[PREDICTED_SAMPLES_PER_S] = repr(contract.predicted_samples_per_s)
-    if contract.max_steps is not None:
-        env[MAX_STEPS] = str(contract.max_steps)
-    if contract.epochs is not None:
-        env[EPOCHS] = str(contract.epochs)
-    if contract.sharding != "none":
-        env[SHARDING] = contract.sharding
-    if contract.micro_batch_size:
-        env[MICRO_BATCH_SIZE] = str(contract.micro_batch_size)
-    if contract.activation_checkpointing:
-        env[ACTIVATION_CHECKPOINTING] = "1"
-    if contract.memory_cap_bytes:
-        env[MEMORY_CAP_BYTES] = str(contract.memory_cap_bytes)
-    if contract.shard_ppm:
-        env[SHARD_PPM] = ",".join(str(p) for p in contract.shard_ppm)
-    for name, value, default in (
-            (CHECKPOINT_KEEP, contract.checkpoint_keep, defaults.CHECKPOINT_KEEP),
-            (CHECKPOINT_TIMEOUT_S, contract.checkpoint_timeout_s, defaults.CHECKPOINT_TIMEOUT_S),
-            (COLLECTIVE_TIMEOUT_S, contract.collective_timeout_s, defaults.COLLECTIVE_TIMEOUT_S),
-            (TERMINATION_GRACE_S, contract.termination_grace_s, defaults.TERMINATION_GRACE_S)):
-        if value != default:
-            env[name] = f"{value:g}" if isinstance(value, float) else str(value)
+    """Render a :class:`Contract` as the rank form of the environment (str -> str).
+
+    Every variable of ``envnames.REQUIRED_VARS`` and ``envnames.OPTIONAL_VARS`` is written; the
+    others only when not at their defaults; then ``contract.extra``.
+    """
+    env: dict[str, str] = {}
+    write_fields(contract, env, always=_ALWAYS)
     env.update(contract.extra)
     return env
 
@@ -274,76 +401,27 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
         The :class:`Contract`.
 
     Raises:
-        ContractError: naming the first offending variable: missing, not an integer, out of
-            range, or inconsistent with ``HTJ_TOPOLOGY`` (rank outside WORLD_SIZE, ranks missing
-            from the topology, local batches not summing to ``HTJ_GLOBAL_BATCH_SIZE``, group
-            fields disagreeing with the topology).
+        ContractError: naming the first offending variable (in declaration order): missing, not
+            an integer, out of range, or inconsistent with ``HTJ_TOPOLOGY`` (rank outside
+            WORLD_SIZE, ranks missing from the topology, local batches not summing to
+            ``HTJ_GLOBAL_BATCH_SIZE``, group fields disagreeing with the topology, shares not one
+            per rank).
     """
-    for name in REQUIRED_VARS:
-        required(environ, name)
-    world = int_var(environ, WORLD_SIZE, minimum=1)
-    rank = int_var(environ, RANK, minimum=0)
-    if rank >= world:
-        raise ContractError(RANK, f"{rank} is outside WORLD_SIZE={world}; use 0..{world - 1}")
-    local_world = int_var(environ, LOCAL_WORLD_SIZE, minimum=1)
-    local_rank = int_var(environ, LOCAL_RANK, minimum=0)
-    if local_rank >= local_world:
-        raise ContractError(LOCAL_RANK, f"{local_rank} is outside LOCAL_WORLD_SIZE={local_world}")
-    port = int_var(environ, MASTER_PORT, minimum=1, maximum=65535)
-    topology = topology_from_json(required(environ, TOPOLOGY))
-    _check_topology(topology, world)
-    contract = Contract(
-        rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-        master_addr=required(environ, MASTER_ADDR), master_port=port, job_name=required(environ, JOB_NAME),
-        group=int_var(environ, GROUP, minimum=0), group_rank=int_var(environ, GROUP_RANK, minimum=0),
-        group_size=int_var(environ, GROUP_SIZE, minimum=1),
-        local_batch_size=int_var(environ, LOCAL_BATCH_SIZE, minimum=1),
-        global_batch_size=int_var(environ, GLOBAL_BATCH_SIZE, minimum=1),
-        precision=choice_var(environ, PRECISION, PRECISIONS),
-        hierarchy=choice_var(environ, HIERARCHY, HIERARCHIES),
-        device=DeviceProfile.from_json(required(environ, DEVICE_PROFILE)), topology=topology,
-        metrics_port=int_var(environ, METRICS_PORT, minimum=0, maximum=65535, default=0),
-        checkpoint_dir=environ.get(CHECKPOINT_DIR, ""),
-        checkpoint_interval_steps=int_var(environ, CHECKPOINT_INTERVAL_STEPS, minimum=1,
-                                          default=defaults.CHECKPOINT_INTERVAL_STEPS),
-        rebalance_interval_steps=rebalance_interval_steps(environ),
-        compression=compression_mode(environ),
-        powersgd_rank=powersgd_rank(environ),
-        sim_delay_per_sample_s=sim_delay_per_sample_s(environ),
-        rendezvous_timeout_s=rendezvous_timeout_s(environ),
-        run_dir=run_dir(environ),
-        profile_steps=profile_steps(environ),
-        predicted_samples_per_s=predicted_samples_per_s(environ),
-        max_steps=_optional_count(environ, MAX_STEPS),
-        epochs=_optional_count(environ, EPOCHS),
-        restart_generation=int_var(environ, RESTART_GENERATION, minimum=0, default=0),
-        checkpoint_keep=int_var(environ, CHECKPOINT_KEEP, minimum=1, default=defaults.CHECKPOINT_KEEP),
-        checkpoint_timeout_s=seconds_from_env(environ, CHECKPOINT_TIMEOUT_S,
-                                              default_s=float(defaults.CHECKPOINT_TIMEOUT_S),
-                                              allow_zero=False),
-        collective_timeout_s=seconds_from_env(environ, COLLECTIVE_TIMEOUT_S,
-                                              default_s=defaults.COLLECTIVE_TIMEOUT_S, allow_zero=False),
-        termination_grace_s=seconds_from_env(environ, TERMINATION_GRACE_S,
-                                             default_s=float(defaults.TERMINATION_GRACE_S),
-                                             allow_zero=True),
-        **memory_settings(environ),
-    )
+    contract: Contract = read_fields(Contract, environ)
+    d = contract.dist
+    if d.rank >= d.world_size:
+        raise ContractError(RANK, f"{d.rank} is outside WORLD_SIZE={d.world_size}; "
+                            f"use 0..{d.world_size - 1}")
+    if d.local_rank >= d.local_world_size:
+        raise ContractError(LOCAL_RANK, f"{d.local_rank} is outside "
+                            f"LOCAL_WORLD_SIZE={d.local_world_size}")
+    _check_topology(contract.topology, d.world_size)
     _check_rank_against_topology(contract)
-    if contract.shard_ppm and len(contract.shard_ppm) != world:
-        raise ContractError(SHARD_PPM, f"has {len(contract.shard_ppm)} shares for WORLD_SIZE={world}; "
+    shares = contract.memory.shard_ppm
+    if shares and len(shares) != d.world_size:
+        raise ContractError(SHARD_PPM, f"has {len(shares)} shares for WORLD_SIZE={d.world_size}; "
                             "give one per rank, in rank order")
     return contract
-
-
-def _optional_count(environ: Mapping[str, str], name: str) -> int | None:
-    """A whole number >= 1 from ``name``; None when unset or empty.
-
-    Raises:
-        ContractError: not a whole number >= 1.
-    """
-    if environ.get(name, "") == "":
-        return None
-    return int_var(environ, name, minimum=1)
 
 
 def _check_topology(topology: tuple[RankEntry, ...], world: int) -> None:
@@ -365,21 +443,48 @@ def _check_topology(topology: tuple[RankEntry, ...], world: int) -> None:
 
 
 def _check_rank_against_topology(c: Contract) -> None:
+    d, b = c.dist, c.batch
     total = sum(c.local_batches)
-    if total != c.global_batch_size:
-        raise ContractError(GLOBAL_BATCH_SIZE, f"{c.global_batch_size} != sum of local batches "
+    if total != b.global_batch_size:
+        raise ContractError(GLOBAL_BATCH_SIZE, f"{b.global_batch_size} != sum of local batches "
                             f"in {TOPOLOGY} ({total}: {c.local_batches})")
-    me = c.topology[c.rank]
-    if me.local_batch != c.local_batch_size:
-        raise ContractError(LOCAL_BATCH_SIZE, f"{c.local_batch_size} disagrees with {TOPOLOGY} "
-                            f"entry for rank {c.rank} ({me.local_batch})")
-    if me.group != c.group:
-        raise ContractError(GROUP, f"{c.group} disagrees with {TOPOLOGY} entry for rank {c.rank} "
+    me = c.topology[d.rank]
+    if me.local_batch != b.local_batch_size:
+        raise ContractError(LOCAL_BATCH_SIZE, f"{b.local_batch_size} disagrees with {TOPOLOGY} "
+                            f"entry for rank {d.rank} ({me.local_batch})")
+    if me.group != d.group:
+        raise ContractError(GROUP, f"{d.group} disagrees with {TOPOLOGY} entry for rank {d.rank} "
                             f"({me.group})")
     members = c.group_ranks
-    if len(members) != c.group_size:
-        raise ContractError(GROUP_SIZE, f"{c.group_size} but {TOPOLOGY} has {len(members)} "
-                            f"ranks in group {c.group}")
-    if members.index(c.rank) != c.group_rank:
-        raise ContractError(GROUP_RANK, f"{c.group_rank} but rank {c.rank} is member "
-                            f"{members.index(c.rank)} of group {c.group}")
+    if len(members) != d.group_size:
+        raise ContractError(GROUP_SIZE, f"{d.group_size} but {TOPOLOGY} has {len(members)} "
+                            f"ranks in group {d.group}")
+    if members.index(d.rank) != d.group_rank:
+        raise ContractError(GROUP_RANK, f"{d.group_rank} but rank {d.rank} is member "
+                            f"{members.index(d.rank)} of group {d.group}")
+
+
+# TEMPORARY (issue 19, H5): flat read-only names for the modules not moved to the groups yet
+# (trainer.py while it is being split); deleted once they are.
+def _flat(path: str) -> property:
+    group_name, name = path.split(".")
+    return property(lambda self: getattr(getattr(self, group_name), name))
+
+
+for _old, _path in {
+        **{n: f"dist.{n}" for n in ("rank", "world_size", "local_rank", "local_world_size",
+                                    "master_addr", "master_port", "job_name", "group",
+                                    "group_rank", "group_size", "restart_generation")},
+        **{n: f"batch.{n}" for n in ("local_batch_size", "global_batch_size", "max_steps", "epochs")},
+        **{n: f"comm.{n}" for n in ("hierarchy", "compression", "powersgd_rank",
+                                    "rebalance_interval_steps", "collective_timeout_s",
+                                    "rendezvous_timeout_s")},
+        **{n: f"memory.{n}" for n in ("sharding", "micro_batch_size", "activation_checkpointing",
+                                      "shard_ppm")},
+        "memory_cap_bytes": "memory.cap_bytes", "checkpoint_dir": "checkpoint.dir",
+        "checkpoint_interval_steps": "checkpoint.interval_steps",
+        "checkpoint_keep": "checkpoint.keep", "checkpoint_timeout_s": "checkpoint.timeout_s",
+        "run_dir": "run.dir",
+        **{n: f"run.{n}" for n in ("metrics_port", "profile_steps", "predicted_samples_per_s",
+                                   "sim_delay_per_sample_s", "termination_grace_s")}}.items():
+    setattr(Contract, _old, _flat(_path))

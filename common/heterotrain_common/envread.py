@@ -1,18 +1,17 @@
-"""Reading the contract's variables: :class:`ContractError`, the typed readers, and the knobs read
-on their own."""
+"""Reading the contract's variables: :class:`ContractError` and the typed readers.
+
+Two kinds: the ``parse_*`` functions turn one variable's non-empty text into its value (the
+contract's table, :mod:`heterotrain_common.contract`, names one per variable); ``int_var``,
+``seconds_from_env`` and ``required`` read a name from a mapping (unset or empty:
+the default, or an error naming it).  Every error is a :class:`ContractError` naming the variable.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
-from heterotrain_common import defaults
-from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, COMPRESSION, COMPRESSIONS,
-                                         MAX_PROFILE_STEPS, MEMORY_CAP_BYTES, MICRO_BATCH_SIZE,
-                                         POWERSGD_RANK, PREDICTED_SAMPLES_PER_S, PROFILE_STEPS,
-                                         REBALANCE_INTERVAL_STEPS, RENDEZVOUS_TIMEOUT_S, RUN_DIR,
-                                         SHARD_PPM, SHARDING, SHARDINGS, SIM_DELAY_PER_SAMPLE_S)
+from heterotrain_common.envnames import COMPRESSIONS, MAX_PROFILE_STEPS
 
 
 class ContractError(ValueError):
@@ -27,132 +26,102 @@ class ContractError(ValueError):
         self.variable = variable
 
 
-def memory_settings(environ: Mapping[str, str]) -> dict[str, Any]:
-    """The memory model's variables as :class:`Contract` fields.
-
-    Returns:
-        ``{"sharding": "none|group|full", "micro_batch_size": int >= 0,
-        "activation_checkpointing": bool, "memory_cap_bytes": int >= 0,
-        "shard_ppm": tuple of int}``.
+def parse_int(text: str, name: str, *, minimum: int, maximum: int | None = None) -> int:
+    """A whole number in ``minimum..maximum`` (no upper bound when ``maximum`` is None).
 
     Raises:
-        ContractError: naming the variable (unknown sharding, not an integer, a flag not 0/1,
-            shares that are not integers >= 0 summing to 1 000 000).
+        ContractError: not an integer, or out of range.
     """
-    sharding = environ.get(SHARDING) or "none"
-    if sharding not in SHARDINGS:
-        raise ContractError(SHARDING, f"must be one of {', '.join(SHARDINGS)}; got {sharding!r}")
-    flag = environ.get(ACTIVATION_CHECKPOINTING) or "0"
-    if flag not in ("0", "1"):
-        raise ContractError(ACTIVATION_CHECKPOINTING, f"must be 0 or 1, got {flag!r}")
-    return {"sharding": sharding,
-            "micro_batch_size": int_var(environ, MICRO_BATCH_SIZE, minimum=0, default=0),
-            "activation_checkpointing": flag == "1",
-            "memory_cap_bytes": int_var(environ, MEMORY_CAP_BYTES, minimum=0, default=0),
-            "shard_ppm": shard_ppm(environ)}
+    try:
+        value = int(text)
+    except ValueError:
+        raise ContractError(name, f"must be an integer, got {text!r}") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+        raise ContractError(name, f"must be {bound}, got {value}")
+    return value
 
 
-def shard_ppm(environ: Mapping[str, str]) -> tuple[int, ...]:
-    """``HTJ_SHARD_PPM`` as a tuple (unset or empty: ``()``, even shares).
+def parse_seconds(text: str, name: str, *, allow_zero: bool) -> float:
+    """A duration in seconds, >= 0 (``allow_zero``) or > 0.
+
+    Raises:
+        ContractError: not a number, NaN, negative, or zero when ``allow_zero`` is False.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise ContractError(name, f"must be a number of seconds, got {text!r}") from None
+    if value < 0 or (value == 0 and not allow_zero) or value != value:
+        raise ContractError(name, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    return value
+
+
+def parse_choice(text: str, name: str, choices: tuple[str, ...]) -> str:
+    """``text`` itself, which must be one of ``choices``.
+
+    Raises:
+        ContractError: not one of ``choices``.
+    """
+    if text not in choices:
+        raise ContractError(name, f"must be one of {', '.join(choices)}; got {text!r}")
+    return text
+
+
+def parse_compression(text: str, name: str) -> str:
+    """The compression mode in lower case (the spec's spelling ``Int8`` is accepted).
+
+    Raises:
+        ContractError: not one of :data:`COMPRESSIONS` in any case.
+    """
+    if text.lower() not in COMPRESSIONS:
+        raise ContractError(name, f"must be one of {', '.join(COMPRESSIONS)}; got {text!r}")
+    return text.lower()
+
+
+def parse_flag(text: str, name: str) -> bool:
+    """``"1"`` -> True, ``"0"`` -> False.
+
+    Raises:
+        ContractError: anything else.
+    """
+    if text not in ("0", "1"):
+        raise ContractError(name, f"must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
+def parse_rate(text: str, name: str) -> float:
+    """A finite rate >= 0 (e.g. samples/s).
+
+    Raises:
+        ContractError: not a number, negative or infinite.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise ContractError(name, f"must be a number of samples/s, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise ContractError(name, f"must be a finite number >= 0, got {value}")
+    return value
+
+
+def parse_shard_ppm(text: str, name: str) -> tuple[int, ...]:
+    """Comma-separated shares in parts per million, ``"500000,500000"`` -> ``(500000, 500000)``;
+    blank -> ``()`` (even shares).
 
     Raises:
         ContractError: an entry is not an integer >= 0, or they do not sum to 1 000 000.
     """
-    text = (environ.get(SHARD_PPM) or "").strip()
+    text = text.strip()
     if not text:
         return ()
     parts = text.split(",")
     if not all(p.strip().isdigit() for p in parts):
-        raise ContractError(SHARD_PPM, f"must be integers >= 0 separated by commas, got {text!r}")
+        raise ContractError(name, f"must be integers >= 0 separated by commas, got {text!r}")
     shares = tuple(int(p) for p in parts)
     if sum(shares) != 10**6:
-        raise ContractError(SHARD_PPM, f"must sum to 1000000 (parts per million), got {sum(shares)}")
+        raise ContractError(name, f"must sum to 1000000 (parts per million), got {sum(shares)}")
     return shares
-
-
-def rebalance_interval_steps(environ: Mapping[str, str]) -> int:
-    """``HTJ_REBALANCE_INTERVAL_STEPS`` (unset or empty: 0 = static split).
-
-    Raises:
-        ContractError: not an integer >= 0.
-    """
-    return int_var(environ, REBALANCE_INTERVAL_STEPS, minimum=0, default=defaults.REBALANCE_INTERVAL_STEPS)
-
-
-def compression_mode(environ: Mapping[str, str]) -> str:
-    """``HTJ_COMPRESSION`` in lower case (the spec's spelling ``Int8`` is accepted; unset: none).
-
-    Raises:
-        ContractError: not one of :data:`COMPRESSIONS`.
-    """
-    mode = (environ.get(COMPRESSION) or "none").lower()
-    if mode not in COMPRESSIONS:
-        raise ContractError(COMPRESSION, f"must be one of {', '.join(COMPRESSIONS)}; "
-                            f"got {environ.get(COMPRESSION)!r}")
-    return mode
-
-
-def powersgd_rank(environ: Mapping[str, str]) -> int:
-    """``HTJ_POWERSGD_RANK`` (default :data:`heterotrain_common.defaults.POWERSGD_RANK`).
-
-    Raises:
-        ContractError: not an integer in 1..64.
-    """
-    return int_var(environ, POWERSGD_RANK, minimum=1, maximum=64, default=defaults.POWERSGD_RANK)
-
-
-def sim_delay_per_sample_s(environ: Mapping[str, str]) -> float:
-    """``HTJ_SIM_DELAY_PER_SAMPLE_S`` in seconds (default :data:`defaults.SIM_DELAY_PER_SAMPLE_S`).
-
-    Raises:
-        ContractError: set but not a number >= 0.
-    """
-    return seconds_from_env(environ, SIM_DELAY_PER_SAMPLE_S,
-                            default_s=defaults.SIM_DELAY_PER_SAMPLE_S, allow_zero=True)
-
-
-def rendezvous_timeout_s(environ: Mapping[str, str]) -> float:
-    """``HTJ_RENDEZVOUS_TIMEOUT_S`` in seconds (default :data:`defaults.RENDEZVOUS_TIMEOUT_S`).
-
-    Raises:
-        ContractError: set but not a number > 0.
-    """
-    return seconds_from_env(environ, RENDEZVOUS_TIMEOUT_S,
-                            default_s=defaults.RENDEZVOUS_TIMEOUT_S, allow_zero=False)
-
-
-def predicted_samples_per_s(environ: Mapping[str, str]) -> float:
-    """``HTJ_PREDICTED_SAMPLES_PER_S`` (unset or empty: 0 = no prediction).
-
-    Raises:
-        ContractError: not a finite number >= 0.
-    """
-    raw = environ.get(PREDICTED_SAMPLES_PER_S, "")
-    if raw == "":
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ContractError(PREDICTED_SAMPLES_PER_S,
-                            f"must be a number of samples/s, got {raw!r}") from None
-    if not 0 <= value < float("inf"):
-        raise ContractError(PREDICTED_SAMPLES_PER_S, f"must be a finite number >= 0, got {value}")
-    return value
-
-
-def run_dir(environ: Mapping[str, str]) -> str:
-    """``HTJ_RUN_DIR``, ``""`` when unset (a pod)."""
-    return environ.get(RUN_DIR, "")
-
-
-def profile_steps(environ: Mapping[str, str]) -> tuple[int, int] | None:
-    """``HTJ_PROFILE_STEPS`` as ``(first, last)``, inclusive and 1-based; None when unset or empty.
-
-    Raises:
-        ContractError: not ``N`` or ``N-M`` with ``1 <= N <= M`` and at most
-            :data:`MAX_PROFILE_STEPS` steps.
-    """
-    return parse_step_range(environ.get(PROFILE_STEPS, ""), PROFILE_STEPS)
 
 
 def parse_step_range(text: str, name: str) -> tuple[int, int] | None:
@@ -187,18 +156,15 @@ def seconds_from_env(environ: Mapping[str, str], name: str, *, default_s: float,
         ContractError: set but not a number, or negative (or zero when ``allow_zero`` is False).
     """
     raw = environ.get(name, "")
-    if raw == "":
-        return default_s
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ContractError(name, f"must be a number of seconds, got {raw!r}") from None
-    if value < 0 or (value == 0 and not allow_zero) or value != value:
-        raise ContractError(name, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-    return value
+    return default_s if raw == "" else parse_seconds(raw, name, allow_zero=allow_zero)
 
 
 def required(environ: Mapping[str, str], name: str) -> str:
+    """``environ[name]``.
+
+    Raises:
+        ContractError: unset or empty.
+    """
     value = environ.get(name)
     if value is None or value == "":
         raise ContractError(name, "is required but not set (the operator or `heterotrain run` "
@@ -207,29 +173,24 @@ def required(environ: Mapping[str, str], name: str) -> str:
 
 
 def int_var(environ: Mapping[str, str], name: str, *, minimum: int, maximum: int | None = None,
-         default: int | None = None) -> int:
+            default: int | None = None) -> int:
+    """A whole number from ``environ[name]`` (unset or empty: ``default``; required without one).
+
+    Raises:
+        ContractError: required but unset, not an integer, or out of range.
+    """
     raw = environ.get(name, "")
     if raw == "" and default is not None:
         return default
-    raw = required(environ, name)
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ContractError(name, f"must be an integer, got {raw!r}") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-        raise ContractError(name, f"must be {bound}, got {value}")
-    return value
-
-
-def choice_var(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
-    value = required(environ, name)
-    if value not in choices:
-        raise ContractError(name, f"must be one of {', '.join(choices)}; got {value!r}")
-    return value
+    return parse_int(required(environ, name), name, minimum=minimum, maximum=maximum)
 
 
 def load_json(name: str, text: str, kind: type) -> object:
+    """``json.loads(text)``, which must be a ``kind`` (``dict`` or ``list``).
+
+    Raises:
+        ContractError: not valid JSON, or not a ``kind``.
+    """
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

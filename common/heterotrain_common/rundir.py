@@ -21,17 +21,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from heterotrain_common import envnames, envread
+from heterotrain_common import envnames
 
 RUN_DIR = envnames.RUN_DIR
 """Environment variable: directory for the files of this module; unset disables them (defined and
-parsed in :mod:`heterotrain_common.contract`; a parsed contract carries it as ``run_dir``)."""
+parsed in :mod:`heterotrain_common.contract`; a parsed contract carries it as ``run.dir``)."""
 RESULT_FILE = "result.json"
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path | None:
     """The run directory from the environment, None when unset or empty."""
-    value = envread.run_dir(os.environ if environ is None else environ)
+    value = (os.environ if environ is None else environ).get(RUN_DIR, "")
     return Path(value) if value else None
 
 

@@ -69,7 +69,7 @@ def train(t, model, data, steps: int, *, inf_at: int | None = None, kill_at: int
                 return loss * float("inf") if poison else loss
 
             results.append(t.step(opt, loss_fn))
-            t.maybe_checkpoint(opt, every_steps=2 if t.contract.checkpoint_dir else 0)
+            t.maybe_checkpoint(opt, every_steps=2 if t.contract.checkpoint.dir else 0)
             if kill_at is not None and t.global_step == kill_at:
                 os._exit(17)  # killed mid-run: no clean shutdown
             if t.global_step >= steps:

@@ -14,7 +14,7 @@ from builders import make_job
 from hetero_operator.api import settings, spec
 from hetero_operator.lifecycle import decisions
 from hetero_worker.speed.codecs import CompressionConfig
-from heterotrain_common import contract, defaults, envread
+from heterotrain_common import contract, defaults, envnames
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = {
@@ -59,17 +59,18 @@ def test_a_job_without_the_field_parses_to_the_default(path: str, value: Any, pa
 
 
 def test_the_contract_and_the_worker_carry_the_defaults() -> None:
-    c = contract.Contract
-    fields = c.__dataclass_fields__
-    assert fields["checkpoint_interval_steps"].default == defaults.CHECKPOINT_INTERVAL_STEPS
-    assert fields["powersgd_rank"].default == defaults.POWERSGD_RANK
-    assert fields["rebalance_interval_steps"].default == defaults.REBALANCE_INTERVAL_STEPS
-    assert fields["rendezvous_timeout_s"].default == defaults.RENDEZVOUS_TIMEOUT_S
-    assert fields["sim_delay_per_sample_s"].default == defaults.SIM_DELAY_PER_SAMPLE_S
-    assert envread.powersgd_rank({}) == defaults.POWERSGD_RANK
-    assert envread.rebalance_interval_steps({}) == defaults.REBALANCE_INTERVAL_STEPS
-    assert envread.rendezvous_timeout_s({}) == defaults.RENDEZVOUS_TIMEOUT_S
-    assert envread.sim_delay_per_sample_s({}) == defaults.SIM_DELAY_PER_SAMPLE_S
+    ckpt, comm, run = (contract.CheckpointSettings(), contract.CommSettings(hierarchy="flat"),
+                       contract.RunSettings())
+    assert ckpt.interval_steps == defaults.CHECKPOINT_INTERVAL_STEPS
+    assert comm.powersgd_rank == defaults.POWERSGD_RANK
+    assert comm.rebalance_interval_steps == defaults.REBALANCE_INTERVAL_STEPS
+    assert comm.rendezvous_timeout_s == defaults.RENDEZVOUS_TIMEOUT_S
+    assert run.sim_delay_per_sample_s == defaults.SIM_DELAY_PER_SAMPLE_S
+    for name, value in ((envnames.POWERSGD_RANK, defaults.POWERSGD_RANK),
+                        (envnames.REBALANCE_INTERVAL_STEPS, defaults.REBALANCE_INTERVAL_STEPS),
+                        (envnames.RENDEZVOUS_TIMEOUT_S, defaults.RENDEZVOUS_TIMEOUT_S),
+                        (envnames.SIM_DELAY_PER_SAMPLE_S, defaults.SIM_DELAY_PER_SAMPLE_S)):
+        assert contract.read_var({}, name) == value  # unset: the parsed default
     assert CompressionConfig().powersgd_rank == defaults.POWERSGD_RANK
 
 

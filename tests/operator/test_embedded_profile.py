@@ -50,9 +50,10 @@ def test_two_ranks_each_leave_one_trace_of_the_profiled_steps(tmp_path: Path) ->
 
 
 def test_profiling_is_off_unless_asked_and_the_trace_goes_to_the_run_or_checkpoint_dir() -> None:
-    base = c.Contract(rank=1, world_size=2, local_rank=0, local_world_size=1, master_addr="x", master_port=1,
-                      job_name="j", group=1, group_rank=0, group_size=1, local_batch_size=1, global_batch_size=2,
-                      precision="fp32", hierarchy="flat",
+    base = c.Contract(dist=c.RankInfo(rank=1, world_size=2, local_rank=0, local_world_size=1, master_addr="x",
+                                      master_port=1, job_name="j", group=1, group_rank=0, group_size=1),
+                      batch=c.BatchSettings(local_batch_size=1, global_batch_size=2),
+                      precision="fp32", comm=c.CommSettings(hierarchy="flat"),
                       device=c.DeviceProfile(product="T4", compute_capability="7.5", memory_mib=1,
                                              relative_speed=1.0, simulated=True),
                       topology=(c.RankEntry(rank=0, group=0, node="n", gpu_product="T4", compute_capability="7.5",
@@ -61,9 +62,9 @@ def test_profiling_is_off_unless_asked_and_the_trace_goes_to_the_run_or_checkpoi
                                             local_batch=1)))
     assert profiling.from_contract(base) is None  # the trainer's hook is then one `is None` per step
     from dataclasses import replace
-    on = replace(base, profile_steps=(20, 25), checkpoint_dir="/ckpt")
+    on = replace(base, run=c.RunSettings(profile_steps=(20, 25)), checkpoint=c.CheckpointSettings(dir="/ckpt"))
     assert profiling.trace_path(on) == Path("/ckpt/profiles/rank-1-steps-20-25.trace.json")
-    assert profiling.trace_path(replace(on, run_dir="/run")) == Path("/run/profiles/rank-1-steps-20-25.trace.json")
+    assert profiling.trace_path(replace(on, run=replace(on.run, dir="/run"))) == Path("/run/profiles/rank-1-steps-20-25.trace.json")
     prof = profiling.from_contract(on)
     assert prof is not None and (prof.first, prof.last) == (20, 25)
 
@@ -83,9 +84,9 @@ def test_the_job_annotation_reaches_every_rank_through_the_contract() -> None:
     plan = plan_job(job, build_inventory(load_objects(ROOT / "examples" / "clusters" / "mixed.yaml", "Node")))
     envs = render_rank_envs(plan, job, master_addr="h", master_port=1, simulated=True)
     assert [e[envnames.PROFILE_STEPS] for e in envs] == ["20-25", "20-25"]
-    assert [c.parse_contract(e).profile_steps for e in envs] == [(20, 25), (20, 25)]
+    assert [c.parse_contract(e).run.profile_steps for e in envs] == [(20, 25), (20, 25)]
     # the pod form (what the operator puts in a pod) keeps it for `heterotrain launch`
-    assert c.parse_contract(c.expand_pod_env(c.pod_env(envs[1]), 0)).profile_steps == (20, 25)
+    assert c.parse_contract(c.expand_pod_env(c.pod_env(envs[1]), 0)).run.profile_steps == (20, 25)
     manifest["metadata"]["annotations"] = {"heterotrain.io/profile-steps": "25-20"}
     with pytest.raises(SpecError, match=r"metadata.annotations\[heterotrain.io/profile-steps\]: must be "
                                         "FIRST-LAST with 1 <= FIRST <= LAST, got '25-20'"):

@@ -35,20 +35,20 @@ FLAKY = textwrap.dedent("""
     from hetero_worker.metrics import WorkerMetrics
     ct = parse_contract(os.environ)
     out = os.environ["OUT"]
-    attempt = len([f for f in os.listdir(out) if f.startswith(f"start-{ct.rank}-")])
+    attempt = len([f for f in os.listdir(out) if f.startswith(f"start-{ct.dist.rank}-")])
     m = WorkerMetrics(ct)
     m.set_total_steps(2)
     for _ in range(2):
-        m.observe_step(0.01, 0.01, 0.0, ct.local_batch_size, 1.0)
+        m.observe_step(0.01, 0.01, 0.0, ct.batch.local_batch_size, 1.0)
     m.flush()
-    open(os.path.join(out, f"start-{ct.rank}-{attempt}"), "w").close()
+    open(os.path.join(out, f"start-{ct.dist.rank}-{attempt}"), "w").close()
     if attempt < int(os.environ["FAIL_TIMES"]):
-        if ct.rank == 1:  # fail once every rank of this attempt is up
-            while len([f for f in os.listdir(out) if f.endswith(f"-{attempt}")]) < ct.world_size:
+        if ct.dist.rank == 1:  # fail once every rank of this attempt is up
+            while len([f for f in os.listdir(out) if f.endswith(f"-{attempt}")]) < ct.dist.world_size:
                 time.sleep(0.05)  # sync-ok: the workload polls for its peers' marker files
             sys.exit(5)
         time.sleep(60)  # sync-ok: the workload; stopped by the launcher when rank 1 fails
-    if ct.rank == 0:
+    if ct.dist.rank == 0:
         from heterotrain_common.rundir import write_result
         write_result({"accuracy": 0.5})
 """)

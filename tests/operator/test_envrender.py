@@ -32,8 +32,8 @@ def test_exact_rank_env_of_the_second_t4() -> None:
         "checkpoint": {"intervalSteps": 7}})
     extra = parse_contract(render_rank_envs(_plan(compressed), compressed, master_addr="m",
                                             master_port=1, simulated=False)[0])
-    assert (extra.compression, extra.powersgd_rank, extra.rebalance_interval_steps,
-            extra.checkpoint_interval_steps) == ("powersgd", 8, 25, 7)
+    assert (extra.comm.compression, extra.comm.powersgd_rank, extra.comm.rebalance_interval_steps,
+            extra.checkpoint.interval_steps) == ("powersgd", 8, 25, 7)
     envs = render_rank_envs(_plan(job), job, master_addr="digits", master_port=29500, simulated=True)
     topology = [
         {"compute_capability": "8.0", "gpu_product": A100, "group": 0, "local_batch": 68, "node": "node-a100", "rank": 0},
@@ -52,7 +52,7 @@ def test_exact_rank_env_of_the_second_t4() -> None:
         "HTJ_CHECKPOINT_INTERVAL_STEPS": "50", "HTJ_REBALANCE_INTERVAL_STEPS": "0",
         "HTJ_COMPRESSION": "none", "HTJ_POWERSGD_RANK": "16", "HTJ_RESTART_GENERATION": "0",
         "TORCHELASTIC_RESTART_COUNT": "0"}
-    assert [parse_contract(e).rank for e in envs] == [0, 1, 2]
+    assert [parse_contract(e).dist.rank for e in envs] == [0, 1, 2]
 
 
 def test_metrics_ports_per_host_or_per_local_rank() -> None:
@@ -76,7 +76,7 @@ def test_metrics_ports_per_host_or_per_local_rank() -> None:
 def test_hierarchy_mapping(spec_value: str, contract_value: str) -> None:
     job = make_job(ranks=3, global_batch=96, training={"hierarchy": spec_value})
     envs = render_rank_envs(_plan(job), job, master_addr="m", master_port=1, simulated=False)
-    assert {parse_contract(e).hierarchy for e in envs} == {contract_value}
+    assert {parse_contract(e).comm.hierarchy for e in envs} == {contract_value}
 
 
 def test_pod_form_of_local_rank_zero_expands_back_to_every_rank() -> None:

@@ -385,7 +385,7 @@ async def test_case_34_one_restart_generation_on_every_pod_and_backoff_limit_per
     local_counters = ["0", "0", "2"]
     for env, local in zip(ranks, local_counters):
         env[TORCHELASTIC_RESTART_COUNT] = local  # as if a torchrun agent inside restarted alone
-    assert [f"gen-{parse_contract(env).restart_generation}" for env in ranks] == ["gen-2"] * 3
+    assert [f"gen-{parse_contract(env).dist.restart_generation}" for env in ranks] == ["gen-2"] * 3
     assert [f"gen-{env[TORCHELASTIC_RESTART_COUNT]}" for env in ranks] == ["gen-0", "gen-0", "gen-2"]
     # third failure, on another rank this time: the job-level limit holds
     _set_phase(api, **{p: ("Failed" if p == "digits-g0" else "Running") for p in api.pods})

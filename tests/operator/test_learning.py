@@ -44,11 +44,12 @@ def test_rank_stats_reads_the_workers_own_counters() -> None:
 
     topo = (c.RankEntry(rank=0, group=0, node="n", gpu_product="Tesla-T4", compute_capability="7.5",
                         local_batch=4),)
-    contract = c.Contract(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="a",
-                          master_port=1, job_name="j", group=0, group_rank=0, group_size=1,
-                          local_batch_size=4, global_batch_size=4, precision="fp16",
-                          hierarchy="group", device=c.DeviceProfile(product="Tesla-T4"),
-                          topology=topo)
+    contract = c.Contract(
+        dist=c.RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="a",
+                        master_port=1, job_name="j", group=0, group_rank=0, group_size=1),
+        batch=c.BatchSettings(local_batch_size=4, global_batch_size=4), precision="fp16",
+        comm=c.CommSettings(hierarchy="group"), device=c.DeviceProfile(product="Tesla-T4"),
+        topology=topo)
     metrics = WorkerMetrics(contract)
     text = generate_latest(metrics.registry).decode()
     assert learning.rank_stats(text) == {"steps": 0, "samples": 0.0, "compute_seconds": 0.0}

@@ -202,7 +202,7 @@ def test_full_sharding_env_carries_every_ranks_share() -> None:
     assert [r.state_share_ppm for r in p.memory.ranks] == [585937, 103516, 103516, 103516, 103515]
     envs = render_rank_envs(p, j, master_addr="127.0.0.1", master_port=29500, simulated=True)
     assert {e["HTJ_SHARD_PPM"] for e in envs} == {"585937,103516,103516,103516,103515"}
-    assert c.parse_contract(envs[1]).shard_ppm == (585937, 103516, 103516, 103516, 103515)
+    assert c.parse_contract(envs[1]).memory.shard_ppm == (585937, 103516, 103516, 103516, 103515)
 
 
 @pytest.mark.parametrize(("kwargs", "reason"), [
@@ -259,9 +259,9 @@ def test_envrender_carries_the_memory_decision(all_modes) -> None:
     t4 = envs[1]
     assert {k: t4[k] for k in envnames.MEMORY_VARS if k in t4} == {
         "HTJ_SHARDING": "group", "HTJ_MICRO_BATCH_SIZE": "8", "HTJ_MEMORY_CAP_BYTES": str(T4_USABLE)}
-    parsed = c.parse_contract(t4)
+    parsed = c.parse_contract(t4).memory
     assert (parsed.sharding, parsed.micro_batch_size, parsed.activation_checkpointing,
-            parsed.memory_cap_bytes) == ("group", 8, False, T4_USABLE)
+            parsed.cap_bytes) == ("group", 8, False, T4_USABLE)
     # no model in the spec: none of the memory variables
     j0 = make_job(ranks=5, global_batch=64, gpus={"selection": "All"})
     envs0 = render_rank_envs(plan(j0), j0, master_addr="h", master_port=1, simulated=True)
@@ -276,7 +276,7 @@ def test_memory_variables_refused_by_name(variable, value, needle) -> None:
     from heterotrain_common import envnames, envread
 
     with pytest.raises(envread.ContractError) as err:
-        envread.memory_settings({variable: value})
+        c.read_var({variable: value}, variable)
     assert err.value.variable == variable and needle in str(err.value)
 
 
@@ -291,6 +291,6 @@ def test_memory_variables_survive_the_pod_form(all_modes) -> None:
     envs = render_rank_envs(plan(j), j, master_addr="svc", master_port=29500, simulated=False)
     pod = c.pod_env(envs[1])  # the T4 group's first rank
     for local in range(4):
-        expanded = c.parse_contract(c.expand_pod_env(pod, local))
-        assert (expanded.sharding, expanded.micro_batch_size, expanded.memory_cap_bytes) == (
+        expanded = c.parse_contract(c.expand_pod_env(pod, local)).memory
+        assert (expanded.sharding, expanded.micro_batch_size, expanded.cap_bytes) == (
             "group", 8, T4_USABLE)

@@ -9,7 +9,7 @@ import yaml
 
 from hetero_operator.api import spec as spec_mod
 from hetero_worker.speed.codecs import CompressionConfig
-from heterotrain_common import contract, envread
+from heterotrain_common import contract, envnames
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_RANK = 16  # rank 4 ended the speed benchmark 4.5-6.7 % above uncompressed; 16 within 1.4 %
@@ -27,7 +27,7 @@ def test_every_layer_defaults_to_the_same_rank() -> None:
     assert schema["default"] == DEFAULT_RANK and "default 16" in schema["description"]
     assert spec_mod.TrainingSpec.__dataclass_fields__["powersgd_rank"].default == DEFAULT_RANK
     assert spec_mod._training({"globalBatchSize": 64, "compression": {"mode": "PowerSGD"}}).powersgd_rank == DEFAULT_RANK
-    assert envread.powersgd_rank({}) == DEFAULT_RANK
+    assert contract.read_var({}, envnames.POWERSGD_RANK) == DEFAULT_RANK
     assert CompressionConfig().powersgd_rank == DEFAULT_RANK
     assert CompressionConfig.from_env({"HTJ_COMPRESSION": "PowerSGD"}).powersgd_rank == DEFAULT_RANK
 

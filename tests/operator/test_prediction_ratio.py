@@ -28,7 +28,7 @@ def _envs(training: dict) -> list[dict[str, str]]:
 def test_an_absolute_prediction_reaches_every_rank() -> None:
     envs = _envs({"referenceSamplesPerSecond": 1000})
     assert {e[envnames.PREDICTED_SAMPLES_PER_S] for e in envs} == {"1333.333333"}  # rounded to 1e-6
-    assert c.parse_contract(envs[0]).predicted_samples_per_s == pytest.approx(64 / 0.048)
+    assert c.parse_contract(envs[0]).run.predicted_samples_per_s == pytest.approx(64 / 0.048)
 
 
 def test_no_absolute_figure_no_prediction_variable() -> None:
@@ -51,11 +51,12 @@ def test_rank0_exports_predicted_and_ratio() -> None:
 
     topo = (c.RankEntry(rank=0, group=0, node="n", gpu_product="Tesla-T4", compute_capability="7.5",
                         local_batch=4),)
-    contract = c.Contract(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="a",
-                          master_port=1, job_name="j", group=0, group_rank=0, group_size=1,
-                          local_batch_size=4, global_batch_size=4, precision="fp16",
-                          hierarchy="group", device=c.DeviceProfile(product="Tesla-T4"),
-                          topology=topo, predicted_samples_per_s=800.0)
+    contract = c.Contract(
+        dist=c.RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="a",
+                        master_port=1, job_name="j", group=0, group_rank=0, group_size=1),
+        batch=c.BatchSettings(local_batch_size=4, global_batch_size=4), precision="fp16",
+        comm=c.CommSettings(hierarchy="group"), device=c.DeviceProfile(product="Tesla-T4"),
+        topology=topo, run=c.RunSettings(predicted_samples_per_s=800.0))
     metrics = WorkerMetrics(contract)
     metrics.set_job_prediction(800.0, 720.0)
     from prometheus_client import generate_latest as text

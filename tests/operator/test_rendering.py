@@ -99,8 +99,8 @@ def test_world_size_counts_training_ranks_and_ranks_expand_to_0_to_3() -> None:
         env = _env(p)
         for local in range(int(env["LOCAL_WORLD_SIZE"])):
             c = contract.parse_contract(contract.expand_pod_env(env, local))
-            ranks.append(c.rank)
-            assert c.topology[c.rank].node == p["spec"]["affinity"]["nodeAffinity"][
+            ranks.append(c.dist.rank)
+            assert c.topology[c.dist.rank].node == p["spec"]["affinity"]["nodeAffinity"][
                 "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
     assert sorted(ranks) == [0, 1, 2, 3]
     assert all("RANK" not in _env(p) and "LOCAL_RANK" not in _env(p) for p in pods)
@@ -179,7 +179,7 @@ def test_h100_after_mig_switch_gets_one_pod_per_mig_device_and_no_whole_gpu_requ
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert limits == {"nvidia.com/mig-1g.10gb": "1"}
         assert _env(pod)["LOCAL_WORLD_SIZE"] == "1"
-        assert contract.parse_contract(contract.expand_pod_env(_env(pod), 0)).rank == k
+        assert contract.parse_contract(contract.expand_pod_env(_env(pod), 0)).dist.rank == k
     assert rendering.master_addr("digits", "default", plan) == f"{pods[0]['metadata']['name']}.digits.default.svc"
     assert {_env(p)["MASTER_ADDR"] for p in pods} == {f"{pods[0]['metadata']['name']}.digits.default.svc"}
 

@@ -38,21 +38,21 @@ WORKER = textwrap.dedent("""
         from hetero_worker.metrics import WorkerMetrics
         m = WorkerMetrics(ct)
         for _ in range(1 + os.getppid() % 5):
-            m.observe_step(0.01, 0.01, 0.0, ct.local_batch_size, 1.0)
+            m.observe_step(0.01, 0.01, 0.0, ct.batch.local_batch_size, 1.0)
         m.flush()
-        if ct.rank == 0:
+        if ct.dist.rank == 0:
             from heterotrain_common.rundir import write_result
             write_result({"accuracy": (os.getppid() % 1000) / 1000})
     elif mode == "argv":
-        with open(os.path.join(out, f"rank-{ct.rank}.json"), "w") as f:
+        with open(os.path.join(out, f"rank-{ct.dist.rank}.json"), "w") as f:
             json.dump({"argv": sys.argv[1:], "max_steps": os.environ.get("HTJ_MAX_STEPS")}, f)
-    elif mode == "usage" and ct.rank == 1:
+    elif mode == "usage" and ct.dist.rank == 1:
         print("usage: train.py [-h] [--lr LR]", file=sys.stderr)
         print("train.py: error: unrecognized arguments: --batch 3", file=sys.stderr)
         sys.exit(2)
     elif mode == "collateral":
         flag = os.path.join(out, "raising")
-        if ct.rank == 1:
+        if ct.dist.rank == 1:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             open(flag, "w").close()
             time.sleep(1.0)  # sync-ok: the others die of the peer first
@@ -62,15 +62,15 @@ WORKER = textwrap.dedent("""
         raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
                            "closed by peer [127.0.0.1]:29500")
     elif mode == "print":
-        print(f"out {ct.rank}", flush=True)
-        print(f"err {ct.rank}", file=sys.stderr, flush=True)
+        print(f"out {ct.dist.rank}", flush=True)
+        print(f"err {ct.dist.rank}", file=sys.stderr, flush=True)
     elif mode == "sleep":
-        open(os.path.join(out, f"up-{ct.rank}"), "w").close()
+        open(os.path.join(out, f"up-{ct.dist.rank}"), "w").close()
         time.sleep(120)  # sync-ok: the workload; Ctrl-C stops it
     elif mode == "resume":
         saved = os.path.join(os.environ["HTJ_CHECKPOINT_DIR"], "saved")
         if not os.path.exists(saved):
-            if ct.rank == 0:
+            if ct.dist.rank == 0:
                 os.makedirs(os.path.dirname(saved), exist_ok=True)
                 open(saved, "w").close()
             sys.exit(5)

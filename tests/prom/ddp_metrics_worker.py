@@ -24,18 +24,18 @@ from heterotrain_common.contract import parse_contract
 def main(stop_file: str, step_sleep_s: float, max_s: float) -> int:
     c = parse_contract(os.environ)
     torch.set_num_threads(1)
-    torch.manual_seed(c.rank)
-    dist.init_process_group("gloo", init_method=f"tcp://{c.master_addr}:{c.master_port}",
-                            rank=c.rank, world_size=c.world_size)
+    torch.manual_seed(c.dist.rank)
+    dist.init_process_group("gloo", init_method=f"tcp://{c.dist.master_addr}:{c.dist.master_port}",
+                            rank=c.dist.rank, world_size=c.dist.world_size)
     metrics = WorkerMetrics(c)
     metrics.start_server(addr="127.0.0.1")
     model = torch.nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    weight = c.local_batch_size / c.global_batch_size  # local mean * b/B, summed = global mean
+    weight = c.batch.local_batch_size / c.batch.global_batch_size  # local mean * b/B, summed = global mean
     started = time.monotonic()
     while True:
         t0 = time.perf_counter()
-        x, y = torch.randn(c.local_batch_size, 16), torch.randint(0, 4, (c.local_batch_size,))
+        x, y = torch.randn(c.batch.local_batch_size, 16), torch.randint(0, 4, (c.batch.local_batch_size,))
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -46,7 +46,7 @@ def main(stop_file: str, step_sleep_s: float, max_s: float) -> int:
         t2 = time.perf_counter()
         opt.step()
         t3 = time.perf_counter()
-        metrics.observe_step(t3 - t0, (t1 - t0) + (t3 - t2), t2 - t1, c.local_batch_size, loss.item())
+        metrics.observe_step(t3 - t0, (t1 - t0) + (t3 - t2), t2 - t1, c.batch.local_batch_size, loss.item())
         stop = torch.tensor([float(os.path.exists(stop_file) or time.monotonic() - started > max_s)])
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() > 0:

@@ -53,13 +53,14 @@ def rank_envs(*, job: str, batches: Sequence[int], products: Sequence[str],
     for r in range(world):
         members = [e.rank for e in topology if e.group == groups[r]]
         contract = c.Contract(
-            rank=r, world_size=world, local_rank=r, local_world_size=world, master_addr="127.0.0.1",
-            master_port=master_port, job_name=job, group=groups[r], group_rank=members.index(r),
-            group_size=len(members), local_batch_size=batches[r], global_batch_size=sum(batches),
-            precision="fp32", hierarchy="flat",
+            dist=c.RankInfo(rank=r, world_size=world, local_rank=r, local_world_size=world,
+                            master_addr="127.0.0.1", master_port=master_port, job_name=job,
+                            group=groups[r], group_rank=members.index(r), group_size=len(members)),
+            batch=c.BatchSettings(local_batch_size=batches[r], global_batch_size=sum(batches)),
+            precision="fp32", comm=c.CommSettings(hierarchy="flat"),
             device=c.DeviceProfile(product=products[r], compute_capability="8.0",
                                    relative_speed=speeds[r], simulated=True),
-            topology=topology, metrics_port=ports[r])
+            topology=topology, run=c.RunSettings(metrics_port=ports[r]))
         envs.append(c.render_rank_env(contract))
     return envs
 

@@ -104,7 +104,7 @@ def run_full(t: ht.Trainer) -> dict:
             "held_numel": sum(p.numel() for p in model.parameters()),
             "state_bytes": t.memory.state_bytes if t.memory else None,
             "peak": t.memory.peak_bytes if t.memory else None,
-            "cap": t.contract.memory_cap_bytes,
+            "cap": t.contract.memory.cap_bytes,
             "inter_group_bytes": t.shard_sync.inter_group_bytes_total}
 
 

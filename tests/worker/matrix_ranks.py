@@ -84,10 +84,14 @@ def codec_tensors(t: Trainer) -> list[torch.Tensor]:
     return out
 
 
-def row_contract(env: dict[str, str], **changes: Any) -> c.Contract:
+def row_contract(env: dict[str, str], checkpoint_dir: str | None = None) -> c.Contract:
     env = {**env, envnames.MASTER_ADDR: os.environ[envnames.MASTER_ADDR],
            envnames.MASTER_PORT: os.environ[envnames.MASTER_PORT]}
-    return replace(c.parse_contract(env), metrics_port=0, **changes)  # no /metrics server per row
+    parsed = c.parse_contract(env)
+    checkpoint = parsed.checkpoint if checkpoint_dir is None else replace(parsed.checkpoint,
+                                                                           dir=checkpoint_dir)
+    return replace(parsed, run=replace(parsed.run, metrics_port=0),  # no /metrics server per row
+                   checkpoint=checkpoint)
 
 
 def retire(t: Trainer) -> None:
@@ -98,7 +102,7 @@ def retire(t: Trainer) -> None:
     process never meets this)."""
     t.sync.close()
     dist.barrier()
-    if t.contract.sharding == "none":
+    if t.contract.memory.sharding == "none":
         t.groups.destroy()
 
 

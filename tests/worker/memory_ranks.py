@@ -61,7 +61,7 @@ def accumulate(t: ht.Trainer) -> dict:
     return {"diff": diff, "losses": losses,
             "peak": t.memory.peak_bytes if t.memory else None,
             "activation_peak": t.memory.peak_activation_bytes if t.memory else None,
-            "cap": t.contract.memory_cap_bytes, "micro": t.contract.micro_batch_size,
+            "cap": t.contract.memory.cap_bytes, "micro": t.contract.memory.micro_batch_size,
             "held_numel": sum(p.numel() for p in held), "full_numel": sum(p.numel() for p in full),
             "inter_group_bytes": t.metrics.stats().get("inter_group_bytes")}
 

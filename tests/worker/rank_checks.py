@@ -7,6 +7,8 @@ One spawn checks several facts (spawning costs seconds each). Scenarios:
   agreement (unit and end-to-end through ``Trainer.step`` in fp16).
 * ``case15``: two ranks, batches 12/6, linear 8->1 with MSE, against a single process.
 * ``join``: rendezvous then one all-reduce (case 17).
+* ``stream``: the trainer's loader over an ``IterableDataset`` with 2 DataLoader workers, a split
+  change after the first step, against a single process on the full batches (issue 22).
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ def inf_agreement_trainer(t: ht.Trainer, precision: str) -> dict:
         results.append({"skipped": res.skipped,
                         "changed": max_diff(list(fp16.module.parameters()), before) > 0})
     flat = torch.cat([p.detach().flatten() for p in fp16.module.parameters()])
-    everyone = [torch.zeros_like(flat) for _ in range(t.contract.world_size)]
+    everyone = [torch.zeros_like(flat) for _ in range(t.contract.dist.world_size)]
     dist.all_gather(everyone, flat)
     return {"steps": results, "scale": fp16.scaler.get_scale() if fp16.scaler else None,
             "params_equal_all_ranks": all(torch.equal(flat, o) for o in everyone)}
@@ -217,13 +219,46 @@ def case15_scenario(t: ht.Trainer) -> dict:
     return out
 
 
+class PairStream(torch.utils.data.IterableDataset):
+    """``(x[i], y[i])`` in order; with workers, sample ``i`` from worker ``i % num_workers``."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        step, first = (1, 0) if info is None else (info.num_workers, info.id)
+        for i in range(first, len(self.x), step):
+            yield self.x[i], self.y[i]
+
+
+def stream_scenario(t: ht.Trainer, steps: int = 3) -> dict:
+    """Train ``steps`` steps on a stream of the reference's samples (plus a remainder of 7 that
+    is dropped); the full-batch update does not depend on the split, so a split change after the
+    first step must still give the single-process result."""
+    batches = list(t.contract.local_batches)
+    x, y = make_data(batches, steps)
+    stream = PairStream(torch.cat([x, x[:7]]), torch.cat([y, y[:7]]))
+    model = t.wrap(make_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sizes = []
+    for xb, yb in t.loader(stream, num_workers=2):
+        sizes.append(len(xb))
+        t.step(opt, lambda m, xb=xb, yb=yb: torch.nn.functional.mse_loss(m(xb), yb))
+        if t.global_step == 1:
+            t.set_split(list(reversed(batches)))
+    return {"sizes": sizes, "epoch": t.epoch, "position": t.sampler.state_dict(),
+            "diff": max_diff(list(t.module.parameters()), reference_params(batches, steps))}
+
+
 def join_scenario(t: ht.Trainer) -> dict:
     x = torch.tensor([float(t.rank + 1)])
     dist.all_reduce(x)
     return {"sum": x.item()}
 
 
-SCENARIOS = {"main": main_scenario, "case15": case15_scenario, "join": join_scenario}
+SCENARIOS = {"main": main_scenario, "case15": case15_scenario, "join": join_scenario,
+             "stream": stream_scenario}
 
 
 def main() -> int:

@@ -1,25 +1,30 @@
 """The env contract: exact variable sets, round trips and one clear error per malformed variable."""
 
+from dataclasses import replace
+
 import pytest
 
 from heterotrain_common import contract as c
 from heterotrain_common import envnames, envread
 
 
-def _contract(**over):
+def _contract(**changes):
+    """The base contract with some fields of its groups changed, e.g. ``dist={"rank": 0}``."""
     topo = (
         c.RankEntry(rank=0, group=0, node="n-a", gpu_product="A100", compute_capability="8.0", local_batch=5),
         c.RankEntry(rank=1, group=0, node="n-a", gpu_product="A100", compute_capability="8.0", local_batch=5),
         c.RankEntry(rank=2, group=1, node="n-b", gpu_product="Tesla-T4", compute_capability="7.5", local_batch=2),
     )
-    base = dict(rank=1, world_size=3, local_rank=1, local_world_size=2, master_addr="job-0.job",
-                master_port=29500, job_name="j", group=0, group_rank=1, group_size=2,
-                local_batch_size=5, global_batch_size=12, precision="bf16", hierarchy="group",
-                device=c.DeviceProfile(product="A100", compute_capability="8.0", memory_mib=40960,
-                                       relative_speed=1.0),
-                topology=topo)
-    base.update(over)
-    return c.Contract(**base)
+    base = c.Contract(
+        dist=c.RankInfo(rank=1, world_size=3, local_rank=1, local_world_size=2, master_addr="job-0.job",
+                        master_port=29500, job_name="j", group=0, group_rank=1, group_size=2),
+        batch=c.BatchSettings(local_batch_size=5, global_batch_size=12), precision="bf16",
+        comm=c.CommSettings(hierarchy="group"),
+        device=c.DeviceProfile(product="A100", compute_capability="8.0", memory_mib=40960,
+                               relative_speed=1.0),
+        topology=topo)
+    return replace(base, **{name: replace(getattr(base, name), **fields)
+                            for name, fields in changes.items()})
 
 
 def test_rank_env_has_exactly_the_contract_variables():
@@ -34,11 +39,11 @@ def test_round_trip_through_env():
 
 
 def test_pod_form_expands_to_each_rank():
-    rank0 = c.render_rank_env(_contract(rank=0, local_rank=0, group_rank=0))
+    rank0 = c.render_rank_env(_contract(dist={"rank": 0, "local_rank": 0, "group_rank": 0}))
     pod = c.pod_env(rank0)
     assert "RANK" not in pod and pod["HTJ_FIRST_RANK"] == "0"
     one = c.parse_contract(c.expand_pod_env(pod, 1))
-    assert (one.rank, one.local_rank, one.group_rank, one.local_batch_size) == (1, 1, 1, 5)
+    assert (one.dist.rank, one.dist.local_rank, one.dist.group_rank, one.batch.local_batch_size) == (1, 1, 1, 5)
 
 
 @pytest.mark.parametrize(
@@ -72,10 +77,11 @@ def test_malformed_variable_names_itself(variable, value, needle):
 # --- every HTJ_* name and its parsing lives here; init(environ=...) is honoured everywhere ------
 
 def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
-    knobs = _contract(sim_delay_per_sample_s=0.0125, rendezvous_timeout_s=42.0, run_dir="/runs/x",
-                      compression="int8", powersgd_rank=8, rebalance_interval_steps=3,
-                      profile_steps=(20, 25), predicted_samples_per_s=812.5, max_steps=10,
-                      epochs=3)
+    knobs = _contract(run={"sim_delay_per_sample_s": 0.0125, "dir": "/runs/x",
+                           "profile_steps": (20, 25), "predicted_samples_per_s": 812.5},
+                      comm={"rendezvous_timeout_s": 42.0, "compression": "int8", "powersgd_rank": 8,
+                            "rebalance_interval_steps": 3},
+                      batch={"max_steps": 10, "epochs": 3})
     env = c.render_rank_env(knobs)
     assert {k: env[k] for k in envnames.KNOB_VARS} == {"HTJ_SIM_DELAY_PER_SAMPLE_S": "0.0125",
                                                 "HTJ_RENDEZVOUS_TIMEOUT_S": "42.0",
@@ -111,7 +117,7 @@ def test_malformed_knob_names_itself(variable, value, needle):
 
 def test_spec_spelling_of_compression_is_accepted():
     env = dict(c.render_rank_env(_contract()), HTJ_COMPRESSION="PowerSGD")
-    assert c.parse_contract(env).compression == "powersgd"
+    assert c.parse_contract(env).comm.compression == "powersgd"
 
 
 def test_no_worker_module_spells_an_htj_name_outside_the_contract():
@@ -141,7 +147,8 @@ def test_modules_read_their_knobs_from_the_parsed_contract_not_os_environ(monkey
                        ("HTJ_REBALANCE_INTERVAL_STEPS", "9"), ("HTJ_RUN_DIR", "/elsewhere")):
         monkeypatch.setenv(var, value)
     parsed = c.parse_contract(c.render_rank_env(_contract(
-        compression="powersgd", powersgd_rank=6, rebalance_interval_steps=4, run_dir=str(tmp_path))))
+        comm={"compression": "powersgd", "powersgd_rank": 6, "rebalance_interval_steps": 4},
+        run={"dir": str(tmp_path)})))
     speed = SpeedConfig.from_contract(parsed)
     assert (speed.rebalance.interval_steps, speed.compression) == (
         4, CompressionConfig(mode="powersgd", powersgd_rank=6))

@@ -32,16 +32,19 @@ def test_slice_sizes_follow_the_shares_exactly() -> None:
 
 
 def test_shard_ppm_is_parsed_checked_and_rendered() -> None:
-    assert envread.shard_ppm({envnames.SHARD_PPM: "500000,250000,250000"}) == (500000, 250000, 250000)
-    assert envread.shard_ppm({}) == ()
+    def shares(text: str | None) -> tuple[int, ...]:
+        return c.read_var({} if text is None else {envnames.SHARD_PPM: text}, envnames.SHARD_PPM)
+
+    assert shares("500000,250000,250000") == (500000, 250000, 250000)
+    assert shares(None) == ()
     with pytest.raises(envread.ContractError, match="HTJ_SHARD_PPM.*sum to 1000000"):
-        envread.shard_ppm({envnames.SHARD_PPM: "500000,250000"})
+        shares("500000,250000")
     with pytest.raises(envread.ContractError, match="HTJ_SHARD_PPM.*integers"):
-        envread.shard_ppm({envnames.SHARD_PPM: "5e5,5e5"})
+        shares("5e5,5e5")
     env = mixed_cluster_envs([2, 5, 8, 4])[1]
     env.update({envnames.SHARDING: "full", envnames.SHARD_PPM: SHARES})
     parsed = c.parse_contract(env)
-    assert parsed.shard_ppm == (500000, 250000, 125000, 125000)
+    assert parsed.memory.shard_ppm == (500000, 250000, 125000, 125000)
     assert c.render_rank_env(parsed)[envnames.SHARD_PPM] == SHARES
     env[envnames.SHARD_PPM] = "500000,500000"
     with pytest.raises(envread.ContractError, match="HTJ_SHARD_PPM.*2 shares for WORLD_SIZE=4"):

@@ -33,12 +33,15 @@ def _pod(*, simulated: bool = True, product: str = "Tesla-T4", mig_profile: str 
                     local_batch=2),
     )
     rank1 = c.Contract(
-        rank=1, world_size=3, local_rank=0, local_world_size=2, master_addr="job-g0.job.ns.svc",
-        master_port=29500, job_name="job", group=1, group_rank=0, group_size=2, local_batch_size=3,
-        global_batch_size=13, precision="fp16", hierarchy="group",
+        dist=c.RankInfo(rank=1, world_size=3, local_rank=0, local_world_size=2,
+                        master_addr="job-g0.job.ns.svc", master_port=29500, job_name="job", group=1,
+                        group_rank=0, group_size=2),
+        batch=c.BatchSettings(local_batch_size=3, global_batch_size=13), precision="fp16",
+        comm=c.CommSettings(hierarchy="group"),
         device=c.DeviceProfile(product=product, compute_capability="7.5", memory_mib=15360,
                                relative_speed=0.25, simulated=simulated, mig_profile=mig_profile),
-        topology=topology, metrics_port=metrics_port, checkpoint_dir="/ckpt")
+        topology=topology, run=c.RunSettings(metrics_port=metrics_port),
+        checkpoint=c.CheckpointSettings(dir="/ckpt"))
     return {**c.pod_env(c.render_rank_env(rank1)), "OMP_NUM_THREADS": "2", **extra}
 
 
@@ -52,7 +55,7 @@ def test_each_local_rank_gets_exactly_its_rank_form_and_metrics_port():
         {**shared, "RANK": "2", "LOCAL_RANK": "1", "HTJ_LOCAL_BATCH_SIZE": "2", "HTJ_GROUP_RANK": "1",
          "HTJ_METRICS_PORT": "9481"},
     ]
-    assert [c.parse_contract(e).rank for e in envs] == [1, 2]
+    assert [c.parse_contract(e).dist.rank for e in envs] == [1, 2]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,5 @@
 """init() attaches the speed features exactly when the job's contract asks for them."""
 
-import dataclasses
 
 import pytest
 
@@ -8,13 +7,15 @@ from hetero_worker.trainer import wants_speed_features
 from heterotrain_common import contract as c
 
 
-def _contract(**over):
+def _contract(**comm):
+    """A one-rank contract whose comm settings differ from the defaults by ``comm``."""
     topo = (c.RankEntry(rank=0, group=0, node="n", gpu_product="A100", compute_capability="8.0", local_batch=4),)
-    base = c.Contract(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1",
-                      master_port=29500, job_name="j", group=0, group_rank=0, group_size=1,
-                      local_batch_size=4, global_batch_size=4, precision="fp32", hierarchy="group",
-                      device=c.DeviceProfile(product="A100"), topology=topo)
-    return dataclasses.replace(base, **over)
+    return c.Contract(
+        dist=c.RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1",
+                        master_port=29500, job_name="j", group=0, group_rank=0, group_size=1),
+        batch=c.BatchSettings(local_batch_size=4, global_batch_size=4), precision="fp32",
+        comm=c.CommSettings(**{"hierarchy": "group", **comm}),
+        device=c.DeviceProfile(product="A100"), topology=topo)
 
 
 @pytest.mark.parametrize(

@@ -56,8 +56,8 @@ class EfficiencyWindow:
         if ratio is not None:
             self.efficiency_ratio = ratio
             self.metrics.set_job_efficiency(ratio)
-        if self.contract.predicted_samples_per_s > 0 and wall_s > 0:  # htj_job_prediction_ratio
-            self.metrics.set_job_prediction(self.contract.predicted_samples_per_s,
+        if self.contract.run.predicted_samples_per_s > 0 and wall_s > 0:  # htj_job_prediction_ratio
+            self.metrics.set_job_prediction(self.contract.run.predicted_samples_per_s,
                                             float(buf[0::2].sum()) / wall_s)
 
 

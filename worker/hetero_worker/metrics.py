@@ -103,7 +103,7 @@ class WorkerMetrics:
         contract: the rank's parsed contract (labels, metrics port, device profile).
         registry: registry to use; a fresh :class:`CollectorRegistry` by default.
         environ: where ``HTJ_RUN_DIR`` and ``CUDA_VISIBLE_DEVICES`` are read; by default the
-            contract's ``run_dir`` (what ``init(environ=...)`` parsed) and ``os.environ``'s
+            contract's ``run.dir`` (what ``init(environ=...)`` parsed) and ``os.environ``'s
             ``CUDA_VISIBLE_DEVICES``.
     """
 
@@ -111,8 +111,8 @@ class WorkerMetrics:
                  environ: Mapping[str, str] | None = None) -> None:
         self.contract = contract
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.labels = {"job": contract.job_name, "rank": str(contract.rank),
-                       "group": str(contract.group), "gpu_product": contract.device.product}
+        self.labels = {"job": contract.dist.job_name, "rank": str(contract.dist.rank),
+                       "group": str(contract.dist.group), "gpu_product": contract.device.product}
         env = os.environ if environ is None else environ
         self._cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES")
         self._families: dict[str, Any] = {
@@ -129,7 +129,7 @@ class WorkerMetrics:
         self._lock = threading.Lock()
         self._server: Any = None
         self._stats_dir = (rundir.run_dir(environ) if environ is not None
-                           else Path(contract.run_dir) if contract.run_dir else None)
+                           else Path(contract.run.dir) if contract.run.dir else None)
         self._totals = {"steps": 0, "samples": 0, "skipped_steps": 0, "rebalances": 0,
                         "step_seconds": 0.0, "compute_seconds": 0.0, "comm_wait_seconds": 0.0}
         self._last: dict[str, Any] = {"loss": None, "throughput_samples_per_second": None,
@@ -140,7 +140,7 @@ class WorkerMetrics:
         for name, family in self._families.items():  # counters exist at 0 from the start
             if isinstance(family, (Counter, Histogram)):
                 self._child(name)
-        self.set_local_batch(contract.local_batch_size)
+        self.set_local_batch(contract.batch.local_batch_size)
         self._child(mn.RESUMED_STEP).set(0)
         if self._stats_dir is not None:
             atexit.register(_flush_if_alive, weakref.ref(self))
@@ -155,7 +155,7 @@ class WorkerMetrics:
     # --- server -------------------------------------------------------------------------------
 
     def start_server(self, addr: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` on ``contract.metrics_port`` in a daemon thread.
+        """Serve ``/metrics`` on ``contract.run.metrics_port`` in a daemon thread.
 
         Args:
             addr: bind address.
@@ -164,13 +164,13 @@ class WorkerMetrics:
             The port served, or 0 when ``HTJ_METRICS_PORT`` is 0 (off) or the port is taken (a
             warning goes to stderr; training goes on without metrics).
         """
-        port = self.contract.metrics_port
+        port = self.contract.run.metrics_port
         if port == 0 or self._server is not None:
             return port if self._server is not None else 0
         try:
             self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
-            print(f"heterotrain: rank {self.contract.rank}: metrics port {port} unavailable "
+            print(f"heterotrain: rank {self.contract.dist.rank}: metrics port {port} unavailable "
                   f"({exc}); continuing without metrics", file=sys.stderr)
             return 0
         return port
@@ -303,7 +303,7 @@ class WorkerMetrics:
         self._last_device_s = time.monotonic()
         if self.contract.device.simulated:
             return
-        target = nvml.nvml_target(self._cuda_visible_devices, self.contract.local_rank)
+        target = nvml.nvml_target(self._cuda_visible_devices, self.contract.dist.local_rank)
         reading, ident = nvml.read_device(target, identity=not self._identity_done)
         if ident is not None:
             self._export_identity(ident)
@@ -343,7 +343,7 @@ class WorkerMetrics:
         """Cumulative statistics of this rank (the content of ``rank-<R>.json``)."""
         c = self.contract
         with self._lock:
-            return {"rank": c.rank, "group": c.group, "gpu_product": c.device.product,
+            return {"rank": c.dist.rank, "group": c.dist.group, "gpu_product": c.device.product,
                     "simulated": c.device.simulated, "relative_speed": c.device.relative_speed,
                     "precision": c.precision, **self._totals, **self._last,
                     "updated_unix_s": time.time()}
@@ -354,10 +354,10 @@ class WorkerMetrics:
             return
         self._last_write_s = time.monotonic()
         try:
-            rundir.write_json_atomic(rundir.rank_stats_path(self._stats_dir, self.contract.rank),
+            rundir.write_json_atomic(rundir.rank_stats_path(self._stats_dir, self.contract.dist.rank),
                                      self.stats())
         except OSError as exc:
-            print(f"heterotrain: rank {self.contract.rank}: cannot write statistics ({exc})",
+            print(f"heterotrain: rank {self.contract.dist.rank}: cannot write statistics ({exc})",
                   file=sys.stderr)
 
 

@@ -31,16 +31,16 @@ STEP_RANGE_PREFIX = "heterotrain step "
 
 def trace_dir(contract: Contract) -> Path:
     """``<run dir>/profiles``, else ``<checkpoint dir>/profiles``, else ``./profiles``."""
-    base = contract.run_dir or contract.checkpoint_dir or "."
+    base = contract.run.dir or contract.checkpoint.dir or "."
     return Path(base) / PROFILES_DIR
 
 
 def trace_path(contract: Contract) -> Path | None:
     """This rank's trace file, None when profiling is off."""
-    if contract.profile_steps is None:
+    if contract.run.profile_steps is None:
         return None
-    first, last = contract.profile_steps
-    return trace_dir(contract) / f"rank-{contract.rank}-steps-{first}-{last}.trace.json"
+    first, last = contract.run.profile_steps
+    return trace_dir(contract) / f"rank-{contract.dist.rank}-steps-{first}-{last}.trace.json"
 
 
 class StepProfiler:
@@ -101,7 +101,7 @@ class StepProfiler:
 def from_contract(contract: Contract, *, cuda: bool = False) -> StepProfiler | None:
     """The rank's profiler when ``HTJ_PROFILE_STEPS`` is set, else None (profiling off)."""
     path = trace_path(contract)
-    if path is None or contract.profile_steps is None:
+    if path is None or contract.run.profile_steps is None:
         return None
-    first, last = contract.profile_steps
+    first, last = contract.run.profile_steps
     return StepProfiler(first, last, path, cuda=cuda)

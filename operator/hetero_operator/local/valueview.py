@@ -22,7 +22,7 @@ from hetero_operator.api.types import Plan, PlanValue
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
 from hetero_operator.planning.profiles import (JOB_EFFICIENCY, TABLE_DIFFERENCE, FileStore,
                                                default_path, observations_from_stats)
-from heterotrain_common import contract, envnames, envread, rundir
+from heterotrain_common import contract, envnames, rundir
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, learn_help: str) -> None:
@@ -161,7 +161,7 @@ def simulated_reference_samples_per_s(environ: Mapping[str, str]) -> float | Non
     """Samples/s of a simulated speed-1.0 device: ``1 / HTJ_SIM_DELAY_PER_SAMPLE_S`` (the ranks'
     real CPU compute comes on top, so this is an upper bound until speeds are learned)."""
 
-    delay = envread.sim_delay_per_sample_s(environ)
+    delay = contract.read_var(environ, envnames.SIM_DELAY_PER_SAMPLE_S)
     return 1.0 / delay if delay > 0 else None
 
 

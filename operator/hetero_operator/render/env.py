@@ -9,11 +9,12 @@ rank's position in its group and the group's size.  The pod form carries local r
 
 from __future__ import annotations
 
-from typing import Any
-
+from hetero_operator.api.memoryplan import RankMemory
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import Plan
-from heterotrain_common.contract import Contract, DeviceProfile, RankEntry, render_rank_env
+from heterotrain_common.contract import (BatchSettings, CheckpointSettings, CommSettings, Contract,
+                                         DeviceProfile, MemorySettings, RankEntry, RankInfo,
+                                         RunSettings, render_rank_env)
 
 HIERARCHY_TO_CONTRACT: dict[str, str] = {
     "Auto": "auto", "Flat": "flat", "Group": "group", "PerNode": "node", "PerArchitecture": "arch",
@@ -49,9 +50,9 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
         RankEntry(rank=r.rank, group=r.group, node=r.node, gpu_product=r.gpu_type,
                   compute_capability=r.compute_capability, local_batch=r.local_batch)
         for r in plan.ranks)
-    world = len(plan.ranks)
-    hierarchy = HIERARCHY_TO_CONTRACT[job.training.hierarchy]
-    ckpt = job.training.checkpoint_path if checkpoint_dir is None else checkpoint_dir
+    world, training = len(plan.ranks), job.training
+    hierarchy = HIERARCHY_TO_CONTRACT[training.hierarchy]
+    ckpt = training.checkpoint_path if checkpoint_dir is None else checkpoint_dir
     value = plan.value  # the planner's prediction, when in samples/s: rank 0 exports the ratio
     predicted = value.predicted_throughput if value is not None and value.absolute else 0.0
     memory = {m.rank: m for m in plan.memory.ranks} if plan.memory is not None else {}
@@ -68,33 +69,38 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
                                memory_mib=r.memory_mib, relative_speed=r.relative_speed,
                                simulated=simulated, mig_profile=r.mig_profile)
         contract = Contract(
-            rank=r.rank, world_size=world, local_rank=r.group_rank, local_world_size=len(group.ranks),
-            master_addr=master_addr, master_port=master_port, job_name=job.name, group=r.group,
-            group_rank=r.group_rank, group_size=len(group.ranks), local_batch_size=r.local_batch,
-            global_batch_size=job.training.global_batch_size, precision=r.precision,
-            hierarchy=hierarchy, device=device, topology=topology, metrics_port=port,
-            checkpoint_dir=ckpt, extra=dict(group.extra_env),
-            checkpoint_interval_steps=job.training.checkpoint_interval_steps,
-            rebalance_interval_steps=job.training.rebalance_interval_steps,
-            profile_steps=job.profile_steps,
-            compression=job.training.compression.lower(), powersgd_rank=job.training.powersgd_rank,
-            restart_generation=restart_generation, predicted_samples_per_s=predicted,
-            checkpoint_keep=job.training.checkpoint_keep,
-            checkpoint_timeout_s=float(job.training.checkpoint_timeout_s),
-            collective_timeout_s=float(job.training.collective_timeout_s),
-            termination_grace_s=float(job.worker.termination_grace_s),
-            **_memory_fields(memory.get(r.rank), sharding, shares))
+            dist=RankInfo(rank=r.rank, world_size=world, local_rank=r.group_rank,
+                          local_world_size=len(group.ranks), master_addr=master_addr,
+                          master_port=master_port, job_name=job.name, group=r.group,
+                          group_rank=r.group_rank, group_size=len(group.ranks),
+                          restart_generation=restart_generation),
+            batch=BatchSettings(local_batch_size=r.local_batch,
+                                global_batch_size=training.global_batch_size),
+            precision=r.precision, device=device, topology=topology,
+            comm=CommSettings(hierarchy=hierarchy, compression=training.compression.lower(),
+                              powersgd_rank=training.powersgd_rank,
+                              rebalance_interval_steps=training.rebalance_interval_steps,
+                              collective_timeout_s=float(training.collective_timeout_s)),
+            memory=_memory_settings(memory.get(r.rank), sharding, shares),
+            checkpoint=CheckpointSettings(dir=ckpt, interval_steps=training.checkpoint_interval_steps,
+                                          keep=training.checkpoint_keep,
+                                          timeout_s=float(training.checkpoint_timeout_s)),
+            run=RunSettings(metrics_port=port, profile_steps=job.profile_steps,
+                            predicted_samples_per_s=predicted,
+                            termination_grace_s=float(job.worker.termination_grace_s)),
+            extra=dict(group.extra_env))
         envs.append(render_rank_env(contract))
     return envs
 
 
-def _memory_fields(m: Any, sharding: str, shares: tuple[int, ...] = ()) -> dict[str, Any]:
-    """``Contract`` memory fields of one rank (:class:`hetero_operator.api.memoryplan.RankMemory`, or
-    None without a memory model); the micro-batch size is the memory bound (samples that fit), so a
-    rebalanced local batch stays within memory; ``shares``: every rank's ``state_share_ppm`` under
-    Full sharding (``HTJ_SHARD_PPM``), else empty."""
+def _memory_settings(m: RankMemory | None, sharding: str,
+                     shares: tuple[int, ...] = ()) -> MemorySettings:
+    """The memory settings of one rank (None without a memory model: the defaults); the
+    micro-batch size is the memory bound (samples that fit), so a rebalanced local batch stays
+    within memory; ``shares``: every rank's ``state_share_ppm`` under Full sharding
+    (``HTJ_SHARD_PPM``), else empty."""
     if m is None:
-        return {}
-    return {"sharding": sharding, "micro_batch_size": m.samples_that_fit,
-            "activation_checkpointing": m.activation_checkpointing,
-            "memory_cap_bytes": m.usable_bytes, "shard_ppm": shares}
+        return MemorySettings()
+    return MemorySettings(sharding=sharding, micro_batch_size=m.samples_that_fit,
+                          activation_checkpointing=m.activation_checkpointing,
+                          cap_bytes=m.usable_bytes, shard_ppm=shares)

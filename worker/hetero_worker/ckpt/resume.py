@@ -111,7 +111,7 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
     test hook. Full sharding is refused (not built)."""
     if trainer.module is None:
         raise RuntimeError("wrap a model before checkpointing")
-    if trainer.contract.sharding == "full" and directory:
+    if trainer.contract.memory.sharding == "full" and directory:
         raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
                            "out or use spec.training.sharding Group (docs/memory.md)")
     if getattr(trainer, "shard_sync", None) is not None:  # Group sharding: DCP, one group writes
@@ -123,14 +123,14 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
             scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
             rank_state={"compression": codec_states(trainer)},
             before_publish=getattr(trainer, "before_checkpoint_publish", None),
-            keep=trainer.contract.checkpoint_keep, ckpt_group=getattr(trainer, "ckpt_group", None),
-            ckpt_timeout_s=trainer.contract.checkpoint_timeout_s if getattr(
+            keep=trainer.contract.checkpoint.keep, ckpt_group=getattr(trainer, "ckpt_group", None),
+            ckpt_timeout_s=trainer.contract.checkpoint.timeout_s if getattr(
                 trainer, "ckpt_group", None) is not None else None)
         return str(path)
     path = checkpoint.save_checkpoint(
         directory, step=trainer.global_step, model=trainer.module, optimizer=optimizer,
         scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
-        rank_state={"compression": codec_states(trainer)}, keep=trainer.contract.checkpoint_keep,
+        rank_state={"compression": codec_states(trainer)}, keep=trainer.contract.checkpoint.keep,
         group=getattr(trainer, "ckpt_group", None))
     return str(path)
 
@@ -151,7 +151,7 @@ def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,
     """
     if trainer.module is None:
         raise RuntimeError("wrap a model before resume()")
-    if trainer.contract.sharding == "full" and directory:
+    if trainer.contract.memory.sharding == "full" and directory:
         raise RuntimeError("Full sharding does not resume from checkpoints yet: leave "
                            "spec.training.checkpoint out or use spec.training.sharding Group "
                            "(docs/memory.md)")

@@ -13,7 +13,7 @@ class Checkpointing:
 
     # --- checkpoints ------------------------------------------------------------------------
     def _checkpoint_dir(self, directory: str | None) -> str:
-        chosen = directory or self.contract.checkpoint_dir
+        chosen = directory or self.contract.checkpoint.dir
         if not chosen:
             raise ValueError("no checkpoint directory: set HTJ_CHECKPOINT_DIR or pass one")
         return chosen
@@ -37,9 +37,9 @@ class Checkpointing:
                 ``HTJ_CHECKPOINT_DIR`` is set, and never saves without a directory; 0 never saves.
         """
         if every_steps is None:
-            if not self.contract.checkpoint_dir:
+            if not self.contract.checkpoint.dir:
                 return False
-            every_steps = self.contract.checkpoint_interval_steps
+            every_steps = self.contract.checkpoint.interval_steps
         if every_steps <= 0 or self.global_step % every_steps:
             return False
         self.save_checkpoint(optimizer)
@@ -57,7 +57,7 @@ class Checkpointing:
         (:func:`hetero_worker.ckpt.resume.resume_trainer`). Call it after :meth:`wrap` and
         :meth:`loader`, before the first step.
         """
-        resumed = resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint_dir)
+        resumed = resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint.dir)
         if resumed:
             self.metrics.set_resumed_step(self.global_step)
             if checkpoint.LAST_RESUME.get("fallback"):  # a newer one was unreadable somewhere

@@ -19,11 +19,11 @@ class ShardedWrapping:
         """``HTJ_SHARDING=group``: FSDP2 inside the rank's GPU-type group (:mod:`hetero_worker.memory.group`);
         ``full``: :meth:`_wrap_full`."""
         sharding.check_supported(precision_has_scaler=self.scaler is not None,
-                                 checkpoint_dir=self.contract.checkpoint_dir,
-                                 sharding=self.contract.sharding,
-                                 rebalance_interval_steps=self.contract.rebalance_interval_steps,
-                                 compression=self.contract.compression)
-        if self.contract.sharding == "full":
+                                 checkpoint_dir=self.contract.checkpoint.dir,
+                                 sharding=self.contract.memory.sharding,
+                                 rebalance_interval_steps=self.contract.comm.rebalance_interval_steps,
+                                 compression=self.contract.comm.compression)
+        if self.contract.memory.sharding == "full":
             return self._wrap_full(model, block)
         self.use_layout("group")  # intra = the topology group (one node, one GPU type)
         sharding.refuse_gloo_on_cuda(self.groups.plan, self.comm_ranks)
@@ -46,13 +46,13 @@ class ShardedWrapping:
         self.module = model.to(self.device)
         for tensor in self.module.state_dict().values():  # same start on every rank (Gloo world)
             broadcast_from_rank0_(tensor)
-        world = self.contract.world_size
-        shares = self.contract.shard_ppm or tuple(fullshard.slice_sizes(10**6, [1] * world))
+        world = self.contract.dist.world_size
+        shares = self.contract.memory.shard_ppm or tuple(fullshard.slice_sizes(10**6, [1] * world))
         units = fullshard.shard_full(self.module, block=block, shares_ppm=shares, rank=self.rank,
                                      groups_of_ranks=[e.group for e in self.contract.topology],
                                      device=self.device)
         micro = torch.zeros(world, dtype=torch.int64)  # every rank's micro-batch size (Gloo)
-        micro[self.rank] = self.contract.micro_batch_size
+        micro[self.rank] = self.contract.memory.micro_batch_size
         dist.all_reduce(micro)
         self.shard_sync = fullshard.FullShardSync(units=units, local_batches=self.local_batches,
                                                   micro_batch_sizes=micro.tolist(), rank=self.rank)

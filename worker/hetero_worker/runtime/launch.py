@@ -94,10 +94,10 @@ def child_envs(pod: Mapping[str, str], *, visible_gpus: list[str] | None) -> lis
                           "request one GPU per local rank")
     for i, env in enumerate(envs):
         contract = c.parse_contract(env)
-        if contract.metrics_port:
-            port = contract.metrics_port + i
+        if contract.run.metrics_port:
+            port = contract.run.metrics_port + i
             if port > 65535:
-                raise envread.ContractError(envnames.METRICS_PORT, f"{contract.metrics_port} + local rank {i} "
+                raise envread.ContractError(envnames.METRICS_PORT, f"{contract.run.metrics_port} + local rank {i} "
                                       "exceeds 65535")
             env[envnames.METRICS_PORT] = str(port)
         if gpus:  # an entry as given (index in the pod's CUDA order, or a UUID); order untouched
@@ -112,8 +112,7 @@ def termination_grace_s(pod: Mapping[str, str]) -> float:
     ``terminationGracePeriodSeconds`` (``HTJ_TERMINATION_GRACE_S``; the kubelet kills the pod
     then anyway).  Meanwhile they reach the next agreed step and write one checkpoint."""
     try:
-        return envread.seconds_from_env(pod, envnames.TERMINATION_GRACE_S,
-                                        default_s=float(defaults.TERMINATION_GRACE_S), allow_zero=True)
+        return c.read_var(pod, envnames.TERMINATION_GRACE_S)
     except envread.ContractError:
         return float(defaults.TERMINATION_GRACE_S)
 

@@ -44,8 +44,8 @@ def _log(rank: int, message: str) -> None:
 class GracefulStop:
     """The Trainer's stop-at-an-agreed-step machinery (a mixin of :class:`hetero_worker.trainer.Trainer`).
 
-    Uses the trainer's ``rank``, ``global_step``, ``contract`` (``checkpoint_dir``,
-    ``termination_grace_s``), ``ckpt_group`` and its checkpoint and close methods.
+    Uses the trainer's ``rank``, ``global_step``, ``contract`` (``checkpoint.dir``,
+    ``run.termination_grace_s``), ``ckpt_group`` and its checkpoint and close methods.
     """
 
     stop_requested: bool = False
@@ -69,7 +69,7 @@ class GracefulStop:
             os._exit(128 + signum)
         self.stop_requested = True
         self._sigterm_at = time.monotonic()
-        grace = getattr(self.contract, "termination_grace_s", 0.0)
+        grace = self.contract.run.termination_grace_s
         _log(self.rank, f"SIGTERM at step {self.global_step}: stopping at the next step every rank "
                         f"agrees on, with one checkpoint (grace {grace:g} s)")
 
@@ -99,7 +99,7 @@ class GracefulStop:
         Collective: every rank calls it after the same step (when :attr:`stopping` is set).
         """
         saved = ""
-        if self.contract.checkpoint_dir:
+        if self.contract.checkpoint.dir:
             path = self.save_checkpoint(optimizer)  # type: ignore[attr-defined]
             saved = f"; checkpoint of step {self.global_step} in {path}"
         took = "" if self._sigterm_at is None else f" {time.monotonic() - self._sigterm_at:.1f} s after SIGTERM"

@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from hetero_worker.runtime import netfamily
-from heterotrain_common import defaults, envnames, envread
+from heterotrain_common import contract, defaults, envnames
 
 
 _STATE: dict[str, Any] = {}
@@ -39,7 +39,8 @@ def timeout_from_env(environ: Mapping[str, str] | None = None) -> float:
     Raises:
         ContractError: set but not a number > 0.
     """
-    return envread.rendezvous_timeout_s(os.environ if environ is None else environ)
+    return contract.read_var(os.environ if environ is None else environ,
+                             envnames.RENDEZVOUS_TIMEOUT_S)
 
 
 def _tcp_probe(host: str, port: int, timeout_s: float) -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from heterotrain_common import contract as c
-from heterotrain_common import envnames, envread
+from heterotrain_common import envnames
 from heterotrain_common.contract import DeviceProfile, RankEntry
 
 
@@ -27,7 +27,8 @@ def delay_per_sample_s(environ: Mapping[str, str] | None = None) -> float:
     Raises:
         ContractError: the variable is set but is not a number >= 0.
     """
-    return envread.sim_delay_per_sample_s(os.environ if environ is None else environ)
+    return c.read_var(os.environ if environ is None else environ,
+                      envnames.SIM_DELAY_PER_SAMPLE_S)
 
 
 def simulated_delay_s(profile: DeviceProfile, local_batch: int, per_sample_s: float) -> float:

@@ -39,7 +39,7 @@ from hetero_worker.speed.codec import (CastCompression, InterGroupCodec, NoCompr
                                        ring_allgather_bytes, ring_allreduce_bytes)
 from hetero_worker.speed.int8 import INT8_CHUNK, Int8Compression
 from hetero_worker.speed.powersgd import PowerSGDCompression, powersgd_payload_elems
-from heterotrain_common import contract, defaults, envnames, envread
+from heterotrain_common import contract, defaults, envnames
 
 MODES: tuple[str, ...] = envnames.COMPRESSIONS
 
@@ -78,12 +78,13 @@ class CompressionConfig:
             ValueError: unknown mode or a rank that is not a positive integer.
         """
         env = os.environ if environ is None else environ
-        return cls(mode=envread.compression_mode(env), powersgd_rank=envread.powersgd_rank(env))
+        return cls(mode=contract.read_var(env, envnames.COMPRESSION),
+                   powersgd_rank=contract.read_var(env, envnames.POWERSGD_RANK))
 
     @classmethod
     def from_contract(cls, parsed: contract.Contract) -> CompressionConfig:
         """The codec settings of a parsed contract (what ``init(environ=...)`` read)."""
-        return cls(mode=parsed.compression, powersgd_rank=parsed.powersgd_rank)
+        return cls(mode=parsed.comm.compression, powersgd_rank=parsed.comm.powersgd_rank)
 
 
 def make_codec(config: CompressionConfig, *, seed: int = 0) -> InterGroupCodec:

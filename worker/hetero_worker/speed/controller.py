@@ -42,7 +42,7 @@ from hetero_worker.speed.codec import InterGroupCodec
 from hetero_worker.speed.codecs import CompressionConfig, make_codec
 from hetero_worker.speed.hierarchy import measure_and_choose
 from hetero_worker.speed.rebalance import RebalanceConfig, Rebalancer, pack_stats, unpack_stats
-from heterotrain_common import contract, envread
+from heterotrain_common import contract, envnames
 from heterotrain_common.linkcost import LinkModel
 
 
@@ -66,13 +66,14 @@ class SpeedConfig:
             ValueError: a malformed value (the message names the variable).
         """
         env = os.environ if environ is None else environ
-        return cls(rebalance=RebalanceConfig(interval_steps=envread.rebalance_interval_steps(env)),
+        return cls(rebalance=RebalanceConfig(interval_steps=contract.read_var(
+                       env, envnames.REBALANCE_INTERVAL_STEPS)),
                    compression=CompressionConfig.from_env(env))
 
     @classmethod
     def from_contract(cls, parsed: contract.Contract) -> SpeedConfig:
         """The speed settings of a parsed contract (what ``init(environ=...)`` read)."""
-        return cls(rebalance=RebalanceConfig(interval_steps=parsed.rebalance_interval_steps),
+        return cls(rebalance=RebalanceConfig(interval_steps=parsed.comm.rebalance_interval_steps),
                    compression=CompressionConfig.from_contract(parsed))
 
 
@@ -383,7 +384,7 @@ class SpeedController:
         the layout and switch the trainer to it (collective)."""
         self.reducer.param_index = {id(p): i for i, p in enumerate(model.parameters())}
         self.reducer.param_numels = [p.numel() for p in model.parameters()]
-        if self.trainer.contract.hierarchy != "auto":
+        if self.trainer.contract.comm.hierarchy != "auto":
             return
         grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
         start = time.perf_counter()

@@ -238,9 +238,9 @@ class WorkStealing:
         sampler, module = self.sampler, self.module
         if sampler is None or module is None:
             raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
-        if self.contract.sharding != "none":
+        if self.contract.memory.sharding != "none":
             raise RuntimeError(
-                f"work stealing under {self.contract.sharding.capitalize()} sharding is not built "
+                f"work stealing under {self.contract.memory.sharding.capitalize()} sharding is not built "
                 "(the sharded collectives need equal micro-batch counts on every rank, stealing "
                 "gives each rank what it takes): set spec.training.sharding None, or train with "
                 "Trainer.step")
