@@ -324,7 +324,8 @@ def test_resume_under_full_sharding_is_refused_naming_the_fix(tmp_path) -> None:
     from types import SimpleNamespace
 
     from hetero_worker.ckpt import resume as resume_mod
-    trainer = SimpleNamespace(module=torch.nn.Linear(2, 1), contract=SimpleNamespace(sharding="full"))
+    trainer = SimpleNamespace(module=torch.nn.Linear(2, 1),
+                              contract=SimpleNamespace(memory=SimpleNamespace(sharding="full")))
     with pytest.raises(RuntimeError, match="Full sharding does not resume from checkpoints yet: "
                                            "leave spec.training.checkpoint out"):
         resume_mod.resume_trainer(trainer, torch.optim.SGD(trainer.module.parameters(), lr=0.1),
