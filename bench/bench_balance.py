@@ -10,7 +10,8 @@ Run from the repository root (takes about 4 minutes on 2 idle CPU cores)::
    ``auto`` hierarchy is flat. We measure the job's samples/s with
    the proportional split [32, 32, 64, 128] and with the equal split [64]*4, and the *ideal*: the
    sum of each rank's standalone throughput (one process, no communication, its proportional
-   batch). Targets: proportional >= 0.93 x ideal and >= 1.85 x equal. Measured at 2 ms and 5 ms
+   batch). Targets: proportional >= 1.85 x equal; proportional / ideal >= 0.95 at 5 ms per sample
+   (:data:`IDEAL_TARGETS`, issue 23), reported without a target at 2 ms. Measured at 2 ms and 5 ms
    per sample: the fixed per-step cost (real compute, all-reduce, waking 4 processes on few
    cores) is a larger share of the shorter step.
 2. **Sync overhead.** Four ranks, equal batches (64), equal speeds, no simulated delay: median step
@@ -49,6 +50,9 @@ HERE = Path(__file__).resolve().parent
 SPEEDS = [1.0, 1.0, 2.0, 4.0]
 GLOBAL_BATCH = 256
 WARMUP_STEPS = 2
+IDEAL_TARGETS = {0.005: 0.95}
+"""Proportional / ideal targets by simulated seconds per sample (issue 23: >= 0.95 at 5 ms; at
+2 ms reported only: the fixed per-step cost, one Gloo all-reduce's latency, is ~8 % of the step)."""
 
 
 def proportional(global_batch: int, speeds: list[float]) -> list[int]:
@@ -332,8 +336,9 @@ def run_benchmark(args: argparse.Namespace, deadline: benchlib.Deadline) -> tupl
     targets = []
     for d, runs in balance.items():
         ms = f"{d * 1e3:g} ms/sample"
+        goal = IDEAL_TARGETS.get(d)
         targets.append(benchlib.Target(
-            f"proportional / ideal at {ms}", ">=", 0.93, "",
+            f"proportional / ideal at {ms}", "info" if goal is None else ">=", goal or 0.0, "",
             [r["proportional_over_ideal"] for r in runs],
             "ideal = sum of each rank's standalone samples/s (its batch, no communication)"))
         targets.append(benchlib.Target(

@@ -270,7 +270,10 @@ def link_modes_interleaved(contract, *, steps: int) -> dict:
 
 
 PART = os.environ.get("BENCH_SPEED_PART", "")
-"""``hierarchy``: the slow link's flat and node layouts and the pipeline's parts only."""
+"""``hierarchy``: the slow link's flat and node layouts and the pipeline's parts only; ``codecs``:
+the codecs of :data:`CODECS` only (bench/bench_powersgd.py)."""
+CODECS = [c for c in os.environ.get("BENCH_SPEED_CODECS", "").split(",") if c]
+"""Codecs of the ``codecs`` part, e.g. ``none,powersgd-r1``; run in an order rotated by the seed."""
 PARTS_REPEATS = 5
 
 
@@ -315,6 +318,9 @@ def pipeline_parts(contract) -> dict:
 
 def link_scenario(contract, *, slow: bool) -> dict:
     """Hierarchy modes; on the slow link codec step times and bytes, on the fast one codec losses."""
+    if PART == "codecs":
+        turn = SEED % len(CODECS)
+        return codec_runs(contract, slow=slow, modes=CODECS[turn:] + CODECS[:turn])
     if slow and PART == "hierarchy":
         out = {"modes": {m: link_run(contract, hierarchy=m, steps=TIMING_STEPS + 2)
                          for m in ("flat", "node")}}
@@ -326,18 +332,26 @@ def link_scenario(contract, *, slow: bool) -> dict:
                          for m in ("flat", "node", "arch", "auto")}}
     else:  # fast link: no queue; interleave so that the load drift of the machine cancels
         out = {"modes": link_modes_interleaved(contract, steps=FAST_TIMING_STEPS + 2)}
+    modes = ("none", "int8", "powersgd", HIGH_RANK) + (("fp16", "bf16") if slow else ())
+    return {**out, **codec_runs(contract, slow=slow, modes=modes)}
+
+
+def codec_runs(contract, *, slow: bool, modes) -> dict:
+    """Each codec of ``modes`` on the node hierarchy, one after the other.
+
+    Slow link: ``{"codecs": {mode: link_run(...)}}`` (``CODEC_TIMING_STEPS`` steps, bytes
+    counted). Fast link: ``{"losses": {mode: loss}, "fast_step_s": {mode: median step s}}`` after
+    ``LOSS_STEPS`` steps: the arithmetic does not depend on the link speed, so the long runs go
+    where they are cheap; the step times there are each codec's floor (all but the slow transfer).
+    """
     if slow:
-        out["codecs"] = {mode: link_run(contract, hierarchy="node", compression=mode,
-                                        steps=CODEC_TIMING_STEPS, count_bytes=True)
-                         for mode in ("none", "int8", "powersgd", HIGH_RANK, "fp16", "bf16")}
-    else:  # the arithmetic does not depend on the link speed: losses here, cheaper; the step
-        # times here are each codec's floor: everything but the transfer on the slow link
-        runs = {mode: link_run(contract, hierarchy="node", compression=mode, steps=LOSS_STEPS,
-                               eval_loss=True, count_bytes=True)
-                for mode in ("none", "int8", "powersgd", HIGH_RANK)}
-        out["losses"] = {mode: r["loss"] for mode, r in runs.items()}
-        out["fast_step_s"] = {mode: statistics.median(r["step_s"][2:]) for mode, r in runs.items()}
-    return out
+        return {"codecs": {mode: link_run(contract, hierarchy="node", compression=mode,
+                                          steps=CODEC_TIMING_STEPS, count_bytes=True)
+                           for mode in modes}}
+    runs = {mode: link_run(contract, hierarchy="node", compression=mode, steps=LOSS_STEPS,
+                           eval_loss=True, count_bytes=True) for mode in modes}
+    return {"losses": {mode: r["loss"] for mode, r in runs.items()},
+            "fast_step_s": {mode: statistics.median(r["step_s"][2:]) for mode, r in runs.items()}}
 
 
 def worker_main(scenario: str, out_dir: str) -> int:
@@ -376,6 +390,11 @@ def _envs(scenario: str, master_addr: str, port: int) -> list[dict[str, str]]:
                            master_addr=master_addr, master_port=port)
 
 
+PYTHONPATH = os.pathsep.join([str(ROOT / "worker"), str(ROOT / "common"), str(ROOT / "operator")]
+                             + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+"""The ranks import this tree's packages (a second checkout's too, before any editable install)."""
+
+
 def launch(scenario: str, link=None, timeout_s: float = 420, seed: int = 0) -> list[dict]:
     """Start the 4 ranks of ``scenario`` (in namespaces A, A, B, B when ``link`` is given)."""
     from hetero_worker.runtime.simulation import free_port
@@ -386,7 +405,7 @@ def launch(scenario: str, link=None, timeout_s: float = 420, seed: int = 0) -> l
         for rank, env in enumerate(_envs(scenario, master, port)):
             node = "AB"[rank // 2]
             full = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", BENCH_SPEED_SEED=str(seed),
-                        PYTHONPATH=str(ROOT / "worker"), **env,
+                        PYTHONPATH=PYTHONPATH, **env,
                         GLOO_SOCKET_IFNAME=link.device(node) if link else "lo")
             argv = [sys.executable, str(Path(__file__).resolve()), "--worker", scenario, out]
             procs.append(subprocess.Popen(link.exec_argv(node, argv) if link else argv, env=full,

@@ -30,11 +30,10 @@ BENCHMARKS = [  # (results file stem, title, command)
      "its link and codec rows supersede those of the full run above, which ran the commit before",
      "bench/bench_speed.py --only link --out DIR; DIR/speed.json copied to "
      "bench/results/speed-link.json"),
-    ("balance-hierarchy", "Hierarchical sync overhead with the pipelined hierarchy (issue 23)",
-     "bench/bench_balance.py --only overhead --variants hierarchical --output "
-     "bench/results/balance-hierarchy.json"),
     ("speed-hierarchy", "Pipelined hierarchy on the shaped link (issue 23)",
      "bench/bench_speed.py --only hierarchy (as root: network namespaces)"),
+    ("speed-powersgd", "PowerSGD's trade-off curve, ranks 1-16 (issue 23)",
+     "bench/bench_powersgd.py (as root: network namespaces)"),
     ("plan", "Planner", "bench/bench_plan.py"),
     ("operator", "Operator", "bench/bench_operator.py"),
     ("operator-real", "Operator against the real control plane, 2,000 lease-heartbeating nodes "
