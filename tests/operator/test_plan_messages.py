@@ -111,8 +111,17 @@ def test_a_model_only_the_a100_holds_names_the_change_that_plans_it():
 def test_an_explicit_mode_that_does_not_fit_names_the_type_that_holds_it_too():
     doc = _digits(model={"parameters": "1.5G"}, optimizer="AdamW", sharding="None")
     assert _unschedulable(doc).message.endswith(
-        "Or: NVIDIA-A100-SXM4-40GB alone holds the whole state: spec.gpus.allowedProducts "
-        "[NVIDIA-A100-SXM4-40GB] and spec.gpus.minRanks 1 would plan (1 rank, sharding None)")
+        "no sharding mode fits either: lower spec.training.model.parameters or the batch's "
+        "activations, use an optimizer with less state, or add GPUs with more memory (at least an "
+        "NVIDIA-GeForce-RTX-5090 (31.8 GiB) per rank holds the whole state (the smallest such GPU "
+        "in the built-in table)). Or: NVIDIA-A100-SXM4-40GB alone holds the whole state: "
+        "spec.gpus.allowedProducts [NVIDIA-A100-SXM4-40GB] and spec.gpus.minRanks 1 would plan "
+        "(1 rank, sharding None)")
+    # where another mode fits every rank, that is the fix: no second one
+    doc["spec"]["training"]["precision"] = "FP32"
+    del doc["spec"]["training"]["checkpoint"]
+    assert _unschedulable(doc).message.endswith(
+        "set spec.training.sharding to Auto (it would choose Full)")
 
 
 def test_a_model_no_gpu_here_holds_names_the_smallest_gpu_of_the_table_that_does():

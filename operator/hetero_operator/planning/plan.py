@@ -117,7 +117,9 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared,
                       sample_s=step_model.sample_s if step_model.absolute else None)
     if isinstance(mem, memoryplan.MemoryRefusal):
-        alone = remedies.fewer_types(job, pools, replan) if replan else ""
+        # another mode that fits every rank is the fix the message names already
+        other_fits = any(o.fits and o.available for o in mem.options)
+        alone = remedies.fewer_types(job, pools, replan) if replan and not other_fits else ""
         return model.Unschedulable(shortfalls=(), excluded=excluded,
                                    message=mem.message + (f". Or: {alone}" if alone else ""),
                                    reason=MODEL_DOES_NOT_FIT, warnings=inventory.warnings)
