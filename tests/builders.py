@@ -6,8 +6,10 @@ allocatable; ``mig=`` selects the MIG strategy, ``replicas=`` time-slicing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.api.spec import JobSpec, parse_job
 
 CATALOG_118_124_128 = [
@@ -137,3 +139,14 @@ def job_manifest(*, name: str = "job", ranks: int = 2, min_ranks: int | None = N
 def make_job(**kwargs: Any) -> JobSpec:
     """A parsed :class:`JobSpec`; keyword arguments as :func:`job_manifest`."""
     return parse_job(job_manifest(**kwargs))
+
+
+def e2e_config(changes: Mapping[str, Any] | None = None) -> OperatorConfig:
+    """The in-process operator's settings of the e2e tests: standalone, no metrics or health port,
+    simulated devices, short intervals and backoff (1 s resync, 0.3 s progress reads, restarts
+    after 0.3 s doubling to 1 s, unschedulable jobs re-planned every 2 s); ``changes`` by field
+    path (:meth:`OperatorConfig.with_`) on top."""
+    return OperatorConfig().with_({
+        "peering.name": "", "ports.metrics": 0, "ports.health": 0, "pods.simulate_devices": True,
+        "intervals.resync_s": 1.0, "intervals.progress_s": 0.3, "restart.backoff_base_s": 0.3,
+        "restart.backoff_max_s": 1.0, "restart.unschedulable_retry_s": 2.0, **(changes or {})})

@@ -454,24 +454,23 @@ def test_helm_binary_is_helm_3() -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_operator_config_parses_the_rendered_environment(scenario: str) -> None:
     """The Deployment's HTJ_* variables are OperatorConfig's and mean what the values say."""
-    from hetero_operator.api.settings import OperatorConfig
+    from hetero_operator.api.settings import OperatorConfig, env_table
 
     env = {k: v for k, v in env_of(operator_container(scenario)).items() if k.startswith("HTJ_")}
-    fields = {"HTJ_" + name.upper() for name in OperatorConfig.__dataclass_fields__}
-    assert set(env) <= fields
+    assert set(env) <= {variable for variable, _, _ in env_table()}
     config = OperatorConfig.from_env(env)
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     if scenario != "default":
         values.update(yaml.safe_load((CHART / "ci" / scenario).read_text()))
-    assert config.metrics_port == 8080 and config.health_port == 8081
+    assert config.ports.metrics == 8080 and config.ports.health == 8081
     namespaced = values["watch"]["scope"] == "Namespaced"
-    assert config.namespaces == (tuple(values["watch"]["namespaces"]) if namespaced else ())
+    assert config.watch.namespaces == (tuple(values["watch"]["namespaces"]) if namespaced else ())
     if values["peering"]["enabled"]:
-        assert config.peering == "heterotrain"
+        assert config.peering.name == "heterotrain"
     for extra in values["operator"]["extraEnv"]:
         assert env[extra["name"]] == extra["value"]
     if scenario == "pinned-digest-values.yaml":
-        assert config.pending_timeout_s == 600.0
+        assert config.restart.pending_timeout_s == 600.0
 
 
 # --- shared/cases/26 and 27: operator replicas, CRD upgrades; worker hardening (issue 10) --------
@@ -519,17 +518,16 @@ def test_watch_timeouts_and_worker_hardening_reach_the_operator_config() -> None
 
     env = {k: v for k, v in env_of(operator_container()).items() if k.startswith("HTJ_")}
     config = OperatorConfig.from_env(env)
-    assert (config.watch_server_timeout_s, config.watch_client_timeout_s,
-            config.watch_connect_timeout_s, config.watch_inactivity_timeout_s) == (300, 301, 30, 70)
-    assert (config.network_policy, config.worker_run_as_non_root) is not None
-    assert config.network_policy is True and config.worker_run_as_non_root is True
-    assert config.metrics_namespaces == ("monitoring", NAMESPACE)
-    assert (config.network_policy_egress, config.dns_namespace, config.dns_labels) == (
+    assert (config.watch.server_timeout_s, config.watch.client_timeout_s,
+            config.watch.connect_timeout_s, config.watch.inactivity_timeout_s) == (300, 301, 30, 70)
+    assert config.network.policy is True and config.pods.run_as_non_root is True
+    assert config.network.metrics_namespaces == ("monitoring", NAMESPACE)
+    assert (config.network.egress, config.network.dns_namespace, config.network.dns_labels) == (
         "auto", "kube-system", {"k8s-app": "kube-dns"})  # shared/cases/46
     off = OperatorConfig.from_env({k: v for k, v in env_of(operator_container(
         "default", "workers.networkPolicy.enabled=false", "workers.runAsNonRoot=false",
         "workers.networkPolicy.monitoringNamespace=prom")).items() if k.startswith("HTJ_")})
-    assert (off.network_policy, off.worker_run_as_non_root, off.metrics_namespaces) == (
+    assert (off.network.policy, off.pods.run_as_non_root, off.network.metrics_namespaces) == (
         False, False, ("prom", NAMESPACE))
 
 

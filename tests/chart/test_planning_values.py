@@ -19,8 +19,8 @@ def test_prices_and_links_become_operator_settings() -> None:
     config = OperatorConfig.from_env({k: v for k, v in env.items() if k.startswith("HTJ_")
                                       and k in ("HTJ_GPU_PRICES", "HTJ_LINK_INTRA_NODE_GBPS",
                                                 "HTJ_LINK_INTER_NODE_GBPS")})
-    assert config.gpu_prices == {"NVIDIA-A100-SXM4-40GB": 2.9, "Tesla-T4": 0.35}
-    assert (config.link_intra_node_gbps, config.link_inter_node_gbps) == (100.0, 25.0)
+    assert config.planning.gpu_prices == {"NVIDIA-A100-SXM4-40GB": 2.9, "Tesla-T4": 0.35}
+    assert (config.links.intra_node_gbps, config.links.inter_node_gbps) == (100.0, 25.0)
 
 
 def test_no_prices_no_variable() -> None:

@@ -20,7 +20,8 @@ import kubernetes
 import yaml
 from waiting import wait_until
 
-from hetero_operator.api.settings import OperatorConfig
+from builders import e2e_config
+from inprocess import OperatorThread
 from hetero_operator.local import controlplane
 from hetero_operator.local.controlplane import Options
 from hetero_operator.local.kubeapi import Api
@@ -29,9 +30,7 @@ from hetero_operator.local.kubelet import LocalKubelet
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "heterotrain.io", "v1alpha1", "heterotrainingjobs"
 SPARE = "node-t4-b"
-CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
-                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
-                        unschedulable_retry_s=1.0)
+CONFIG = e2e_config({"restart.unschedulable_retry_s": 1.0})
 """The in-process operator's settings (tests/operator/test_e2e.py's)."""
 WAIT_FOR_PODS_READY_S = 40
 """Kueue's waitForPodsReady timeout in the test cluster, seconds: longer than a short job takes
@@ -59,8 +58,7 @@ class RealCluster:
         self.loop = asyncio.new_event_loop()
         self.kubelet: LocalKubelet | None = None
         self._kubelet_thread: threading.Thread | None = None
-        self._operator: threading.Thread | None = None
-        self._stop: threading.Event | None = None
+        self._operator: OperatorThread | None = None
         self.memo: Any = None
         self.kueue_pid: int | None = None
 
@@ -131,32 +129,17 @@ class RealCluster:
     # --- the operator ---------------------------------------------------------------------
 
     def start_operator(self, config: Any) -> None:
-        """kopf's ``operator()`` with our registrations, in its own thread and event loop."""
-        import kopf
-
-        import hetero_operator.controller.main  # noqa: F401 - registers the handlers
-        from hetero_operator.controller import runner
-
+        """Run the operator in process (:class:`inprocess.OperatorThread`) and wait until kopf
+        is up."""
         assert self.kubelet is not None
-        memo = runner.make_memo(config, metrics_url=self.kubelet.metrics_url)
-        stop, ready = threading.Event(), threading.Event()
-        kwargs = runner.operator_kwargs(config, memo)
-
-        def main() -> None:
-            asyncio.run(kopf.operator(registry=kopf.get_default_registry(), stop_flag=stop,
-                                      ready_flag=ready, **kwargs))
-
-        thread = threading.Thread(target=main, name="operator", daemon=True)
-        thread.start()
-        ready.wait(60)
-        self._operator, self._stop, self.memo = thread, stop, memo
+        operator = OperatorThread(config, metrics_url=self.kubelet.metrics_url)
+        operator.wait_ready(60)
+        self._operator, self.memo = operator, operator.memo
 
     def stop_operator(self) -> None:
         if self._operator is None:
             return
-        assert self._stop is not None
-        self._stop.set()
-        self._operator.join(30)
+        self._operator.stop()
         self._operator = None
 
     # --- API helpers ----------------------------------------------------------------------

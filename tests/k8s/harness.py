@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import kmock
 import yaml
+from inprocess import OperatorThread
 
 from . import crdcheck
 from .fakeapi import CRDS, HTJ, FakeApiServer, kubeconfig, now_iso
@@ -43,8 +43,7 @@ class Cluster:
         self.api = FakeApiServer(kueue_version=kueue_version)
         self.server = kmock.Server(self.api)
         self.kubelet = LocalKubelet(self.api, log_dir=workdir / "pods") if kubelet else None
-        self._operator: threading.Thread | None = None
-        self._stop: threading.Event | None = None
+        self._operator: OperatorThread | None = None
         self._old_env: str | None = None
 
     async def __aenter__(self) -> Cluster:
@@ -72,35 +71,17 @@ class Cluster:
             os.environ["KUBECONFIG"] = self._old_env
 
     async def start_operator(self, config: Any) -> None:
-        """Run kopf's ``operator()`` with our registrations in its own thread and event loop
-        (as in production, it talks to the API only over HTTP; kopf also cancels every task
-        started in its loop when it stops, which must not hit the server or the kubelet)."""
-        import kopf
-
-        import hetero_operator.controller.main  # noqa: F401 - registers the handlers
-        from hetero_operator.controller import runner
-
-        memo = runner.make_memo(config, metrics_url=(self.kubelet.metrics_url if self.kubelet
-                                                     else runner.default_metrics_url))
-        stop, ready = threading.Event(), threading.Event()
-        kwargs = runner.operator_kwargs(config, memo)
-
-        def main() -> None:
-            asyncio.run(kopf.operator(registry=kopf.get_default_registry(), stop_flag=stop,
-                                      ready_flag=ready, **kwargs))
-
-        thread = threading.Thread(target=main, name="operator", daemon=True)
-        thread.start()
-        await asyncio.to_thread(ready.wait, 30)
-        self._operator, self._stop, self.memo = thread, stop, memo
+        """Run the operator in process (:class:`inprocess.OperatorThread`) and wait until kopf
+        is up."""
+        operator = OperatorThread(config, metrics_url=self.kubelet.metrics_url if self.kubelet else None)
+        await asyncio.to_thread(operator.wait_ready, 30)
+        self._operator, self.memo = operator, operator.memo
 
     async def stop_operator(self) -> None:
         """Stop kopf (like the operator pod going away) and wait for its thread."""
         if self._operator is None:
             return
-        assert self._stop is not None
-        self._stop.set()
-        await asyncio.to_thread(self._operator.join, 30)
+        await asyncio.to_thread(self._operator.stop)
         self._operator = None
 
     async def add_nodes(self, nodes: list[Mapping[str, Any]]) -> None:

@@ -29,7 +29,8 @@ from hetero_operator.controller.reconcile import Reconciler  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 CASE = REPO / "tests" / "fixtures" / "cases" / "25-kopf-watch-silently-stalls.yaml"
 LIMITS = CallLimits(connect_timeout_s=1.0, read_timeout_s=0.5, retries=2, backoff_s=0.05)
-CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, resync_s=1.0)
+CONFIG = OperatorConfig().with_({"peering.name": "", "ports.metrics": 0, "ports.health": 0,
+                                 "intervals.resync_s": 1.0})
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -44,7 +45,7 @@ def test_the_case_is_copied_and_defaults_bound_every_call() -> None:
     scenario = next(yaml.safe_load_all(CASE.read_text()))
     assert scenario["expect"]["job-b_pods_created_within_s"] == 330
     config = OperatorConfig()
-    assert (config.api_connect_timeout_s, config.api_read_timeout_s, config.api_retries) == (5.0, 30.0, 3)
+    assert (config.api.connect_timeout_s, config.api.read_timeout_s, config.api.retries) == (5.0, 30.0, 3)
     # worst case of one call with its retries: 4 tries x (5 + 30 + 1) s + backoff 1.4 s
     assert CallLimits().worst_case_s == pytest.approx(145.4)
 
@@ -103,5 +104,5 @@ async def test_a_reconcile_on_a_dead_connection_releases_the_job_and_the_next_on
             api.close()
         assert cluster.api.stalled == LIMITS.retries + 1
         # first reconcile: 3 timed-out lists (+ backoff), then one resync period, then the start
-        assert took_s < LIMITS.worst_case_s + CONFIG.resync_s + 5.0
+        assert took_s < LIMITS.worst_case_s + CONFIG.intervals.resync_s + 5.0
         assert cluster.job("job-b", "team-x")["status"]["phase"] == "Created"

@@ -10,33 +10,36 @@ from hetero_operator.api.settings import DEFAULT_IMAGES, OperatorConfig, parse_i
 
 def test_documented_defaults() -> None:
     cfg = OperatorConfig.from_env({})
-    assert (cfg.metrics_port, cfg.health_port, cfg.master_port) == (8080, 8081, 29500)
-    assert cfg.namespaces == () and cfg.peering == "heterotrain"
-    assert (cfg.pending_timeout_s, cfg.unschedulable_retry_s) == (300.0, 30.0)
-    assert (cfg.backoff_base_s, cfg.backoff_max_s, cfg.resync_s) == (10.0, 300.0, 10.0)
-    assert cfg.default_images == DEFAULT_IMAGES and cfg.simulate_devices is False
-    assert cfg.launcher == ("heterotrain", "launch", "--")
-    assert 1 <= cfg.peering_priority <= 1_000_000
+    assert (cfg.ports.metrics, cfg.ports.health, cfg.ports.master) == (8080, 8081, 29500)
+    assert cfg.watch.namespaces == () and cfg.peering.name == "heterotrain"
+    assert (cfg.restart.pending_timeout_s, cfg.restart.unschedulable_retry_s) == (300.0, 30.0)
+    assert (cfg.restart.backoff_base_s, cfg.restart.backoff_max_s, cfg.intervals.resync_s) == (
+        10.0, 300.0, 10.0)
+    assert cfg.planning.default_images == DEFAULT_IMAGES and cfg.pods.simulate_devices is False
+    assert cfg.pods.launcher == ("heterotrain", "launch", "--")
+    assert 1 <= cfg.peering.priority <= 1_000_000
 
 
 def test_env_is_read_and_flags_win() -> None:
     env = {"HTJ_NAMESPACES": "team-a, team-b", "HTJ_METRICS_PORT": "9000", "HTJ_PENDING_TIMEOUT_S": "60",
            "HTJ_SIMULATE_DEVICES": "true", "HTJ_PEERING": "", "HTJ_PEERING_PRIORITY": "7",
            "HTJ_DEFAULT_IMAGES": "img:cu124=12.4=8.0/9.0"}
-    cfg = OperatorConfig.from_env(env, metrics_port=9100)
-    assert cfg.namespaces == ("team-a", "team-b")
-    assert cfg.metrics_port == 9100 and cfg.pending_timeout_s == 60.0
-    assert cfg.simulate_devices is True and cfg.peering == ""  # empty = standalone
-    assert cfg.peering_priority == 7
-    assert [(i.image, i.cuda_version, i.compute_capabilities) for i in cfg.default_images] == [
+    cfg = OperatorConfig.from_env(env, {"ports.metrics": 9100, "ports.health": None})
+    assert cfg.watch.namespaces == ("team-a", "team-b")
+    assert cfg.ports.metrics == 9100 and cfg.restart.pending_timeout_s == 60.0
+    assert cfg.ports.health == 8081  # a None override (a flag not given) is none
+    assert cfg.pods.simulate_devices is True and cfg.peering.name == ""  # empty = standalone
+    assert cfg.peering.priority == 7
+    assert [(i.image, i.cuda_version, i.compute_capabilities) for i in cfg.planning.default_images] == [
         ("img:cu124", (12, 4), ("8.0", "9.0"))]
 
 
 @pytest.mark.parametrize("env,message", [
     ({"HTJ_METRICS_PORT": "http"}, "HTJ_METRICS_PORT='http' does not parse"),
-    ({"HTJ_HEALTH_PORT": "70000"}, "health_port must be a TCP port"),
-    ({"HTJ_RESYNC_S": "0"}, "resync_s must be > 0 seconds"),
-    ({"HTJ_BACKOFF_BASE_S": "50", "HTJ_BACKOFF_MAX_S": "10"}, "backoff_max_s (10.0) must be >= backoff_base_s"),
+    ({"HTJ_HEALTH_PORT": "70000"}, "ports.health (HTJ_HEALTH_PORT) must be a TCP port"),
+    ({"HTJ_RESYNC_S": "0"}, "intervals.resync_s (HTJ_RESYNC_S) must be > 0 seconds"),
+    ({"HTJ_BACKOFF_BASE_S": "50", "HTJ_BACKOFF_MAX_S": "10"},
+     "restart.backoff_max_s (10.0) must be >= restart.backoff_base_s"),
     ({"HTJ_SIMULATE_DEVICES": "maybe"}, "HTJ_SIMULATE_DEVICES='maybe' does not parse"),
     ({"HTJ_DEFAULT_IMAGES": "img-only"}, "HTJ_DEFAULT_IMAGES='img-only' does not parse"),
 ], ids=["port not a number", "port out of range", "zero resync", "backoff max below base",
@@ -101,10 +104,12 @@ def test_named_peering_is_mandatory_and_standalone_has_none() -> None:
 
 
 @pytest.mark.parametrize("env,message", [
-    ({"HTJ_WATCH_CLIENT_TIMEOUT_S": "300"}, "watch_client_timeout_s (300.0) must exceed watch_server_timeout_s"),
+    ({"HTJ_WATCH_CLIENT_TIMEOUT_S": "300"},
+     "watch.client_timeout_s (300.0) must exceed watch.server_timeout_s"),
     ({"HTJ_WATCH_INACTIVITY_TIMEOUT_S": "400", "HTJ_WATCH_CLIENT_TIMEOUT_S": "500"},
-     "watch_inactivity_timeout_s (400.0) must not exceed"),
-    ({"HTJ_WATCH_CONNECT_TIMEOUT_S": "0"}, "watch_connect_timeout_s must be > 0 seconds"),
+     "watch.inactivity_timeout_s (400.0) must not exceed"),
+    ({"HTJ_WATCH_CONNECT_TIMEOUT_S": "0"},
+     "watch.connect_timeout_s (HTJ_WATCH_CONNECT_TIMEOUT_S) must be > 0 seconds"),
     ({"HTJ_NETWORK_POLICY": "perhaps"}, "HTJ_NETWORK_POLICY='perhaps' does not parse"),
 ], ids=["client not above server", "inactivity above server", "zero connect", "bad boolean"])
 def test_watch_and_hardening_settings_are_checked(env: dict, message: str) -> None:
@@ -115,9 +120,49 @@ def test_watch_and_hardening_settings_are_checked(env: dict, message: str) -> No
 
 def test_worker_hardening_defaults_and_env() -> None:
     cfg = OperatorConfig.from_env({})
-    assert (cfg.network_policy, cfg.worker_run_as_non_root, cfg.metrics_namespaces) == (
+    assert (cfg.network.policy, cfg.pods.run_as_non_root, cfg.network.metrics_namespaces) == (
         True, True, ("monitoring",))
     cfg = OperatorConfig.from_env({"HTJ_NETWORK_POLICY": "false", "HTJ_WORKER_RUN_AS_NON_ROOT": "0",
                                    "HTJ_METRICS_NAMESPACES": "prom, heterotrain-system"})
-    assert (cfg.network_policy, cfg.worker_run_as_non_root, cfg.metrics_namespaces) == (
+    assert (cfg.network.policy, cfg.pods.run_as_non_root, cfg.network.metrics_namespaces) == (
         False, False, ("prom", "heterotrain-system"))
+
+
+# --- one declaration per setting (issue 19) -------------------------------------------------------
+
+def _docs_table() -> list[tuple[str, str]]:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operator.md").read_text()
+    section = text.split("## Settings", 1)[1]
+    rows = [line.split("|") for line in section.splitlines() if line.startswith("| `HTJ_")]
+    return [(cells[1].strip().strip("`"), cells[2].strip().strip("`")) for cells in rows]
+
+
+def test_every_setting_is_declared_once_and_documented() -> None:
+    """Each variable belongs to one field of one group, and docs/operator.md lists exactly these
+    variables with their setting paths, in the same order."""
+    from hetero_operator.api.settings import env_table
+
+    table = env_table()
+    variables = [variable for variable, _, _ in table]
+    assert len(variables) == len(set(variables)) == 33
+    assert _docs_table() == [(variable, path) for variable, path, _ in table]
+    for variable, path, _ in table:  # the path is the field that holds the variable
+        group, name = path.split(".")
+        assert hasattr(getattr(OperatorConfig(), group), name), variable
+
+
+def test_settings_set_in_code_are_checked_like_the_environment() -> None:
+    from hetero_operator.api.settings import Intervals, Ports
+
+    with pytest.raises(ConfigError, match=r"intervals.resync_s \(HTJ_RESYNC_S\) must be > 0"):
+        Intervals(resync_s=0)
+    with pytest.raises(ConfigError, match=r"ports.master \(HTJ_MASTER_PORT\) must be a TCP port"):
+        Ports(master=0)
+    with pytest.raises(ConfigError, match="network has no setting polcy"):
+        OperatorConfig().with_({"network.polcy": False})
+    with pytest.raises(ConfigError, match="'resync_s' is no setting path"):
+        OperatorConfig.from_env({}, {"resync_s": 1.0})
+    changed = OperatorConfig().with_({"network.policy": False, "ports.metrics": 0})
+    assert (changed.network.policy, changed.ports.metrics, changed.ports.health) == (False, 0, 8081)

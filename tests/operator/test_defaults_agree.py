@@ -75,9 +75,11 @@ def test_the_contract_and_the_worker_carry_the_defaults() -> None:
 
 
 def test_the_operator_settings_and_the_lifecycle_carry_the_same_timing() -> None:
-    config, timing = settings.OperatorConfig(), decisions.Timing()
-    assert (config.pending_timeout_s, config.backoff_base_s, config.backoff_max_s) == (
-        timing.pending_timeout_s, timing.backoff_base_s, timing.backoff_max_s) == (
+    """The lifecycle decides with the operator's own restart settings (one class), whose
+    defaults are :mod:`heterotrain_common.defaults`'."""
+    config, timing = settings.OperatorConfig(), decisions.RestartSettings()
+    assert config.restart == timing
+    assert (timing.pending_timeout_s, timing.backoff_base_s, timing.backoff_max_s) == (
         defaults.PENDING_TIMEOUT_S, defaults.BACKOFF_BASE_S, defaults.BACKOFF_MAX_S)
 
 

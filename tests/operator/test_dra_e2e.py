@@ -18,14 +18,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.harness import Cluster  # noqa: E402
 
-from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from builders import e2e_config  # noqa: E402
 from hetero_operator.controller.objects import (RESOURCE_CLAIM_TEMPLATES,  # noqa: E402
                                                 RESOURCE_CLAIMS, RESOURCE_SLICES)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dra"
-CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
-                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
-                        unschedulable_retry_s=2.0)
+CONFIG = e2e_config()
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(180)]
 
 

@@ -105,7 +105,8 @@ def _nodes() -> list[dict[str, Any]]:
     return yaml.safe_load((REPO / "examples" / "clusters" / "mixed.yaml").read_text())["items"]
 
 
-CONFIG = OperatorConfig(peering="", unschedulable_retry_s=30, resync_s=10, metrics_port=0, health_port=0)
+CONFIG = OperatorConfig().with_({"peering.name": "", "restart.unschedulable_retry_s": 30,
+                                 "intervals.resync_s": 10, "ports.metrics": 0, "ports.health": 0})
 
 
 def _reconciler(api: FakeApi, nodes: list[dict[str, Any]] | None = None, clock: float = NOW,
@@ -139,7 +140,7 @@ def test_no_handler_puts_a_finalizer_on_the_job() -> None:
 async def test_new_job_is_planned_then_pods_and_service_created() -> None:
     api = FakeApi(_job())
     requeue = await _reconciler(api).reconcile("team-x", "digits")
-    assert requeue == CONFIG.resync_s
+    assert requeue == CONFIG.intervals.resync_s
     assert sorted(api.pods) == ["digits-g0", "digits-g1", "digits-g2"]
     assert list(api.services) == ["digits"]
     owner = api.pods["digits-g0"]["metadata"]["ownerReferences"][0]
@@ -176,7 +177,7 @@ async def test_service_exists_before_any_rank_pod_and_all_pods_come_in_one_pass(
     assert policy["spec"]["podSelector"] == {"matchLabels": {
         "heterotrain.io/job-name": "digits", "app.kubernetes.io/managed-by": "heterotrain-operator"}}
     off = FakeApi(_job())
-    await _reconciler(off, config=CONFIG.with_(network_policy=False)).reconcile("team-x", "digits")
+    await _reconciler(off, config=CONFIG.with_({"network.policy": False})).reconcile("team-x", "digits")
     assert off.create_order[:2] == ["Service/digits", "Pod/digits-g0"]
 
 
@@ -209,11 +210,11 @@ async def test_a_waiting_job_reposts_its_warning_periodically_as_one_aggregated_
     rec = Reconciler(config=CONFIG, api=api, metrics=OperatorMetrics(), nodes=_nodes,
                      gpu_pods=lambda: [], clock=lambda: clock[0])
     await rec.reconcile("team-x", "digits")
-    clock[0] = NOW + CONFIG.waiting_event_interval_s - 1
+    clock[0] = NOW + CONFIG.intervals.waiting_event_s - 1
     await rec.reconcile("team-x", "digits")
     (event,) = api.event_objects.values()
     assert event["count"] == 1  # unchanged message within the interval: not re-posted
-    clock[0] = NOW + CONFIG.waiting_event_interval_s
+    clock[0] = NOW + CONFIG.intervals.waiting_event_s
     await rec.reconcile("team-x", "digits")
     (event,) = api.event_objects.values()  # one object, its count bumped (Events aggregate)
     assert (event["reason"], event["count"], event["lastTimestamp"]) == (
@@ -282,7 +283,7 @@ async def test_backoff_limit_exceeded_fails_and_deletes_pods() -> None:
     api = FakeApi(_job(runPolicy={"backoffLimit": 0, "cleanPodPolicy": "All"}))
     await _reconciler(api).reconcile("team-x", "digits")
     _set_phase(api, **{"digits-g0": "Running", "digits-g1": "Failed", "digits-g2": "Running"})
-    assert await _reconciler(api).reconcile("team-x", "digits") == CONFIG.resync_s
+    assert await _reconciler(api).reconcile("team-x", "digits") == CONFIG.intervals.resync_s
     assert await _reconciler(api).reconcile("team-x", "digits") is None  # finished, nothing left
     st = _status(api)
     assert (st["phase"], [c["reason"] for c in st["conditions"] if c["type"] == "Failed"]) == (

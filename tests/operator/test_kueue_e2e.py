@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s import kueuecheck  # noqa: E402
 from k8s.harness import Cluster, load_nodes  # noqa: E402
 
-from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from builders import e2e_config  # noqa: E402
 from hetero_operator.render import workload as kueue  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,9 +33,7 @@ FLAVORS = kueue.RESOURCE_FLAVORS
 WORKLOADS = kueue.WORKLOADS
 POOL = "cloud.google.com/gke-nodepool"
 SPOT = {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
-CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
-                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
-                        unschedulable_retry_s=2.0)
+CONFIG = e2e_config()
 TIMEOUT_S = 150
 NOW = "2026-12-01T09:00:00Z"
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(300)]

@@ -18,14 +18,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.harness import Cluster, load_nodes  # noqa: E402
 
-from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from builders import e2e_config  # noqa: E402
 from hetero_operator.planning import profiles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGMAPS = ("", "v1", "configmaps")
-CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
-                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
-                        unschedulable_retry_s=2.0)
+CONFIG = e2e_config()
 NS = "learn"
 TYPES = {"NVIDIA-A100-SXM4-40GB/bf16/64-127", "Tesla-V100-SXM2-16GB/fp16/16-31", "Tesla-T4/fp16/8-15"}
 """Entries per GPU type, precision and batch band (the digits plan's local batches 70, 28, 15)."""

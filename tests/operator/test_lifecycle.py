@@ -9,7 +9,7 @@ from hetero_operator.cluster.nodehealth import NodeHealth
 from hetero_operator.lifecycle import decisions as lc
 
 NOW = 1_800_000_000.0
-TIMING = lc.Timing(pending_timeout_s=300, backoff_base_s=10, backoff_max_s=300)
+TIMING = lc.RestartSettings(pending_timeout_s=300, backoff_base_s=10, backoff_max_s=300)
 PODS3 = ("job-g0", "job-g1", "job-g2")
 NODES = {n: NodeHealth(name=n) for n in ("node-a", "node-b", "node-c")}
 

@@ -29,12 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.harness import NODES, PODS, Cluster, load_nodes  # noqa: E402
 
 from hetero_operator.api import conditions as c  # noqa: E402
-from hetero_operator.api.settings import OperatorConfig  # noqa: E402
+from builders import e2e_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = OperatorConfig(peering="", metrics_port=0, health_port=0, simulate_devices=True,
-                        resync_s=1.0, progress_interval_s=0.3, backoff_base_s=0.3, backoff_max_s=1.0,
-                        unschedulable_retry_s=1.0)
+CONFIG = e2e_config({"restart.unschedulable_retry_s": 1.0})
 GRACE_S = 2
 WAIT_S = 90
 SPARE = "node-t4-b"

@@ -15,24 +15,22 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-import kopf
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.fakeapi import HTJ, PEERINGS  # noqa: E402
 from k8s.harness import Cluster, load_nodes  # noqa: E402
+from inprocess import OperatorThread  # noqa: E402
 from test_e2e import script  # noqa: E402
 
 from hetero_operator.api.settings import OperatorConfig  # noqa: E402
-from hetero_operator.controller import runner  # noqa: E402
 
 PODS = ("", "v1", "pods")
-BASE = dict(peering="heterotrain", metrics_port=0, health_port=0, simulate_devices=True,
-            resync_s=1.0, progress_interval_s=0.3, unschedulable_retry_s=1.0)
+BASE = {"ports.metrics": 0, "ports.health": 0, "pods.simulate_devices": True,
+        "intervals.resync_s": 1.0, "intervals.progress_s": 0.3, "restart.unschedulable_retry_s": 1.0}
 RUNS = "import time; time.sleep(120)"  # sync-ok: the workload; ranks stay up (deleted with the job)
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow, pytest.mark.timeout(200)]
@@ -42,21 +40,14 @@ class Replica:
     """One operator process (kopf in its own thread and event loop), as one pod of the Deployment."""
 
     def __init__(self, cluster: Cluster, priority: int) -> None:
-        import hetero_operator.controller.main  # noqa: F401 - registers the handlers
-
-        self.config = OperatorConfig(**BASE, peering_priority=priority)
-        self.memo = runner.make_memo(self.config, metrics_url=cluster.kubelet.metrics_url)
+        self.config = OperatorConfig().with_({**BASE, "peering.priority": priority})
+        self._operator = OperatorThread(self.config, metrics_url=cluster.kubelet.metrics_url,
+                                        name=f"operator-{priority}")
+        self.memo = self._operator.memo
         self.identity = self.memo.identity
-        self._stop, ready = threading.Event(), threading.Event()
-        kwargs = runner.operator_kwargs(self.config, self.memo)
-        self._thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(
-            registry=kopf.get_default_registry(), stop_flag=self._stop, ready_flag=ready, **kwargs)),
-            name=f"operator-{priority}", daemon=True)
-        self._thread.start()
-        self._ready = ready
 
     async def started(self) -> Replica:
-        await asyncio.to_thread(self._ready.wait, 30)
+        await asyncio.to_thread(self._operator.wait_ready, 30)
         return self
 
     @property
@@ -64,8 +55,7 @@ class Replica:
         return self.memo.metrics.pods_created._value.get()
 
     async def stop(self) -> None:
-        self._stop.set()
-        await asyncio.to_thread(self._thread.join, 30)
+        await asyncio.to_thread(self._operator.stop)
 
 
 def peers(cluster: Cluster) -> dict[str, Any]:

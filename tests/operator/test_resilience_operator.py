@@ -45,7 +45,7 @@ class QuotaApi(FakeApi):
 
 async def test_a_refused_pod_removes_the_attempt_waits_pending_and_backs_off() -> None:
     api = QuotaApi(_job())
-    config = CONFIG.with_(backoff_base_s=10, backoff_max_s=300)
+    config = CONFIG.with_({"restart.backoff_base_s": 10, "restart.backoff_max_s": 300})
     clock = [NOW]
     rec = _reconciler(api, config=config)
     rec.clock = lambda: clock[0]
@@ -101,7 +101,7 @@ async def test_the_jobs_policy_adds_egress_only_when_the_namespace_isolates_it()
     never = QuotaApi(_job())
     never.refuse = False
     never.policies = api.policies
-    await _reconciler(never, config=CONFIG.with_(network_policy_egress="never")).reconcile("team-x", "digits")
+    await _reconciler(never, config=CONFIG.with_({"network.egress": "never"})).reconcile("team-x", "digits")
     assert never.others["digits"]["spec"]["policyTypes"] == ["Ingress"]
 
 

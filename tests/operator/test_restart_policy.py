@@ -67,7 +67,7 @@ def test_the_operator(restarts: int, limit: int, ckpt: bool, saved: bool, again:
     job = lc.JobState(phase="Running", attempt=1, start_s=NOW - 100, restarts=restarts,
                       planned_pods=("job-g0", "job-g1"))
     d = lc.decide(job, RunPolicy(backoff_limit=limit), pods, nodes=None, now_s=NOW,
-                  timing=lc.Timing(backoff_base_s=BASE_S, backoff_max_s=MAX_S), checkpointing=ckpt)
+                  timing=lc.RestartSettings(backoff_base_s=BASE_S, backoff_max_s=MAX_S), checkpointing=ckpt)
     if again:
         assert (d.action, d.reason, d.count_restart) == (lc.RESTART, "RankFailed", True)
         assert d.restart_not_before_s == NOW + delay

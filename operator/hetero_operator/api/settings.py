@@ -1,6 +1,11 @@
 """Operator settings: :class:`OperatorConfig` from ``HTJ_*`` environment variables and flags.
 
-Every field has a documented default (see docs/operator.md, "Settings").  Pure: no kopf import.
+Grouped as kopf groups its own settings, in small frozen dataclasses instead of one flat record:
+``ports``, ``peering``, ``watch``, ``api``, ``restart``, ``intervals``, ``network``, ``pods``,
+``planning``, ``links``.  Each field declares its variable, parser, check and default once
+(:func:`~hetero_operator.api.settingfields.setting`); :func:`OperatorConfig.from_env` and
+:func:`env_table` walk those declarations, and docs/operator.md ("Settings") lists them.
+Pure: no kopf import.
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from hetero_operator.api import settingfields as sf
 from hetero_operator.api.errors import ConfigError
 from hetero_operator.api.prices import parse_prices_setting
+from hetero_operator.api.settingfields import setting
 from hetero_operator.api.spec import ImageVariant
 from heterotrain_common import defaults
 
@@ -29,192 +36,319 @@ DEFAULT_IMAGES = (
 """Used when a job's ``spec.images`` is empty; same catalog as examples/digits.yaml."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class OperatorConfig:
-    """Settings of one operator process.
+EGRESS_MODES = ("auto", "always", "never")
+"""``HTJ_NETWORK_POLICY_EGRESS``: whether a job's NetworkPolicy restricts its pods' egress too."""
+
+_GROUP = dict(frozen=True, kw_only=True, slots=True)
+
+
+@dataclass(**_GROUP)
+class Ports:
+    """TCP ports.
+
+    Attributes:
+        metrics: the operator's Prometheus endpoint (0 = off).
+        health: the liveness endpoint, ``GET /healthz`` (0 = off).
+        master: rank 0's rendezvous port in every job.
+    """
+
+    metrics: int = setting(8080, env="HTJ_METRICS_PORT", parse=int, check=sf.port)
+    health: int = setting(8081, env="HTJ_HEALTH_PORT", parse=int, check=sf.port)
+    master: int = setting(29500, env="HTJ_MASTER_PORT", parse=int, check=sf.required_port)
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "ports")
+
+
+@dataclass(**_GROUP)
+class Peering:
+    """kopf peering (HA: one replica acts, the others wait).
+
+    Attributes:
+        name: the peering object's name; ``""`` = standalone (no peering; one replica only).
+        priority: this replica's priority; random 1..1000000 by default, so two replicas never
+            tie (a tie pauses both).
+    """
+
+    name: str = setting("heterotrain", env="HTJ_PEERING", parse=sf.text, empty_is_value=True)
+    priority: int = setting(env="HTJ_PEERING_PRIORITY", parse=int,
+                            factory=lambda: random.randint(1, 1_000_000))
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "peering")
+
+
+@dataclass(**_GROUP)
+class WatchSettings:
+    """What kopf watches and how long a watch may run (shared/cases/25).
 
     Attributes:
         namespaces: namespaces to watch (kopf patterns, e.g. ``team-*``); empty = cluster-wide.
-            Env ``HTJ_NAMESPACES`` (comma-separated).
-        default_images: image catalog for jobs without ``spec.images``. Env
-            ``HTJ_DEFAULT_IMAGES`` = ``image=cuda=cc1/cc2[=torchVersion[=minor-compat]];image2=...``.
-        metrics_port: Prometheus port of the operator (``HTJ_METRICS_PORT``, 8080; 0 = off).
-        health_port: liveness port, serves ``/healthz`` (``HTJ_HEALTH_PORT``, 8081; 0 = off).
-        master_port: rendezvous port of rank 0 (``HTJ_MASTER_PORT``, 29500).
-        pending_timeout_s: pods Pending longer than this are deleted and the job re-planned
-            (``HTJ_PENDING_TIMEOUT_S``, 300).
-        unschedulable_retry_s: re-plan interval of a job that does not fit
-            (``HTJ_UNSCHEDULABLE_RETRY_S``, 30).
-        backoff_base_s / backoff_max_s: restart delay ``base * 2**(restarts-1)`` capped at max
-            (``HTJ_BACKOFF_BASE_S`` 10, ``HTJ_BACKOFF_MAX_S`` 300), as case 21 (10 s, 20 s, ...).
-        resync_s: level-based re-check interval of every job (``HTJ_RESYNC_S``, 10).
-        progress_interval_s: how often rank 0's metrics (progress) and one rank per GPU type's
-            (learned speeds) are read (``HTJ_PROGRESS_INTERVAL_S``, 15).
-        peering: kopf peering object name (``HTJ_PEERING``, ``heterotrain``); ``""`` = standalone
-            (no peering; only for a single replica).
-        peering_priority: this replica's peering priority (``HTJ_PEERING_PRIORITY``; default
-            random 1..1000000 so two replicas never tie, which would pause both).
-        simulate_devices: set ``simulated`` in the device profile (CPU test clusters;
-            ``HTJ_SIMULATE_DEVICES``, false).
-        launcher: argv prefix of the pod's container (``HTJ_LAUNCHER``,
-            ``heterotrain launch --``).
-        service_domain: suffix of ``MASTER_ADDR`` after the namespace (``HTJ_SERVICE_DOMAIN``,
-            ``svc``; ``svc.cluster.local`` also works).
-        gpu_prices: price of one device per hour by GPU type, MIG profile or product
-            (``HTJ_GPU_PRICES`` = ``Tesla-T4=0.35,NVIDIA-A100-SXM4-40GB=2.9``; Helm
-            ``gpuPricesPerHour``); plans then carry cost per million samples.
-        link_intra_node_gbps / link_inter_node_gbps: link bandwidths of the planner's step-time
-            model, Gbit/s (``HTJ_LINK_INTRA_NODE_GBPS`` 100, ``HTJ_LINK_INTER_NODE_GBPS`` 10).
-        api_connect_timeout_s / api_read_timeout_s: bounds of every API call of the reconciler
-            (``HTJ_API_CONNECT_TIMEOUT_S`` 5, ``HTJ_API_READ_TIMEOUT_S`` 30; shared/cases/25).
-        api_retries: retries of a call that timed out or got 429/5xx (``HTJ_API_RETRIES``, 3).
-        waiting_event_interval_s: a job that keeps waiting (unschedulable, node not ready)
-            re-posts its unchanged Warning after this long (``HTJ_WAITING_EVENT_INTERVAL_S``,
-            300; Events aggregate: the count grows, no new objects).
-        watch_server_timeout_s: kopf watch requests ask the API server to end the stream after
-            this long, so every watch is re-established at least this often
-            (``HTJ_WATCH_SERVER_TIMEOUT_S``, 300; shared/cases/25).
-        watch_client_timeout_s: the client gives up on a watch request after this long, for a
-            connection that went silent without a reset (``HTJ_WATCH_CLIENT_TIMEOUT_S``, 301;
-            must exceed the server timeout, so a healthy stream ends server-side first).
-        watch_connect_timeout_s: connecting a watch (``HTJ_WATCH_CONNECT_TIMEOUT_S``, 30).
-        watch_inactivity_timeout_s: a watch stream with no data for this long is reconnected
-            (kopf's ``inactivity_timeout``; ``HTJ_WATCH_INACTIVITY_TIMEOUT_S``, 70, kopf's default).
-        network_policy: create a NetworkPolicy per job that admits only the job's pods and the
-            metrics namespaces (``HTJ_NETWORK_POLICY``, true).
-        metrics_namespaces: namespaces whose pods may scrape the workers' metrics ports: the
-            monitoring stack's and the operator's own (it reads rank 0's progress)
-            (``HTJ_METRICS_NAMESPACES``, comma-separated; default ``monitoring``).
-        worker_run_as_non_root: set ``runAsNonRoot`` on worker pods (``HTJ_WORKER_RUN_AS_NON_ROOT``,
-            true; false only for worker images that must run as root).
-        network_policy_egress: whether the job's NetworkPolicy also restricts its pods' egress to
-            the job's own pods and the cluster DNS (``HTJ_NETWORK_POLICY_EGRESS``): ``auto`` (the
-            default) when a policy of the namespace isolates the pods' egress already (e.g.
-            "default deny all", shared/cases/46), so the ranks still reach each other and the DNS
-            while everything else stays as the namespace decides; ``always``; ``never``.
-        dns_namespace / dns_labels: where the cluster DNS pods run and their labels, for that
-            egress rule (``HTJ_DNS_NAMESPACE`` kube-system, ``HTJ_DNS_LABELS`` k8s-app=kube-dns).
+        server_timeout_s: watch requests ask the API server to end the stream after this long,
+            so every watch is re-established at least this often.
+        client_timeout_s: the client gives up on a watch request after this long, for a
+            connection that went silent without a reset; must exceed the server timeout, so a
+            healthy stream ends server-side first.
+        connect_timeout_s: connecting a watch.
+        inactivity_timeout_s: a stream with no data for this long is reconnected (kopf's
+            ``inactivity_timeout``, its default); at most the server timeout.
     """
 
-    namespaces: tuple[str, ...] = ()
-    default_images: tuple[ImageVariant, ...] = DEFAULT_IMAGES
-    metrics_port: int = 8080
-    health_port: int = 8081
-    master_port: int = 29500
-    pending_timeout_s: float = defaults.PENDING_TIMEOUT_S
-    unschedulable_retry_s: float = 30.0
-    backoff_base_s: float = defaults.BACKOFF_BASE_S
-    backoff_max_s: float = defaults.BACKOFF_MAX_S
-    resync_s: float = 10.0
-    progress_interval_s: float = 15.0
-    peering: str = "heterotrain"
-    peering_priority: int = field(default_factory=lambda: random.randint(1, 1_000_000))
-    simulate_devices: bool = False
-    launcher: tuple[str, ...] = ("heterotrain", "launch", "--")
-    service_domain: str = "svc"
-    gpu_prices: Mapping[str, float] = field(default_factory=dict)
-    link_intra_node_gbps: float = 100.0
-    link_inter_node_gbps: float = 10.0
-    api_connect_timeout_s: float = 5.0
-    api_read_timeout_s: float = 30.0
-    api_retries: int = 3
-    waiting_event_interval_s: float = 300.0
-    watch_server_timeout_s: float = 300.0
-    watch_client_timeout_s: float = 301.0
-    watch_connect_timeout_s: float = 30.0
-    watch_inactivity_timeout_s: float = 70.0
-    network_policy: bool = True
-    metrics_namespaces: tuple[str, ...] = ("monitoring",)
-    worker_run_as_non_root: bool = True
-    network_policy_egress: str = "auto"
-    dns_namespace: str = "kube-system"
-    dns_labels: Mapping[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
+    namespaces: tuple[str, ...] = setting((), env="HTJ_NAMESPACES", parse=sf.comma_list)
+    server_timeout_s: float = setting(300.0, env="HTJ_WATCH_SERVER_TIMEOUT_S", parse=float,
+                                      check=sf.positive_s)
+    client_timeout_s: float = setting(301.0, env="HTJ_WATCH_CLIENT_TIMEOUT_S", parse=float,
+                                      check=sf.positive_s)
+    connect_timeout_s: float = setting(30.0, env="HTJ_WATCH_CONNECT_TIMEOUT_S", parse=float,
+                                       check=sf.positive_s)
+    inactivity_timeout_s: float = setting(70.0, env="HTJ_WATCH_INACTIVITY_TIMEOUT_S", parse=float,
+                                          check=sf.positive_s)
 
     def __post_init__(self) -> None:
-        for name in ("metrics_port", "health_port", "master_port"):
-            port = getattr(self, name)
-            if not 0 <= port <= 65535 or (name == "master_port" and port == 0):
-                raise ConfigError(f"{name} must be a TCP port in 1..65535 (0 turns metrics/health off), got {port}")
-        for name in ("pending_timeout_s", "unschedulable_retry_s", "backoff_base_s", "backoff_max_s",
-                     "resync_s", "progress_interval_s", "api_connect_timeout_s",
-                     "api_read_timeout_s", "waiting_event_interval_s", "watch_server_timeout_s",
-                     "watch_client_timeout_s", "watch_connect_timeout_s",
-                     "watch_inactivity_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+        sf.check_group(self, "watch")
+        if self.client_timeout_s <= self.server_timeout_s:
+            raise ConfigError(f"watch.client_timeout_s ({self.client_timeout_s}) must exceed "
+                              f"watch.server_timeout_s ({self.server_timeout_s}): the server ends a "
+                              "healthy watch, the client only a silent one")
+        if self.inactivity_timeout_s > self.server_timeout_s:
+            raise ConfigError(f"watch.inactivity_timeout_s ({self.inactivity_timeout_s}) must not "
+                              f"exceed watch.server_timeout_s ({self.server_timeout_s})")
+
+
+@dataclass(**_GROUP)
+class ApiSettings:
+    """Bounds of every API call of the reconciler (shared/cases/25).
+
+    Attributes:
+        connect_timeout_s / read_timeout_s: connecting, and waiting for the answer.
+        retries: retries (backoff 0.2 s, doubling) of a call that timed out, lost its connection
+            or got 429/5xx; 0..10.
+    """
+
+    connect_timeout_s: float = setting(5.0, env="HTJ_API_CONNECT_TIMEOUT_S", parse=float,
+                                       check=sf.positive_s)
+    read_timeout_s: float = setting(30.0, env="HTJ_API_READ_TIMEOUT_S", parse=float,
+                                    check=sf.positive_s)
+    retries: int = setting(3, env="HTJ_API_RETRIES", parse=int, check=sf.in_range(0, 10))
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "api")
+
+
+@dataclass(**_GROUP)
+class RestartSettings:
+    """When a job is restarted or re-planned (the lifecycle's timing,
+    :func:`hetero_operator.lifecycle.decisions.decide`).
+
+    Attributes:
+        pending_timeout_s: pods Pending longer than this are deleted and the job re-planned.
+        backoff_base_s / backoff_max_s: restart delay ``base * 2**(restarts-1)`` capped at max
+            (as case 21: 10 s, 20 s, ...); also the retries after an admission refusal.
+        unschedulable_retry_s: re-plan interval of a job that does not fit.
+    """
+
+    pending_timeout_s: float = setting(defaults.PENDING_TIMEOUT_S, env="HTJ_PENDING_TIMEOUT_S",
+                                       parse=float, check=sf.positive_s)
+    backoff_base_s: float = setting(defaults.BACKOFF_BASE_S, env="HTJ_BACKOFF_BASE_S", parse=float,
+                                    check=sf.positive_s)
+    backoff_max_s: float = setting(defaults.BACKOFF_MAX_S, env="HTJ_BACKOFF_MAX_S", parse=float,
+                                   check=sf.positive_s)
+    unschedulable_retry_s: float = setting(30.0, env="HTJ_UNSCHEDULABLE_RETRY_S", parse=float,
+                                           check=sf.positive_s)
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "restart")
         if self.backoff_max_s < self.backoff_base_s:
-            raise ConfigError(f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_base_s ({self.backoff_base_s})")
-        if not 0 <= self.api_retries <= 10:
-            raise ConfigError(f"api_retries must be in 0..10, got {self.api_retries}")
-        if self.watch_client_timeout_s <= self.watch_server_timeout_s:
-            raise ConfigError(f"watch_client_timeout_s ({self.watch_client_timeout_s}) must exceed "
-                              f"watch_server_timeout_s ({self.watch_server_timeout_s}): the server "
-                              "ends a healthy watch, the client only a silent one")
-        if self.watch_inactivity_timeout_s > self.watch_server_timeout_s:
-            raise ConfigError(f"watch_inactivity_timeout_s ({self.watch_inactivity_timeout_s}) must "
-                              f"not exceed watch_server_timeout_s ({self.watch_server_timeout_s})")
-        if not self.launcher:
-            raise ConfigError("launcher must not be empty")
-        if self.network_policy_egress not in EGRESS_MODES:
-            raise ConfigError(f"network_policy_egress must be one of {', '.join(EGRESS_MODES)}, "
-                              f"got {self.network_policy_egress!r}")
+            raise ConfigError(f"restart.backoff_max_s ({self.backoff_max_s}) must be >= "
+                              f"restart.backoff_base_s ({self.backoff_base_s})")
+
+
+@dataclass(**_GROUP)
+class Intervals:
+    """How often the reconciler looks again.
+
+    Attributes:
+        resync_s: level-based re-check of every job.
+        progress_s: how often rank 0's metrics (progress) and one rank per GPU type's (learned
+            speeds) are read.
+        waiting_event_s: a job that keeps waiting (unschedulable, node not ready) re-posts its
+            unchanged Warning after this long (Events aggregate: the count grows).
+    """
+
+    resync_s: float = setting(10.0, env="HTJ_RESYNC_S", parse=float, check=sf.positive_s)
+    progress_s: float = setting(15.0, env="HTJ_PROGRESS_INTERVAL_S", parse=float,
+                                check=sf.positive_s)
+    waiting_event_s: float = setting(300.0, env="HTJ_WAITING_EVENT_INTERVAL_S", parse=float,
+                                     check=sf.positive_s)
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "intervals")
+
+
+@dataclass(**_GROUP)
+class NetworkSettings:
+    """The per-job NetworkPolicy.
+
+    Attributes:
+        policy: create a NetworkPolicy per job that admits only the job's pods and the metrics
+            namespaces.
+        egress: whether it also restricts the pods' egress to the job's own pods and the cluster
+            DNS: ``auto`` when a policy of the namespace isolates the pods' egress already (e.g.
+            "default deny all", shared/cases/46), ``always``, ``never``.
+        metrics_namespaces: namespaces whose pods may scrape the workers' metrics ports (the
+            monitoring stack's; the chart adds the operator's own, which reads rank 0's progress).
+        dns_namespace / dns_labels: where the cluster DNS pods run and their labels, for the
+            egress rule.
+    """
+
+    policy: bool = setting(True, env="HTJ_NETWORK_POLICY", parse=sf.boolean)
+    egress: str = setting("auto", env="HTJ_NETWORK_POLICY_EGRESS", parse=sf.lowered,
+                          check=sf.one_of(EGRESS_MODES))
+    metrics_namespaces: tuple[str, ...] = setting(("monitoring",), env="HTJ_METRICS_NAMESPACES",
+                                                  parse=sf.comma_list)
+    dns_namespace: str = setting("kube-system", env="HTJ_DNS_NAMESPACE", parse=sf.text)
+    dns_labels: Mapping[str, str] = setting(env="HTJ_DNS_LABELS", parse=sf.labels,
+                                            factory=lambda: {"k8s-app": "kube-dns"})
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "network")
+
+
+@dataclass(**_GROUP)
+class PodSettings:
+    """What every worker pod gets.
+
+    Attributes:
+        launcher: argv prefix of the pod's container.
+        service_domain: suffix of ``MASTER_ADDR`` after the namespace (``svc.cluster.local``
+            also works).
+        simulate_devices: set ``simulated`` in the device profile (CPU test clusters).
+        run_as_non_root: ``runAsNonRoot`` on worker pods (false only for worker images that must
+            run as root).
+    """
+
+    launcher: tuple[str, ...] = setting(("heterotrain", "launch", "--"), env="HTJ_LAUNCHER",
+                                        parse=sf.word_list, check=sf.not_empty)
+    service_domain: str = setting("svc", env="HTJ_SERVICE_DOMAIN", parse=sf.text)
+    simulate_devices: bool = setting(False, env="HTJ_SIMULATE_DEVICES", parse=sf.boolean)
+    run_as_non_root: bool = setting(True, env="HTJ_WORKER_RUN_AS_NON_ROOT", parse=sf.boolean)
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "pods")
+
+
+@dataclass(**_GROUP)
+class PlanningSettings:
+    """What the planner is given besides the job and the cluster.
+
+    Attributes:
+        default_images: image catalog for jobs without ``spec.images``
+            (``image=cuda=cc1/cc2[=torchVersion[=minor-compat]];image2=...``, :func:`parse_images`).
+        gpu_prices: price of one device per hour by GPU type, MIG profile or product
+            (``Tesla-T4=0.35,NVIDIA-A100-SXM4-40GB=2.9``; Helm ``gpuPricesPerHour``); plans then
+            carry cost per million samples.
+    """
+
+    default_images: tuple[ImageVariant, ...] = setting(DEFAULT_IMAGES, env="HTJ_DEFAULT_IMAGES",
+                                                       parse=lambda raw: parse_images(raw))
+    gpu_prices: Mapping[str, float] = setting(env="HTJ_GPU_PRICES", parse=parse_prices_setting,
+                                              factory=dict)
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "planning")
+
+
+@dataclass(**_GROUP)
+class Links:
+    """Link bandwidths of the planner's step-time model
+    (:class:`hetero_operator.planning.marginal.LinkSettings`; Helm ``operator.planningLinks``).
+
+    Attributes:
+        intra_node_gbps: between devices of one node, Gbit/s.
+        inter_node_gbps: one node's egress to the others, Gbit/s.
+    """
+
+    intra_node_gbps: float = setting(100.0, env="HTJ_LINK_INTRA_NODE_GBPS", parse=float,
+                                     check=sf.positive_gbps)
+    inter_node_gbps: float = setting(10.0, env="HTJ_LINK_INTER_NODE_GBPS", parse=float,
+                                     check=sf.positive_gbps)
+
+    def __post_init__(self) -> None:
+        sf.check_group(self, "links")
+
+
+@dataclass(**_GROUP)
+class OperatorConfig:
+    """Settings of one operator process, in groups (each group's fields and variables are listed
+    in its class; docs/operator.md, "Settings", has the table).
+
+    Build one from the environment with :meth:`from_env`; in code, give the groups that differ
+    (``OperatorConfig(peering=Peering(name=""), ports=Ports(metrics=0, health=0))``) or change
+    fields by path with :meth:`with_` (``config.with_({"network.policy": False})``).
+    """
+
+    ports: Ports = field(default_factory=Ports)
+    peering: Peering = field(default_factory=Peering)
+    watch: WatchSettings = field(default_factory=WatchSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
+    restart: RestartSettings = field(default_factory=RestartSettings)
+    intervals: Intervals = field(default_factory=Intervals)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
+    pods: PodSettings = field(default_factory=PodSettings)
+    planning: PlanningSettings = field(default_factory=PlanningSettings)
+    links: Links = field(default_factory=Links)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> OperatorConfig:
-        """Read ``HTJ_*`` variables; ``overrides`` (e.g. from flags) win.
+    def from_env(cls, environ: Mapping[str, str] | None = None,
+                 overrides: Mapping[str, Any] | None = None) -> OperatorConfig:
+        """Read the ``HTJ_*`` variables (an empty one counts as unset, except ``HTJ_PEERING``);
+        ``overrides`` (e.g. from flags), by field path (``"ports.metrics"``), win; a None
+        override is no override.
 
         Raises:
-            ConfigError: naming the variable that does not parse.
+            ConfigError: naming the variable that does not parse, the check that failed, or an
+                override path that names no setting.
         """
         env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            var = "HTJ_" + f.name.upper()
-            if var in env and (env[var] != "" or f.name == "peering"):
-                values[f.name] = _parse(f.name, var, env[var])
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        by_group = _by_group(overrides or {})
+        return cls(**{f.name: sf.read_group(f.default_factory, env, by_group.get(f.name, {}),  # type: ignore[arg-type]
+                                            path=f.name) for f in fields(cls)})
 
-    def with_(self, **changes: Any) -> OperatorConfig:
-        """A copy with ``changes`` applied."""
-        return replace(self, **changes)
+    def with_(self, changes: Mapping[str, Any]) -> OperatorConfig:
+        """A copy with ``changes`` applied, by field path (``{"network.policy": False}``).
+
+        Raises:
+            ConfigError: a path that names no setting, or a changed value fails its check.
+        """
+        updated = {}
+        for group, values in _by_group(changes).items():
+            try:
+                updated[group] = replace(getattr(self, group), **values)
+            except TypeError:
+                raise ConfigError(f"{group} has no setting {', '.join(sorted(values))}") from None
+        return replace(self, **updated)
 
 
-EGRESS_MODES = ("auto", "always", "never")
+def _by_group(changes: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"ports.metrics": 0}`` -> ``{"ports": {"metrics": 0}}``.
+
+    Raises:
+        ConfigError: a path that is not ``group.field`` of a known group.
+    """
+    groups = {f.name for f in fields(OperatorConfig)}
+    out: dict[str, dict[str, Any]] = {}
+    for path, value in changes.items():
+        group, _, name = path.partition(".")
+        if group not in groups or not name:
+            raise ConfigError(f"{path!r} is no setting path: use group.field, groups "
+                              f"{', '.join(sorted(groups))}")
+        out.setdefault(group, {})[name] = value
+    return out
 
 
-def _parse(name: str, var: str, raw: str) -> Any:
-    try:
-        if name in ("namespaces", "launcher", "metrics_namespaces"):
-            sep = " " if name == "launcher" else ","
-            return tuple(p.strip() for p in raw.split(sep) if p.strip())
-        if name == "default_images":
-            return parse_images(raw)
-        if name in ("simulate_devices", "network_policy", "worker_run_as_non_root"):
-            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError("use true or false")
-            return raw.lower() in ("1", "true", "yes")
-        if name in ("peering", "service_domain", "dns_namespace"):
-            return raw
-        if name == "network_policy_egress":
-            return raw.strip().lower()
-        if name == "dns_labels":
-            pairs = [p.strip().split("=", 1) for p in raw.split(",") if p.strip()]
-            if not pairs or any(len(p) != 2 or not p[0] for p in pairs):
-                raise ValueError("use key=value[,key=value]")
-            return {k.strip(): v.strip() for k, v in pairs}
-        if name == "gpu_prices":
-            return parse_prices_setting(raw, var)
-        if name.endswith("_gbps"):
-            value = float(raw)
-            if not value > 0:
-                raise ValueError("must be > 0 Gbit/s")
-            return value
-        if name.endswith("_s"):
-            return float(raw)
-        return int(raw)
-    except ValueError as exc:
-        raise ConfigError(f"{var}={raw!r} does not parse: {exc}") from None
+def env_table() -> list[tuple[str, str, Any]]:
+    """``(variable, field path, default)`` of every setting (:func:`hetero_operator.api.settingfields.env_table`)."""
+    return sf.env_table(OperatorConfig)
 
 
 def parse_images(raw: str) -> tuple[ImageVariant, ...]:

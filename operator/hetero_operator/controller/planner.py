@@ -31,7 +31,7 @@ log = logging.getLogger("heterotrain.operator")
 
 def with_default_images(job: JobSpec, config: OperatorConfig) -> JobSpec:
     """Fill an empty ``spec.images`` with the operator's default catalog."""
-    return job if job.images else replace(job, images=config.default_images)
+    return job if job.images else replace(job, images=config.planning.default_images)
 
 
 def plan_on_indexes(spec: JobSpec, nodes: Sequence[Mapping[str, Any]],
@@ -97,9 +97,9 @@ async def plan_inputs(api: Any, spec: JobSpec, config: OperatorConfig, *, now_s:
                         profiles.CONFIGMAP_NAME, exc)
             cm = None
         learned = profiles.fresh(profiles.configmap_entries(cm, profile_key(spec)), now_s=now_s)
-    return PlanInputs(learned=learned, prices=config.gpu_prices, now_s=now_s,
-                      link=LinkSettings(intra_node_gbps=config.link_intra_node_gbps,
-                                        inter_node_gbps=config.link_inter_node_gbps))
+    return PlanInputs(learned=learned, prices=config.planning.gpu_prices, now_s=now_s,
+                      link=LinkSettings(intra_node_gbps=config.links.intra_node_gbps,
+                                        inter_node_gbps=config.links.inter_node_gbps))
 
 
 def owned_by(pod: Mapping[str, Any], job: str, namespace: str) -> bool:

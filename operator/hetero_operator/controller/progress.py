@@ -1,9 +1,9 @@
 """Rank 0's training progress: read its Prometheus endpoint, write ``status.progress``.
 
 The one place that scrapes rank 0 (worker metric names in docs/internal-api.md).  Reads are
-throttled per job (``progress_interval_s``) and bounded: 2 s, no redirects followed (an endpoint
-that redirects is not a HeteroTrain worker's, and following it would let a pod send the operator
-anywhere), at most :data:`MAX_BODY_BYTES` read.  An unreachable endpoint only means no progress
+throttled per job (``intervals.progress_s``, ``HTJ_PROGRESS_INTERVAL_S``) and bounded: 2 s, no
+redirects followed (an endpoint that redirects is not a HeteroTrain worker's, and following it
+would let a pod send the operator anywhere), at most :data:`MAX_BODY_BYTES` read.  An unreachable endpoint only means no progress
 update this time; an answer that is not a worker's metrics (a redirect, an error status, an
 oversized body, text Prometheus' parser refuses) is a Warning Event on the job
 (:meth:`ProgressReader.take_warnings`), never an aborted reconcile.

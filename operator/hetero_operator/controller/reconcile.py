@@ -91,17 +91,15 @@ class Reconciler:
                  clock: Callable[[], float] = time.time) -> None:
         self.config, self.api, self.metrics = config, api, metrics
         self.nodes, self.gpu_pods, self.clock = nodes, gpu_pods, clock
-        self.timing = lc.Timing(pending_timeout_s=config.pending_timeout_s,
-                                backoff_base_s=config.backoff_base_s,
-                                backoff_max_s=config.backoff_max_s)
-        self.requeue = Requeue(self._work, retry_s=config.resync_s)
+        self.timing = config.restart
+        self.requeue = Requeue(self._work, retry_s=config.intervals.resync_s)
         self.leadership = Leadership(get_peering=api.get_peering, identity=identity,
-                                     peering=config.peering, namespace=peering_namespace,
-                                     priority=config.peering_priority, clock=clock,
+                                     peering=config.peering.name, namespace=peering_namespace,
+                                     priority=config.peering.priority, clock=clock,
                                      per_job_namespace=namespaced_peering)
-        self.events = EventRecorder(api, repeat_s=config.waiting_event_interval_s)
-        self.progress = ProgressReader(metrics_url, config.progress_interval_s)
-        self.learner = SpeedLearner(metrics_url, config.progress_interval_s)
+        self.events = EventRecorder(api, repeat_s=config.intervals.waiting_event_s)
+        self.progress = ProgressReader(metrics_url, config.intervals.progress_s)
+        self.learner = SpeedLearner(metrics_url, config.intervals.progress_s)
         self._phases: dict[Key, str] = {}
         self._job_nodes: dict[Key, frozenset[str]] = {}
         self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
@@ -153,7 +151,7 @@ class Reconciler:
         started = time.perf_counter()
         try:
             if not await self.leadership.is_leader(namespace):
-                return self.config.resync_s
+                return self.config.intervals.resync_s
             return await self.reconcile(namespace, name)
         finally:
             self.metrics.reconcile_duration.observe(time.perf_counter() - started)
@@ -180,10 +178,10 @@ class Reconciler:
         states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], "")) for p in pods]
         used = frozenset(p.node for p in states if p.node)
         self._job_nodes[(namespace, name)] = used
-        gate = None
-        if kueue.queue_name(job) and st.job_state(status).phase not in c.FINISHED_PHASES:
+        state, gate = st.job_state(status), None
+        if kueue.queue_name(job) and state.phase not in c.FINISHED_PHASES:
             gate = await self.kueue.check(job, spec, lambda: self._plan(spec, capacity=True)[0])
-        decision = lc.decide(st.job_state(status), gate.policy(spec) if gate else spec.run_policy,
+        decision = lc.decide(state, gate.policy(spec) if gate else spec.run_policy,
                              states, nodes=self._node_health(used, now), now_s=now, timing=self.timing,
                              checkpointing=bool(spec.training.checkpoint_path))
         decision = gate.explain(decision) if gate else decision
@@ -211,12 +209,12 @@ class Reconciler:
                                        metrics_port=spec.worker.metrics_port, now_s=now)
             await self._metrics_warnings(job, now)
         await self._record(job, status, decision, states, now, extra=extra)
-        if decision.phase == c.SUCCEEDED and st.job_state(status).phase != c.SUCCEEDED:
+        if decision.phase == c.SUCCEEDED and state.phase != c.SUCCEEDED:
             await self._learn(spec, now)
         await self._delete_pods(namespace, decision)  # after the status: a restart counts once
         if gate is not None:
             await self.kueue.after(gate, job, decision, states, c.now_iso(now))
-        return next_look_s(decision, self.config.resync_s)
+        return next_look_s(decision, self.config.intervals.resync_s)
 
     async def _metrics_warnings(self, job: Mapping[str, Any], now: float) -> None:
         """A Warning Event for a rank endpoint that answered but not as a worker's metrics
@@ -266,15 +264,15 @@ class Reconciler:
             decision = lc.Decision(action=lc.WAIT, phase=c.PENDING, reason=result.reason,
                                    message=message)
             await self._record(job, status, decision, [], now, event_type="Warning")
-            return self.config.unschedulable_retry_s
+            return self.config.restart.unschedulable_retry_s
         self.metrics.record_plan("planned")
         attempt = st.job_state(status).attempt + 1
-        maddr = rendering.master_addr(spec.name, spec.namespace, result, self.config.service_domain)
-        envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.master_port,
-                                simulated=self.config.simulate_devices,
+        maddr = rendering.master_addr(spec.name, spec.namespace, result, self.config.pods.service_domain)
+        envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.ports.master,
+                                simulated=self.config.pods.simulate_devices,
                                 restart_generation=attempt - 1)
-        pods = rendering.render_pods(spec, result, envs, launcher=self.config.launcher, attempt=attempt,
-                                     run_as_non_root=self.config.worker_run_as_non_root)
+        pods = rendering.render_pods(spec, result, envs, launcher=self.config.pods.launcher, attempt=attempt,
+                                     run_as_non_root=self.config.pods.run_as_non_root)
         if gate is not None and gate.allowed:  # the admitted flavors' nodeSelector/tolerations
             pods = kueue.apply_placements(pods, result, gate.allowed)
         pods, claim_templates = use_claims(spec.name, spec.namespace, result, pods, drainv,
@@ -283,14 +281,14 @@ class Reconciler:
         # Held before the first await: a start planned meanwhile counts these GPUs as used.
         self.reservations.hold((spec.namespace, spec.name), planned_gpu_pods(
             spec.namespace, spec.name, result, dra_nodes=drainv.dra_nodes), now_s=self.clock())
-        children = [rendering.render_service(spec, master_port=self.config.master_port)]
-        if self.config.network_policy:  # before any pod exists: no window with open ports
+        children = [rendering.render_service(spec, master_port=self.config.ports.master)]
+        if self.config.network.policy:  # before any pod exists: no window with open ports
             children.append(rendering.render_network_policy(
-                spec, result, metrics_namespaces=self.config.metrics_namespaces,
-                egress=await self._egress(spec, pods), dns_namespace=self.config.dns_namespace,
-                dns_labels=self.config.dns_labels))
+                spec, result, metrics_namespaces=self.config.network.metrics_namespaces,
+                egress=await self._egress(spec, pods), dns_namespace=self.config.network.dns_namespace,
+                dns_labels=self.config.network.dns_labels))
         kopf.append_owner_reference([*children, *claim_templates, *pods], owner=job)
-        plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.master_port)
+        plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.ports.master)
         started = st.started_status(status, spec, result, plan, attempt=attempt, generation=gen,
                                     now_s=now)
         await self._patch(job, status, started.before)  # the plan is recorded before any pod exists
@@ -302,7 +300,7 @@ class Reconciler:
         before = st.planned_nodes(status).values()  # DRA nodes: the pods' claims come from these
         if claim_templates or any(node in drainv.dra_nodes for node in before):
             await replace_claim_templates(self.kueue.objects, spec.namespace, stale_template_names(
-                spec.name, status.get("plan") or {}, st.job_state(status).attempt), claim_templates)
+                spec.name, status.get("plan") or {}, attempt - 1), claim_templates)
         created = await asyncio.gather(*(self.api.create(p) for p in pods), return_exceptions=True)
         self.metrics.pods_created.inc(sum(1 for r in created if r is True))
         failed = [(p, r) for p, r in zip(pods, created, strict=True) if isinstance(r, BaseException)]
@@ -318,7 +316,7 @@ class Reconciler:
         for warning in result.warnings:  # label inconsistencies of the nodes this job runs on
             if warning.node in result.nodes:
                 await self.events.post(job, "Warning", warning.reason, warning.message, now)
-        return self.config.resync_s
+        return self.config.intervals.resync_s
 
     async def _checkpoint_fallback(self, job: Mapping[str, Any], status: Mapping[str, Any],
                                    now: float) -> None:
@@ -341,7 +339,7 @@ class Reconciler:
         ``auto`` when another policy of the namespace isolates any of the pods' egress already
         (shared/cases/46: "default deny all"), so the ranks keep reaching each other and the
         DNS; an unreadable policy list (RBAC of an older chart) leaves egress as it is."""
-        mode = self.config.network_policy_egress
+        mode = self.config.network.egress
         if mode != "auto":
             return mode == "always"
         lister = getattr(self.api, "list_network_policies", None)

@@ -39,15 +39,15 @@ def make_memo(config: OperatorConfig, *, metrics_url: MetricsUrlFn = default_met
 def operator_kwargs(config: OperatorConfig, memo: kopf.Memo) -> dict[str, Any]:
     """Keyword arguments for ``kopf.run``/``kopf.operator`` from the settings."""
     kwargs: dict[str, Any] = dict(memo=memo, identity=memo.identity,
-                                  standalone=not config.peering,
-                                  peering_name=config.peering or None,
-                                  priority=config.peering_priority)
-    if config.namespaces:
-        kwargs["namespaces"] = list(config.namespaces)
+                                  standalone=not config.peering.name,
+                                  peering_name=config.peering.name or None,
+                                  priority=config.peering.priority)
+    if config.watch.namespaces:
+        kwargs["namespaces"] = list(config.watch.namespaces)
     else:
         kwargs["clusterwide"] = True
-    if config.health_port:
-        kwargs["liveness_endpoint"] = f"http://0.0.0.0:{config.health_port}/healthz"
+    if config.ports.health:
+        kwargs["liveness_endpoint"] = f"http://0.0.0.0:{config.ports.health}/healthz"
     return kwargs
 
 
@@ -57,8 +57,8 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
 
     Watches: kopf's ``server_timeout``/``client_timeout`` default to ``None`` (wait for ever), so a
     watch connection that a proxy dropped without a reset would never be noticed; the server ends
-    every watch after ``watch_server_timeout_s``, the client gives up a second later, and a stream
-    without data for ``watch_inactivity_timeout_s`` is reconnected.
+    every watch after ``watch.server_timeout_s``, the client gives up a second later, and a stream
+    without data for ``watch.inactivity_timeout_s`` is reconnected.
 
     Peering is mandatory when named: a starting replica stays paused until it has read the
     peering object (kopf pre-activates the pause), so during an upgrade it never acts before it
@@ -69,16 +69,16 @@ def apply_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="heterotrain.io", key="last-handled-configuration")
     settings.posting.level = logging.WARNING
-    settings.peering.priority = config.peering_priority
-    settings.peering.clusterwide = not config.namespaces
-    if config.peering:
-        settings.peering.name = config.peering
+    settings.peering.priority = config.peering.priority
+    settings.peering.clusterwide = not config.watch.namespaces
+    if config.peering.name:
+        settings.peering.name = config.peering.name
         settings.peering.mandatory = True
     # whole seconds: a real API server refuses timeoutSeconds=300.0 (400 BadRequest, strconv.ParseInt)
-    settings.watching.server_timeout = max(1, round(config.watch_server_timeout_s))
-    settings.watching.client_timeout = config.watch_client_timeout_s
-    settings.watching.connect_timeout = config.watch_connect_timeout_s
-    settings.watching.inactivity_timeout = config.watch_inactivity_timeout_s
+    settings.watching.server_timeout = max(1, round(config.watch.server_timeout_s))
+    settings.watching.client_timeout = config.watch.client_timeout_s
+    settings.watching.connect_timeout = config.watch.connect_timeout_s
+    settings.watching.inactivity_timeout = config.watch.inactivity_timeout_s
 
 
 async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
@@ -86,15 +86,15 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
     config: OperatorConfig = memo.config
     apply_settings(settings, config)
     api = Api(await asyncio.to_thread(load_configuration), CallLimits(
-        connect_timeout_s=config.api_connect_timeout_s, read_timeout_s=config.api_read_timeout_s,
-        retries=config.api_retries))
+        connect_timeout_s=config.api.connect_timeout_s, read_timeout_s=config.api.read_timeout_s,
+        retries=config.api.retries))
     await check_crd(api)
-    memo.metrics.serve(config.metrics_port)
+    memo.metrics.serve(config.ports.metrics)
     memo.state["reconciler"] = Reconciler(
         config=config, api=api, metrics=memo.metrics, nodes=list, gpu_pods=list,
-        identity=memo.identity if config.peering else None,
-        peering_namespace=None if not config.namespaces else config.namespaces[0],
-        namespaced_peering=bool(config.namespaces),
+        identity=memo.identity if config.peering.name else None,
+        peering_namespace=None if not config.watch.namespaces else config.watch.namespaces[0],
+        namespaced_peering=bool(config.watch.namespaces),
         metrics_url=memo.metrics_url)
 
 

@@ -18,6 +18,12 @@ from hetero_operator.controller import \
 from hetero_operator.controller.runner import make_memo, operator_kwargs
 
 
+FLAG_SETTINGS = {"metrics_port": "ports.metrics", "health_port": "ports.health",
+                 "peering": "peering.name", "peering_priority": "peering.priority",
+                 "pending_timeout_s": "restart.pending_timeout_s"}
+"""Flag (argparse dest) -> the setting it overrides (``-n`` gives ``watch.namespaces``)."""
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Flags of ``heterotrain operator`` (each overrides its ``HTJ_*`` variable)."""
     parser.add_argument("-n", "--namespace", action="append", dest="namespaces",
@@ -33,11 +39,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the operator until interrupted; returns the exit code."""
-    overrides = {k: getattr(args, k, None) for k in
-                 ("metrics_port", "health_port", "peering", "peering_priority", "pending_timeout_s")}
+    overrides = {path: getattr(args, flag, None) for flag, path in FLAG_SETTINGS.items()}
     if getattr(args, "namespaces", None):
-        overrides["namespaces"] = tuple(args.namespaces)
-    config = OperatorConfig.from_env(**overrides)
+        overrides["watch.namespaces"] = tuple(args.namespaces)
+    config = OperatorConfig.from_env(overrides=overrides)
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not getattr(args, "verbose", False):

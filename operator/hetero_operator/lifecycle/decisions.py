@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from hetero_operator.api import conditions as c
+from hetero_operator.api.settings import RestartSettings
 from hetero_operator.api.spec import RunPolicy
 from hetero_operator.cluster.nodehealth import NodeHealth
 from hetero_operator.lifecycle import restart
@@ -41,23 +42,23 @@ from hetero_operator.lifecycle.disruptions import (STOPPED_AT_CHECKPOINT, NodeVi
 from hetero_operator.lifecycle.values import (CLEANUP, DELETE_JOB, FAIL, NOTHING, POLL_DELETING_S,
                                               REPLAN, RESTART, RUNNING, START, SUCCEED, SUSPEND,
                                               TERMINATED, WAIT, Decision, JobState, NodeLoss,
-                                              PodState, Timing, pod_names)
+                                              PodState, pod_names)
 
 __all__ = ["CLEANUP", "DELETE_JOB", "FAIL", "NOTHING", "POLL_DELETING_S", "REPLAN", "RESTART",
            "RUNNING", "START", "SUCCEED", "SUSPEND", "WAIT", "Decision", "JobState", "NodeLoss",
-           "PodState", "RunPolicy", "STOPPED_AT_CHECKPOINT", "Timing", "backoff_s", "decide"]
+           "PodState", "RestartSettings", "RunPolicy", "STOPPED_AT_CHECKPOINT", "backoff_s", "decide"]
 """The lifecycle's entry point: :func:`decide` and the values it takes and returns (defined in
 :mod:`~hetero_operator.lifecycle.values`, the cluster's part in
 :mod:`~hetero_operator.lifecycle.disruptions`)."""
 
 
-def backoff_s(restarts: int, timing: Timing) -> float:
+def backoff_s(restarts: int, timing: RestartSettings) -> float:
     """Delay before restart number ``restarts`` (1-based): :func:`restart.backoff_s` of ``timing``."""
     return restart.backoff_s(restarts, base_s=timing.backoff_base_s, max_s=timing.backoff_max_s)
 
 
 def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
-           nodes: Mapping[str, NodeHealth] | None, now_s: float, timing: Timing = Timing(),
+           nodes: Mapping[str, NodeHealth] | None, now_s: float, timing: RestartSettings = RestartSettings(),
            checkpointing: bool = True) -> Decision:
     """Decide the next step of one job.
 
@@ -69,7 +70,7 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
             :func:`hetero_operator.cluster.nodehealth.node_health`); ``None`` when unknown (skips the
             node checks).
         now_s: current time, epoch seconds.
-        timing: operator timeouts.
+        timing: the operator's restart settings (``HTJ_PENDING_TIMEOUT_S``, ``HTJ_BACKOFF_*``).
         checkpointing: the job sets ``spec.training.checkpoint.path`` (a restart resumes from the
             last checkpoint; without, from step 0: :mod:`hetero_operator.lifecycle.restart`).
 
@@ -122,7 +123,7 @@ def _no_pods(job: JobState, now_s: float) -> Decision:
 
 
 def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
-               now_s: float, timing: Timing, checkpointing: bool = True) -> Decision:
+               now_s: float, timing: RestartSettings, checkpointing: bool = True) -> Decision:
     failed = [p for p in pods if p.phase == "Failed"]
     if failed:
         return _on_failure(job, policy, pods, failed, now_s, timing, checkpointing)
@@ -151,7 +152,7 @@ def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
 
 
 def _on_failure(job: JobState, policy: RunPolicy, pods: Sequence[PodState],
-                failed: Sequence[PodState], now_s: float, timing: Timing,
+                failed: Sequence[PodState], now_s: float, timing: RestartSettings,
                 checkpointing: bool) -> Decision:
     first = min(failed, key=lambda p: p.first_rank)
     what = f"{first.name} ({first.gpu_type or 'unknown GPU'}) failed" + (

@@ -42,23 +42,29 @@ class NodeView:
         return self.nodes.get(node)
 
     def gone(self, node: str) -> bool:
+        """The node list is known and ``node`` is not in it (its Node object was deleted)."""
         return self.nodes is not None and bool(node) and node not in self.nodes
 
     def lost_at_s(self, node: str) -> float | None:
+        """When ``node`` counts (or counted) as lost, epoch seconds: now when gone, else
+        ``nodeLossGraceSeconds`` after it stopped being healthy; None while healthy or unknown."""
         if self.gone(node):
             return self.now_s
         h = self.health(node)
         return None if h is None else h.lost_at_s(self.grace_s)
 
     def lost(self, node: str) -> bool:
+        """``node`` counts as lost now."""
         at = self.lost_at_s(node)
         return at is not None and self.now_s >= at
 
     def unhealthy(self, node: str) -> bool:
+        """``node`` is gone or not healthy (lost or still within its grace)."""
         h = self.health(node)
         return self.gone(node) or (h is not None and not h.healthy)
 
     def loss(self, node: str, pods: Sequence[PodState]) -> NodeLoss:
+        """The :class:`NodeLoss` of ``node`` with the pods of ``pods`` on it."""
         names = pod_names([p for p in pods if p.node == node])
         h = self.health(node)
         if h is None or h.unhealthy_since_s is None:
@@ -68,8 +74,19 @@ class NodeView:
 
 
 def disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], health: NodeView,
-               now_s: float) -> Decision | None:
-    """The cluster's part: a lost node, a disrupted pod, a failure next to an unhealthy node."""
+              now_s: float) -> Decision | None:
+    """The cluster's part: a lost node, a disrupted pod, a failure next to an unhealthy node.
+
+    Args:
+        job / policy: the job's state and run policy.
+        current: the pods of the current attempt.
+        health: the nodes' health.
+        now_s: the clock, epoch seconds.
+
+    Returns:
+        An infrastructure restart, a wait for a node that is not healthy yet, or None when the
+        cluster did nothing to the job.
+    """
     lost_nodes = sorted({p.node for p in current if p.phase != "Succeeded" and health.lost(p.node)})
     if lost_nodes:
         loss = health.loss(lost_nodes[0], current)
@@ -86,17 +103,17 @@ def disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], hea
                               node_loss=loss)
     stopped = [p for p in current if p.disruption == STOPPED_AT_CHECKPOINT and not p.deleting]
     failed = [p for p in current if p.phase == "Failed" and p not in stopped]
-    disrupted = [p for p in current if (p.disruption or p.deleting) and p not in stopped]
+    by_cluster = [p for p in current if (p.disruption or p.deleting) and p not in stopped]
     gone = set(job.planned_pods) - {p.name for p in current}
-    if stopped and (disrupted or gone):  # the peers of a preempted pod: the cluster's doing
-        disrupted += stopped
+    if stopped and (by_cluster or gone):  # the peers of a preempted pod: the cluster's doing
+        by_cluster += stopped
     else:
         failed += stopped
     # A pod that already succeeded is done with its node, whatever happens to the node now.
     unhealthy = [p for p in current if p.phase != "Succeeded" and health.unhealthy(p.node)]
-    if disrupted or (failed and unhealthy):
-        if disrupted:  # the cause first, the peers that stopped for it after
-            first = min(disrupted, key=lambda p: (p in stopped, p.first_rank))
+    if by_cluster or (failed and unhealthy):
+        if by_cluster:  # the cause first, the peers that stopped for it after
+            first = min(by_cluster, key=lambda p: (p in stopped, p.first_rank))
             cause = DELETED if first.deleting and first.disruption == STOPPED_AT_CHECKPOINT else first.disruption
             reason, words = _disruption_kind(cause or DELETED)
             what = f"{first.name} on {first.node or 'no node'} {words}"

@@ -1,6 +1,6 @@
 """The lifecycle's values: what it observes of a job (:class:`JobState`, :class:`PodState`), what
-it decides (:class:`Decision` and the action names) and the operator timeouts it decides with
-(pure).  :mod:`hetero_operator.lifecycle.status` reads them from and writes them to the job.
+it decides (:class:`Decision` and the action names) (pure).  It decides with the operator's
+:class:`~hetero_operator.api.settings.RestartSettings`.  :mod:`hetero_operator.lifecycle.status` reads them from and writes them to the job.
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from heterotrain_common import defaults
 
 # Actions
 START = "Start"            # plan and create the pods
@@ -88,15 +87,6 @@ class JobState:
     completion_s: float | None = None
     restart_not_before_s: float | None = None
     planned_pods: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Timing:
-    """Operator timeouts in seconds (from :class:`hetero_operator.api.settings.OperatorConfig`)."""
-
-    pending_timeout_s: float = defaults.PENDING_TIMEOUT_S
-    backoff_base_s: float = defaults.BACKOFF_BASE_S
-    backoff_max_s: float = defaults.BACKOFF_MAX_S
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,190 @@
+"""Settings declared once: each field of a settings group names its ``HTJ_*`` variable, the parser
+of the variable's text, the check of its value and its default, in one :func:`setting` call
+(pure; no kopf).
+
+:func:`read_group` builds a group from an environment and :func:`env_table` lists every variable
+of a settings class, both by walking the same declarations; a group's ``__post_init__`` runs
+:func:`check_group`, so a value set in code is checked like one read from the environment.
+Parsers and checks raise ``ValueError``; the walker turns that into
+:class:`~hetero_operator.api.errors.ConfigError` naming the variable and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+from hetero_operator.api.errors import ConfigError
+
+_KEY = "heterotrain.setting"
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """The declaration of one settings field (the field's metadata).
+
+    Attributes:
+        env: the variable, e.g. ``"HTJ_RESYNC_S"``.
+        parse: the variable's text -> the value; raises ``ValueError`` saying what is wrong.
+        check: raises ``ValueError`` for a value out of range (applied to values set in code too);
+            None for none.
+        empty_is_value: an empty variable is a value (``HTJ_PEERING=""``: standalone) rather
+            than unset.
+    """
+
+    env: str
+    parse: Callable[[str], Any]
+    check: Callable[[Any], None] | None = None
+    empty_is_value: bool = False
+
+
+def setting(default: Any = MISSING, *, env: str, parse: Callable[[str], Any],
+            check: Callable[[Any], None] | None = None, factory: Callable[[], Any] | None = None,
+            empty_is_value: bool = False) -> Any:
+    """A dataclass field holding variable ``env``: ``default`` (immutable) or ``factory()``."""
+    meta = {_KEY: Setting(env, parse, check, empty_is_value)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def declared(cls: type) -> list[tuple[str, Setting]]:
+    """``(field name, declaration)`` of every setting field of group ``cls``, in order."""
+    return [(f.name, f.metadata[_KEY]) for f in fields(cls) if _KEY in f.metadata]
+
+
+def read_group(cls: type, environ: Mapping[str, str], overrides: Mapping[str, Any], *,
+               path: str) -> Any:
+    """Group ``cls`` with each field from ``overrides`` (by field name, values already typed),
+    else its variable in ``environ``, else its default.
+
+    Raises:
+        ConfigError: ``HTJ_X='text' does not parse: why (path.field)``, or a check failed.
+    """
+    values: dict[str, Any] = {}
+    for name, s in declared(cls):
+        raw = environ.get(s.env)
+        if raw is not None and (raw != "" or s.empty_is_value):
+            try:
+                values[name] = s.parse(raw)
+            except ValueError as exc:
+                raise ConfigError(f"{s.env}={raw!r} does not parse: {exc} ({path}.{name})") from None
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    unknown = set(values) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ConfigError(f"{path} has no setting {', '.join(sorted(unknown))}")
+    return cls(**values)
+
+
+def check_group(group: Any, path: str) -> None:
+    """Run every field's check of ``group`` (the group's ``__post_init__`` calls it).
+
+    Raises:
+        ConfigError: ``path.field (HTJ_X) must ...``.
+    """
+    for name, s in declared(type(group)):
+        if s.check is not None:
+            try:
+                s.check(getattr(group, name))
+            except ValueError as exc:
+                raise ConfigError(f"{path}.{name} ({s.env}) {exc}") from None
+
+
+def env_table(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """``(variable, field path, default)`` of every setting under settings class ``cls`` (groups
+    are fields whose default factory is a settings class), in declaration order; a default made
+    by a factory is shown as the factory's result."""
+    rows: list[tuple[str, str, Any]] = []
+    for f in fields(cls):
+        if _KEY in f.metadata:
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            rows.append((f.metadata[_KEY].env, prefix + f.name, default))
+        elif isinstance(f.default_factory, type):
+            rows.extend(env_table(f.default_factory, f"{prefix}{f.name}."))
+    return rows
+
+
+# --- parsers: text -> value (ValueError says what is wrong) ---------------------------------------
+
+def text(raw: str) -> str:
+    """The text as it is."""
+    return raw
+
+
+def boolean(raw: str) -> bool:
+    """``1/0``, ``true/false``, ``yes/no`` (any case)."""
+    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+        raise ValueError("use true or false")
+    return raw.lower() in ("1", "true", "yes")
+
+
+def comma_list(raw: str) -> tuple[str, ...]:
+    """``"a, b"`` -> ``("a", "b")`` (empty entries dropped)."""
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+def word_list(raw: str) -> tuple[str, ...]:
+    """``"a b  c"`` -> ``("a", "b", "c")``."""
+    return tuple(p.strip() for p in raw.split(" ") if p.strip())
+
+
+def labels(raw: str) -> dict[str, str]:
+    """``"k=v,k2=v2"`` -> ``{"k": "v", "k2": "v2"}``."""
+    pairs = [p.strip().split("=", 1) for p in raw.split(",") if p.strip()]
+    if not pairs or any(len(p) != 2 or not p[0] for p in pairs):
+        raise ValueError("use key=value[,key=value]")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def lowered(raw: str) -> str:
+    """The text stripped and in lower case."""
+    return raw.strip().lower()
+
+
+# --- checks: value -> None or ValueError ----------------------------------------------------------
+
+def port(value: int) -> None:
+    """A TCP port, 0 = off."""
+    if not 0 <= value <= 65535:
+        raise ValueError(f"must be a TCP port in 1..65535 (0 turns it off), got {value}")
+
+
+def required_port(value: int) -> None:
+    """A TCP port, never 0."""
+    if not 1 <= value <= 65535:
+        raise ValueError(f"must be a TCP port in 1..65535, got {value}")
+
+
+def positive_s(value: float) -> None:
+    """Seconds > 0."""
+    if not value > 0:
+        raise ValueError(f"must be > 0 seconds, got {value}")
+
+
+def positive_gbps(value: float) -> None:
+    """Gbit/s > 0."""
+    if not value > 0:
+        raise ValueError(f"must be > 0 Gbit/s, got {value}")
+
+
+def in_range(lo: int, hi: int) -> Callable[[int], None]:
+    """A whole number in ``lo..hi``."""
+    def check(value: int) -> None:
+        if not lo <= value <= hi:
+            raise ValueError(f"must be in {lo}..{hi}, got {value}")
+    return check
+
+
+def one_of(choices: tuple[str, ...]) -> Callable[[str], None]:
+    """One of ``choices``."""
+    def check(value: str) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {value!r}")
+    return check
+
+
+def not_empty(value: tuple[str, ...]) -> None:
+    """At least one entry."""
+    if not value:
+        raise ValueError("must not be empty")
