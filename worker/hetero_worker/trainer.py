@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,7 +44,8 @@ from hetero_worker.comm.collectives import broadcast_from_rank0_
 from hetero_worker.comm.commplan import CommRank, plan_communicators
 from hetero_worker.comm.groups import ProcessGroups, build_process_groups, gather_comm_ranks
 from hetero_worker.comm.sync import WeightedGradSync
-from hetero_worker.efficiency import EFFICIENCY_WINDOW_STEPS, EfficiencyWindow
+from hetero_worker.efficiency import EfficiencyWindow
+from hetero_worker.loading import Loading
 from hetero_worker.memory import caps as memcap
 from hetero_worker.memory import full as fullshard
 from hetero_worker.memory import group as sharding
@@ -58,32 +57,15 @@ from hetero_worker.runtime.preemption import GracefulStop
 from hetero_worker.runtime.preflight import exit_on_setup_error, preflight
 from hetero_worker.runtime.shutdown import leave_process_group
 from hetero_worker.runtime.simulation import simulate_compute
-from hetero_worker.sampler import BatchedTensors, HeteroBatchSampler, as_fetched
+from hetero_worker.runtime.startup import cuda_index, seed_everything, wants_speed_features
+from hetero_worker.sampler import HeteroBatchSampler
 from hetero_worker.speed.controller import attach
 from hetero_worker.speed.stealing import WorkStealing
+from hetero_worker.stepping import StepResult, Stepping
 from heterotrain_common.contract import Contract
 from heterotrain_common.topology import build_layout
 
 __all__ = ["StepResult", "Trainer", "exit_on_setup_error", "init", "seed_everything"]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StepResult:
-    """What one :meth:`Trainer.step` did.
-
-    Attributes:
-        loss: this rank's mean loss over its local batch.
-        skipped: True when the optimizer step was skipped on every rank (inf/NaN under fp16).
-        step_s: wall seconds of the step; compute_s + comm_wait_s == step_s.
-        compute_s: forward, backward, simulated delay and optimizer time.
-        comm_wait_s: seconds inside collectives, including waiting for slower ranks.
-    """
-
-    loss: float
-    skipped: bool
-    step_s: float
-    compute_s: float
-    comm_wait_s: float
 
 
 class _NullMetrics:
@@ -101,7 +83,8 @@ def _make_metrics(contract: Contract) -> Any:
     return WorkerMetrics(contract)
 
 
-class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing, GracefulStop):
+class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing,
+              GracefulStop):
     """One rank of a heterogeneous data-parallel job. Build it with :func:`init`.
 
     Args:
@@ -286,59 +269,6 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing, Gr
             raise RuntimeError("call Trainer.wrap(model) first")
         return {k: v.detach() for k, v in self.module.named_parameters()}
 
-    def loader(self, dataset: Any, *, shuffle: bool = True,
-               collate_fn: Callable[..., Any] | None = None,
-               epochs: int | None = None, pin_memory: bool = False,
-               num_workers: int = 0) -> torch.utils.data.DataLoader:
-        """A ``DataLoader`` over this rank's uneven batches (:class:`HeteroBatchSampler`).
-
-        Iterating it runs one epoch; every rank gets the same number of batches. Uses
-        ``num_workers=0`` so split changes and checkpoints refer to the batch being trained.
-        A ``TensorDataset`` with the default collation is fetched a batch at a time
-        (:class:`BatchedTensors`: the same tensors, without a Python index and a stack per sample).
-
-        Once :attr:`max_steps` steps are taken an iteration ends at once and moves to the next
-        epoch, so a ``while t.epoch < n`` loop ends too.
-
-        Args:
-            epochs: how many epochs the script will run (None: unknown); with it the progress
-                display shows a total (``epochs * batches per epoch``, at most
-                :attr:`max_steps`), also without it when :attr:`max_steps` is set.
-            pin_memory: PyTorch's ``DataLoader(pin_memory=...)``: batches in page-locked memory
-                for faster host-to-GPU copies (``to_device`` copies non-blocking).
-            num_workers: must be 0.
-
-        Raises:
-            ValueError: ``num_workers`` > 0: the DataLoader's workers fetch batches ahead, so a
-                rebalanced split would train prefetched batches of the old sizes with the new
-                weights, and a checkpoint would skip them on resume.
-            TypeError: ``dataset`` has no ``len()`` (an ``IterableDataset``): every rank draws
-                its share of each global batch from one permutation of a map-style dataset.
-        """
-        if num_workers:
-            raise ValueError(
-                f"Trainer.loader(num_workers={num_workers}): must be 0. Workers fetch batches "
-                "ahead of training, so a rebalanced split would train prefetched batches of the "
-                "old sizes and a checkpoint would skip them on resume; make a sample cheap to "
-                "fetch instead (pre-tokenize, a TensorDataset).")
-        if not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
-            raise TypeError(
-                f"Trainer.loader({type(dataset).__name__}): needs a map-style dataset (len() and "
-                "indexing); an IterableDataset (a stream) is not supported: every rank takes its "
-                "uneven share of each global batch from one permutation of the samples.")
-        self.sampler = HeteroBatchSampler(len(dataset), self.local_batches, self.rank,
-                                          seed=self.seed, shuffle=shuffle)
-        if collate_fn is None and type(dataset) is torch.utils.data.TensorDataset:
-            dataset, collate_fn = BatchedTensors(dataset), as_fetched
-        total = None if epochs is None else int(epochs) * len(self.sampler)
-        if self.max_steps is not None:
-            total = self.max_steps if total is None else min(total, self.max_steps)
-        if total is not None:
-            self.metrics.set_total_steps(total)
-        batches = _UntilMaxSteps(self.sampler, self) if self.max_steps is not None else self.sampler
-        return torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn,
-                                           num_workers=0, pin_memory=pin_memory)
-
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on this rank's device."""
         return tensor.to(self.device, non_blocking=True)
@@ -444,77 +374,6 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing, Gr
             self.stop_now(optimizer)
         return result
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        """Backward of one (micro-)batch loss: the rank weight where the flat fast path moved it
-        into the loss (``loss_factor``, else 1) and the fp16 scaler."""
-        factor = self.shard_sync.loss_factor if self.shard_sync is not None else self.sync.loss_factor
-        weighted = loss * factor if factor != 1.0 else loss
-        root = self.scaler.scale(weighted) if self.scaler is not None else weighted
-        if self.shard_sync is None and self.sync_mode == "hook":
-            self.sync.watch_backward(root)  # wait timing: when the last gradient is ready
-        root.backward()
-
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Step unless any rank's scaler found inf/NaN; True when skipped (on every rank).
-
-        The speed controller's codecs then keep the step's error feedback or, skipped, drop it
-        (their state stays as it was), rescaled when the loss scale changed."""
-        if self.scaler is None:  # no fp16 rank in the job: nothing to agree on
-            optimizer.step()
-            skipped, ratio = False, 1.0
-        else:
-            start = time.perf_counter()
-            self.scaler.unscale_(optimizer)  # all-reduces the found-inf flag
-            self.sync.add_comm_s(time.perf_counter() - start)
-            self.scaler.step(optimizer)
-            before = self.scaler.get_scale()
-            self.scaler.update()
-            skipped, ratio = self.scaler.last_found_inf, self.scaler.get_scale() / before
-        if self.speed is not None:
-            self.speed.end_step(skipped=skipped, scale_ratio=ratio)
-        return skipped
-
-    def _record(self, loss: float, skipped: bool, step_s: float) -> StepResult:
-        comm_s = min(self.sync.take_comm_s(), step_s)
-        result = StepResult(loss=loss, skipped=skipped, step_s=step_s,
-                            compute_s=step_s - comm_s, comm_wait_s=comm_s)
-        self.global_step += 1
-        for key, value in (("steps", 1), ("samples", self.local_batch), ("step_s", step_s),
-                           ("compute_s", result.compute_s), ("comm_wait_s", comm_s),
-                           ("skipped", int(skipped))):
-            self.totals[key] += value
-        self.metrics.observe_step(step_s, result.compute_s, comm_s, self.local_batch, loss)
-        if skipped:
-            self.metrics.record_skipped_step()
-        self._window["samples"] += self.local_batch
-        self._window["compute_s"] += result.compute_s
-        if self._efficiency_pending is not None:
-            self._finish_efficiency(wait=False)
-        if self.global_step % EFFICIENCY_WINDOW_STEPS == 0:
-            self._publish_efficiency()
-        return result
-
-    # --- results ----------------------------------------------------------------------------
-    def rank_summary(self) -> dict[str, Any]:
-        """This rank's totals: device, batch, samples/s, share of step time spent waiting."""
-        step_s = self.totals["step_s"] or float("nan")
-        return {"rank": self.rank, "group": self.contract.group,
-                "gpu_product": self.contract.device.product,
-                "relative_speed": self.contract.device.relative_speed,
-                "precision": self.contract.precision, "local_batch": self.local_batch,
-                "steps": self.totals["steps"], "samples": self.totals["samples"],
-                "samples_per_s": self.totals["samples"] / step_s,
-                "wait_share": self.totals["comm_wait_s"] / step_s,
-                "skipped_steps": self.totals["skipped"],
-                "memory_peak_bytes": self.memory.peak_bytes if self.memory is not None else None}
-
-    def gather_summaries(self) -> list[dict[str, Any]]:
-        """Every rank's :meth:`rank_summary`, ordered by rank (collective)."""
-        self._finish_efficiency(wait=True)  # the last window's ratio is exported by now
-        summaries: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(summaries, self.rank_summary())
-        return summaries
-
     def close(self) -> None:
         """Flush metrics, write a profiler trace still open, and leave the process group."""
         if self.profiler is not None:
@@ -526,41 +385,6 @@ class Trainer(ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing, Gr
         if dist.is_initialized():
             self._finish_efficiency(wait=True)
         leave_process_group()  # together, and without torch 2.13's Gloo exit abort
-
-
-class _UntilMaxSteps:
-    """A batch sampler that yields the trainer's sampler's batches until ``trainer.done``; then
-    the iteration ends and the epoch advances (the data position of a stopped run is not resumed:
-    the run ends there)."""
-
-    def __init__(self, sampler: HeteroBatchSampler, trainer: Trainer) -> None:
-        self.sampler, self.trainer = sampler, trainer
-
-    def __len__(self) -> int:
-        """Batches left in this epoch, at most the steps left before ``max_steps``."""
-        left = (self.trainer.max_steps or 0) - self.trainer.global_step
-        return max(0, min(len(self.sampler), left))
-
-    def __iter__(self) -> Any:
-        if self.trainer.done:
-            self.sampler.set_epoch(self.sampler.epoch + 1)
-            return
-        for batch in self.sampler:
-            yield batch
-            if self.trainer.done:
-                self.sampler.set_epoch(self.sampler.epoch + 1)
-                return
-
-
-def seed_everything(seed: int) -> None:
-    """Seed torch, Python and NumPy identically on every rank (same initial model)."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    try:
-        import numpy as np
-        np.random.seed(seed)
-    except ImportError:
-        pass
 
 
 def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
@@ -598,15 +422,3 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     if wants_speed_features(contract) and sync_mode == "hook":
         attach(trainer)
     return trainer
-
-
-def wants_speed_features(contract: Contract) -> bool:
-    """True when the job asks for rebalancing, compression or the automatic hierarchy."""
-    return (contract.rebalance_interval_steps > 0 or contract.compression != "none"
-            or contract.hierarchy == "auto")
-
-
-def cuda_index(contract: Contract) -> int:
-    """CUDA device index of this rank: 0 when the launcher pinned one GPU per rank
-    (``CUDA_VISIBLE_DEVICES`` shows one device), else ``LOCAL_RANK``."""
-    return 0 if torch.cuda.device_count() == 1 else contract.local_rank
