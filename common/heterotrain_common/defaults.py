@@ -45,6 +45,12 @@ CHECKPOINT_TIMEOUT_S = 1800
 TERMINATION_GRACE_S = 300
 """``terminationGracePeriodSeconds`` of worker pods when the template sets none: long enough for
 the ranks to reach the next step, agree and write one checkpoint (docs/operator.md, "Preemption")."""
+STOP_AGREEMENT_PERIOD_S = 1.0
+"""How often, at most, the ranks agree on a SIGTERM: every step once a step takes this long, else
+every ``floor(period / step time)`` steps (at most :data:`STOP_AGREEMENT_MAX_STEPS`), so a fast
+step does not pay one more collective each time (docs/speed.md, "The stop agreement")."""
+STOP_AGREEMENT_MAX_STEPS = 100
+"""Most steps between two stop agreements, whatever the step time."""
 SHM_PER_LOCAL_RANK_BYTES = 2 * 2**30
 """Default ``/dev/shm`` size per local rank (``spec.worker.sharedMemorySize`` unset): DataLoader
 workers and NCCL's shared-memory transport; capped at half the worker container's memory limit."""

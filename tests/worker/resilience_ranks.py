@@ -65,7 +65,7 @@ def main() -> int:
                 t.maybe_checkpoint(opt, args.checkpoint_every)
             if args.stop_after and t.global_step >= args.stop_after:
                 break
-    report.update(step=t.global_step, epoch=t.epoch,
+    report.update(step=t.global_step, epoch=t.epoch, stop_agreements=t.stop_agreements,
                   params=[p.detach().reshape(-1).tolist() for p in t.module.parameters()])
     (args.out / f"rank{t.rank}.json").write_text(json.dumps(report))
     t.close()

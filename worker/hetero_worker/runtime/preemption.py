@@ -6,9 +6,15 @@ for it in the next collective until their timeout, and the step since the last c
 lost.  So:
 
 * the SIGTERM handler only records the request (a second SIGTERM exits at once, code 143);
-* every step starts a one-integer ``MAX`` all-reduce of "have I been asked to stop" on the
+* an agreement step starts a two-integer ``MAX`` all-reduce of "have I been asked to stop" and
+  "how many steps until the next agreement" (negated, so ``MAX`` is the smallest proposal) on the
   checkpoint process group (asynchronous: it overlaps the step's compute) and waits for it at the
-  end of the step: every rank learns the same answer after the same step;
+  end of the step: every rank learns the same answer after the same step, and the same next
+  agreement step.  Each rank proposes ``floor(period / its mean step time)`` steps, between 1 and
+  :data:`~heterotrain_common.defaults.STOP_AGREEMENT_MAX_STEPS`, with the period
+  :data:`~heterotrain_common.defaults.STOP_AGREEMENT_PERIOD_S` (1 s): a step of 5 ms no longer pays
+  one more collective every time (it cost 5 % of a hierarchical step on 2 cores, issue 23), and a
+  SIGTERM is acted on within about one period plus one step;
 * once it says stop, the next :meth:`~hetero_worker.trainer.Trainer.step` or
   :meth:`~hetero_worker.ckpt.trainer_state.Checkpointing.maybe_checkpoint` call writes one
   checkpoint at that step (when the job has a checkpoint directory), leaves the process group and
@@ -32,9 +38,27 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from heterotrain_common import envnames
+from heterotrain_common import defaults, envnames
 
 PREEMPTED_EXIT_CODE = envnames.PREEMPTED_EXIT_CODE
+
+
+def agreement_interval_steps(step_s: float | None, period_s: float = defaults.STOP_AGREEMENT_PERIOD_S,
+                             max_steps: int = defaults.STOP_AGREEMENT_MAX_STEPS) -> int:
+    """Steps until the next stop agreement one rank proposes.
+
+    Args:
+        step_s: this rank's mean wall time per step since the last agreement, seconds (the
+            user's code between steps included); None before any was measured.
+        period_s: the agreement period, seconds.
+        max_steps: the cap.
+
+    Returns:
+        ``floor(period_s / step_s)`` within ``[1, max_steps]``; 1 when ``step_s`` is unknown.
+    """
+    if step_s is None or step_s <= 0:
+        return 1
+    return max(1, min(max_steps, int(period_s // step_s)))
 
 
 def _log(rank: int, message: str) -> None:
@@ -60,6 +84,10 @@ class GracefulStop:
         self.stop_step = None
         self._stop_flag: torch.Tensor | None = None
         self._stop_work: Any = None
+        self._agree_at_step = 0  # the global step at which the next agreement starts
+        self._agreed_from: tuple[int, float] | None = None  # (global step, perf_counter) of the last start
+        self.stop_agreements = 0
+        """Agreements started so far (a test's and a profile's view of the cost)."""
         self._sigterm_at: float | None = None
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -74,13 +102,22 @@ class GracefulStop:
                         f"agrees on, with one checkpoint (grace {grace:g} s)")
 
     def _begin_stop_agreement(self) -> None:
-        """Start this step's all-reduce of the stop requests (overlaps the step)."""
+        """Start the all-reduce of the stop requests when this step is an agreement step (it
+        overlaps the step); every rank has the same ``global_step`` and the same next agreement
+        step, so they all start it at the same steps."""
         group = getattr(self, "ckpt_group", None)
-        if group is None or not dist.is_initialized():
+        if group is None or not dist.is_initialized() or self.global_step < self._agree_at_step:
             return
-        self._stop_flag = torch.tensor([1 if self.stop_requested else 0], dtype=torch.int32)
+        now = time.perf_counter()
+        step_s = None
+        if self._agreed_from is not None and self.global_step > self._agreed_from[0]:
+            step_s = (now - self._agreed_from[1]) / (self.global_step - self._agreed_from[0])
+        self._agreed_from = (self.global_step, now)
+        self._stop_flag = torch.tensor([1 if self.stop_requested else 0,
+                                        -agreement_interval_steps(step_s)], dtype=torch.int64)
         self._stop_work = dist.all_reduce(self._stop_flag, op=dist.ReduceOp.MAX, group=group,
                                           async_op=True)
+        self.stop_agreements += 1
 
     def _end_stop_agreement(self) -> None:
         """Wait for this step's stop agreement; every rank sets :attr:`stopping` after the same step."""
@@ -90,7 +127,10 @@ class GracefulStop:
             return
         self._stop_work.wait()
         self._stop_work = None
-        if self._stop_flag is not None and int(self._stop_flag.item()):
+        assert self._stop_flag is not None and self._agreed_from is not None
+        stop, neg_interval = (int(v) for v in self._stop_flag.tolist())
+        self._agree_at_step = self._agreed_from[0] + max(1, -neg_interval)
+        if stop:
             self.stopping, self.stop_step = True, self.global_step
 
     def stop_now(self, optimizer: torch.optim.Optimizer) -> None:
