@@ -462,29 +462,3 @@ def _check_rank_against_topology(c: Contract) -> None:
     if members.index(d.rank) != d.group_rank:
         raise ContractError(GROUP_RANK, f"{d.group_rank} but rank {d.rank} is member "
                             f"{members.index(d.rank)} of group {d.group}")
-
-
-# TEMPORARY (issue 19, H5): flat read-only names for the modules not moved to the groups yet
-# (trainer.py while it is being split); deleted once they are.
-def _flat(path: str) -> property:
-    group_name, name = path.split(".")
-    return property(lambda self: getattr(getattr(self, group_name), name))
-
-
-for _old, _path in {
-        **{n: f"dist.{n}" for n in ("rank", "world_size", "local_rank", "local_world_size",
-                                    "master_addr", "master_port", "job_name", "group",
-                                    "group_rank", "group_size", "restart_generation")},
-        **{n: f"batch.{n}" for n in ("local_batch_size", "global_batch_size", "max_steps", "epochs")},
-        **{n: f"comm.{n}" for n in ("hierarchy", "compression", "powersgd_rank",
-                                    "rebalance_interval_steps", "collective_timeout_s",
-                                    "rendezvous_timeout_s")},
-        **{n: f"memory.{n}" for n in ("sharding", "micro_batch_size", "activation_checkpointing",
-                                      "shard_ppm")},
-        "memory_cap_bytes": "memory.cap_bytes", "checkpoint_dir": "checkpoint.dir",
-        "checkpoint_interval_steps": "checkpoint.interval_steps",
-        "checkpoint_keep": "checkpoint.keep", "checkpoint_timeout_s": "checkpoint.timeout_s",
-        "run_dir": "run.dir",
-        **{n: f"run.{n}" for n in ("metrics_port", "profile_steps", "predicted_samples_per_s",
-                                   "sim_delay_per_sample_s", "termination_grace_s")}}.items():
-    setattr(Contract, _old, _flat(_path))

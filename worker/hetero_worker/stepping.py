@@ -91,7 +91,7 @@ class Stepping:
     def rank_summary(self) -> dict[str, Any]:
         """This rank's totals: device, batch, samples/s, share of step time spent waiting."""
         step_s = self.totals["step_s"] or float("nan")
-        return {"rank": self.rank, "group": self.contract.group,
+        return {"rank": self.rank, "group": self.contract.dist.group,
                 "gpu_product": self.contract.device.product,
                 "relative_speed": self.contract.device.relative_speed,
                 "precision": self.contract.precision, "local_batch": self.local_batch,

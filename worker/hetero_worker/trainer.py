@@ -104,14 +104,14 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
         if sync_mode not in ("hook", "manual"):
             raise ValueError(f"sync_mode must be 'hook' or 'manual', got {sync_mode!r}")
         self.contract = contract
-        self.rank = contract.rank
+        self.rank = contract.dist.rank
         self.seed = seed
         self.sync_mode = sync_mode
         self.speed: Any = None  # hetero_worker.speed.controller.SpeedController when init() attached one
         use_cuda = torch.cuda.is_available() and not contract.device.simulated
         self.device = torch.device(f"cuda:{cuda_index(contract)}" if use_cuda else "cpu")
         self.delay_per_sample_s = (delay_per_sample_s if delay_per_sample_s is not None
-                                   else contract.sim_delay_per_sample_s)
+                                   else contract.run.sim_delay_per_sample_s)
         self.precision = PrecisionPolicy(precision=contract.precision,
                                          device_type=self.device.type)
         self.local_batches = list(contract.local_batches)
@@ -120,10 +120,10 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
         if len(builds) > 1:
             warnings.warn(f"ranks run different PyTorch builds ({', '.join(builds)}); groups that "
                           "would cross them use Gloo (plan one build per job)", stacklevel=2)
-        self.groups = self.build_groups(contract.hierarchy)
+        self.groups = self.build_groups(contract.comm.hierarchy)
         self.layout = self.groups.layout
         # checkpoints and the stop agreement: their own group and timeout (slow storage)
-        self.ckpt_group = (rendezvous.checkpoint_group(contract.checkpoint_timeout_s)
+        self.ckpt_group = (rendezvous.checkpoint_group(contract.checkpoint.timeout_s)
                            if dist.is_initialized() else None)
         self._init_stop()  # SIGTERM: stop at a step every rank agrees on, with one checkpoint
         self.metrics = _make_metrics(contract)
@@ -133,9 +133,9 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
         self.memory: memcap.MemoryMeter | None = None
         # HTJ_SHARDING=group / full after wrap()
         self.shard_sync: sharding.GroupShardSync | fullshard.FullShardSync | None = None
-        if contract.memory_cap_bytes:
+        if contract.memory.cap_bytes:
             self.memory = memcap.MemoryMeter(
-                contract.memory_cap_bytes if contract.device.simulated else 0,
+                contract.memory.cap_bytes if contract.device.simulated else 0,
                 contract.device.product)
         self.sync = WeightedGradSync(self.groups, self.local_batches,
                                      on_inter_group_bytes=self.metrics.add_inter_group_bytes)
@@ -199,12 +199,13 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
     def max_steps(self) -> int | None:
         """``HTJ_MAX_STEPS`` (``heterotrain run --max-steps``): the loader yields no batch once
         :attr:`global_step` reaches it; None: no limit."""
-        return self.contract.max_steps
+        return self.contract.batch.max_steps
 
     def epochs(self, default: int) -> int:
         """Epochs to train: ``HTJ_EPOCHS`` (``heterotrain run --epochs``) when set, else
         ``default`` (the script's own number)."""
-        return self.contract.epochs if self.contract.epochs is not None else int(default)
+        epochs = self.contract.batch.epochs
+        return epochs if epochs is not None else int(default)
 
     @property
     def done(self) -> bool:
@@ -231,16 +232,16 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
         Raises:
             RuntimeError: the plan needs activation checkpointing and no ``block`` was named.
         """
-        if self.contract.activation_checkpointing:
+        if self.contract.memory.activation_checkpointing:
             if block is None:
                 raise RuntimeError("the plan turns activation checkpointing on for this rank "
                                    "(HTJ_ACTIVATION_CHECKPOINTING=1): name the model's block class, "
                                    "t.wrap(model, block=MyBlock)")
-            if self.contract.sharding != "full":  # Full recomputes every block already
+            if self.contract.memory.sharding != "full":  # Full recomputes every block already
                 microbatch.checkpoint_blocks(model, block)
         if self.speed is not None:
             self.speed.before_wrap(model)  # e.g. hierarchy auto: measure, then use_layout
-        if self.contract.sharding != "none":
+        if self.contract.memory.sharding != "none":
             return self._wrap_sharded(model, block)
         self.module = model.to(self.device)
         if self.memory is not None:  # parameters from the start; gradients, optimizer state later
@@ -332,7 +333,7 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
             self._window["start"] = start
         optimizer.zero_grad(set_to_none=True)
         simulate_compute(self.contract.device, self.local_batch, self.delay_per_sample_s)
-        micro = self.contract.micro_batch_size
+        micro = self.contract.memory.micro_batch_size
         around = self.memory.micro_batch if self.memory is not None else None
         if batch is None:
             if 0 < micro < local:
@@ -406,16 +407,17 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     env = os.environ if environ is None else environ
     contract = preflight(env)
     if delay_per_sample_s is None:
-        delay_per_sample_s = contract.sim_delay_per_sample_s
+        delay_per_sample_s = contract.run.sim_delay_per_sample_s
     if rendezvous_timeout_s is None:
-        rendezvous_timeout_s = contract.rendezvous_timeout_s
+        rendezvous_timeout_s = contract.comm.rendezvous_timeout_s
     use_cuda = torch.cuda.is_available() and not contract.device.simulated
     if use_cuda:
         torch.cuda.set_device(cuda_index(contract))
+    where = contract.dist
     rendezvous.init_distributed(  # Gloo only: never a world-wide NCCL communicator
-        rank=contract.rank, world_size=contract.world_size, master_addr=contract.master_addr,
-        master_port=contract.master_port, backend="gloo", timeout_s=rendezvous_timeout_s,
-        collective_timeout_s=contract.collective_timeout_s)
+        rank=where.rank, world_size=where.world_size, master_addr=where.master_addr,
+        master_port=where.master_port, backend="gloo", timeout_s=rendezvous_timeout_s,
+        collective_timeout_s=contract.comm.collective_timeout_s)
     seed_everything(seed)
     trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
                       sync_mode=sync_mode)

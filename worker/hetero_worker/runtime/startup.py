@@ -23,11 +23,11 @@ def seed_everything(seed: int) -> None:
 
 def wants_speed_features(contract: Contract) -> bool:
     """True when the job asks for rebalancing, compression or the automatic hierarchy."""
-    return (contract.rebalance_interval_steps > 0 or contract.compression != "none"
-            or contract.hierarchy == "auto")
+    return (contract.comm.rebalance_interval_steps > 0 or contract.comm.compression != "none"
+            or contract.comm.hierarchy == "auto")
 
 
 def cuda_index(contract: Contract) -> int:
     """CUDA device index of this rank: 0 when the launcher pinned one GPU per rank
     (``CUDA_VISIBLE_DEVICES`` shows one device), else ``LOCAL_RANK``."""
-    return 0 if torch.cuda.device_count() == 1 else contract.local_rank
+    return 0 if torch.cuda.device_count() == 1 else contract.dist.local_rank
