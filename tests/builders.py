@@ -7,7 +7,10 @@ allocatable; ``mig=`` selects the MIG strategy, ``replicas=`` time-slicing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.api.spec import JobSpec, parse_job
@@ -21,6 +24,7 @@ CATALOG_118_124_128 = [
      "computeCapabilities": ["7.5", "8.0", "8.6", "8.9", "9.0", "10.0", "12.0"]},
 ]
 """cu118/cu124/cu128 catalog; cu128 has no 7.0 kernels (as PyTorch's CUDA 12.8 wheels)."""
+REPO = Path(__file__).resolve().parents[1]
 
 
 def make_node(name: str = "node-a", *, product: str | None = "NVIDIA-A100-SXM4-40GB", count: int = 1,
@@ -150,3 +154,29 @@ def e2e_config(changes: Mapping[str, Any] | None = None) -> OperatorConfig:
         "peering.name": "", "ports.metrics": 0, "ports.health": 0, "pods.simulate_devices": True,
         "intervals.resync_s": 1.0, "intervals.progress_s": 0.3, "restart.backoff_base_s": 0.3,
         "restart.backoff_max_s": 1.0, "restart.unschedulable_retry_s": 2.0, **(changes or {})})
+
+
+def digits_job(name: str, tmp: Path, *, args: list[str], **spec: Any) -> dict[str, Any]:
+    """examples/digits.yaml renamed ``name``, the worker's ``args``, no simulated delay, its
+    checkpoints under ``tmp/<name>/ckpt``; ``spec`` sections (``gpus={...}``) merged over it."""
+    body = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
+    body["metadata"]["name"] = name
+    body["spec"]["worker"]["args"] = args
+    body["spec"]["worker"]["env"] = [{"name": "HTJ_SIM_DELAY_PER_SAMPLE_S", "value": "0"}]
+    body["spec"]["training"]["checkpoint"]["path"] = str(tmp / name / "ckpt")
+    for section, values in spec.items():
+        body["spec"].setdefault(section, {}).update(values)
+    return body
+
+
+def script_job(name: str, code: str, **spec: Any) -> dict[str, Any]:
+    """A digits job whose 4 ranks (all or nothing: the same 3 pods every time on the mixed
+    cluster, A100, V100, 2x T4) run ``python -c code`` without checkpoints (lifecycle tests that
+    need no training); ``spec`` sections merged over it."""
+    body = digits_job(name, Path("/tmp"), args=[])
+    body["spec"]["worker"]["command"] = ["python", "-c", code]
+    body["spec"]["gpus"]["minRanks"] = 4
+    body["spec"]["training"].pop("checkpoint")
+    for section, values in spec.items():
+        body["spec"].setdefault(section, {}).update(values)
+    return body

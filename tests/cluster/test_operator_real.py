@@ -14,33 +14,10 @@ from typing import Any
 
 import kubernetes
 import pytest
-import yaml
-from realcluster import CONFIG, GRACE_S, GROUP, PLURAL, REPO, SPARE, VERSION, RealCluster
+from builders import digits_job, script_job
+from realcluster import CONFIG, GRACE_S, GROUP, PLURAL, SPARE, VERSION, RealCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def digits(name: str, tmp: Path, *, args: list[str], **spec: Any) -> dict[str, Any]:
-    """examples/digits.yaml, renamed, with few steps, no simulated delay, a test checkpoint dir."""
-    body = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
-    body["metadata"]["name"] = name
-    body["spec"]["worker"]["args"] = args
-    body["spec"]["worker"]["env"] = [{"name": "HTJ_SIM_DELAY_PER_SAMPLE_S", "value": "0"}]
-    body["spec"]["training"]["checkpoint"]["path"] = str(tmp / name / "ckpt")
-    for section, values in spec.items():
-        body["spec"].setdefault(section, {}).update(values)
-    return body
-
-
-def script(name: str, code: str, **spec: Any) -> dict[str, Any]:
-    """A job whose 4 ranks (3 pods: A100, V100, 2x T4) run ``python -c code``."""
-    body = digits(name, Path("/tmp"), args=[])
-    body["spec"]["worker"]["command"] = ["python", "-c", code]
-    body["spec"]["gpus"]["minRanks"] = 4
-    body["spec"]["training"].pop("checkpoint")
-    for section, values in spec.items():
-        body["spec"].setdefault(section, {}).update(values)
-    return body
 
 
 GEN0_WAITS = ("import os, sys, time\n"
@@ -70,7 +47,7 @@ def test_digits_trains_on_the_real_cluster_and_succeeds_with_the_plan(
         cluster: RealCluster, tmp_path: Path) -> None:
     ns = cluster.namespace("train")
     result = tmp_path / "result.json"
-    cluster.apply(digits("digits", tmp_path, args=["--max-steps", "12", "--result-json", str(result)]), ns)
+    cluster.apply(digits_job("digits", tmp_path, args=["--max-steps", "12", "--result-json", str(result)]), ns)
     job = cluster.finished("digits", ns)
     status = job["status"]
     assert status["phase"] == "Succeeded", (status, logs(cluster, ns))
@@ -90,7 +67,7 @@ def test_digits_trains_on_the_real_cluster_and_succeeds_with_the_plan(
 
 def test_job_that_does_not_fit_waits_and_starts_when_the_spare_node_is_uncordoned(cluster: RealCluster) -> None:
     ns = cluster.namespace("pending")
-    cluster.apply(script("big", "pass", gpus={"ranks": 5, "minRanks": 5}, training={"globalBatchSize": 40}), ns)
+    cluster.apply(script_job("big", "pass", gpus={"ranks": 5, "minRanks": 5}, training={"globalBatchSize": 40}), ns)
     cluster.wait_for(lambda: cluster.phase("big", ns) == "Pending", 30, "Pending")
     job = cluster.job("big", ns)
     assert job["status"]["message"].startswith("Unschedulable: ")
@@ -108,7 +85,7 @@ def test_job_that_does_not_fit_waits_and_starts_when_the_spare_node_is_uncordone
 
 def test_killed_rank_restarts_all_pods_and_succeeds(cluster: RealCluster) -> None:
     ns = cluster.namespace("crash")
-    cluster.apply(script("crash", GEN0_WAITS, runPolicy={"backoffLimit": 3}), ns)
+    cluster.apply(script_job("crash", GEN0_WAITS, runPolicy={"backoffLimit": 3}), ns)
     cluster.wait_for(lambda: cluster.phase("crash", ns) == "Running" and len(
         [p for p in cluster.pods(ns) if (p.get("status") or {}).get("phase") == "Running"]) == 3, 90, "Running")
     first = {p["metadata"]["uid"] for p in cluster.pods(ns)}
@@ -127,7 +104,7 @@ def test_killed_rank_restarts_all_pods_and_succeeds(cluster: RealCluster) -> Non
 def test_exceeding_backoff_limit_fails_the_job_and_removes_all_pods(cluster: RealCluster) -> None:
     ns = cluster.namespace("loop")
     before = created(cluster)
-    cluster.apply(script("loop", "import sys; sys.exit(3)", runPolicy={"backoffLimit": 2, "cleanPodPolicy": "All"}), ns)
+    cluster.apply(script_job("loop", "import sys; sys.exit(3)", runPolicy={"backoffLimit": 2, "cleanPodPolicy": "All"}), ns)
     job = cluster.finished("loop", ns, 120)
     assert job["status"]["phase"] == "Failed" and cond(job, "Failed")["reason"] == "BackoffLimitExceeded"
     assert job["status"]["restarts"] == 2
@@ -139,7 +116,7 @@ def test_operator_restart_mid_job_creates_no_duplicates(cluster: RealCluster) ->
     ns = cluster.namespace("steady")
     # cleanPodPolicy None: with the default (Running) the pods still running when rank 0 succeeds
     # are deleted, and the set of pods compared below would depend on which rank ended first
-    cluster.apply(script("steady", "import time; time.sleep(8)",  # sync-ok: the workload
+    cluster.apply(script_job("steady", "import time; time.sleep(8)",  # sync-ok: the workload
                          runPolicy={"cleanPodPolicy": "None"}), ns)
     cluster.wait_for(lambda: cluster.phase("steady", ns) == "Running", 60, "Running")
     uids = {p["metadata"]["uid"] for p in cluster.pods(ns)}
@@ -152,7 +129,7 @@ def test_operator_restart_mid_job_creates_no_duplicates(cluster: RealCluster) ->
 
 def test_deleting_the_job_garbage_collects_every_child(cluster: RealCluster) -> None:
     ns = cluster.namespace("gone")
-    cluster.apply(script("gone", "import time; time.sleep(120)"), ns)  # sync-ok: the workload
+    cluster.apply(script_job("gone", "import time; time.sleep(120)"), ns)  # sync-ok: the workload
     cluster.wait_for(lambda: cluster.phase("gone", ns) == "Running", 60, "Running")
     assert not cluster.job("gone", ns)["metadata"].get("finalizers")
     children = cluster.kubectl("get", "pods,services,networkpolicies,configmaps", "-n", ns,
@@ -168,7 +145,7 @@ def test_deleting_the_job_garbage_collects_every_child(cluster: RealCluster) -> 
 
 def test_suspended_job_starts_only_when_resumed(cluster: RealCluster) -> None:
     ns = cluster.namespace("queued")
-    cluster.apply(script("queued", "pass", runPolicy={"suspend": True}), ns)
+    cluster.apply(script_job("queued", "pass", runPolicy={"suspend": True}), ns)
     cluster.wait_for(lambda: cluster.phase("queued", ns) == "Suspended", 30, "Suspended")
     assert cluster.pods(ns) == []
     cluster.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "queued",
@@ -187,7 +164,7 @@ def test_pod_security_restricted_namespace_admits_the_worker_pods(cluster: RealC
         cluster.core.create_namespaced_pod(ns, bad)
     assert err.value.status == 403 and "violates PodSecurity" in err.value.body
     before = created(cluster)
-    cluster.apply(script("secure", "pass"), ns)
+    cluster.apply(script_job("secure", "pass"), ns)
     job = cluster.finished("secure", ns, 60)
     assert job["status"]["phase"] == "Succeeded", cluster.event_counts("secure", ns)
     assert created(cluster) - before == 3  # all admitted at the first try (cleanPodPolicy may remove some since)
@@ -207,7 +184,7 @@ def test_resource_quota_refusing_part_of_the_gang_causes_no_storm(cluster: RealC
     cluster.wait_for(lambda: (cluster.core.read_namespaced_resource_quota("gpus", ns).status.hard or {}), 30,
                      "the quota controller to count the namespace")
     before = created(cluster)
-    cluster.apply(script("gang", "pass"), ns)
+    cluster.apply(script_job("gang", "pass"), ns)
     try:
         _quota_refusals(cluster, ns, before)
     finally:  # nothing of it may hold a GPU for the next test
@@ -241,9 +218,20 @@ def _quota_refusals(cluster: RealCluster, ns: str, before: float) -> None:
     assert "createRefusals" not in job["status"] and job["status"].get("restarts", 0) == 0
 
 
+def _revive_t4_and_cordon_the_spare(cluster: RealCluster) -> None:
+    """Undo a dead-kubelet test: the spare cordoned again, node-t4's kubelet back, and wait until
+    node-t4 is Ready without the node lifecycle controller's taints."""
+    assert cluster.kubelet is not None
+    cluster.core.patch_node(SPARE, {"spec": {"unschedulable": True}})
+    cluster.on_kubelet(cluster.kubelet.revive("node-t4"))
+    cluster.wait_for(lambda: "node-t4" in cluster.ready_nodes() and not any(
+        t["key"].startswith("node.kubernetes.io/") for t in cluster.node("node-t4")["spec"].get("taints") or ()),
+        60, "node-t4 Ready again, untainted")
+
+
 def test_a_dead_kubelet_turns_its_node_not_ready_and_the_job_moves_to_the_spare(cluster: RealCluster) -> None:
     ns = cluster.namespace("dead")
-    body = script("dead", GEN0_WAITS, runPolicy={"backoffLimit": 0, "nodeLossGraceSeconds": 2})
+    body = script_job("dead", GEN0_WAITS, runPolicy={"backoffLimit": 0, "nodeLossGraceSeconds": 2})
     cluster.apply(body, ns)
     cluster.wait_for(lambda: cluster.phase("dead", ns) == "Running", 90, "Running")
     groups = cluster.job("dead", ns)["status"]["plan"]["groups"]
@@ -269,16 +257,12 @@ def test_a_dead_kubelet_turns_its_node_not_ready_and_the_job_moves_to_the_spare(
         assert [(g["pod"], g["node"]) for g in status["plan"]["groups"]][2] == ("dead-g2", SPARE)
         posted(cluster, "dead", ns, "NodeLost")
     finally:
-        cluster.core.patch_node(SPARE, {"spec": {"unschedulable": True}})
-        cluster.on_kubelet(cluster.kubelet.revive("node-t4"))
-        cluster.wait_for(lambda: "node-t4" in cluster.ready_nodes() and not any(
-            t["key"].startswith("node.kubernetes.io/") for t in cluster.node("node-t4")["spec"].get("taints") or ()),
-            60, "node-t4 Ready again, untainted")
+        _revive_t4_and_cordon_the_spare(cluster)
 
 
 def test_deleted_node_restarts_onto_the_remaining_capacity(cluster: RealCluster) -> None:
     ns = cluster.namespace("shrink")
-    cluster.apply(script("shrink", GEN0_WAITS, gpus={"ranks": 4, "minRanks": 2}), ns)
+    cluster.apply(script_job("shrink", GEN0_WAITS, gpus={"ranks": 4, "minRanks": 2}), ns)
     cluster.wait_for(lambda: cluster.phase("shrink", ns) == "Running", 60, "Running")
     assert cluster.kubelet is not None
     cluster.loop.call_soon_threadsafe(cluster.kubelet.stop_heartbeat, "node-t4")
@@ -299,7 +283,7 @@ def test_an_evicted_pod_stuck_terminating_on_a_dead_node_does_not_block_the_job(
     """The Eviction API (a real graceful delete) on a node whose kubelet died: the pod stays
     Terminating (nobody confirms it), the node turns NotReady, the job moves to the spare."""
     ns = cluster.namespace("evicted")
-    cluster.apply(script("evicted", GEN0_WAITS, runPolicy={"nodeLossGraceSeconds": 2}), ns)
+    cluster.apply(script_job("evicted", GEN0_WAITS, runPolicy={"nodeLossGraceSeconds": 2}), ns)
     cluster.wait_for(lambda: cluster.phase("evicted", ns) == "Running", 90, "Running")
     cluster.core.patch_node(SPARE, {"spec": {"unschedulable": False}})
     assert cluster.kubelet is not None
@@ -315,16 +299,12 @@ def test_an_evicted_pod_stuck_terminating_on_a_dead_node_does_not_block_the_job(
         assert (status.get("restarts", 0), status["infrastructureRestarts"]) == (0, 1)
         assert [(g["pod"], g["node"]) for g in status["plan"]["groups"]][2] == ("evicted-g2", SPARE)
     finally:
-        cluster.core.patch_node(SPARE, {"spec": {"unschedulable": True}})
-        cluster.on_kubelet(cluster.kubelet.revive("node-t4"))
-        cluster.wait_for(lambda: "node-t4" in cluster.ready_nodes() and not any(
-            t["key"].startswith("node.kubernetes.io/") for t in cluster.node("node-t4")["spec"].get("taints") or ()),
-            60, "node-t4 Ready again, untainted")
+        _revive_t4_and_cordon_the_spare(cluster)
 
 
 def test_deleting_the_namespace_removes_the_running_job_and_its_pods(cluster: RealCluster) -> None:
     ns = cluster.namespace("doomed")
-    cluster.apply(script("doomed", "import time; time.sleep(120)"), ns)  # sync-ok: the workload
+    cluster.apply(script_job("doomed", "import time; time.sleep(120)"), ns)  # sync-ok: the workload
     cluster.wait_for(lambda: cluster.phase("doomed", ns) == "Running", 60, "Running")
     cluster.core.delete_namespace(ns)
     # the real namespace controller deletes the job, the kubelet stops the pods, the namespace goes
@@ -342,11 +322,11 @@ def test_a_job_whose_name_is_no_dns_1035_label_is_refused_at_admission_naming_th
     ns = cluster.namespace("names")
     for name in ("7b-sft", "llama-3.1-8b", "mistral-7b-v0.1"):
         with pytest.raises(kubernetes.client.ApiException) as err:
-            cluster.apply(script(name, "pass"), ns)
+            cluster.apply(script_job(name, "pass"), ns)
         assert err.value.status == 422, err.value
         assert "metadata.name must be a DNS-1035 label" in err.value.body and "job-7b-sft" in err.value.body
     assert cluster.pods(ns) == [] and cluster.core.list_namespaced_service(ns).items == []
-    cluster.apply(script("digits-ok", "pass"), ns)
+    cluster.apply(script_job("digits-ok", "pass"), ns)
     job = cluster.finished("digits-ok", ns, 60)
     assert job["status"]["phase"] == "Succeeded"
     assert cluster.core.read_namespaced_service("digits-ok", ns).spec.cluster_ip == "None"
@@ -358,7 +338,7 @@ def test_a_limit_range_defaults_the_worker_pods_resources_and_the_job_runs(clust
     cluster.core.create_namespaced_limit_range(ns, {"metadata": {"name": "defaults"}, "spec": {"limits": [
         {"type": "Container", "defaultRequest": {"cpu": "100m", "memory": "64Mi"},
          "default": {"cpu": "1", "memory": "1Gi"}}]}})
-    cluster.apply(script("limited", "pass"), ns)
+    cluster.apply(script_job("limited", "pass"), ns)
     job = cluster.finished("limited", ns, 60)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     pod = cluster.core.read_namespaced_pod("limited-g0", ns)

@@ -134,9 +134,9 @@ def test_sigterm_to_one_pod_stops_the_gang_with_one_checkpoint_and_resumes_there
     T4 pod mid-run: every rank stops after the same step with one checkpoint and exits 75, the
     operator restarts the gang as an infrastructure restart (backoffLimit 0 survives it), and the
     restart resumes at that step."""
-    from test_operator_real import digits
+    from builders import digits_job
     ns = cluster.namespace("preempt")
-    body = digits("preempt", tmp_path, args=["--max-steps", "120", "--checkpoint-every", "1000"],
+    body = digits_job("preempt", tmp_path, args=["--max-steps", "120", "--checkpoint-every", "1000"],
                   runPolicy={"backoffLimit": 0})
     body["spec"]["worker"]["env"] = [{"name": "HTJ_SIM_DELAY_PER_SAMPLE_S", "value": "0.004"}]
     cluster.apply(body, ns)

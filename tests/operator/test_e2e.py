@@ -18,15 +18,13 @@ from typing import Any
 import kubernetes
 import pytest
 import pytest_asyncio
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.fakeapi import HTJ  # noqa: E402
 from k8s.harness import Cluster, load_nodes  # noqa: E402
 
-from builders import e2e_config  # noqa: E402
+from builders import digits_job, e2e_config, script_job  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 PODS = ("", "v1", "pods")
 SERVICES = ("", "v1", "services")
 CONFIG = e2e_config()
@@ -47,29 +45,6 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
 async def idle_cluster(cluster: Cluster) -> None:
     """Each test starts on an idle cluster (GPUs of earlier tests released)."""
     await cluster.idle()
-
-
-def digits(name: str, tmp: Path, *, args: list[str], **spec: Any) -> dict[str, Any]:
-    """examples/digits.yaml, renamed, with few steps, no simulated delay, a test checkpoint dir."""
-    body = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
-    body["metadata"]["name"] = name
-    body["spec"]["worker"]["args"] = args
-    body["spec"]["worker"]["env"] = [{"name": "HTJ_SIM_DELAY_PER_SAMPLE_S", "value": "0"}]
-    body["spec"]["training"]["checkpoint"]["path"] = str(tmp / name / "ckpt")
-    for section, values in spec.items():
-        body["spec"].setdefault(section, {}).update(values)
-    return body
-
-
-def script(name: str, code: str, **spec: Any) -> dict[str, Any]:
-    """A job whose ranks run ``python -c code`` (lifecycle tests that need no training)."""
-    body = digits(name, Path("/tmp"), args=[])
-    body["spec"]["worker"]["command"] = ["python", "-c", code]
-    body["spec"]["gpus"]["minRanks"] = 4  # all or nothing: the same 3 pods every time
-    body["spec"]["training"].pop("checkpoint")
-    for section, values in spec.items():
-        body["spec"].setdefault(section, {}).update(values)
-    return body
 
 
 def cond(job: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -107,7 +82,7 @@ async def test_digits_trains_on_the_mixed_cluster_and_succeeds_with_the_plan(
         cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     tmp = tmp_path_factory.mktemp("digits")
     result = tmp / "result.json"
-    await cluster.apply(digits("digits", tmp, args=["--max-steps", "12", "--result-json", str(result)]),
+    await cluster.apply(digits_job("digits", tmp, args=["--max-steps", "12", "--result-json", str(result)]),
                         namespace="train")
     job = await finished(cluster, "digits", "train")
     status = job["status"]
@@ -135,7 +110,7 @@ async def test_digits_trains_on_the_mixed_cluster_and_succeeds_with_the_plan(
 
 async def test_job_that_does_not_fit_waits_with_the_shortfall_and_starts_when_a_node_is_added(
         cluster: Cluster) -> None:
-    await cluster.apply(script("big", "pass", gpus={"ranks": 5, "minRanks": 5},
+    await cluster.apply(script_job("big", "pass", gpus={"ranks": 5, "minRanks": 5},
                                training={"globalBatchSize": 40}), namespace="pending")
     await cluster.wait_for(lambda: cluster.phase("big", "pending") == "Pending", 30, "Pending")
     job = cluster.job("big", "pending")
@@ -160,7 +135,7 @@ async def test_job_that_does_not_fit_waits_with_the_shortfall_and_starts_when_a_
 async def test_killed_rank_restarts_all_pods_resumes_from_checkpoint_and_succeeds(
         cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> None:
     tmp = tmp_path_factory.mktemp("crash")
-    await cluster.apply(digits("crash", tmp, args=["--max-steps", "400", "--checkpoint-every", "5"],
+    await cluster.apply(digits_job("crash", tmp, args=["--max-steps", "400", "--checkpoint-every", "5"],
                                gpus={"ranks": 4, "minRanks": 4},
                                training={"checkpoint": {"path": str(tmp / "ckpt"), "intervalSteps": 5}}),
                         namespace="crash")
@@ -184,7 +159,7 @@ async def test_killed_rank_restarts_all_pods_resumes_from_checkpoint_and_succeed
 
 
 async def test_exceeding_backoff_limit_fails_the_job_and_removes_all_pods(cluster: Cluster) -> None:
-    await cluster.apply(script("loop", "import sys; sys.exit(3)",
+    await cluster.apply(script_job("loop", "import sys; sys.exit(3)",
                                runPolicy={"backoffLimit": 2, "cleanPodPolicy": "All"}), namespace="loop")
     job = await finished(cluster, "loop", "loop", 90)
     assert job["status"]["phase"] == "Failed"
@@ -197,7 +172,7 @@ async def test_exceeding_backoff_limit_fails_the_job_and_removes_all_pods(cluste
 
 
 async def test_operator_restart_mid_job_creates_no_duplicates(cluster: Cluster) -> None:
-    await cluster.apply(script("steady", "import time; time.sleep(6)"), namespace="steady")  # sync-ok: the workload
+    await cluster.apply(script_job("steady", "import time; time.sleep(6)"), namespace="steady")  # sync-ok: the workload
     await cluster.wait_for(lambda: cluster.phase("steady", "steady") == "Running", 60, "Running")
     await cluster.stop_operator()
     await cluster.start_operator(CONFIG)
@@ -211,7 +186,7 @@ async def test_operator_restart_mid_job_creates_no_duplicates(cluster: Cluster) 
 
 
 async def test_deleting_the_job_removes_everything_without_finalizers(cluster: Cluster) -> None:
-    await cluster.apply(script("gone", "import time; time.sleep(60)"), namespace="gone")  # sync-ok: the workload
+    await cluster.apply(script_job("gone", "import time; time.sleep(60)"), namespace="gone")  # sync-ok: the workload
     await cluster.wait_for(lambda: cluster.phase("gone", "gone") == "Running", 60, "Running")
     assert not cluster.job("gone", "gone")["metadata"].get("finalizers")
     await cluster.api.delete(HTJ, "gone", "gone")
@@ -222,7 +197,7 @@ async def test_deleting_the_job_removes_everything_without_finalizers(cluster: C
 
 async def test_suspended_job_starts_only_when_resumed(cluster: Cluster) -> None:
     """spec.runPolicy.suspend by hand; Kueue admission (Workloads) is tests/operator/test_kueue_e2e.py."""
-    body = script("queued", "pass", runPolicy={"suspend": True})
+    body = script_job("queued", "pass", runPolicy={"suspend": True})
     await cluster.apply(body, namespace="queued")
     await cluster.wait_for(lambda: cluster.phase("queued", "queued") == "Suspended", 30, "Suspended")
     assert cluster.pods("queued") == []
@@ -232,7 +207,7 @@ async def test_suspended_job_starts_only_when_resumed(cluster: Cluster) -> None:
 
 
 async def test_invalid_manifest_is_refused_by_the_schema_and_by_the_operator(cluster: Cluster) -> None:
-    body = script("bad", "pass", gpus={"ranks": 2, "minRanks": 3})
+    body = script_job("bad", "pass", gpus={"ranks": 2, "minRanks": 3})
     cfg = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(config_file=os.environ["KUBECONFIG"], client_configuration=cfg)
     api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg))
@@ -256,7 +231,7 @@ async def test_invalid_manifest_is_refused_by_the_schema_and_by_the_operator(clu
 async def test_deleted_node_restarts_onto_the_remaining_capacity_uncounted(cluster: Cluster) -> None:
     # The first attempt runs until the node loss restarts it (it never finishes on its own, however
     # slow the machine); the re-planned attempt (generation 1) exits at once.
-    body = script("shrink", "import os, time; "
+    body = script_job("shrink", "import os, time; "
                   "time.sleep(300 if os.environ['HTJ_RESTART_GENERATION'] == '0' else 0)",  # sync-ok: the workload
                   gpus={"ranks": 4, "minRanks": 2})
     await cluster.apply(body, namespace="shrink")

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s.fakeapi import HTJ, PEERINGS  # noqa: E402
 from k8s.harness import Cluster, load_nodes  # noqa: E402
 from inprocess import OperatorThread  # noqa: E402
-from test_e2e import script  # noqa: E402
+from builders import script_job  # noqa: E402
 
 from hetero_operator.api.settings import OperatorConfig  # noqa: E402
 
@@ -81,7 +81,7 @@ async def test_rolling_upgrade_and_crash_restart_never_double_act(tmp_path: Path
         await cluster.wait_for(lambda: old.identity in peers(cluster), 30, "the old replica's keep-alive")
 
         # --- rolling upgrade: create job-upg, start the new replica at once, the old one exits
-        await cluster.apply(script("job-upg", RUNS), namespace="team-x")
+        await cluster.apply(script_job("job-upg", RUNS), namespace="team-x")
         new = await Replica(cluster, priority=20).started()
         await cluster.wait_for(lambda: new.identity in peers(cluster), 30, "the new replica's keep-alive")
         await old.stop()
@@ -108,7 +108,7 @@ async def test_rolling_upgrade_and_crash_restart_never_double_act(tmp_path: Path
         await cluster.api.patch(PEERINGS, None, "heterotrain", {"status": {new.identity: {
             "priority": 20, "lifetime": lifetime_s, "lastseen": dt.datetime.now(dt.UTC).isoformat()}}})
         gap = await Replica(cluster, priority=5).started()
-        await cluster.apply(script("job-gap", RUNS), namespace="team-y")
+        await cluster.apply(script_job("job-gap", RUNS), namespace="team-y")
         await cluster.wait_for(lambda: len(job_pods(cluster, "job-gap", "team-y")) == 3, 60,
                                "job-gap's pods (the dead replica's keep-alive expires)")
         first = min(dt.datetime.fromisoformat(p["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
