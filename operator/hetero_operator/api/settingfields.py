@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from hetero_operator.api.errors import ConfigError
 
@@ -47,6 +47,30 @@ def setting(default: Any = MISSING, *, env: str, parse: Callable[[str], Any],
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def seconds(default: float, *, env: str) -> Any:
+    """A :func:`setting` of seconds > 0."""
+    return setting(default, env=env, parse=float, check=positive_s)
+
+
+def gbps(default: float, *, env: str) -> Any:
+    """A :func:`setting` of Gbit/s > 0."""
+    return setting(default, env=env, parse=float, check=positive_gbps)
+
+
+class Group:
+    """Base of a settings group (a frozen dataclass of :func:`setting` fields): its
+    ``__post_init__`` runs every field's check (:func:`check_group`); ``PATH`` is the group's name
+    in :class:`~hetero_operator.api.settings.OperatorConfig`, for the messages.  A group with
+    checks across fields extends ``__post_init__`` and calls this one first (by name:
+    zero-argument ``super()`` fails in a ``slots=True`` dataclass)."""
+
+    __slots__ = ()
+    PATH: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_group(self, self.PATH)
 
 
 def declared(cls: type) -> list[tuple[str, Setting]]:

@@ -14,7 +14,7 @@ import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from hetero_operator.api import settingfields as sf
 from hetero_operator.api.errors import ConfigError
@@ -43,7 +43,7 @@ _GROUP = dict(frozen=True, kw_only=True, slots=True)
 
 
 @dataclass(**_GROUP)
-class Ports:
+class Ports(sf.Group):
     """TCP ports.
 
     Attributes:
@@ -56,12 +56,11 @@ class Ports:
     health: int = setting(8081, env="HTJ_HEALTH_PORT", parse=int, check=sf.port)
     master: int = setting(29500, env="HTJ_MASTER_PORT", parse=int, check=sf.required_port)
 
-    def __post_init__(self) -> None:
-        sf.check_group(self, "ports")
+    PATH: ClassVar[str] = "ports"
 
 
 @dataclass(**_GROUP)
-class Peering:
+class Peering(sf.Group):
     """kopf peering (HA: one replica acts, the others wait).
 
     Attributes:
@@ -74,12 +73,11 @@ class Peering:
     priority: int = setting(env="HTJ_PEERING_PRIORITY", parse=int,
                             factory=lambda: random.randint(1, 1_000_000))
 
-    def __post_init__(self) -> None:
-        sf.check_group(self, "peering")
+    PATH: ClassVar[str] = "peering"
 
 
 @dataclass(**_GROUP)
-class WatchSettings:
+class WatchSettings(sf.Group):
     """What kopf watches and how long a watch may run (shared/cases/25).
 
     Attributes:
@@ -95,17 +93,15 @@ class WatchSettings:
     """
 
     namespaces: tuple[str, ...] = setting((), env="HTJ_NAMESPACES", parse=sf.comma_list)
-    server_timeout_s: float = setting(300.0, env="HTJ_WATCH_SERVER_TIMEOUT_S", parse=float,
-                                      check=sf.positive_s)
-    client_timeout_s: float = setting(301.0, env="HTJ_WATCH_CLIENT_TIMEOUT_S", parse=float,
-                                      check=sf.positive_s)
-    connect_timeout_s: float = setting(30.0, env="HTJ_WATCH_CONNECT_TIMEOUT_S", parse=float,
-                                       check=sf.positive_s)
-    inactivity_timeout_s: float = setting(70.0, env="HTJ_WATCH_INACTIVITY_TIMEOUT_S", parse=float,
-                                          check=sf.positive_s)
+    server_timeout_s: float = sf.seconds(300.0, env="HTJ_WATCH_SERVER_TIMEOUT_S")
+    client_timeout_s: float = sf.seconds(301.0, env="HTJ_WATCH_CLIENT_TIMEOUT_S")
+    connect_timeout_s: float = sf.seconds(30.0, env="HTJ_WATCH_CONNECT_TIMEOUT_S")
+    inactivity_timeout_s: float = sf.seconds(70.0, env="HTJ_WATCH_INACTIVITY_TIMEOUT_S")
+
+    PATH: ClassVar[str] = "watch"
 
     def __post_init__(self) -> None:
-        sf.check_group(self, "watch")
+        sf.Group.__post_init__(self)
         if self.client_timeout_s <= self.server_timeout_s:
             raise ConfigError(f"watch.client_timeout_s ({self.client_timeout_s}) must exceed "
                               f"watch.server_timeout_s ({self.server_timeout_s}): the server ends a "
@@ -116,7 +112,7 @@ class WatchSettings:
 
 
 @dataclass(**_GROUP)
-class ApiSettings:
+class ApiSettings(sf.Group):
     """Bounds of every API call of the reconciler (shared/cases/25).
 
     Attributes:
@@ -125,18 +121,15 @@ class ApiSettings:
             or got 429/5xx; 0..10.
     """
 
-    connect_timeout_s: float = setting(5.0, env="HTJ_API_CONNECT_TIMEOUT_S", parse=float,
-                                       check=sf.positive_s)
-    read_timeout_s: float = setting(30.0, env="HTJ_API_READ_TIMEOUT_S", parse=float,
-                                    check=sf.positive_s)
+    connect_timeout_s: float = sf.seconds(5.0, env="HTJ_API_CONNECT_TIMEOUT_S")
+    read_timeout_s: float = sf.seconds(30.0, env="HTJ_API_READ_TIMEOUT_S")
     retries: int = setting(3, env="HTJ_API_RETRIES", parse=int, check=sf.in_range(0, 10))
 
-    def __post_init__(self) -> None:
-        sf.check_group(self, "api")
+    PATH: ClassVar[str] = "api"
 
 
 @dataclass(**_GROUP)
-class RestartSettings:
+class RestartSettings(sf.Group):
     """When a job is restarted or re-planned (the lifecycle's timing,
     :func:`hetero_operator.lifecycle.decisions.decide`).
 
@@ -147,24 +140,22 @@ class RestartSettings:
         unschedulable_retry_s: re-plan interval of a job that does not fit.
     """
 
-    pending_timeout_s: float = setting(defaults.PENDING_TIMEOUT_S, env="HTJ_PENDING_TIMEOUT_S",
-                                       parse=float, check=sf.positive_s)
-    backoff_base_s: float = setting(defaults.BACKOFF_BASE_S, env="HTJ_BACKOFF_BASE_S", parse=float,
-                                    check=sf.positive_s)
-    backoff_max_s: float = setting(defaults.BACKOFF_MAX_S, env="HTJ_BACKOFF_MAX_S", parse=float,
-                                   check=sf.positive_s)
-    unschedulable_retry_s: float = setting(30.0, env="HTJ_UNSCHEDULABLE_RETRY_S", parse=float,
-                                           check=sf.positive_s)
+    pending_timeout_s: float = sf.seconds(defaults.PENDING_TIMEOUT_S, env="HTJ_PENDING_TIMEOUT_S")
+    backoff_base_s: float = sf.seconds(defaults.BACKOFF_BASE_S, env="HTJ_BACKOFF_BASE_S")
+    backoff_max_s: float = sf.seconds(defaults.BACKOFF_MAX_S, env="HTJ_BACKOFF_MAX_S")
+    unschedulable_retry_s: float = sf.seconds(30.0, env="HTJ_UNSCHEDULABLE_RETRY_S")
+
+    PATH: ClassVar[str] = "restart"
 
     def __post_init__(self) -> None:
-        sf.check_group(self, "restart")
+        sf.Group.__post_init__(self)
         if self.backoff_max_s < self.backoff_base_s:
             raise ConfigError(f"restart.backoff_max_s ({self.backoff_max_s}) must be >= "
                               f"restart.backoff_base_s ({self.backoff_base_s})")
 
 
 @dataclass(**_GROUP)
-class Intervals:
+class Intervals(sf.Group):
     """How often the reconciler looks again.
 
     Attributes:
@@ -175,18 +166,15 @@ class Intervals:
             unchanged Warning after this long (Events aggregate: the count grows).
     """
 
-    resync_s: float = setting(10.0, env="HTJ_RESYNC_S", parse=float, check=sf.positive_s)
-    progress_s: float = setting(15.0, env="HTJ_PROGRESS_INTERVAL_S", parse=float,
-                                check=sf.positive_s)
-    waiting_event_s: float = setting(300.0, env="HTJ_WAITING_EVENT_INTERVAL_S", parse=float,
-                                     check=sf.positive_s)
+    resync_s: float = sf.seconds(10.0, env="HTJ_RESYNC_S")
+    progress_s: float = sf.seconds(15.0, env="HTJ_PROGRESS_INTERVAL_S")
+    waiting_event_s: float = sf.seconds(300.0, env="HTJ_WAITING_EVENT_INTERVAL_S")
 
-    def __post_init__(self) -> None:
-        sf.check_group(self, "intervals")
+    PATH: ClassVar[str] = "intervals"
 
 
 @dataclass(**_GROUP)
-class NetworkSettings:
+class NetworkSettings(sf.Group):
     """The per-job NetworkPolicy.
 
     Attributes:
@@ -210,12 +198,11 @@ class NetworkSettings:
     dns_labels: Mapping[str, str] = setting(env="HTJ_DNS_LABELS", parse=sf.labels,
                                             factory=lambda: {"k8s-app": "kube-dns"})
 
-    def __post_init__(self) -> None:
-        sf.check_group(self, "network")
+    PATH: ClassVar[str] = "network"
 
 
 @dataclass(**_GROUP)
-class PodSettings:
+class PodSettings(sf.Group):
     """What every worker pod gets.
 
     Attributes:
@@ -233,12 +220,11 @@ class PodSettings:
     simulate_devices: bool = setting(False, env="HTJ_SIMULATE_DEVICES", parse=sf.boolean)
     run_as_non_root: bool = setting(True, env="HTJ_WORKER_RUN_AS_NON_ROOT", parse=sf.boolean)
 
-    def __post_init__(self) -> None:
-        sf.check_group(self, "pods")
+    PATH: ClassVar[str] = "pods"
 
 
 @dataclass(**_GROUP)
-class PlanningSettings:
+class PlanningSettings(sf.Group):
     """What the planner is given besides the job and the cluster.
 
     Attributes:
@@ -254,12 +240,11 @@ class PlanningSettings:
     gpu_prices: Mapping[str, float] = setting(env="HTJ_GPU_PRICES", parse=parse_prices_setting,
                                               factory=dict)
 
-    def __post_init__(self) -> None:
-        sf.check_group(self, "planning")
+    PATH: ClassVar[str] = "planning"
 
 
 @dataclass(**_GROUP)
-class Links:
+class Links(sf.Group):
     """Link bandwidths of the planner's step-time model
     (:class:`hetero_operator.planning.marginal.LinkSettings`; Helm ``operator.planningLinks``).
 
@@ -268,13 +253,10 @@ class Links:
         inter_node_gbps: one node's egress to the others, Gbit/s.
     """
 
-    intra_node_gbps: float = setting(100.0, env="HTJ_LINK_INTRA_NODE_GBPS", parse=float,
-                                     check=sf.positive_gbps)
-    inter_node_gbps: float = setting(10.0, env="HTJ_LINK_INTER_NODE_GBPS", parse=float,
-                                     check=sf.positive_gbps)
+    intra_node_gbps: float = sf.gbps(100.0, env="HTJ_LINK_INTRA_NODE_GBPS")
+    inter_node_gbps: float = sf.gbps(10.0, env="HTJ_LINK_INTER_NODE_GBPS")
 
-    def __post_init__(self) -> None:
-        sf.check_group(self, "links")
+    PATH: ClassVar[str] = "links"
 
 
 @dataclass(**_GROUP)
