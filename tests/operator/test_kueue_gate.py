@@ -158,6 +158,12 @@ def custom() -> Custom:
     return cu
 
 
+def _true(type_: str, reason: str = "", message: str = "ok") -> dict[str, Any]:
+    """A Workload condition ``type_`` with status True (its reason the type unless given)."""
+    return {"type": type_, "status": "True", "reason": reason or type_, "message": message,
+            "lastTransitionTime": NOW}
+
+
 def the_workload(custom: Custom) -> dict[str, Any]:
     (wl,) = [o for (g, p, _, _), o in custom.store.items() if p == "workloads"]
     return wl
@@ -183,11 +189,7 @@ async def test_admitted_gate_allows_the_flavors_and_finishing_marks_the_workload
     gate = KueueGate(Api(custom))
     await gate.check(body, parse_job(body), capacity_plan)
     wl = the_workload(custom)
-    wl["status"] = {"conditions": [
-        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "ok",
-         "lastTransitionTime": NOW},
-        {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "ok",
-         "lastTransitionTime": NOW}],
+    wl["status"] = {"conditions": [_true("QuotaReserved"), _true("Admitted")],
         "admission": {"clusterQueue": "cq", "podSetAssignments": [
             {"name": "nvidia-a100-sxm4-40gb", "count": 1, "flavors": {"nvidia.com/gpu": "a100"}},
             {"name": "tesla-t4", "count": 2, "flavors": {"nvidia.com/gpu": "t4"}}]}}
@@ -208,10 +210,7 @@ async def test_evicted_gate_clears_the_admission_only_when_no_pod_is_left(custom
     await gate.check(body, parse_job(body), capacity_plan)
     wl = the_workload(custom)
     wl["status"] = {"conditions": [
-        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "ok",
-         "lastTransitionTime": NOW},
-        {"type": "Evicted", "status": "True", "reason": "InactiveWorkload",
-         "message": "The workload is deactivated", "lastTransitionTime": NOW}],
+        _true("QuotaReserved"), _true("Evicted", "InactiveWorkload", "The workload is deactivated")],
         "admission": {"clusterQueue": "cq", "podSetAssignments": [
             {"name": "nvidia-a100-sxm4-40gb", "count": 1}, {"name": "tesla-t4", "count": 2}]}}
     evicted = await gate.check(body, parse_job(body), capacity_plan)
