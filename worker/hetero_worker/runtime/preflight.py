@@ -10,7 +10,6 @@ import sys
 from collections.abc import Callable, Mapping
 
 from hetero_worker.runtime import rendezvous
-from hetero_worker.runtime import simulation as simulate
 from heterotrain_common.contract import Contract, parse_contract
 from heterotrain_common.envread import ContractError
 
@@ -19,15 +18,13 @@ EXIT_RENDEZVOUS_TIMEOUT = 3
 
 
 def preflight(environ: Mapping[str, str]) -> Contract:
-    """Parse the contract and the worker's own ``HTJ_*`` knobs.
+    """Parse the contract, the worker's own ``HTJ_*`` knobs included (``run.sim_delay_per_sample_s``,
+    ``comm.rendezvous_timeout_s``).
 
     Raises:
         ContractError: naming the first malformed or inconsistent variable.
     """
-    contract = parse_contract(environ)
-    simulate.delay_per_sample_s(environ)
-    rendezvous.timeout_from_env(environ)
-    return contract
+    return parse_contract(environ)
 
 
 def exit_on_setup_error(main: Callable[[], int | None]) -> int:
