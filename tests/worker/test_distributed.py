@@ -115,6 +115,22 @@ def test_loader_gives_equal_steps_and_covers_epoch_once(main_facts: list[dict]) 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_stream_trains_the_full_batch_update_on_uneven_ranks(tmp_path: Path) -> None:
+    """An IterableDataset through ``t.loader`` (2 workers per rank), batches [3, 5, 8, 4] then
+    reversed after step 1: every rank took its share of each 20 samples of the stream, the 7 left
+    over were dropped on every rank, and the parameters equal one process on the full batches."""
+    runs = run_ranks([sys.executable, str(RANK_CHECKS), "stream", "--out", str(tmp_path)],
+                     mixed_cluster_envs(BATCHES), timeout_s=150)
+    assert_ok(runs)
+    facts = read_rank_json(tmp_path, len(BATCHES))
+    assert [f["sizes"] for f in facts] == [[3, 4, 4], [5, 8, 8], [8, 5, 5], [4, 3, 3]]
+    for f in facts:
+        assert f["diff"] <= TOL
+        assert (f["epoch"], f["position"]) == (1, {"stream": True, "epoch": 1, "consumed": 0})
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_case15_uneven_batches_12_and_6(tmp_path: Path) -> None:
     """Two gloo ranks with 12 and 6 of 18 samples equal one process on all 18 (within 1e-6);

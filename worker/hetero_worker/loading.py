@@ -1,62 +1,103 @@
 """The Trainer's data loader (a mixin of :class:`hetero_worker.trainer.Trainer`): this rank's uneven
-batches of the job's global order (:class:`hetero_worker.sampler.HeteroBatchSampler`), ending at
-``HTJ_MAX_STEPS``."""
+batches of the job's global order (:class:`hetero_worker.sampler.HeteroBatchSampler`) through a
+PyTorch ``DataLoader`` with its own arguments (workers, pinned memory, collation), ending at
+``HTJ_MAX_STEPS``.
+
+**Workers fetch ahead; the position follows training.** A ``DataLoader`` with ``num_workers > 0``
+asks its batch sampler for ``prefetch_factor * num_workers`` batches ahead of the one trained.
+:class:`HeteroLoader` therefore reads index batches from the sampler's position without moving it
+(:meth:`~hetero_worker.sampler.HeteroBatchSampler.batches_from`), notes the position after each,
+and moves the sampler (``cursor``, then ``epoch`` at the epoch's end) only when a batch is handed
+to the training loop. A checkpoint holds the position of the last batch trained, never of one
+fetched ahead; ``t.epoch`` advances when the last batch of the epoch was trained. When the split
+changes (a rebalance, a resume onto the saved split) while batches of the old sizes wait in the
+workers, those are dropped and fetching starts again from the trained position with the new
+split (persistent workers are reset as PyTorch resets them between epochs; others are replaced),
+so every step trains slices of the split it is weighted by, and each sample of the epoch is still
+taken once.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from hetero_worker.sampler import BatchedTensors, HeteroBatchSampler, as_fetched
+from hetero_worker.streaming import StreamLoader, StreamPosition
+
+REFUSED_ARGS = {
+    "batch_size": "the batch size is the plan's (HTJ_LOCAL_BATCH_SIZE, this rank's share)",
+    "sampler": "the trainer's sampler gives every rank its share of one global order",
+    "batch_sampler": "the trainer's sampler gives every rank its share of one global order",
+    "drop_last": "an epoch ends when fewer than a global batch remain (the remainder rule)",
+    "in_order": "checkpoints and split changes need batches in the order they were asked for",
+}
+"""``DataLoader`` arguments :meth:`Loading.loader` does not pass, and why."""
 
 
 class Loading:
     """The Trainer's :meth:`loader` (a mixin of :class:`hetero_worker.trainer.Trainer`)."""
 
-    def loader(self, dataset: Any, *, shuffle: bool = True,
+    def loader(self, dataset: Any, *, shuffle: bool | None = None,
                collate_fn: Callable[..., Any] | None = None,
-               epochs: int | None = None, pin_memory: bool = False,
-               num_workers: int = 0) -> torch.utils.data.DataLoader:
+               epochs: int | None = None, num_workers: int = 0, pin_memory: bool = False,
+               persistent_workers: bool = False, prefetch_factor: int | None = None,
+               worker_init_fn: Callable[[int], None] | None = None,
+               **dataloader_args: Any) -> torch.utils.data.DataLoader | StreamLoader:
         """A ``DataLoader`` over this rank's uneven batches (:class:`HeteroBatchSampler`).
 
-        Iterating it runs one epoch; every rank gets the same number of batches. Uses
-        ``num_workers=0`` so split changes and checkpoints refer to the batch being trained.
-        A ``TensorDataset`` with the default collation is fetched a batch at a time
+        Iterating it runs one epoch; every rank gets the same number of batches. An
+        ``IterableDataset`` (a stream, read in the same order on every rank) gives this rank its
+        share of every global batch of the stream's order (:mod:`hetero_worker.streaming`). A
+        ``TensorDataset`` with the default collation is fetched a batch at a time
         (:class:`BatchedTensors`: the same tensors, without a Python index and a stack per sample).
+        Workers may fetch ahead: checkpoints and split changes still refer to the batch being
+        trained (:class:`HeteroLoader`).
 
         Once :attr:`max_steps` steps are taken an iteration ends at once and moves to the next
         epoch, so a ``while t.epoch < n`` loop ends too.
 
         Args:
+            dataset: a map-style dataset (``len()`` and indexing) or an ``IterableDataset``.
+            shuffle: a new seeded permutation every epoch (None, the default, and True; False:
+                ``0..n-1``); a stream is read in its own order (shuffle=True is refused).
             epochs: how many epochs the script will run (None: unknown); with it the progress
                 display shows a total (``epochs * batches per epoch``, at most
-                :attr:`max_steps`), also without it when :attr:`max_steps` is set.
-            pin_memory: PyTorch's ``DataLoader(pin_memory=...)``: batches in page-locked memory
-                for faster host-to-GPU copies (``to_device`` copies non-blocking).
-            num_workers: must be 0.
+                :attr:`max_steps`), also without it when :attr:`max_steps` is set (a stream has
+                no length: its total is :attr:`max_steps` alone).
+            collate_fn, num_workers, pin_memory, persistent_workers, prefetch_factor,
+                worker_init_fn: PyTorch's ``DataLoader`` arguments, passed through (so are
+                ``timeout``, ``multiprocessing_context``, ``generator``, ``pin_memory_device``
+                in ``dataloader_args``); ``pin_memory`` puts batches in page-locked memory for
+                faster host-to-GPU copies (``to_device`` copies non-blocking).
 
         Raises:
-            ValueError: ``num_workers`` > 0: the DataLoader's workers fetch batches ahead, so a
-                rebalanced split would train prefetched batches of the old sizes with the new
-                weights, and a checkpoint would skip them on resume.
-            TypeError: ``dataset`` has no ``len()`` (an ``IterableDataset``): every rank draws
-                its share of each global batch from one permutation of a map-style dataset.
+            TypeError: ``dataset`` is neither map-style nor an ``IterableDataset``, a stream
+                with ``shuffle=True``, or an argument the trainer's batches replace
+                (:data:`REFUSED_ARGS`: ``batch_size``, ``sampler``, ``batch_sampler``,
+                ``drop_last``, ``in_order``).
+            ValueError: what ``DataLoader`` itself refuses (e.g. ``prefetch_factor`` or
+                ``persistent_workers`` with ``num_workers=0``).
         """
-        if num_workers:
-            raise ValueError(
-                f"Trainer.loader(num_workers={num_workers}): must be 0. Workers fetch batches "
-                "ahead of training, so a rebalanced split would train prefetched batches of the "
-                "old sizes and a checkpoint would skip them on resume; make a sample cheap to "
-                "fetch instead (pre-tokenize, a TensorDataset).")
-        if not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
+        for name in sorted(set(dataloader_args) & set(REFUSED_ARGS)):
+            raise TypeError(f"Trainer.loader({name}=...): not passed to the DataLoader: "
+                            f"{REFUSED_ARGS[name]}; leave it out")
+        workers = {"num_workers": num_workers, "persistent_workers": persistent_workers,
+                   "prefetch_factor": prefetch_factor, "worker_init_fn": worker_init_fn,
+                   **dataloader_args}
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            return self._stream_loader(dataset, shuffle, collate_fn, pin_memory, workers)
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise TypeError(
                 f"Trainer.loader({type(dataset).__name__}): needs a map-style dataset (len() and "
-                "indexing); an IterableDataset (a stream) is not supported: every rank takes its "
-                "uneven share of each global batch from one permutation of the samples.")
+                "indexing) or a torch.utils.data.IterableDataset (a stream); wrap an iterator in "
+                "an IterableDataset whose __iter__ yields the samples")
         self.sampler = HeteroBatchSampler(len(dataset), self.local_batches, self.rank,
-                                          seed=self.seed, shuffle=shuffle)
+                                          seed=self.seed,
+                                          shuffle=True if shuffle is None else bool(shuffle))
         if collate_fn is None and type(dataset) is torch.utils.data.TensorDataset:
             dataset, collate_fn = BatchedTensors(dataset), as_fetched
         total = None if epochs is None else int(epochs) * len(self.sampler)
@@ -64,31 +105,85 @@ class Loading:
             total = self.max_steps if total is None else min(total, self.max_steps)
         if total is not None:
             self.metrics.set_total_steps(total)
-        batches = _UntilMaxSteps(self.sampler, self) if self.max_steps is not None else self.sampler
-        return torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate_fn,
-                                           num_workers=0, pin_memory=pin_memory)
+        return HeteroLoader(dataset, self.sampler, self, collate_fn=collate_fn,
+                            pin_memory=pin_memory, **workers)
+
+    def _stream_loader(self, dataset: torch.utils.data.IterableDataset, shuffle: bool | None,
+                       collate_fn: Callable[..., Any] | None, pin_memory: bool,
+                       workers: dict[str, Any]) -> StreamLoader:
+        """:meth:`loader` of an ``IterableDataset`` (:mod:`hetero_worker.streaming`)."""
+        if shuffle:
+            raise TypeError(
+                f"Trainer.loader({type(dataset).__name__}, shuffle=True): a stream is read in its "
+                "own order, the same on every rank: shuffle it in the dataset (e.g. with a seeded "
+                "buffer, Hugging Face's .shuffle(seed=..., buffer_size=...)) and leave shuffle out")
+        self.sampler = StreamPosition(self.local_batches, self.rank)
+        if self.max_steps is not None:  # a stream has no length: the total is the step limit
+            self.metrics.set_total_steps(self.max_steps)
+        return StreamLoader(dataset, self.sampler, self, collate_fn=collate_fn,
+                            pin_memory=pin_memory, **workers)
 
 
-class _UntilMaxSteps:
-    """A batch sampler that yields the trainer's sampler's batches until ``trainer.done``; then
-    the iteration ends and the epoch advances (the data position of a stopped run is not resumed:
-    the run ends there)."""
+class HeteroLoader(torch.utils.data.DataLoader):
+    """A ``DataLoader`` whose batches are the trainer's and whose position follows training.
 
-    def __init__(self, sampler: HeteroBatchSampler, trainer: Any) -> None:
-        self.sampler, self.trainer = sampler, trainer
+    Args:
+        dataset: the (map-style) dataset.
+        position: the trainer's sampler: its ``epoch`` and ``cursor`` are the trained position.
+        trainer: reads ``max_steps``, ``global_step`` and ``done``.
+        **kwargs: the ``DataLoader``'s other arguments.
+    """
+
+    def __init__(self, dataset: Any, position: HeteroBatchSampler, trainer: Any,
+                 **kwargs: Any) -> None:
+        self.position, self.trainer = position, trainer
+        self._dispatch = _Dispatch(position, trainer)
+        super().__init__(dataset, batch_sampler=self._dispatch, **kwargs)
+
+    def _fetching(self) -> Iterator[Any]:
+        """A fresh fetch from the trained position (the batches fetched ahead are forgotten)."""
+        self._dispatch.ahead.clear()
+        return super().__iter__()
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        position, ahead = self.position, self._dispatch.ahead
+        if self.trainer.done:
+            position.set_epoch(position.epoch + 1)
+            return
+        fetched: Iterator[Any] | None = self._fetching()
+        while True:
+            if ahead and ahead[0][1] != position.local_batches:  # fetched under the old split
+                fetched = None  # a worker iterator that is not persistent shuts down here
+                fetched = self._fetching()
+            try:
+                batch = next(fetched)  # type: ignore[arg-type]
+            except StopIteration:
+                break
+            position.cursor = ahead.popleft()[0]  # this batch is the one trained now
+            yield batch
+            if self.trainer.done:
+                break
+        position.set_epoch(position.epoch + 1)
+
+
+class _Dispatch:
+    """The ``DataLoader``'s batch sampler: this rank's index batches from the trained position,
+    each noted in :attr:`ahead` with the position after it and the split it was cut with (the
+    ``DataLoader`` asks for them ahead of training when it has workers)."""
+
+    def __init__(self, position: HeteroBatchSampler, trainer: Any) -> None:
+        self.position, self.trainer = position, trainer
+        self.ahead: deque[tuple[int, tuple[int, ...]]] = deque()
 
     def __len__(self) -> int:
         """Batches left in this epoch, at most the steps left before ``max_steps``."""
-        left = (self.trainer.max_steps or 0) - self.trainer.global_step
-        return max(0, min(len(self.sampler), left))
+        left = len(self.position)
+        if self.trainer.max_steps is not None:
+            left = max(0, min(left, self.trainer.max_steps - self.trainer.global_step))
+        return left
 
-    def __iter__(self) -> Any:
-        if self.trainer.done:
-            self.sampler.set_epoch(self.sampler.epoch + 1)
-            return
-        for batch in self.sampler:
+    def __iter__(self) -> Iterator[list[int]]:
+        position = self.position
+        for batch, cursor in position.batches_from(position.epoch, position.cursor):
+            self.ahead.append((cursor, position.local_batches))
             yield batch
-            if self.trainer.done:
-                self.sampler.set_epoch(self.sampler.epoch + 1)
-                return
-

@@ -17,8 +17,10 @@ the next batch on; since the sampler keeps a cursor into the permutation (not a 
 epoch still covers each sample at most once, and exactly once except the remainder. All ranks must
 make the same change at the same step (the rebalancer decides collectively).
 
-Batches are computed lazily, one per ``next()``: use ``num_workers=0`` (the trainer's loader
-does) so a split change or a checkpoint refers to the batch actually trained.
+Batches are computed lazily, one per ``next()``. A ``DataLoader`` with workers asks for batches
+ahead of training; the trainer's loader (:mod:`hetero_worker.loading`) therefore reads them with
+:meth:`HeteroBatchSampler.batches_from` and moves the sampler's position only as batches are
+trained, so a split change or a checkpoint refers to the batch actually trained.
 """
 
 from __future__ import annotations
@@ -96,13 +98,22 @@ class HeteroBatchSampler(Sampler[list[int]]):
         return (self.num_samples - self.cursor) // self.global_batch
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = self.permutation(self.epoch)
-        while self.num_samples - self.cursor >= self.global_batch:
-            start = self.cursor + sum(self.local_batches[:self.rank])
-            batch = order[start:start + self.local_batches[self.rank]].tolist()
-            self.cursor += self.global_batch
+        for batch, cursor in self.batches_from(self.epoch, self.cursor):
+            self.cursor = cursor
             yield batch
         self.set_epoch(self.epoch + 1)
+
+    def batches_from(self, epoch: int, cursor: int) -> Iterator[tuple[list[int], int]]:
+        """This rank's batches of ``epoch`` from position ``cursor`` on, without moving the
+        sampler: ``(indices, cursor after the batch)`` each, under the split current when each
+        batch is made (the trainer's loader fetches ahead with it and moves :attr:`cursor` as
+        batches are trained)."""
+        order = self.permutation(epoch)
+        while self.num_samples - cursor >= self.global_batch:
+            start = cursor + sum(self.local_batches[:self.rank])
+            batch = order[start:start + self.local_batches[self.rank]].tolist()
+            cursor += self.global_batch
+            yield batch, cursor
 
     def state_dict(self) -> dict[str, Any]:
         """The job's global data position (the same on every rank), plain types only.
@@ -123,8 +134,14 @@ class HeteroBatchSampler(Sampler[list[int]]):
         after it is skipped, whatever the new split or world size.
 
         Raises:
-            ValueError: the position is for a dataset of another length, seed or order.
+            ValueError: the position is for a dataset of another length, seed or order, or for
+                a stream (:class:`hetero_worker.streaming.StreamPosition`).
         """
+        if state.get("stream"):
+            raise ValueError(f"checkpoint data position is of a stream (an IterableDataset, "
+                             f"{state.get('consumed')} samples into pass {state.get('epoch')}) and "
+                             "this job's loader reads a map-style dataset: resume with the same "
+                             "kind of dataset")
         shuffle = bool(state.get("shuffle", self.shuffle))
         if (state["num_samples"], state["seed"], shuffle) != (self.num_samples, self.seed,
                                                                self.shuffle):

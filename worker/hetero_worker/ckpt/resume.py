@@ -6,7 +6,9 @@ writes and agrees on the file):
 * the plan it was taken under (:func:`plan_of`): world size, the planned split, device per rank,
   the current (maybe rebalanced) split, the hierarchy layout and the compression settings;
 * per rank: RNG states and the compression codecs' error feedback (int8 error buffers, PowerSGD
-  errors, ``Q`` factors and iteration counter), one entry per DDP bucket.
+  errors, ``Q`` factors and iteration counter), one entry per DDP bucket;
+* ``extra["tracked"]``: the state of what ``Trainer.track`` registered (an LR scheduler, a
+  counter), rank 0's, restored on every rank (:mod:`hetero_worker.ckpt.tracked`).
 
 On resume (:func:`resume_trainer`):
 
@@ -36,7 +38,7 @@ from typing import Any
 
 import torch
 
-from hetero_worker.ckpt import checkpoint
+from hetero_worker.ckpt import checkpoint, tracked
 from hetero_worker.speed.codecs import make_codec
 
 __all__ = ["codec_states", "plan_of", "restore_codecs", "resume_trainer", "save_trainer_checkpoint"]
@@ -111,6 +113,7 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
     test hook. Full sharding is refused (not built)."""
     if trainer.module is None:
         raise RuntimeError("wrap a model before checkpointing")
+    extra = {"tracked": tracked.states(getattr(trainer, "tracked", {}))}  # checked on every rank
     if trainer.contract.memory.sharding == "full" and directory:
         raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
                            "out or use spec.training.sharding Group (docs/memory.md)")
@@ -121,7 +124,7 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
             directory, step=trainer.global_step, model=trainer.module, optimizer=optimizer,
             groups=trainer.layout.groups, group=trainer.groups.intra, rank=trainer.rank,
             scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
-            rank_state={"compression": codec_states(trainer)},
+            rank_state={"compression": codec_states(trainer)}, extra=extra,
             before_publish=getattr(trainer, "before_checkpoint_publish", None),
             keep=trainer.contract.checkpoint.keep, ckpt_group=getattr(trainer, "ckpt_group", None),
             ckpt_timeout_s=trainer.contract.checkpoint.timeout_s if getattr(
@@ -130,8 +133,8 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
     path = checkpoint.save_checkpoint(
         directory, step=trainer.global_step, model=trainer.module, optimizer=optimizer,
         scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
-        rank_state={"compression": codec_states(trainer)}, keep=trainer.contract.checkpoint.keep,
-        group=getattr(trainer, "ckpt_group", None))
+        rank_state={"compression": codec_states(trainer)}, extra=extra,
+        keep=trainer.contract.checkpoint.keep, group=getattr(trainer, "ckpt_group", None))
     return str(path)
 
 
@@ -177,6 +180,11 @@ def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,
                    f"continue at epoch {data.get('epoch')}, sample {data.get('consumed')} of the "
                    "epoch's order; fresh RNG on every rank")
     _restore_compression(trainer, state, current)
+    missing, unused = tracked.restore(getattr(trainer, "tracked", {}),
+                                      (state.get("extra") or {}).get("tracked"))
+    if rank == 0 and (missing or unused):
+        _log(rank, f"tracked_state: the checkpoint of step {state['step']} has no state for "
+                   f"{missing} (they start fresh) and state nothing tracks now for {unused}")
     trainer.global_step = int(state["step"])
     return True
 

@@ -223,6 +223,7 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
                             group: Any, rank: int, scaler: Any = None, sampler: Any = None,
                             plan: Mapping[str, Any] | None = None,
                             rank_state: Mapping[str, Any] | None = None,
+                            extra: Mapping[str, Any] | None = None,
                             before_publish: Any = None, keep: int = defaults.CHECKPOINT_KEEP,
                             ckpt_group: Any = None, ckpt_timeout_s: float | None = None) -> Path:
     """Write a sharded checkpoint; collective: every rank calls it at the same step.
@@ -235,7 +236,8 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
         groups: the layout's groups of global ranks (replicas of the state).
         group: this rank's group's process group (used by the writing group only).
         rank: this rank's global rank.
-        scaler, sampler, plan, rank_state: as :func:`hetero_worker.ckpt.checkpoint.save_checkpoint`.
+        scaler, sampler, plan, rank_state, extra: as
+            :func:`hetero_worker.ckpt.checkpoint.save_checkpoint`.
         before_publish: test hook, called on rank 0 after the data is written and before it is
             published (a test kills the rank there).
         keep: verified checkpoints to keep.
@@ -284,7 +286,7 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
                                         "HTJ_CHECKPOINT_DIR on a volume shared by all ranks")
             state = files.manifest(
                 checkpoint_id=checkpoint_id, step=step, model=None, optimizer=None, scaler=scaler,
-                sampler=sampler, plan=plan, ranks=ranks,
+                sampler=sampler, plan=plan, ranks=ranks, extra=extra,
                 sharded={"dir": final, "writers": list(writers), "sharding": "group"})
             files.save_atomic(state, step_tmp / files.CHECKPOINT_FILE)
             path = store.publish_verified(directory, step_tmp, step=step,

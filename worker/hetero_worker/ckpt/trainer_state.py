@@ -3,15 +3,47 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from hetero_worker.ckpt import checkpoint, resume
+from hetero_worker.ckpt import checkpoint, resume, tracked
 
 
 class Checkpointing:
     """The Trainer's checkpoint methods (a mixin of :class:`hetero_worker.trainer.Trainer`; the state is :mod:`hetero_worker.ckpt.resume`'s)."""
 
     # --- checkpoints ------------------------------------------------------------------------
+    def track(self, name: str, obj: Any) -> Any:
+        """Save ``obj``'s state in every checkpoint and restore it in :meth:`resume`.
+
+        ``obj`` has ``state_dict()`` and ``load_state_dict(state)`` (the ``Stateful`` protocol
+        of ``torch.distributed.checkpoint``: an LR scheduler, a counter of your own); its state
+        is job-wide (rank 0's is saved, every rank gets it back) and plain
+        (:mod:`hetero_worker.ckpt.tracked`). Call it on every rank, before :meth:`resume`, e.g.
+        ``sched = t.track("lr", LambdaLR(opt, f))``.
+
+        Returns:
+            ``obj``.
+
+        Raises:
+            TypeError: no ``state_dict``/``load_state_dict``, or a state weights-only loading
+                refuses (named with its path and the fix).
+            ValueError: ``name`` is tracked already (for another object).
+            RuntimeError: :meth:`resume` ran already (the state would not be restored).
+        """
+        tracked.check_stateful(name, obj)
+        registry: dict[str, Any] = self.__dict__.setdefault("tracked", {})
+        if registry.get(name, obj) is not obj:
+            raise ValueError(f"Trainer.track({name!r}): that name tracks another "
+                             f"{type(registry[name]).__name__} already; choose another name")
+        if self.__dict__.get("_resume_called"):
+            raise RuntimeError(f"Trainer.track({name!r}) after resume(): its saved state would "
+                               "not be restored; track it before t.resume(opt)")
+        tracked.check_plain(name, obj.state_dict())
+        registry[name] = obj
+        return obj
+
     def _checkpoint_dir(self, directory: str | None) -> str:
         chosen = directory or self.contract.checkpoint.dir
         if not chosen:
@@ -22,8 +54,9 @@ class Checkpointing:
                         directory: str | None = None) -> str:
         """Write a checkpoint (collective; rank 0 writes atomically). Returns its path.
 
-        Holds model, optimizer, scaler, the job's global data position, the plan and per-rank
-        RNG and compression state (:mod:`hetero_worker.ckpt.resume`)."""
+        Holds model, optimizer, scaler, the job's global data position, the plan, per-rank
+        RNG and compression state (:mod:`hetero_worker.ckpt.resume`) and what :meth:`track`
+        registered."""
         return resume.save_trainer_checkpoint(self, optimizer, self._checkpoint_dir(directory))
 
     def maybe_checkpoint(self, optimizer: torch.optim.Optimizer,
@@ -54,9 +87,11 @@ class Checkpointing:
         :class:`~hetero_worker.ckpt.agreement.ResumeDisagreement`. Under the same plan the split, RNG
         and compression state continue exactly; under a new plan (another world size or split)
         the data continue from the global position with fresh RNG
-        (:func:`hetero_worker.ckpt.resume.resume_trainer`). Call it after :meth:`wrap` and
-        :meth:`loader`, before the first step.
+        (:func:`hetero_worker.ckpt.resume.resume_trainer`). What :meth:`track` registered gets
+        its saved state back. Call it after :meth:`wrap`, :meth:`loader` and :meth:`track`, before
+        the first step.
         """
+        self.__dict__["_resume_called"] = True
         resumed = resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint.dir)
         if resumed:
             self.metrics.set_resumed_step(self.global_step)
