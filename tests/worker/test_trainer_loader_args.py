@@ -240,3 +240,13 @@ def test_a_checkpoint_of_the_other_kind_of_dataset_is_refused() -> None:
     t.loader(WhoFetched())
     with pytest.raises(ValueError, match="position is of a stream"):
         t.sampler.load_state_dict({"stream": True, "epoch": 0, "consumed": 8})
+
+
+def test_work_stealing_refuses_a_stream_naming_the_fix() -> None:
+    from hetero_worker.speed.stealing import WorkStealing
+    t = FakeTrainer(0)
+    t.loader(Stream())
+    t.module = torch.nn.Linear(1, 1)
+    with pytest.raises(RuntimeError, match=r"^work stealing takes each step's samples by index .*"
+                                           r"train it with Trainer.step"):
+        WorkStealing.steal_step(t, None, None, None)

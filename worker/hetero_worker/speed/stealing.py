@@ -231,13 +231,18 @@ class WorkStealing:
             skipped on every rank when the fp16 scaler found inf/NaN).
 
         Raises:
-            RuntimeError: no model or loader yet, or Group/Full sharding (refused before any
-                collective: their collectives need the same micro-batches on every rank of a
-                group, which stealing does not give).
+            RuntimeError: no model or loader yet, a stream's loader (no indices to take), or
+                Group/Full sharding (refused before any collective: their collectives need the
+                same micro-batches on every rank of a group, which stealing does not give).
         """
         sampler, module = self.sampler, self.module
         if sampler is None or module is None:
             raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
+        if not hasattr(sampler, "permutation"):  # a stream (hetero_worker.streaming)
+            raise RuntimeError(
+                "work stealing takes each step's samples by index from a map-style dataset's "
+                "order; this loader reads a stream (an IterableDataset): train it with "
+                "Trainer.step, or pass a map-style dataset to Trainer.loader")
         if self.contract.memory.sharding != "none":
             raise RuntimeError(
                 f"work stealing under {self.contract.memory.sharding.capitalize()} sharding is not built "
