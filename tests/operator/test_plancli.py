@@ -288,9 +288,11 @@ def test_an_unknown_flag_far_from_every_flag_gets_no_guess(capsys: pytest.Captur
         "heterotrain run: error: unrecognized arguments: --zzz")
 
 
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("flag", ["--version", "-V"])
+def test_version(capsys: pytest.CaptureFixture[str], flag: str) -> None:
+    """``-V`` is ``--version`` (issue 22: it was a usage error, exit 64)."""
     from importlib import metadata
     with pytest.raises(SystemExit) as done:
-        main(["--version"])
+        main([flag])
     assert done.value.code == 0
     assert capsys.readouterr().out == f"heterotrain {metadata.version('heterotrain')}\n"

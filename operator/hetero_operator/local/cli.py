@@ -64,7 +64,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     flag is reported with that subcommand's usage, not the top-level one.
     """
     parser = UsageParser(prog="heterotrain", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"heterotrain {version()}")
+    parser.add_argument("-V", "--version", action="version", version=f"heterotrain {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser.chosen = None  # type: ignore[attr-defined]
