@@ -206,21 +206,26 @@ def test_full_sharding_env_carries_every_ranks_share() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"precision": "Auto"}, "Full sharding with fp16 is not built yet (Tesla-T4 would run fp16"),
-    ({"checkpoint": {"path": "/ckpt"}}, "Full sharding does not checkpoint yet: leave "
-                                        "spec.training.checkpoint out or use spec.training.sharding Group"),
+    ({"precision": "Auto"}, "Full sharding is not built with fp16 (Tesla-T4 would run fp16 under "
+                            "precision Auto) yet: it plans if spec.training.precision is FP32"),
+    ({"checkpoint": {"path": "/ckpt"}}, "Full sharding is not built with checkpoints yet: it plans "
+                                        "if spec.training.checkpoint is left out"),
 ])
 def test_full_sharding_refused_where_the_worker_lacks_it(kwargs, reason) -> None:
     result = plan(job("6G", **{"precision": "FP32", **kwargs}, sharding="Full"))
     assert isinstance(result, model.Unschedulable)
-    assert result.message.startswith(f"spec.training.sharding Full: {reason}")
+    assert result.message == (f"spec.training.sharding Full: {reason} (checked: 5 ranks, sharding "
+                              'Full) (docs/memory.md, "What is built")')
 
 
 def test_group_sharding_refused_where_the_worker_lacks_fp16_or_rebalancing() -> None:
     result = plan(job("1.15G", precision="Auto"))  # the T4s run fp16
     assert isinstance(result, model.Unschedulable)
-    assert ("Group: fits, but Group sharding with fp16 is not built yet (Tesla-T4 would run fp16 "
-            "under precision Auto): set spec.training.precision to FP32 or BF16") in result.message
+    assert ("Group: fits, but Group sharding is not built with fp16 (Tesla-T4 would run fp16 "
+            "under precision Auto) yet: it plans if spec.training.precision is FP32 (checked: 5 "
+            "ranks, sharding Group); Full: fits, but Full sharding with fp16 is not built yet "
+            "(Tesla-T4 would run fp16 under precision Auto; they have no bf16): set "
+            "spec.training.precision to FP32; lower") in result.message
     # Group checkpoints are sharded (hetero_worker.ckpt.sharded, torch.distributed.checkpoint).
     result = plan(job("1.15G", precision="FP32", checkpoint={"path": "/ckpt"}, sharding="Group"))
     assert isinstance(result, model.Plan) and result.memory.mode == "Group"
@@ -230,8 +235,10 @@ def test_group_sharding_refused_where_the_worker_lacks_fp16_or_rebalancing() -> 
         "rebalance": {"intervalSteps": 10}}))
     assert j.training.rebalance_interval_steps == 0
     result = plan(rebalancing)
-    assert result.message.startswith("spec.training.sharding Group: Group sharding with rebalancing "
-                                      "or compression is not built yet")
+    assert result.message == (
+        "spec.training.sharding Group: Group sharding is not built with rebalancing or compression "
+        "yet: it plans if spec.training.rebalance and spec.training.compression are left out "
+        '(checked: 5 ranks, sharding Group) (docs/memory.md, "What is built")')
 
 
 def test_pure_choice_prefers_the_cheaper_mode_by_the_link_model() -> None:

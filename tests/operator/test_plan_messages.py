@@ -154,3 +154,50 @@ def test_every_gpu_table_row_is_named_by_a_product_label_that_reads_back_as_that
     assert set(PRODUCT_LABELS) == {g.name for g in GPU_MODELS}
     assert {name: lookup_model(label).name for name, label in PRODUCT_LABELS.items()} == {
         name: name for name in PRODUCT_LABELS}
+
+
+# --- following the suggestions ends in a plan (issue 22, point 7: they went in a circle) --------
+
+def test_a_fitting_mode_not_built_for_the_job_names_every_change_that_plans_it_checked():
+    doc = _digits(model={"parameters": "3G"})  # precision Auto, checkpointing on
+    result = _unschedulable(doc)
+    assert result.message == (
+        "spec.training.sharding Auto: no sharding mode fits model state 44.7 GiB (3,000,000,000 "
+        "parameters x 16 B: fp32 parameters and gradients, AdamW state): None: "
+        "NVIDIA-A100-SXM4-40GB short by 7.7 GiB (37.0 GiB usable); Tesla-T4 short by 31.5 GiB "
+        "(13.2 GiB usable); Tesla-V100-SXM2-16GB short by 30.5 GiB (14.2 GiB usable); Group: "
+        "NVIDIA-A100-SXM4-40GB short by 7.7 GiB (37.0 GiB usable); Tesla-T4 short by 9.1 GiB "
+        "(13.2 GiB usable); Tesla-V100-SXM2-16GB short by 30.5 GiB (14.2 GiB usable); Full: fits, "
+        "but Full sharding is not built with fp16 (Tesla-T4, Tesla-V100-SXM2-16GB would run fp16 "
+        "under precision Auto) or with checkpoints yet: it plans if spec.training.precision is "
+        "FP32 and spec.training.checkpoint is left out (checked: 4 ranks, sharding Full); lower "
+        "spec.training.model.parameters, give "
+        "spec.training.model.checkpointedActivationBytesPerSample, use an optimizer with less "
+        "state (SGD), or add GPUs with more memory: at least an NVIDIA-H100-80GB-HBM3 (79.6 GiB) "
+        "per rank holds the whole state (the smallest such GPU in the built-in table)")
+    assert "BF16" not in result.message  # the T4 and the V100 have no bf16
+    doc["spec"]["training"]["precision"] = "FP32"  # what it says plans, plans
+    del doc["spec"]["training"]["checkpoint"]
+    planned = plan_job(parse_job(doc), build_inventory(NODES))
+    assert isinstance(planned, Plan) and planned.world_size == 4 and planned.memory.mode == "Full"
+
+
+def test_a_precision_some_types_lack_is_one_hint_naming_them_all():
+    result = _unschedulable(_digits(model={"parameters": "3G"}, precision="BF16"))
+    assert result.message.count("spec.training.precision") == 2
+    assert result.message.endswith(
+        "or use spec.training.precision Auto (Tesla-T4 (cc 7.5), Tesla-V100-SXM2-16GB (cc 7.0) "
+        "have no bf16; spec.training.precision BF16 needs cc >= 8.0)")
+
+
+def test_a_short_name_no_node_has_gets_did_you_mean_from_the_gpu_table():
+    result = _plan(["H100"])
+    assert result.message.endswith(
+        "To plan: add 1 H100 GPU: no node has one of spec.gpus.allowedProducts (the nodes have "
+        "NVIDIA-A100-SXM4-40GB, Tesla-T4, Tesla-V100-SXM2-16GB) (H100 is not a product name as "
+        "GPU Feature Discovery labels it (nvidia.com/gpu.product): did you mean "
+        "NVIDIA-H100-80GB-HBM3, NVIDIA-H100-NVL or NVIDIA-H100-PCIe?); or allow "
+        "NVIDIA-A100-SXM4-40GB, Tesla-T4, Tesla-V100-SXM2-16GB in spec.gpus "
+        "(NVIDIA-A100-SXM4-40GB, Tesla-T4, Tesla-V100-SXM2-16GB are not in "
+        "spec.gpus.allowedProducts)")
+    assert "did you mean" not in _plan(["NVIDIA-H100-80GB-HBM3"]).message  # a full label

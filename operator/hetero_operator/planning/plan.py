@@ -117,11 +117,12 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared,
                       sample_s=step_model.sample_s if step_model.absolute else None)
     if isinstance(mem, memoryplan.MemoryRefusal):
-        # another mode that fits every rank is the fix the message names already
-        other_fits = any(o.fits and o.available for o in mem.options)
-        alone = remedies.fewer_types(job, pools, replan) if replan and not other_fits else ""
+        message = _memory_refusal(job, candidates if left_out else taken, mem, inputs, step_model,
+                                  replan)
+        alone = (remedies.fewer_types(job, pools, replan)
+                 if replan and not any(o.fits and o.available for o in mem.options) else "")
         return model.Unschedulable(shortfalls=(), excluded=excluded,
-                                   message=mem.message + (f". Or: {alone}" if alone else ""),
+                                   message=message + (f". Or: {alone}" if alone else ""),
                                    reason=MODEL_DOES_NOT_FIT, warnings=inventory.warnings)
     value = _plan_value(groups_spec, group_specs(candidates), step_model, figures, job, inputs,
                         left_out)
@@ -130,8 +131,47 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
                 warnings=(*inventory.warnings, *image_warnings(taken)), value=value, memory=mem)
 
 
+def _memory_refusal(job: JobSpec, taken: list[tuple[Pool, int]],
+                    refusal: memoryplan.MemoryRefusal, inputs: PlanInputs, step_model: StepModel,
+                    replan: remedies.Replan | None) -> str:
+    """The refusal's message over ``taken``: every eligible type the plan would take, those
+    ``spec.gpus.selection Throughput`` left out too (their shortfalls are what a user reads), and
+    each mode that fits but is not built for this job with the checked change that plans it
+    (:func:`_unbuilt_fixes`).  Where ``taken`` fits after all, ``refusal`` stands as it is."""
+    groups_spec = group_specs(taken)
+    speeds = [p.speed for p, size in groups_spec for _ in range(size)]
+    caps = [p.cap for p, size in groups_spec for _ in range(size)]
+    weights = speeds if job.training.batch_split == "Proportional" else [1.0] * len(speeds)
+    ranks, _ = _placements(groups_spec, split_global_batch(job.training.global_batch_size,
+                                                           weights, caps))
+    shared = sorted({f"{p.device.gpu_type} on {p.device.node}" for p, size in groups_spec
+                     if size > 1 and p.device.time_sliced_replicas > 1})
+    sample_s = step_model.sample_s if step_model.absolute else None
+    mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared, sample_s=sample_s)
+    if not isinstance(mem, memoryplan.MemoryRefusal):
+        return refusal.message
+    # another mode that fits every rank is the fix the message names already
+    other_fits = any(o.fits and o.available for o in mem.options)
+    fixes = _unbuilt_fixes(job, ranks, mem, replan) if replan and not other_fits else {}
+    if fixes:  # the same refusal, each fitting mode's clause naming the change that plans it
+        mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared, sample_s=sample_s,
+                          fixes=fixes)
+    return mem.message if isinstance(mem, memoryplan.MemoryRefusal) else refusal.message
+
+
+def _unbuilt_fixes(job: JobSpec, ranks: Sequence[RankPlacement],
+                   refusal: memoryplan.MemoryRefusal, replan: remedies.Replan) -> dict[str, str]:
+    """Per mode that fits every rank but is not built for this job: the checked change that plans
+    it (:func:`hetero_operator.planning.remedies.unbuilt_mode`); modes without one left out."""
+    fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
+    fixes = {o.mode: remedies.unbuilt_mode(job, o.mode, fp16, replan)
+             for o in refusal.options if o.fits and not o.available and o.mode in WORKER_SHARDINGS}
+    return {mode: fix for mode, fix in fixes.items() if fix}
+
+
 def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInputs, *,
                 shared_gpu_groups: Sequence[str] = (), sample_s: Mapping[str, float] | None = None,
+                fixes: Mapping[str, str] | None = None,
                 ) -> memoryplan.MemoryPlan | memoryplan.MemoryRefusal | None:
     """The memory model's decision for the placed ranks (None without
     ``spec.training.model.parameters``); the cross-type link is the inter-node one when the
@@ -144,7 +184,10 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
 
     ``sample_s`` (seconds per sample by GPU type, from the learned speeds or the table at the
     reference samples/s) gives every fitting mode its predicted step, and ``Auto`` the best
-    predicted throughput (:mod:`hetero_operator.planning.steptime`)."""
+    predicted throughput (:mod:`hetero_operator.planning.steptime`).
+
+    ``fixes`` replaces, per mode, why the worker does not run it with the checked change that
+    plans it (:func:`_unbuilt_fixes`), for the refusal message."""
     t = job.training
     if t.model_parameters <= 0:
         return None
@@ -163,8 +206,8 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
         fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
         if fp16:
             why["Group"] = (f"Group sharding with fp16 is not built yet ({', '.join(fp16)} would "
-                            "run fp16 under precision Auto): set spec.training.precision to FP32 "
-                            "or BF16")
+                            "run fp16 under precision Auto; they have no bf16): set "
+                            "spec.training.precision to FP32")
         elif t.rebalance_interval_steps or t.compression != "None":
             why["Group"] = ("Group sharding with rebalancing or compression is not built yet: leave "
                             "spec.training.rebalance and spec.training.compression out")
@@ -177,6 +220,7 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
     if "Full" in WORKER_SHARDINGS and (gap := _full_sharding_gap(job, ranks)):
         why["Full"] = gap
     available = tuple(m for m in WORKER_SHARDINGS if m not in why)
+    why.update(fixes or {})
     return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
                               cross_gbps=gbps, available=available, unavailable_why=why,
                               sample_s=sample_s, intra_gbps=inputs.link.intra_node_gbps)
@@ -189,7 +233,7 @@ def _full_sharding_gap(job: JobSpec, ranks: Iterable[RankPlacement]) -> str:
     fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
     if fp16:
         return (f"Full sharding with fp16 is not built yet ({', '.join(fp16)} would run fp16 under "
-                "precision Auto): set spec.training.precision to FP32 or BF16")
+                "precision Auto; they have no bf16): set spec.training.precision to FP32")
     if t.checkpoint_path:
         return ("Full sharding does not checkpoint yet: leave spec.training.checkpoint out or use "
                 "spec.training.sharding Group")

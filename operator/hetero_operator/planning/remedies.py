@@ -8,7 +8,9 @@ recurses) and named only when that plans, with what it plans (ranks, sharding mo
   whole state alone do: ``spec.gpus.allowedProducts`` of those types (and ``minRanks`` as low as
   their free devices, when it must be lower);
 * :func:`min_memory`: ``spec.gpus.minMemoryMiB`` excludes too many devices: the highest value that
-  admits enough of them.
+  admits enough of them;
+* :func:`unbuilt_mode`: a sharding mode fits but the worker does not run it for this job yet
+  (fp16 ranks, checkpoints, rebalancing or compression): every spec change it needs, together.
 
 Each costs one plan of the same inventory, and only on the unschedulable path.
 """
@@ -91,6 +93,44 @@ def min_memory(job: JobSpec, excluded: Sequence[ExcludedNode], replan: Replan) -
             return (f"set spec.gpus.minMemoryMiB to {mib} (what {sizes[mib]} has): it would plan "
                     f"{_planned(result)}")
     return ""
+
+
+def unbuilt_mode(job: JobSpec, mode: str, fp16_types: Sequence[str], replan: Replan) -> str:
+    """For a sharding ``mode`` that fits every rank but that the worker does not run for this job
+    yet: all the spec changes it needs at once (``precision`` FP32 when ranks would run fp16 --
+    never BF16, which those GPUs lack; ``checkpoint`` left out for Full; ``rebalance`` and
+    ``compression`` left out), named only when planning the changed job works.
+
+    Returns:
+        e.g. ``"Full sharding is not built with fp16 (Tesla-V100-SXM2-16GB would run fp16 under
+        precision Auto) or with checkpoints yet: it plans if spec.training.precision is FP32 and
+        spec.training.checkpoint is left out (checked: 4 ranks, sharding Full)"``; ``""``
+        when nothing here would change or the changed job does not plan with ``mode``.
+    """
+    t = job.training
+    changes: list[str] = []
+    gaps: list[str] = []
+    training = t
+    if fp16_types and t.precision != "FP32":
+        training = replace(training, precision="FP32")
+        gaps.append(f"with fp16 ({', '.join(fp16_types)} would run fp16 under precision "
+                    f"{t.precision})")
+        changes.append("spec.training.precision is FP32")
+    if mode == "Full" and t.checkpoint_path:
+        training = replace(training, checkpoint_path="", checkpoint_pvc="")
+        gaps.append("with checkpoints")
+        changes.append("spec.training.checkpoint is left out")
+    if t.rebalance_interval_steps or t.compression != "None":
+        training = replace(training, rebalance_interval_steps=0, compression="None")
+        gaps.append("with rebalancing or compression")
+        changes.append("spec.training.rebalance and spec.training.compression are left out")
+    if not changes:
+        return ""
+    result = replan(replace(job, training=training))
+    if not isinstance(result, Plan) or result.memory is None or result.memory.mode != mode:
+        return ""  # a plan of another mode is that mode's clause to name
+    return (f"{mode} sharding is not built {' or '.join(gaps)} yet: it plans if "
+            f"{' and '.join(changes)} (checked: {_planned(result)})")
 
 
 def _planned(plan: Plan) -> str:

@@ -19,6 +19,7 @@ from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import (ExcludedNode, Inventory, InventoryWarning, Shortfall,
                                        Unschedulable)
 from hetero_operator.cluster import gfd
+from hetero_operator.cluster.gputable import PRODUCT_LABELS
 from hetero_operator.planning import remedies
 from hetero_operator.planning.eligibility import type_rejection
 from hetero_operator.planning.pools import Pool
@@ -138,23 +139,76 @@ def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
     elif absent and len(absent) == len(job.gpus.allowed_products):
         on_nodes = f" (the nodes have {', '.join(denied_types)})" if denied_types else ""
         hints.append(f"add {short} {' or '.join(absent)} GPU{plural}: no node has one of "
-                     f"spec.gpus.allowedProducts{on_nodes}")
+                     f"spec.gpus.allowedProducts{on_nodes}{_label_hint(absent)}")
     else:
         hints.append(f"add {short} GPU{plural} of a type spec.gpus allows")
     if denied_types:
         shown = ", ".join(denied_types[:MAX_NOTES]) + (", ..." if len(denied_types) > MAX_NOTES else "")
-        hints.append(f"allow {shown} in spec.gpus ({denied[0].message})")
+        hints.append(f"allow {shown} in spec.gpus ({_denied_why(denied)})")
     usable_types = set(types)  # nodes of a type the job could use come first
     ordered = sorted(fixable, key=lambda e: e.gpu_type not in usable_types)
     memory = [e for e in ordered if e.reason == model.INSUFFICIENT_MEMORY]
     if memory:  # one hint for all of them: the same field, the largest device named
         hints.append((remedies.min_memory(job, memory, replan) if replan else "")
                      or _memory_hint(job, memory))
-    for e in [e for e in ordered if e.reason != model.INSUFFICIENT_MEMORY][:MAX_NOTES]:
+    precision = [e for e in ordered if e.reason == model.PRECISION_UNSUPPORTED]
+    if precision:  # one hint for all of them: the same field
+        hints.append(_precision_hint(precision))
+    for e in [e for e in ordered if e.reason not in (model.INSUFFICIENT_MEMORY,
+                                                     model.PRECISION_UNSUPPORTED)][:MAX_NOTES]:
         fix = FIXES.get(e.reason)
         if fix:
             hints.append(fix.format(node=e.node, message=e.message.rstrip(".")))
     return hints
+
+
+def _label_hint(absent: Sequence[str]) -> str:
+    """``"; H100 is not a product name as GPU Feature Discovery labels it (nvidia.com/gpu.product):
+    did you mean NVIDIA-H100-80GB-HBM3, NVIDIA-H100-NVL or NVIDIA-H100-PCIe?)"`` for the
+    ``allowedProducts`` entries no node has that are a part of the built-in table's labels
+    (:data:`hetero_operator.cluster.gputable.PRODUCT_LABELS`), else ``""``."""
+    labels = sorted(set(PRODUCT_LABELS.values()))
+    hints = []
+    for entry in absent:
+        close = [label for label in labels if entry and entry.lower() in label.lower()
+                 and label != entry]
+        if close and entry not in labels:
+            named = ", ".join(close[:-1]) + " or " + close[-1] if len(close) > 1 else close[0]
+            hints.append(f"{entry} is not a product name as GPU Feature Discovery labels it "
+                         f"(nvidia.com/gpu.product): did you mean {named}?")
+    return f" ({'; '.join(hints)})" if hints else ""
+
+
+def _denied_why(denied: Sequence[ExcludedNode]) -> str:
+    """Why ``spec.gpus`` denies the nodes, each type named: ``"NVIDIA-A100-SXM4-40GB, Tesla-T4,
+    Tesla-V100-SXM2-16GB are not in spec.gpus.allowedProducts"``; other reasons each once."""
+    suffix = " is not in spec.gpus.allowedProducts"
+    whys = list(dict.fromkeys(e.message.partition("; ")[0] for e in denied))
+    if len(whys) > 1 and all(w.endswith(suffix) for w in whys):
+        types = [w.removesuffix(suffix) for w in whys]
+        shown = ", ".join(types[:MAX_NOTES]) + (", ..." if len(types) > MAX_NOTES else "")
+        return f"{shown} are not in spec.gpus.allowedProducts"
+    return "; ".join(whys[:MAX_NOTES]) + ("; ..." if len(whys) > MAX_NOTES else "")
+
+
+def _precision_hint(excluded: Sequence[ExcludedNode]) -> str:
+    """One hint for every node ``spec.training.precision`` excludes, each GPU type said once:
+    ``"use spec.training.precision Auto (Tesla-T4 (cc 7.5), Tesla-V100-SXM2-16GB (cc 7.0) have no
+    bf16; spec.training.precision BF16 needs cc >= 8.0)"``."""
+    what: dict[str, None] = {}
+    needs: dict[str, None] = {}
+    for e in excluded:
+        head, _, tail = e.message.rstrip(".").partition("; ")
+        what.setdefault(head, None)
+        if tail:
+            needs.setdefault(tail.removesuffix(" (use Auto)"), None)
+    lacks = re.fullmatch(r"(.*) (has no \w+)", next(iter(what)))
+    if len(what) > 1 and lacks and all(h.endswith(lacks.group(2)) for h in what):
+        heads = (", ".join(h.removesuffix(" " + lacks.group(2)) for h in what)
+                 + " " + lacks.group(2).replace("has", "have", 1))
+    else:
+        heads = "; ".join(what)
+    return f"use spec.training.precision Auto ({'; '.join([heads, *needs])})"
 
 
 def _memory_hint(job: JobSpec, excluded: Sequence[ExcludedNode]) -> str:
