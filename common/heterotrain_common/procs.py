@@ -85,6 +85,9 @@ class Gang:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.exit_order: list[int] = []
         self.signal_received: int | None = None
+        self.forwarded: int | None = None
+        """The signal the processes got from :func:`forwarding_signals` (the one received, or
+        SIGTERM when forwarded ``as_sigterm``); None before any."""
         try:
             for i, env in enumerate(envs):
                 self.procs.append(subprocess.Popen(
@@ -151,9 +154,9 @@ class Gang:
         while True:
             failed = self.first_failure()
             if self.signal_received is not None:  # forwarded: a SIGTERM'd rank stops on its own
-                graceful = self.signal_received == signal.SIGTERM and signal_grace_s is not None
-                self.stop(signal_grace_s if graceful else grace_s,
-                          resend=self.signal_received != signal.SIGTERM)
+                sigterm = (self.forwarded or self.signal_received) == signal.SIGTERM
+                graceful = sigterm and signal_grace_s is not None
+                self.stop(signal_grace_s if graceful else grace_s, resend=not sigterm)
                 break
             if failed is not None:
                 preempted = exit_code_of(self.procs[failed].returncode) == PREEMPTED_EXIT_CODE
@@ -179,11 +182,14 @@ class Gang:
 
 
 @contextlib.contextmanager
-def forwarding_signals(gang: Gang) -> Iterator[None]:
+def forwarding_signals(gang: Gang, *, as_sigterm: bool = False) -> Iterator[None]:
     """While inside, SIGINT/SIGTERM/SIGHUP to us go to every child and end :meth:`Gang.wait`.
 
-    Only installs handlers in the main thread (elsewhere signals cannot be caught); restores the
-    previous handlers on exit.
+    ``as_sigterm``: every child gets SIGTERM whichever of them we got (``heterotrain run``: a
+    Ctrl-C then stops the ranks as a preemption does, at an agreed step with one checkpoint,
+    instead of raising ``KeyboardInterrupt`` in each; a second signal is a second SIGTERM, which
+    ends a rank at once). Only installs handlers in the main thread (elsewhere signals cannot be
+    caught); restores the previous handlers on exit.
     """
     import threading
     if threading.current_thread() is not threading.main_thread():
@@ -193,7 +199,8 @@ def forwarding_signals(gang: Gang) -> Iterator[None]:
     def handler(signum: int, _frame: object) -> None:
         if gang.signal_received is None:
             gang.signal_received = signum
-        gang.send_signal(signum)
+        gang.forwarded = signal.SIGTERM if as_sigterm else signum
+        gang.send_signal(gang.forwarded)
 
     previous = {s: signal.signal(s, handler) for s in FORWARDED_SIGNALS}
     try:

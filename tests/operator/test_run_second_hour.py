@@ -182,6 +182,45 @@ def test_an_interrupted_or_failed_run_says_how_to_resume_and_resume_continues_in
     assert (tmp_path / rundir / "rank-0.log").read_text().count("--- attempt 0 ---") == 2
 
 
+@pytest.mark.timeout(200)
+def test_the_resume_command_runs_as_printed_and_a_finished_run_is_not_run_again(tmp_path):
+    """Invoked as ``.venv/bin/heterotrain`` (a relative path), the printed command says so
+    (before: ``heterotrain run --resume``, command not found); a ``--resume`` of the run that
+    then succeeded says it finished and starts no rank (before: it ran its last steps again)."""
+    script = Path(sys.executable).parent / "heterotrain"
+    if not script.is_file():
+        pytest.skip(f"no console script beside {sys.executable}")
+    typed = os.path.relpath(script, tmp_path)
+    job = _job(tmp_path, "resume", checkpoint=True)
+    first = subprocess.run([typed, "run", str(job), "--grace-s", "3", "--metrics-port-base", "0"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 3, first.stdout + first.stderr
+    rundir = re.search(r"Logs and statistics: (\S+)", first.stdout).group(1)
+    assert f"Resume from the last checkpoint: {typed} run --resume {rundir}" in _flat(first.stdout)
+    again = _run(tmp_path, "--resume", rundir)
+    assert again.returncode == 0, again.stdout + again.stderr
+    done = subprocess.run([*RUN, "--resume", rundir], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout == (f"heterotrain run: {rundir} already finished: the job succeeded; "
+                           "nothing to resume (to train again, start a new run: heterotrain run "
+                           f"{rundir}/job.yaml)\n")
+    assert (tmp_path / rundir / "rank-0.log").read_text().count("--- attempt") == 2
+
+
+def test_the_command_is_printed_as_it_was_typed(tmp_path):
+    from hetero_operator.local import cli
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "heterotrain").write_text("#!/bin/sh\n")
+    (bin_dir / "heterotrain").chmod(0o755)
+    assert cli.invoked_as(".venv/bin/heterotrain", path="") == ".venv/bin/heterotrain"
+    assert cli.invoked_as("/opt/my env/heterotrain", path="") == "'/opt/my env/heterotrain'"
+    assert cli.invoked_as(str(bin_dir / "heterotrain"), path=str(bin_dir)) == "heterotrain"
+    assert cli.invoked_as("heterotrain", path="") == "heterotrain"
+    assert cli.invoked_as("/src/hetero_operator/local/cli.py", path="") == "heterotrain"  # -m
+
+
 def test_resume_refuses_a_directory_that_is_no_run(tmp_path):
     done = subprocess.run([*RUN, "--resume", str(tmp_path)], capture_output=True, text=True,
                           timeout=60)

@@ -57,6 +57,26 @@ def version() -> str:
         return "unknown"
 
 
+def invoked_as(argv0: str | None = None, *, path: str | None = None) -> str:
+    """How to type ``heterotrain`` again, as the user did (a printed command must run as shown).
+
+    ``argv0`` (default ``sys.argv[0]``) as typed when it names a path (``.venv/bin/heterotrain``),
+    unless it is the ``heterotrain`` that ``PATH`` (default ``$PATH``) finds (the shell passes the
+    full path then); ``heterotrain`` otherwise (a bare name, ``python -m``).
+    """
+    import shlex
+    import shutil
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if "/" not in argv0 or argv0.endswith(".py"):
+        return "heterotrain"
+    found = shutil.which(os.path.basename(argv0), path=path)
+    try:
+        on_path = found is not None and os.path.samefile(found, argv0)
+    except OSError:
+        on_path = False
+    return os.path.basename(argv0) if on_path else shlex.quote(argv0)
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     """Build the parser; only the chosen subcommand's module is imported.
 

@@ -14,7 +14,9 @@ table, the job's result (e.g. accuracy) and the speed-up over an equal split.
 
 Exit codes: 0 succeeded; :data:`EXIT_RANK_FAILED` (3) a rank failed (the last line names the rank,
 its own exit code and the first line of its error); 1 bad input; 2 unschedulable; 124 deadline;
-128 + N when ``heterotrain run`` got signal N (Ctrl-C: 130; it says how to resume); 64 usage.
+128 + N when ``heterotrain run`` got signal N (Ctrl-C: 130; the ranks get SIGTERM and stop at an
+agreed step with one checkpoint, and it says how to resume); 64 usage. ``--resume`` of a run that
+succeeded starts nothing and exits 0.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 from hetero_operator.api import prices
 from hetero_operator.api.types import Plan
 from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.local import cli
 from hetero_operator.local import nodes as localnodes
 from hetero_operator.local import report, rundirs, valueview
 from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file,
@@ -42,7 +45,7 @@ from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes
 from hetero_operator.local.supervise import (Ended, Planned, RankOutput, free_port_range,
                                              has_checkpoint, supervise)
 from hetero_operator.planning.plan import plan_job
-from heterotrain_common import envnames, envread, nvml, procs
+from heterotrain_common import envnames, envread, nvml, procs, rundir
 
 EXIT_BAD_INPUT, EXIT_UNSCHEDULABLE = 1, 2
 EXIT_RANK_FAILED = 3
@@ -60,7 +63,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a HeteroTrainingJob manifest (left out with --resume)")
     parser.add_argument("--resume", metavar="RUNDIR", default=None,
                         help="continue an interrupted or failed run in RUNDIR from its last "
-                             "checkpoint, with the manifest and options it was started with")
+                             "checkpoint, with the manifest and options it was started with (a "
+                             "run that already succeeded is not run again: exit 0)")
     parser.add_argument("--nodes", metavar="NODES.yaml", default=None,
                         help="node list to plan onto (kubectl get nodes -o yaml format); default: "
                              "this machine's GPUs when NVML finds enough for the job, else "
@@ -256,6 +260,14 @@ def run(args: argparse.Namespace) -> int:
         message, usage = bad
         print(f"heterotrain run: error: {message}", file=sys.stderr)
         return _usage_exit() if usage else EXIT_BAD_INPUT
+    if args.resume is not None:
+        done, final_step = rundirs.finished_step(Path(args.resume))
+        if done:  # nothing to continue: no ranks, no second speed observation
+            at = "" if final_step is None else f" at step {final_step}"
+            print(f"heterotrain run: {args.resume} already finished: the job succeeded{at}; "
+                  f"nothing to resume (to train again, start a new run: {cli.invoked_as()} run "
+                  f"{Path(args.resume) / rundirs.JOB_COPY})")
+            return 0
     console = make_console(highlight=False)
     if not console.is_terminal:  # logs and CI: wide enough for the plan table
         console = make_console(highlight=False, width=140)
@@ -290,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"heterotrain run: error: run directory: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    rundirs.clear_finished(workdir)
     _announce(console, planned, workdir, port_base, argv)
     _write_targets(workdir, port_base, world, job.name)
     start = time.monotonic()
@@ -298,6 +311,12 @@ def run(args: argparse.Namespace) -> int:
     ended = supervise(planned, argv, workdir=workdir, port_base=port_base, console=console,
                       grace_s=args.grace_s, output=output)
     outcome = ended.outcome
+    resumed_step, job_step = _rank0_steps(workdir)
+    if resumed_step:
+        console.print(f"Resumed at step {resumed_step} from the last checkpoint in "
+                      f"{workdir / 'checkpoints'}", highlight=False)
+    if exit_code(ended) == 0:
+        rundirs.mark_finished(workdir, final_step=job_step)
     verdict = report.print_report(console, rows=report.read_rows(workdir, world),
                         result=report.read_result(workdir),
                         planned_speedup=planned.plan.expected_speedup_over_equal,
@@ -323,6 +342,16 @@ def run(args: argparse.Namespace) -> int:
                           f"{args.keep_runs})")
     console.print(_verdict(ended, verdict), soft_wrap=True)  # the last line: how the job ended
     return exit_code(ended)
+
+
+def _rank0_steps(workdir: Path) -> tuple[int, int | None]:
+    """(the step rank 0 resumed at, 0 when none; the job step it reached, None without
+    statistics) from ``rank-0.json``."""
+    stats = rundir.read_json(rundir.rank_stats_path(workdir, 0))
+    if not stats:
+        return 0, None
+    resumed = int(stats.get("resumed_step") or 0)
+    return resumed, resumed + int(stats.get("steps") or 0)
 
 
 def exit_code(ended: Ended) -> int:
@@ -361,15 +390,15 @@ def _resolve_job(args: argparse.Namespace) -> tuple[str, bool] | None:
     if args.job:
         return (f"--resume {args.resume} takes the manifest the run was started with; leave "
                 f"{args.job} out (or run it as a new job without --resume)", True)
-    rundir = Path(args.resume)
+    run_dir = Path(args.resume)
     try:
-        options = rundirs.read_run_file(rundir)
+        options = rundirs.read_run_file(run_dir)
     except ValueError as exc:
         return str(exc), False
     for name, value in options.items():
         if name not in _NOT_RESUMED and hasattr(args, name):
             setattr(args, name, tuple(value) if isinstance(value, list) else value)
-    args.job, args.workdir = str(rundir / rundirs.JOB_COPY), str(rundir)
+    args.job, args.workdir = str(run_dir / rundirs.JOB_COPY), str(run_dir)
     return None
 
 
@@ -412,7 +441,7 @@ def _saved_options(args: argparse.Namespace) -> dict[str, object]:
 
 def _resume_hint(workdir: Path, checkpoint_dir: Path) -> str:
     """How to go on after Ctrl-C or a failure: the resume command and where it starts from."""
-    command = f"heterotrain run --resume {workdir}"
+    command = f"{cli.invoked_as()} run --resume {workdir}"
     if has_checkpoint(checkpoint_dir):
         return f"Resume from the last checkpoint: {command}"
     return (f"No checkpoint was saved ({checkpoint_dir} is empty or the job does not checkpoint: "

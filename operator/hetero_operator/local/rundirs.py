@@ -18,6 +18,8 @@ RUN_FILE = "run.json"
 """What ``--resume RUNDIR`` reads: the job manifest's copy and the run's options."""
 JOB_COPY = "job.yaml"
 """The manifest as the run read it (``--resume`` plans this copy, not a file edited since)."""
+FINISHED_FILE = "finished.json"
+"""Written when the run succeeded: its final step (``--resume`` of a finished run starts nothing)."""
 MAX_SAME_NAME = 10_000
 """Most runs of one job in one second (``-2`` .. suffixes) before giving up."""
 
@@ -80,6 +82,28 @@ def read_run_file(workdir: Path) -> dict[str, Any]:
     if not isinstance(options, dict):
         raise ValueError(f"--resume {workdir}: {RUN_FILE} has no options")
     return options
+
+
+def mark_finished(workdir: Path, *, final_step: int | None) -> None:
+    """Record that the run in ``workdir`` succeeded, after ``final_step`` steps (None: unknown,
+    the worker wrote no statistics)."""
+    (workdir / FINISHED_FILE).write_text(json.dumps({"final_step": final_step}))
+
+
+def clear_finished(workdir: Path) -> None:
+    """Forget a success recorded in ``workdir`` (a new attempt runs in it)."""
+    (workdir / FINISHED_FILE).unlink(missing_ok=True)
+
+
+def finished_step(workdir: Path) -> tuple[bool, int | None]:
+    """(True, its final step or None) when the run in ``workdir`` succeeded; (False, None) when
+    it did not finish (interrupted, failed, still running) or the record cannot be read."""
+    try:
+        data = json.loads((workdir / FINISHED_FILE).read_text())
+    except (OSError, ValueError):
+        return False, None
+    step = data.get("final_step") if isinstance(data, dict) else None
+    return True, int(step) if isinstance(step, int) else None
 
 
 def prune_runs(runs: Path, *, keep: int, current: Path | None = None) -> list[Path]:

@@ -126,6 +126,7 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
         envs = render_envs(planned, port_base=port_base, checkpoint_dir=checkpoint_dir, workdir=workdir)
         for env in envs:  # one restart generation on every rank, as the operator does (case 34)
             env[envnames.RESTART_GENERATION] = env[envnames.TORCHELASTIC_RESTART_COUNT] = str(attempt)
+            env[envnames.TERMINATION_GRACE_S] = f"{grace_s:g}"  # ours, not the pod's 300 s
         started_s = time.time()
         outcome, cause = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
                                   grace_s=grace_s, deadline_s=deadline_s, output=output)
@@ -274,8 +275,9 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
     for echo in echoes:
         echo.start()
     try:
-        with view, procs.forwarding_signals(gang):
-            outcome = gang.wait(on_tick=view.tick, grace_s=grace_s, deadline_s=deadline_s)
+        with view, procs.forwarding_signals(gang, as_sigterm=True):  # Ctrl-C: a preemption's stop
+            outcome = gang.wait(on_tick=view.tick, grace_s=grace_s, deadline_s=deadline_s,
+                                signal_grace_s=grace_s)
         for echo in echoes:
             echo.join(timeout=5)
     finally:

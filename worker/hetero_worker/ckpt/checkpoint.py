@@ -217,7 +217,7 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
     agree_on_resume(finding, group)
     if state is None:  # every rank read it, or every rank raised above
         raise ResumeDisagreement([finding])
-    LAST_RESUME.update(step=int(state["step"]), fallback=note)
+    LAST_RESUME.update(step=int(state["step"]), fallback=note, path=str(Path(chosen.file).parent))
     if note and (not dist.is_initialized() or dist.get_rank() == 0):
         _log(f"checkpoint_fallback: resuming from step {state['step']} (checkpoint "
              f"{state['checkpoint_id']}); the newest is unreadable: {note}")

@@ -186,6 +186,10 @@ def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,
         _log(rank, f"tracked_state: the checkpoint of step {state['step']} has no state for "
                    f"{missing} (they start fresh) and state nothing tracks now for {unused}")
     trainer.global_step = int(state["step"])
+    if rank == 0:  # the one line that says a user's script resumed, and from where
+        epoch = trainer.epoch if trainer.sampler is not None else (state["data"] or {}).get("epoch")
+        _log(rank, f"resumed at step {trainer.global_step}, epoch {epoch} from "
+                   f"{checkpoint.LAST_RESUME.get('path', directory)}")
     return True
 
 
