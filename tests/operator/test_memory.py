@@ -207,7 +207,7 @@ def test_full_sharding_env_carries_every_ranks_share() -> None:
 
 @pytest.mark.parametrize(("kwargs", "reason"), [
     ({"precision": "Auto"}, "Full sharding is not built with fp16 (Tesla-T4 would run fp16 under "
-                            "precision Auto) yet: it plans if spec.training.precision is FP32"),
+                            "precision Auto; they have no bf16) yet: it plans if spec.training.precision is FP32"),
     ({"checkpoint": {"path": "/ckpt"}}, "Full sharding is not built with checkpoints yet: it plans "
                                         "if spec.training.checkpoint is left out"),
 ])
@@ -222,9 +222,9 @@ def test_group_sharding_refused_where_the_worker_lacks_fp16_or_rebalancing() -> 
     result = plan(job("1.15G", precision="Auto"))  # the T4s run fp16
     assert isinstance(result, model.Unschedulable)
     assert ("Group: fits, but Group sharding is not built with fp16 (Tesla-T4 would run fp16 "
-            "under precision Auto) yet: it plans if spec.training.precision is FP32 (checked: 5 "
-            "ranks, sharding Group); Full: fits, but Full sharding with fp16 is not built yet "
-            "(Tesla-T4 would run fp16 under precision Auto; they have no bf16): set "
+            "under precision Auto; they have no bf16) yet: it plans if spec.training.precision is "
+            "FP32 (checked: 5 ranks, sharding Group); Full: fits, but Full sharding is not built "
+            "with fp16 (Tesla-T4 would run fp16 under precision Auto; they have no bf16) yet: set "
             "spec.training.precision to FP32; lower") in result.message
     # Group checkpoints are sharded (hetero_worker.ckpt.sharded, torch.distributed.checkpoint).
     result = plan(job("1.15G", precision="FP32", checkpoint={"path": "/ckpt"}, sharding="Group"))

@@ -149,6 +149,14 @@ def test_30g_parameters_name_the_largest_gpu_and_how_many_full_sharding_needs():
     assert _unschedulable(doc, a100s[:12]).reason == "ModelDoesNotFit"  # 12 do not
 
 
+def test_30g_parameters_name_full_shardings_rank_count_with_what_full_needs_for_the_job():
+    result = _unschedulable(_digits(model={"parameters": "30G"}))  # precision Auto, checkpoints
+    assert result.message.endswith(
+        "(the largest, NVIDIA-B200, has 169.1 GiB usable), or spec.training.sharding Full over at "
+        "least 13 NVIDIA-A100-SXM4-40GB ranks (37.0 GiB usable each; Full also needs: set "
+        "spec.training.precision to FP32 and leave spec.training.checkpoint out)")
+
+
 def test_every_gpu_table_row_is_named_by_a_product_label_that_reads_back_as_that_row():
     from hetero_operator.cluster.gputable import GPU_MODELS, PRODUCT_LABELS, lookup_model
     assert set(PRODUCT_LABELS) == {g.name for g in GPU_MODELS}
@@ -169,8 +177,8 @@ def test_a_fitting_mode_not_built_for_the_job_names_every_change_that_plans_it_c
         "NVIDIA-A100-SXM4-40GB short by 7.7 GiB (37.0 GiB usable); Tesla-T4 short by 9.1 GiB "
         "(13.2 GiB usable); Tesla-V100-SXM2-16GB short by 30.5 GiB (14.2 GiB usable); Full: fits, "
         "but Full sharding is not built with fp16 (Tesla-T4, Tesla-V100-SXM2-16GB would run fp16 "
-        "under precision Auto) or with checkpoints yet: it plans if spec.training.precision is "
-        "FP32 and spec.training.checkpoint is left out (checked: 4 ranks, sharding Full); lower "
+        "under precision Auto; they have no bf16) or with checkpoints yet: it plans if "
+        "spec.training.precision is FP32 and spec.training.checkpoint is left out (checked: 4 ranks, sharding Full); lower "
         "spec.training.model.parameters, give "
         "spec.training.model.checkpointedActivationBytesPerSample, use an optimizer with less "
         "state (SGD), or add GPUs with more memory: at least an NVIDIA-H100-80GB-HBM3 (79.6 GiB) "

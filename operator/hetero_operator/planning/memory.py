@@ -212,7 +212,7 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
                 cross_gbps: float, available: Sequence[str] = MODES,
                 unavailable_why: dict[str, str] | None = None,
                 sample_s: Mapping[str, float] | None = None,
-                intra_gbps: float | None = None) -> MemoryPlan | MemoryRefusal:
+                intra_gbps: float | None = None, full_after: str = "") -> MemoryPlan | MemoryRefusal:
     """Choose the sharding mode and each rank's micro-batches.
 
     Args:
@@ -231,6 +231,9 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
             best predicted throughput; without it ``Auto`` takes the least cross-type traffic.
         intra_gbps: bandwidth inside a node, Gbit/s (``Group``'s in-group traffic; default
             ``cross_gbps``).
+        full_after: where ``Full`` is not in ``available`` for this job only, the changes after
+            which the worker runs it (``"set spec.training.precision to FP32"``): a refusal's
+            Full rank count is named with them.
 
     Returns:
         :class:`MemoryPlan`, or :class:`MemoryRefusal` naming the shortfall per GPU type.
@@ -262,8 +265,12 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
     if chosen is None:
         return MemoryRefusal(message=_refusal(requested, options, state, m, per_param,
                                               unavailable_why or {},
-                                              bigger=bigger_gpus(slots, state, m, reserve_mib,
-                                                                 full="Full" in available)),
+                                              bigger=bigger_gpus(
+                                                  slots, state, m, reserve_mib,
+                                                  full=("Full" in available or bool(full_after))
+                                                  and not evaluated["Full"][0].fits,
+                                                  full_after="" if "Full" in available
+                                                  else full_after)),
                              options=options)
     ranks = tuple(evaluated[chosen.mode][1])
     return MemoryPlan(requested=requested, mode=chosen.mode, state_bytes=state,
@@ -307,12 +314,13 @@ def smallest_gpu_holding(need_bytes: int, reserve_mib: int) -> GpuModel | None:
 
 
 def bigger_gpus(slots: Sequence[RankSlot], state: int, m: ModelMemory, reserve_mib: int, *,
-                full: bool = True) -> str:
+                full: bool = True, full_after: str = "") -> str:
     """What memory would hold the model, for a refusal: the smallest GPU of the built-in table that
     holds the whole state and one sample per rank (named by its GPU Feature Discovery product, even
     when the cluster has none), or that no GPU does; and how many ranks of the job's largest GPU
     type ``Full`` sharding would need (each holds ``state / N`` plus one sample), when that type does
-    not hold the whole state itself and ``full`` (the worker runs Full sharding for this job).
+    not hold the whole state itself and ``full`` (the worker runs Full sharding for this job, after
+    the changes ``full_after`` names, when it says any).
 
     Returns:
         e.g. ``"at least an NVIDIA-H100-80GB-HBM3 (79.6 GiB) per rank holds the whole state (the
@@ -337,8 +345,9 @@ def bigger_gpus(slots: Sequence[RankSlot], state: int, m: ModelMemory, reserve_m
         room = usable_bytes(big.memory_mib, reserve_mib) - act
         if 0 < room < state:  # it does not hold the whole state: sharded over how many would
             n = max(2, -(-state // room))
+            after = f"; Full also needs: {full_after}" if full_after else ""
             text += (f", or spec.training.sharding Full over at least {n} {big.gpu_type} ranks "
-                     f"({gib(usable_bytes(big.memory_mib, reserve_mib))} usable each)")
+                     f"({gib(usable_bytes(big.memory_mib, reserve_mib))} usable each{after})")
     return text
 
 

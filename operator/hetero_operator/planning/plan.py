@@ -217,30 +217,41 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
                             "physical GPU, where NCCL refuses two ranks; Gloo has no CUDA "
                             "reduce-scatter/all-gather, pytorch/pytorch#132471): set "
                             "spec.training.sharding Full (it stages through the CPU) or None")
-    if "Full" in WORKER_SHARDINGS and (gap := _full_sharding_gap(job, ranks)):
-        why["Full"] = gap
+    gap, full_after = _full_sharding_gap(job, ranks) if "Full" in WORKER_SHARDINGS else ("", "")
+    if gap:
+        why["Full"] = f"Full sharding is not built {gap} yet: {full_after}"
     available = tuple(m for m in WORKER_SHARDINGS if m not in why)
     why.update(fixes or {})
     return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
                               cross_gbps=gbps, available=available, unavailable_why=why,
-                              sample_s=sample_s, intra_gbps=inputs.link.intra_node_gbps)
+                              sample_s=sample_s, intra_gbps=inputs.link.intra_node_gbps,
+                              full_after=full_after)
 
 
-def _full_sharding_gap(job: JobSpec, ranks: Iterable[RankPlacement]) -> str:
+def _full_sharding_gap(job: JobSpec, ranks: Iterable[RankPlacement]) -> tuple[str, str]:
     """What the worker's Full sharding (``hetero_worker.memory.full``) does not cover yet for this
-    job, as the reason with its fix; ``""`` when nothing."""
+    job, every gap at once, and the changes that close them all; ``("", "")`` when nothing.
+
+    Returns:
+        e.g. ``("with fp16 (Tesla-T4 would run fp16 under precision Auto; they have no bf16) or
+        with checkpoints", "set spec.training.precision to FP32 and leave spec.training.checkpoint
+        out")``.
+    """
     t = job.training
+    gaps: list[str] = []
+    changes: list[str] = []
     fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
     if fp16:
-        return (f"Full sharding with fp16 is not built yet ({', '.join(fp16)} would run fp16 under "
-                "precision Auto; they have no bf16): set spec.training.precision to FP32")
+        gaps.append(f"with fp16 ({', '.join(fp16)} would run fp16 under precision {t.precision}; "
+                    "they have no bf16)")
+        changes.append("set spec.training.precision to FP32")
     if t.checkpoint_path:
-        return ("Full sharding does not checkpoint yet: leave spec.training.checkpoint out or use "
-                "spec.training.sharding Group")
+        gaps.append("with checkpoints")
+        changes.append("leave spec.training.checkpoint out")
     if t.rebalance_interval_steps or t.compression != "None":
-        return ("Full sharding with rebalancing or compression is not built yet: leave "
-                "spec.training.rebalance and spec.training.compression out")
-    return ""
+        gaps.append("with rebalancing or compression")
+        changes.append("leave spec.training.rebalance and spec.training.compression out")
+    return " or ".join(gaps), " and ".join(changes)
 
 
 # --- the step-time model: learned speeds, marginal value, leaving out what does not pay -------

@@ -103,7 +103,7 @@ def unbuilt_mode(job: JobSpec, mode: str, fp16_types: Sequence[str], replan: Rep
 
     Returns:
         e.g. ``"Full sharding is not built with fp16 (Tesla-V100-SXM2-16GB would run fp16 under
-        precision Auto) or with checkpoints yet: it plans if spec.training.precision is FP32 and
+        precision Auto; they have no bf16) or with checkpoints yet: it plans if spec.training.precision is FP32 and
         spec.training.checkpoint is left out (checked: 4 ranks, sharding Full)"``; ``""``
         when nothing here would change or the changed job does not plan with ``mode``.
     """
@@ -114,7 +114,7 @@ def unbuilt_mode(job: JobSpec, mode: str, fp16_types: Sequence[str], replan: Rep
     if fp16_types and t.precision != "FP32":
         training = replace(training, precision="FP32")
         gaps.append(f"with fp16 ({', '.join(fp16_types)} would run fp16 under precision "
-                    f"{t.precision})")
+                    f"{t.precision}; they have no bf16)")
         changes.append("spec.training.precision is FP32")
     if mode == "Full" and t.checkpoint_path:
         training = replace(training, checkpoint_path="", checkpoint_pvc="")
