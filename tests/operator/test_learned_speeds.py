@@ -145,3 +145,23 @@ def test_plan_points_out_a_learned_figure_more_than_2x_from_the_table(tmp_path: 
     assert ("Tesla-T4's learned speed 0.092 is 2.3x below the table's 0.208 (3 obs., last changed by "
             "job default/slow)") in out
     assert "NVIDIA-A100-SXM4-40GB's learned speed" not in out  # within 2x: nothing to say
+
+
+def test_the_run_summary_names_each_figure_by_its_batch_band_and_which_one_plans_use():
+    """Issue 22, point 7: an entry written before batch bands and the run's banded one printed
+    alike (``NVIDIA-A100-SXM4-40GB/bf16 476.1 ... NVIDIA-A100-SXM4-40GB/bf16 486.7``)."""
+    from hetero_operator.local.valueview import learned_summary
+    old = p.LearnedSpeed(gpu_type=A100, precision="bf16", samples_per_s=476.1, observations=2,
+                         first_unix_s=0.0, updated_unix_s=0.0)
+    obs = [p.Observation(gpu_type=A100, precision="bf16", samples_per_s=486.7, unix_s=HOUR,
+                         local_batch=70),
+           p.Observation(gpu_type=p.JOB_EFFICIENCY[0], precision=p.JOB_EFFICIENCY[1],
+                         samples_per_s=0.708, unix_s=HOUR)]
+    entries = p.merge({old.key: old}, obs, now_s=HOUR)
+    assert set(entries) == {p.entry_key(*p.JOB_EFFICIENCY), f"{A100}/bf16", f"{A100}/bf16/64-127"}
+    assert learned_summary(entries, obs) == (
+        f"{A100}/bf16 batch 64-127 486.7 samples/s (1 obs.), job efficiency 0.708 (1 obs.); plans "
+        "take each rank's figure from the batch band nearest its local batch (at most one band "
+        f"away), older figures without a batch band only where no band is that near: {A100}/bf16 "
+        "476.1 samples/s (2 obs.)")
+    assert learned_summary(entries, []) == "nothing measured"

@@ -21,7 +21,8 @@ from hetero_operator.api.spec import JobSpec, profile_key
 from hetero_operator.api.types import Plan, PlanValue
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
 from hetero_operator.planning.profiles import (JOB_EFFICIENCY, TABLE_DIFFERENCE, FileStore,
-                                               default_path, observations_from_stats)
+                                               LearnedSpeed, Observation, batch_band,
+                                               default_path, entry_key, observations_from_stats)
 from heterotrain_common import contract, envnames, rundir
 
 
@@ -131,6 +132,39 @@ def learned_far_from_table(value: PlanValue) -> list[str]:
                          "devices (clocks, throttling, a co-tenant) or drop the entry from the "
                          "learned-speeds file")
     return notes
+
+
+def learned_summary(entries: Mapping[str, LearnedSpeed], observations: Sequence[Observation]) -> str:
+    """The figures a run updated, each GPU type's by its batch band, and which one plans use.
+
+    Returns:
+        e.g. ``"NVIDIA-A100-SXM4-40GB/bf16 batch 64-127 486.7 samples/s (1 obs.), job efficiency
+        0.708 (1 obs.); plans take each rank's figure from the batch band nearest its local batch
+        (at most one band away), older figures without a batch band only where no band is that
+        near: NVIDIA-A100-SXM4-40GB/bf16 476.1 samples/s (2 obs.)"``; ``"nothing measured"``.
+    """
+    def words(e: LearnedSpeed) -> str:
+        if (e.gpu_type, e.precision) == JOB_EFFICIENCY:
+            return f"job efficiency {e.samples_per_s:.3f} ({e.observations} obs.)"
+        band = "" if e.band is None else f" batch {2 ** e.band}-{2 ** (e.band + 1) - 1}"
+        return f"{e.gpu_type}/{e.precision}{band} {e.samples_per_s:.1f} samples/s ({e.observations} obs.)"
+
+    keys = {entry_key(o.gpu_type, o.precision, batch_band(o.local_batch) if o.local_batch >= 1
+                      else None) for o in observations}
+    updated = [e for k, e in entries.items() if k in keys]
+    types = {(e.gpu_type, e.precision) for e in updated if e.band is not None}
+    older = [e for k, e in entries.items()
+             if k not in keys and e.band is None and (e.gpu_type, e.precision) in types]
+    if not updated:
+        return "nothing measured"
+    text = ", ".join(words(e) for e in updated)
+    if types:
+        text += ("; plans take each rank's figure from the batch band nearest its local batch (at "
+                 "most one band away)")
+    if older:
+        text += (", older figures without a batch band only where no band is that near: "
+                 + ", ".join(words(e) for e in older))
+    return text
 
 
 def _age(seconds: float) -> str:
@@ -253,13 +287,8 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
         except OSError as exc:
             console.print(f"[yellow]Learned speeds not saved[/] ({store.path}: {exc})")
         else:
-            figures = ", ".join(
-                (f"job efficiency {e.samples_per_s:.3f}" if (e.gpu_type, e.precision) == JOB_EFFICIENCY
-                 else f"{e.gpu_type}/{e.precision} {e.samples_per_s:.1f} samples/s")
-                + f" ({e.observations} obs.)" for e in entries.values()
-                if any(o.gpu_type == e.gpu_type and o.precision == e.precision for o in observations))
             out["learned"] = {k: e.samples_per_s for k, e in entries.items()}
             console.print(f"Learned speeds for profile {profile_key(job)} in {store.path}: "
-                          f"{figures or 'nothing measured'}", highlight=False)
+                          f"{learned_summary(entries, observations)}", highlight=False)
     rundir.write_json_atomic(workdir / PREDICTION_FILE, out)
     return out
