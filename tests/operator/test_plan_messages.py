@@ -190,12 +190,17 @@ def test_a_fitting_mode_not_built_for_the_job_names_every_change_that_plans_it_c
     assert isinstance(planned, Plan) and planned.world_size == 4 and planned.memory.mode == "Full"
 
 
-def test_a_precision_some_types_lack_is_one_hint_naming_them_all():
-    result = _unschedulable(_digits(model={"parameters": "3G"}, precision="BF16"))
+def test_a_precision_some_types_lack_is_one_hint_naming_them_all_checked():
+    doc = _digits(model={"parameters": "3G"}, precision="BF16")
+    result = _unschedulable(doc)
     assert result.message.count("spec.training.precision") == 2
     assert result.message.endswith(
-        "or use spec.training.precision Auto (Tesla-T4 (cc 7.5), Tesla-V100-SXM2-16GB (cc 7.0) "
-        "have no bf16; spec.training.precision BF16 needs cc >= 8.0)")
+        "or use spec.training.precision Auto or FP32 (Tesla-T4 (cc 7.5), Tesla-V100-SXM2-16GB (cc "
+        "7.0) have no bf16; spec.training.precision BF16 needs cc >= 8.0) (checked: neither plans "
+        "with the rest of the spec as it stands; planning with it names what else to change)")
+    del doc["spec"]["training"]["checkpoint"]  # what Full sharding also needs
+    assert _unschedulable(doc).message.endswith(
+        "BF16 needs cc >= 8.0) (checked: FP32 plans 4 ranks, sharding Full)")
 
 
 def test_a_short_name_no_node_has_gets_did_you_mean_from_the_gpu_table():

@@ -9,6 +9,7 @@ recurses) and named only when that plans, with what it plans (ranks, sharding mo
   their free devices, when it must be lower);
 * :func:`min_memory`: ``spec.gpus.minMemoryMiB`` excludes too many devices: the highest value that
   admits enough of them;
+* :func:`precision`: which other ``spec.training.precision`` plans, for one that excludes devices;
 * :func:`unbuilt_mode`: a sharding mode fits but the worker does not run it for this job yet
   (fp16 ranks, checkpoints, rebalancing or compression): every spec change it needs, together.
 
@@ -131,6 +132,22 @@ def unbuilt_mode(job: JobSpec, mode: str, fp16_types: Sequence[str], replan: Rep
         return ""  # a plan of another mode is that mode's clause to name
     return (f"{mode} sharding is not built {' or '.join(gaps)} yet: it plans if "
             f"{' and '.join(changes)} (checked: {_planned(result)})")
+
+
+def precision(job: JobSpec, tried: Sequence[str], replan: Replan) -> str:
+    """For a ``spec.training.precision`` that excludes devices: which of ``tried`` plans.
+
+    Returns:
+        e.g. ``" (checked: FP32 plans 4 ranks, sharding Full)"``, or ``" (checked: neither plans
+        with the rest of the spec as it stands; planning with it names what else to change)"``.
+    """
+    for value in tried:
+        if value != job.training.precision:
+            result = replan(replace(job, training=replace(job.training, precision=value)))
+            if isinstance(result, Plan):
+                return f" (checked: {value} plans {_planned(result)})"
+    return (f" (checked: {'neither' if len(tried) == 2 else 'none'} plans with the rest of the spec "
+            "as it stands; planning with it names what else to change)")
 
 
 def _planned(plan: Plan) -> str:

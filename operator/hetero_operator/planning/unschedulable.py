@@ -153,7 +153,8 @@ def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
                      or _memory_hint(job, memory))
     precision = [e for e in ordered if e.reason == model.PRECISION_UNSUPPORTED]
     if precision:  # one hint for all of them: the same field
-        hints.append(_precision_hint(precision))
+        hints.append(_precision_hint(precision)
+                     + (remedies.precision(job, ("Auto", "FP32"), replan) if replan else ""))
     for e in [e for e in ordered if e.reason not in (model.INSUFFICIENT_MEMORY,
                                                      model.PRECISION_UNSUPPORTED)][:MAX_NOTES]:
         fix = FIXES.get(e.reason)
@@ -193,8 +194,8 @@ def _denied_why(denied: Sequence[ExcludedNode]) -> str:
 
 def _precision_hint(excluded: Sequence[ExcludedNode]) -> str:
     """One hint for every node ``spec.training.precision`` excludes, each GPU type said once:
-    ``"use spec.training.precision Auto (Tesla-T4 (cc 7.5), Tesla-V100-SXM2-16GB (cc 7.0) have no
-    bf16; spec.training.precision BF16 needs cc >= 8.0)"``."""
+    ``"use spec.training.precision Auto or FP32 (Tesla-T4 (cc 7.5), Tesla-V100-SXM2-16GB (cc 7.0)
+    have no bf16; spec.training.precision BF16 needs cc >= 8.0)"``."""
     what: dict[str, None] = {}
     needs: dict[str, None] = {}
     for e in excluded:
@@ -208,7 +209,7 @@ def _precision_hint(excluded: Sequence[ExcludedNode]) -> str:
                  + " " + lacks.group(2).replace("has", "have", 1))
     else:
         heads = "; ".join(what)
-    return f"use spec.training.precision Auto ({'; '.join([heads, *needs])})"
+    return f"use spec.training.precision Auto or FP32 ({'; '.join([heads, *needs])})"
 
 
 def _memory_hint(job: JobSpec, excluded: Sequence[ExcludedNode]) -> str:
