@@ -194,6 +194,8 @@ def test_a_precision_some_types_lack_is_one_hint_naming_them_all_checked():
     doc = _digits(model={"parameters": "3G"}, precision="BF16")
     result = _unschedulable(doc)
     assert result.message.count("spec.training.precision") == 2
+    assert ("To plan: set spec.gpus.minRanks to 1 or less (checked: that alone does not plan: "
+            "ModelDoesNotFit); or add 1 more NVIDIA-A100-SXM4-40GB GPU") in result.message
     assert result.message.endswith(
         "or use spec.training.precision Auto or FP32 (Tesla-T4 (cc 7.5), Tesla-V100-SXM2-16GB (cc "
         "7.0) have no bf16; spec.training.precision BF16 needs cc >= 8.0) (checked: neither plans "

@@ -9,6 +9,7 @@ recurses) and named only when that plans, with what it plans (ranks, sharding mo
   their free devices, when it must be lower);
 * :func:`min_memory`: ``spec.gpus.minMemoryMiB`` excludes too many devices: the highest value that
   admits enough of them;
+* :func:`fewer_ranks`: whether lowering ``spec.gpus.minRanks`` to the free devices plans;
 * :func:`precision`: which other ``spec.training.precision`` plans, for one that excludes devices;
 * :func:`unbuilt_mode`: a sharding mode fits but the worker does not run it for this job yet
   (fp16 ranks, checkpoints, rebalancing or compression): every spec change it needs, together.
@@ -148,6 +149,17 @@ def precision(job: JobSpec, tried: Sequence[str], replan: Replan) -> str:
                 return f" (checked: {value} plans {_planned(result)})"
     return (f" (checked: {'neither' if len(tried) == 2 else 'none'} plans with the rest of the spec "
             "as it stands; planning with it names what else to change)")
+
+
+def fewer_ranks(job: JobSpec, ranks: int, replan: Replan) -> str:
+    """For too few free devices: ``""`` when ``spec.gpus.minRanks`` of ``ranks`` plans, else why
+    not, so the hint to lower it does not lead to another refusal unsaid.
+
+    Returns:
+        e.g. ``" (checked: that alone does not plan: ModelDoesNotFit)"``.
+    """
+    result = replan(replace(job, gpus=replace(job.gpus, min_ranks=ranks)))
+    return "" if isinstance(result, Plan) else f" (checked: that alone does not plan: {result.reason})"
 
 
 def _planned(plan: Plan) -> str:

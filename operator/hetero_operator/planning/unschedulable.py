@@ -127,7 +127,8 @@ def _hints(job: JobSpec, need: int, free: int, types: Sequence[str],
     hints = []
     if free >= 1:
         default = " (it defaults to spec.gpus.ranks)" if job.gpus.min_ranks == job.gpus.ranks else ""
-        hints.append(f"set spec.gpus.minRanks to {free} or less{default}")
+        hints.append(f"set spec.gpus.minRanks to {free} or less{default}"
+                     + (remedies.fewer_ranks(job, free, replan) if replan else ""))
     plural = "s" if short != 1 else ""
     denied_types = sorted({e.gpu_type for e in denied if e.gpu_type})
     absent = [p for p in job.gpus.allowed_products if p not in denied_types]
