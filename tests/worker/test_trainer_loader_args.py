@@ -79,8 +79,8 @@ def run_epoch(t: FakeTrainer, loader, *, change_at: int | None = None,
 
 
 @pytest.mark.parametrize("workers", [
-    {}, {"num_workers": 2}, {"num_workers": 2, "persistent_workers": True, "prefetch_factor": 3}],
-    ids=["in-process", "2 workers", "2 persistent workers, prefetch 3"])
+    {}, {"num_workers": 2}, {"num_workers": 2, "prefetch_factor": 3}],
+    ids=["in-process", "2 workers", "2 workers, prefetch 3"])
 def test_every_rank_gets_its_exact_batches_and_the_trained_position(workers: dict) -> None:
     for rank in (0, 1):
         t = FakeTrainer(rank)
@@ -93,7 +93,7 @@ def test_every_rank_gets_its_exact_batches_and_the_trained_position(workers: dic
         assert (t.sampler.epoch, t.sampler.cursor) == (1, 0)  # the epoch ended with its last step
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["workers", "persistent workers"])
+@pytest.mark.parametrize("persistent", [False], ids=["workers"])
 def test_a_split_change_drops_the_batches_fetched_ahead_under_the_old_split(persistent: bool) -> None:
     # after step 2 the split becomes [6, 2]: with 2 workers and prefetch 2, four batches of the old
     # sizes were fetched ahead; the steps after the change must be the new split's slices
@@ -148,8 +148,17 @@ def test_arguments_the_trainer_replaces_are_refused_naming_why(name: str) -> Non
 
 
 def test_what_the_data_loader_refuses_is_its_own_error() -> None:
-    with pytest.raises(ValueError, match="persistent_workers option needs num_workers > 0"):
-        FakeTrainer(0).loader(WhoFetched(), persistent_workers=True)
+    with pytest.raises(ValueError, match="prefetch_factor option could only be specified in multiprocessing"):
+        FakeTrainer(0).loader(WhoFetched(), prefetch_factor=2)
+
+
+def test_persistent_workers_are_refused_naming_why() -> None:
+    """A persistent pool reset mid-epoch hung in CI (the main process waiting for a batch no worker
+    was asked for): refused until the reset is made safe."""
+    with pytest.raises(TypeError, match=r"^Trainer.loader\(persistent_workers=...\): not passed to "
+                                        r"the DataLoader: not supported yet: .*; leave it out$"):
+        FakeTrainer(0).loader(WhoFetched(), num_workers=2, persistent_workers=True)
+    assert FakeTrainer(0).loader(WhoFetched(), num_workers=2, persistent_workers=False).num_workers == 2
 
 
 # --- streams (IterableDataset) -------------------------------------------------------------------

@@ -23,8 +23,8 @@ The cost: every rank reads every sample of the stream (and drops the others' sha
 dataset must split itself over the workers (``torch.utils.data.get_worker_info()``, e.g. sample
 ``i`` to worker ``i % num_workers``, which keeps the stream's order), or each worker yields the
 whole stream. Before each epoch's pass ``dataset.set_epoch(epoch)`` is called where the dataset has
-it (Hugging Face streaming datasets reshuffle with it); persistent workers keep the copy they
-started with.
+it (Hugging Face streaming datasets reshuffle with it; the workers are started anew for each pass,
+``persistent_workers`` being refused by :meth:`hetero_worker.loading.Loading.loader`).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ class StreamLoader:
         collate_fn: makes a batch of this rank's samples (None: ``default_collate``).
         pin_memory: pin each batch's tensors (page-locked, for non-blocking host-to-GPU copies).
         **dataloader_args: the inner per-sample ``DataLoader``'s arguments (``num_workers``,
-            ``persistent_workers``, ``prefetch_factor``, ``worker_init_fn``, ...).
+            ``prefetch_factor``, ``worker_init_fn``, ...).
     """
 
     def __init__(self, dataset: torch.utils.data.IterableDataset, position: StreamPosition,
