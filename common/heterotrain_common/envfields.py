@@ -1,16 +1,19 @@
 """Dataclass fields backed by environment variables: declared once, read and written by walking.
 
-A field made with :func:`var` names its variable, how the variable's text is read and written and
-its default; a field made with :func:`group` holds a nested dataclass of such fields.
-:func:`read_fields` builds a dataclass from an environment, :func:`write_fields` renders one back
-and :func:`walk` lists the variables, all from the same declarations (the contract,
-:mod:`heterotrain_common.contract`, is declared this way).  Pure Python.
+A field made with :func:`var` names its variable, how the variable's text is read and written,
+the check of its value and its default; a field made with :func:`group` holds a nested dataclass
+of such fields.  :func:`read_fields` builds a dataclass from an environment, :func:`write_fields`
+renders one back and :func:`walk` lists the variables, all from the same declarations.  Both
+env-backed records are declared this way: the contract (:mod:`heterotrain_common.contract`) and
+the operator's settings (``hetero_operator.api.settingfields``, which adds its own error type,
+overrides and checks after construction on top of :func:`variables`, :func:`env_text` and
+:func:`walk`).  Pure Python.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields
 from functools import partial
 from typing import Any
 
@@ -33,30 +36,63 @@ class Var:
         write: value -> text, the inverse of ``read``.
         also: further names rendered with the same text and never read
             (``TORCHELASTIC_RESTART_COUNT``).
+        check: raises ``ValueError`` for a value out of range, applied by the record that owns
+            the field (the operator's settings apply it to values set in code too); None for none.
+        empty_is_value: an empty variable is a value (``HTJ_PEERING=""``: standalone) rather
+            than unset.
     """
 
     name: str
     read: Reader
     write: Callable[[Any], str] = str
     also: tuple[str, ...] = ()
+    check: Callable[[Any], None] | None = None
+    empty_is_value: bool = False
 
 
-def var(name: str, read: Reader, *, default: Any = MISSING, write: Callable[[Any], str] = str,
-        also: tuple[str, ...] = ()) -> Any:
-    """A dataclass field holding variable ``name``; without ``default`` the variable is required.
-
-    Use an immutable ``default`` (a number, a string, None, a tuple).
-    """
-    meta = {_VAR: Var(name, read, write, also)}
+def var(name: str, read: Reader, *, default: Any = MISSING,
+        factory: Callable[[], Any] | None = None, write: Callable[[Any], str] = str,
+        also: tuple[str, ...] = (), check: Callable[[Any], None] | None = None,
+        empty_is_value: bool = False) -> Any:
+    """A dataclass field holding variable ``name``: ``default`` (immutable: a number, a string,
+    None, a tuple) or ``factory()``; with neither the variable is required."""
+    meta = {_VAR: Var(name, read, write, also, check, empty_is_value)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
     return field(metadata=meta) if default is MISSING else field(default=default, metadata=meta)
 
 
 def group(cls: type) -> Any:
     """A dataclass field holding ``cls``, a dataclass of variables (defaulted when each of its
     fields has a default)."""
-    if all(f.default is not MISSING for f in fields(cls)):
+    if all(default_of(f) is not MISSING for f in fields(cls)):
         return field(default_factory=cls, metadata={_GROUP: cls})
     return field(metadata={_GROUP: cls})
+
+
+def default_of(f: Field[Any]) -> Any:
+    """Field ``f``'s default: its value, a fresh ``default_factory()``, or ``dataclasses.MISSING``
+    when it has none."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def variables(cls: type) -> list[tuple[Field[Any], Var]]:
+    """``(field, var)`` of the variable fields declared directly in dataclass ``cls`` (not in
+    its groups), in declaration order."""
+    return [(f, f.metadata[_VAR]) for f in fields(cls) if _VAR in f.metadata]
+
+
+def env_text(environ: Mapping[str, str], v: Var) -> str | None:
+    """``v``'s text in ``environ``, or None when unset (an empty variable is unset unless
+    ``v.empty_is_value``)."""
+    raw = environ.get(v.name)
+    if raw is None or (raw == "" and not v.empty_is_value):
+        return None
+    return raw
 
 
 def count(minimum: int, maximum: int | None = None) -> Reader:
@@ -88,24 +124,25 @@ def short_float(value: float) -> str:
 def walk(cls: type, prefix: str = "") -> list[tuple[str, Var, Any]]:
     """``(path, var, default)`` of every variable under dataclass ``cls``, in declaration order:
     ``path`` is the attribute path such as ``"checkpoint.interval_steps"``, ``default`` is
-    ``dataclasses.MISSING`` for a required variable."""
+    ``dataclasses.MISSING`` for a required variable and a factory's result for one made by a
+    factory."""
     found: list[tuple[str, Var, Any]] = []
     for f in fields(cls):
         if _GROUP in f.metadata:
             found.extend(walk(f.metadata[_GROUP], f"{prefix}{f.name}."))
         elif _VAR in f.metadata:
-            found.append((prefix + f.name, f.metadata[_VAR], f.default))
+            found.append((prefix + f.name, f.metadata[_VAR], default_of(f)))
     return found
 
 
 def read_value(environ: Mapping[str, str], v: Var, default: Any) -> Any:
-    """``v``'s value from ``environ`` (unset or empty: ``default``).
+    """``v``'s value from ``environ`` (unset, see :func:`env_text`: ``default``).
 
     Raises:
         ContractError: malformed, or unset while ``default`` is ``dataclasses.MISSING``.
     """
-    raw = environ.get(v.name, "")
-    if raw == "":
+    raw = env_text(environ, v)
+    if raw is None:
         return required(environ, v.name) if default is MISSING else default
     return v.read(raw, v.name)
 
@@ -122,7 +159,7 @@ def read_fields(cls: type, environ: Mapping[str, str]) -> Any:
         if _GROUP in f.metadata:
             values[f.name] = read_fields(f.metadata[_GROUP], environ)
         elif _VAR in f.metadata:
-            values[f.name] = read_value(environ, f.metadata[_VAR], f.default)
+            values[f.name] = read_value(environ, f.metadata[_VAR], default_of(f))
     return cls(**values)
 
 
@@ -135,5 +172,5 @@ def write_fields(obj: Any, env: dict[str, str], *, always: Collection[str]) -> N
             write_fields(value, env, always=always)
         elif _VAR in f.metadata:
             v = f.metadata[_VAR]
-            if v.name in always or value != f.default:
+            if v.name in always or value != default_of(f):
                 env.update(dict.fromkeys((v.name, *v.also), v.write(value)))

@@ -153,6 +153,25 @@ def test_every_setting_is_declared_once_and_documented() -> None:
         assert hasattr(getattr(OperatorConfig(), group), name), variable
 
 
+def test_settings_are_declared_with_the_contracts_field_declarations() -> None:
+    """The operator's settings and the worker's contract share one declaration and one walker
+    (heterotrain_common.envfields): the common walker lists the settings table, reads a settings
+    group from an environment, and honours an empty HTJ_PEERING as a value while an empty
+    HTJ_RESYNC_S stays unset."""
+    from hetero_operator.api.settings import Intervals, Peering, Ports, env_table
+    from heterotrain_common import envfields
+
+    walked = [(v.name, path) for path, v, _ in envfields.walk(OperatorConfig)]
+    assert walked == [(variable, path) for variable, path, _ in env_table()]
+    assert envfields.read_fields(Ports, {"HTJ_METRICS_PORT": "9"}) == Ports(metrics=9)
+    peering = dict((f.name, v) for f, v in envfields.variables(Peering))["name"]
+    resync = dict((f.name, v) for f, v in envfields.variables(Intervals))["resync_s"]
+    assert envfields.env_text({"HTJ_PEERING": ""}, peering) == ""
+    assert envfields.env_text({"HTJ_RESYNC_S": ""}, resync) is None
+    assert OperatorConfig.from_env({"HTJ_RESYNC_S": ""}).intervals.resync_s == 10.0
+    assert OperatorConfig.from_env({"HTJ_PEERING": ""}).peering.name == ""
+
+
 def test_settings_set_in_code_are_checked_like_the_environment() -> None:
     from hetero_operator.api.settings import Intervals, Ports
 

@@ -2,51 +2,44 @@
 of the variable's text, the check of its value and its default, in one :func:`setting` call
 (pure; no kopf).
 
-:func:`read_group` builds a group from an environment and :func:`env_table` lists every variable
-of a settings class, both by walking the same declarations; a group's ``__post_init__`` runs
-:func:`check_group`, so a value set in code is checked like one read from the environment.
-Parsers and checks raise ``ValueError``; the walker turns that into
-:class:`~hetero_operator.api.errors.ConfigError` naming the variable and the field.
+The declarations are the contract's (:mod:`heterotrain_common.envfields`: one
+:class:`~heterotrain_common.envfields.Var` per field, one walker); this module adds what the
+operator's settings need on top: one-argument parsers, overrides by field name,
+:class:`~hetero_operator.api.errors.ConfigError` naming the variable and the field, and checks
+after construction.  :func:`read_group` builds a group from an environment and :func:`env_table`
+lists every variable of a settings class; a group's ``__post_init__`` runs :func:`check_group`,
+so a value set in code is checked like one read from the environment.  Parsers and checks raise
+``ValueError``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, fields
 from typing import Any, ClassVar
 
 from hetero_operator.api.errors import ConfigError
-
-_KEY = "heterotrain.setting"
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """The declaration of one settings field (the field's metadata).
-
-    Attributes:
-        env: the variable, e.g. ``"HTJ_RESYNC_S"``.
-        parse: the variable's text -> the value; raises ``ValueError`` saying what is wrong.
-        check: raises ``ValueError`` for a value out of range (applied to values set in code too);
-            None for none.
-        empty_is_value: an empty variable is a value (``HTJ_PEERING=""``: standalone) rather
-            than unset.
-    """
-
-    env: str
-    parse: Callable[[str], Any]
-    check: Callable[[Any], None] | None = None
-    empty_is_value: bool = False
+from heterotrain_common import envfields
+from heterotrain_common.envfields import Var
 
 
 def setting(default: Any = MISSING, *, env: str, parse: Callable[[str], Any],
             check: Callable[[Any], None] | None = None, factory: Callable[[], Any] | None = None,
             empty_is_value: bool = False) -> Any:
-    """A dataclass field holding variable ``env``: ``default`` (immutable) or ``factory()``."""
-    meta = {_KEY: Setting(env, parse, check, empty_is_value)}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+    """A dataclass field holding variable ``env``: ``default`` (immutable) or ``factory()``.
+
+    ``parse`` takes the variable's text and raises ``ValueError`` saying what is wrong;
+    ``check`` raises ``ValueError`` for a value out of range (:func:`check_group`).
+    """
+    return envfields.var(env, _reader(parse), default=default, factory=factory, check=check,
+                         empty_is_value=empty_is_value)
+
+
+def _reader(parse: Callable[[str], Any]) -> envfields.Reader:
+    """``parse(text)`` as an :data:`~heterotrain_common.envfields.Reader` ``(text, name)``."""
+    def read(raw: str, name: str) -> Any:
+        return parse(raw)
+    return read
 
 
 def seconds(default: float, *, env: str) -> Any:
@@ -73,28 +66,29 @@ class Group:
         check_group(self, self.PATH)
 
 
-def declared(cls: type) -> list[tuple[str, Setting]]:
+def declared(cls: type) -> list[tuple[str, Var]]:
     """``(field name, declaration)`` of every setting field of group ``cls``, in order."""
-    return [(f.name, f.metadata[_KEY]) for f in fields(cls) if _KEY in f.metadata]
+    return [(f.name, v) for f, v in envfields.variables(cls)]
 
 
 def read_group(cls: type, environ: Mapping[str, str], overrides: Mapping[str, Any], *,
                path: str) -> Any:
     """Group ``cls`` with each field from ``overrides`` (by field name, values already typed),
-    else its variable in ``environ``, else its default.
+    else its variable in ``environ`` (:func:`heterotrain_common.envfields.env_text`), else its
+    default.
 
     Raises:
         ConfigError: ``HTJ_X='text' does not parse: why (path.field)``, or a check failed.
     """
     values: dict[str, Any] = {}
-    for name, s in declared(cls):
-        raw = environ.get(s.env)
-        if raw is not None and (raw != "" or s.empty_is_value):
+    for name, v in declared(cls):
+        raw = envfields.env_text(environ, v)
+        if raw is not None:
             try:
-                values[name] = s.parse(raw)
+                values[name] = v.read(raw, v.name)
             except ValueError as exc:
-                raise ConfigError(f"{s.env}={raw!r} does not parse: {exc} ({path}.{name})") from None
-    values.update({k: v for k, v in overrides.items() if v is not None})
+                raise ConfigError(f"{v.name}={raw!r} does not parse: {exc} ({path}.{name})") from None
+    values.update({k: val for k, val in overrides.items() if val is not None})
     unknown = set(values) - {f.name for f in fields(cls)}
     if unknown:
         raise ConfigError(f"{path} has no setting {', '.join(sorted(unknown))}")
@@ -107,26 +101,19 @@ def check_group(group: Any, path: str) -> None:
     Raises:
         ConfigError: ``path.field (HTJ_X) must ...``.
     """
-    for name, s in declared(type(group)):
-        if s.check is not None:
+    for name, v in declared(type(group)):
+        if v.check is not None:
             try:
-                s.check(getattr(group, name))
+                v.check(getattr(group, name))
             except ValueError as exc:
-                raise ConfigError(f"{path}.{name} ({s.env}) {exc}") from None
+                raise ConfigError(f"{path}.{name} ({v.name}) {exc}") from None
 
 
-def env_table(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
-    """``(variable, field path, default)`` of every setting under settings class ``cls`` (groups
-    are fields whose default factory is a settings class), in declaration order; a default made
-    by a factory is shown as the factory's result."""
-    rows: list[tuple[str, str, Any]] = []
-    for f in fields(cls):
-        if _KEY in f.metadata:
-            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-            rows.append((f.metadata[_KEY].env, prefix + f.name, default))
-        elif isinstance(f.default_factory, type):
-            rows.extend(env_table(f.default_factory, f"{prefix}{f.name}."))
-    return rows
+def env_table(cls: type) -> list[tuple[str, str, Any]]:
+    """``(variable, field path, default)`` of every setting under settings class ``cls`` (its
+    groups declared with :func:`heterotrain_common.envfields.group`), in declaration order; a
+    default made by a factory is shown as the factory's result."""
+    return [(v.name, path, default) for path, v, default in envfields.walk(cls)]
 
 
 # --- parsers: text -> value (ValueError says what is wrong) ---------------------------------------

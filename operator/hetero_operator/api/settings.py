@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 from hetero_operator.api import settingfields as sf
@@ -21,7 +21,7 @@ from hetero_operator.api.errors import ConfigError
 from hetero_operator.api.prices import parse_prices_setting
 from hetero_operator.api.settingfields import setting
 from hetero_operator.api.spec import ImageVariant
-from heterotrain_common import defaults
+from heterotrain_common import defaults, envfields
 
 DEFAULT_TORCH_VERSION = "2.13.0"
 """The PyTorch release of every default worker image (scripts/build-images.sh builds one release)."""
@@ -269,16 +269,16 @@ class OperatorConfig:
     fields by path with :meth:`with_` (``config.with_({"network.policy": False})``).
     """
 
-    ports: Ports = field(default_factory=Ports)
-    peering: Peering = field(default_factory=Peering)
-    watch: WatchSettings = field(default_factory=WatchSettings)
-    api: ApiSettings = field(default_factory=ApiSettings)
-    restart: RestartSettings = field(default_factory=RestartSettings)
-    intervals: Intervals = field(default_factory=Intervals)
-    network: NetworkSettings = field(default_factory=NetworkSettings)
-    pods: PodSettings = field(default_factory=PodSettings)
-    planning: PlanningSettings = field(default_factory=PlanningSettings)
-    links: Links = field(default_factory=Links)
+    ports: Ports = envfields.group(Ports)
+    peering: Peering = envfields.group(Peering)
+    watch: WatchSettings = envfields.group(WatchSettings)
+    api: ApiSettings = envfields.group(ApiSettings)
+    restart: RestartSettings = envfields.group(RestartSettings)
+    intervals: Intervals = envfields.group(Intervals)
+    network: NetworkSettings = envfields.group(NetworkSettings)
+    pods: PodSettings = envfields.group(PodSettings)
+    planning: PlanningSettings = envfields.group(PlanningSettings)
+    links: Links = envfields.group(Links)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,
