@@ -31,9 +31,12 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from hetero_worker.position import SplitPosition
 
-class HeteroBatchSampler(Sampler[list[int]]):
-    """Yields this rank's index lists, one per optimizer step.
+
+class HeteroBatchSampler(SplitPosition, Sampler[list[int]]):
+    """Yields this rank's index lists, one per optimizer step (the split, epoch and cursor are
+    :class:`~hetero_worker.position.SplitPosition`'s).
 
     Args:
         num_samples: dataset length (>= global batch).
@@ -53,38 +56,19 @@ class HeteroBatchSampler(Sampler[list[int]]):
     def __init__(self, num_samples: int, local_batches: Sequence[int], rank: int, *,
                  seed: int = 0, shuffle: bool = True) -> None:
         self.num_samples = int(num_samples)
-        self.rank = rank
         self.seed = seed
         self.shuffle = shuffle
-        self.epoch = 0
-        self.cursor = 0
-        self.local_batches: tuple[int, ...] = ()
-        self.set_split(local_batches)
+        SplitPosition.__init__(self, local_batches, rank)
 
-    @property
-    def global_batch(self) -> int:
-        """``sum(local_batches)``."""
-        return sum(self.local_batches)
-
-    def set_split(self, local_batches: Sequence[int]) -> None:
-        """Change the split from the next batch on (call at a step boundary on every rank).
+    def check_split(self, batches: tuple[int, ...]) -> None:
+        """A split's global batch must fit the dataset (:meth:`SplitPosition.set_split` calls it).
 
         Raises:
-            ValueError: a batch below 1, ``rank`` outside the list, or a global batch larger
-                than the dataset.
+            ValueError: a global batch larger than the dataset.
         """
-        batches = tuple(int(b) for b in local_batches)
-        if not batches or min(batches) < 1 or not 0 <= self.rank < len(batches):
-            raise ValueError(f"local_batches must be >= 1 with an entry for rank {self.rank}, "
-                             f"got {list(batches)}")
         if sum(batches) > self.num_samples:
             raise ValueError(f"global batch {sum(batches)} exceeds the dataset "
                              f"({self.num_samples} samples)")
-        self.local_batches = batches
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its beginning."""
-        self.epoch, self.cursor = int(epoch), 0
 
     def permutation(self, epoch: int) -> torch.Tensor:
         """The epoch's order of sample indices, ``[num_samples]`` int64, same on every rank."""
@@ -110,8 +94,8 @@ class HeteroBatchSampler(Sampler[list[int]]):
         batches are trained)."""
         order = self.permutation(epoch)
         while self.num_samples - cursor >= self.global_batch:
-            start = cursor + sum(self.local_batches[:self.rank])
-            batch = order[start:start + self.local_batches[self.rank]].tolist()
+            mine = self.my_slice()
+            batch = order[cursor + mine.start:cursor + mine.stop].tolist()
             cursor += self.global_batch
             yield batch, cursor
 

@@ -29,7 +29,7 @@ it (Hugging Face streaming datasets reshuffle with it; the workers are started a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from itertools import islice
 from typing import Any
 
@@ -37,9 +37,13 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
+from hetero_worker.position import SplitPosition
 
-class StreamPosition:
-    """The job's position in a stream: the trainer's ``sampler`` for an ``IterableDataset``.
+
+class StreamPosition(SplitPosition):
+    """The job's position in a stream: the trainer's ``sampler`` for an ``IterableDataset`` (the
+    split, epoch and cursor are :class:`~hetero_worker.position.SplitPosition`'s; any global
+    batch fits a stream).
 
     Args:
         local_batches: samples per step of every rank.
@@ -49,37 +53,6 @@ class StreamPosition:
         epoch: passes over the stream completed.
         cursor: samples of this epoch's pass consumed by the steps trained (all ranks together).
     """
-
-    def __init__(self, local_batches: Sequence[int], rank: int) -> None:
-        self.rank, self.epoch, self.cursor = rank, 0, 0
-        self.local_batches: tuple[int, ...] = ()
-        self.set_split(local_batches)
-
-    @property
-    def global_batch(self) -> int:
-        """``sum(local_batches)``."""
-        return sum(self.local_batches)
-
-    def set_split(self, local_batches: Sequence[int]) -> None:
-        """Change the split from the next step on (every rank, at a step boundary).
-
-        Raises:
-            ValueError: a batch below 1 or ``rank`` outside the list.
-        """
-        batches = tuple(int(b) for b in local_batches)
-        if not batches or min(batches) < 1 or not 0 <= self.rank < len(batches):
-            raise ValueError(f"local_batches must be >= 1 with an entry for rank {self.rank}, "
-                             f"got {list(batches)}")
-        self.local_batches = batches
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start pass ``epoch`` of the stream from its beginning."""
-        self.epoch, self.cursor = int(epoch), 0
-
-    def my_slice(self) -> slice:
-        """This rank's part of a step's ``global_batch`` samples."""
-        start = sum(self.local_batches[:self.rank])
-        return slice(start, start + self.local_batches[self.rank])
 
     def state_dict(self) -> dict[str, Any]:
         """``stream`` (True), ``epoch``, ``consumed``: the same on every rank, plain types."""
