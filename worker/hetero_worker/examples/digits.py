@@ -61,8 +61,7 @@ def train(args: argparse.Namespace) -> int:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loader = t.loader(torch.utils.data.TensorDataset(x_train, y_train))
     t.metrics.set_total_steps(args.max_steps or args.epochs * (len(x_train) // sum(t.local_batches)))
-    if t.resume(optimizer) and t.rank == 0:
-        print(f"resumed at step {t.global_step}, epoch {t.epoch}", flush=True)
+    t.resume(optimizer)  # the Trainer says on rank 0 where it resumed
     while t.epoch < args.epochs and not _done(t, args):
         for x, y in loader:
             result = t.step(optimizer, lambda m: F.cross_entropy(m(t.to_device(x)),

@@ -47,8 +47,7 @@ def train(args: argparse.Namespace) -> int:
     loader = t.loader(torch.utils.data.TensorDataset(train_set))
     steps_per_epoch = len(train_set) // sum(t.local_batches)
     t.metrics.set_total_steps(min(args.max_steps, args.epochs * steps_per_epoch))
-    if t.resume(optimizer) and t.rank == 0:  # sharded under Group (torch.distributed.checkpoint)
-        print(f"resumed at step {t.global_step}, epoch {t.epoch}", flush=True)
+    t.resume(optimizer)  # sharded under Group (torch.distributed.checkpoint); the Trainer says where
     first_loss = None
     while t.epoch < args.epochs and t.global_step < args.max_steps:
         for (batch,) in loader:
