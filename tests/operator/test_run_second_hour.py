@@ -28,7 +28,7 @@ RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
 # it: each run's figures are its own. MODE=argv: record argv and HTJ_MAX_STEPS. MODE=usage:
 # rank 1 dies as argparse does (exit 2). MODE=collateral: rank 1 raises after the others have
 # died of a peer's "Connection closed by peer" (it ignores our SIGTERM, so the others are seen
-# first). MODE=sleep: mark up-<rank>, then sleep. MODE=print: a line on stdout and one on stderr. MODE=resume: fail (exit 5) unless $HTJ_CHECKPOINT_DIR/saved exists; save it first.
+# first). MODE=sleep: mark up-<rank>, then sleep. MODE=print: a line on stdout and one on stderr. MODE=resume: fail (exit 5) unless $HTJ_CHECKPOINT_DIR/saved exists; rank 0 saves it first and the others fail only once it exists (else the supervisor could stop rank 0 before it saved: a flaky resume).
 WORKER = textwrap.dedent("""
     import json, os, signal, sys, time
     from heterotrain_common.contract import parse_contract
@@ -73,6 +73,8 @@ WORKER = textwrap.dedent("""
             if ct.dist.rank == 0:
                 os.makedirs(os.path.dirname(saved), exist_ok=True)
                 open(saved, "w").close()
+            while not os.path.exists(saved):  # no rank fails (and has rank 0 stopped) before it saved
+                time.sleep(0.01)  # sync-ok: the workload waits for rank 0's file
             sys.exit(5)
 """)
 
@@ -206,6 +208,26 @@ def test_the_resume_command_runs_as_printed_and_a_finished_run_is_not_run_again(
                            "nothing to resume (to train again, start a new run: heterotrain run "
                            f"{rundir}/job.yaml)\n")
     assert (tmp_path / rundir / "rank-0.log").read_text().count("--- attempt") == 2
+
+
+def test_resume_refuses_options_that_differ_from_the_runs_naming_them(tmp_path):
+    """Flags given with ``--resume`` were replaced by ``run.json``'s without a word (issue 22
+    leftover): a changed one is refused, exit 64, naming each flag, both values and the fix;
+    the same values as the run's, or defaults, continue."""
+    job = _job(tmp_path, "resume", checkpoint=True)
+    first = _run(tmp_path, str(job), "--max-steps", "40")
+    assert first.returncode == 3, first.stdout + first.stderr
+    rundir = re.search(r"Logs and statistics: (\S+)", first.stdout).group(1)
+    refused = _run(tmp_path, "--resume", rundir, "--max-steps", "80", "--tee", "0")
+    assert refused.returncode == 64, refused.stdout + refused.stderr
+    assert _flat(refused.stderr) == _flat(
+        f"heterotrain run: error: --resume {rundir} continues with the options the run was "
+        "started with, and --max-steps 80 (the run's: 40), --tee 0 (the run's: 3) differ from "
+        "them: leave them out to continue the run, or start a new run with them (heterotrain run "
+        f"{rundir}/job.yaml ...)")
+    assert (tmp_path / rundir / "rank-0.log").read_text().count("--- attempt") == 1
+    again = _run(tmp_path, "--resume", rundir, "--max-steps", "40")
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_the_command_is_printed_as_it_was_typed(tmp_path):

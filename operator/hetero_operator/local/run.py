@@ -395,11 +395,30 @@ def _resolve_job(args: argparse.Namespace) -> tuple[str, bool] | None:
         options = rundirs.read_run_file(run_dir)
     except ValueError as exc:
         return str(exc), False
+    changed = _changed_options(args, options)
+    if changed:
+        return (f"--resume {run_dir} continues with the options the run was started with, and "
+                f"{', '.join(changed)} differ from them: leave them out to continue the run, or "
+                f"start a new run with them (heterotrain run {run_dir / rundirs.JOB_COPY} ...)",
+                True)
     for name, value in options.items():
         if name not in _NOT_RESUMED and hasattr(args, name):
             setattr(args, name, tuple(value) if isinstance(value, list) else value)
     args.job, args.workdir = str(run_dir / rundirs.JOB_COPY), str(run_dir)
     return None
+
+
+def _changed_options(args: argparse.Namespace, saved: dict[str, object]) -> list[str]:
+    """The options given with ``--resume`` (not at their defaults) whose values differ from the
+    run's saved ones (``run.json``), each as ``--flag VALUE (the run's: SAVED)``, sorted.  An
+    option given at its default value cannot be told from one left out and is not listed."""
+    defaults = argparse.ArgumentParser()
+    configure(defaults)
+    default = _saved_options(defaults.parse_args([]))
+    given = _saved_options(args)
+    return sorted(f"--{name.replace('_', '-')} {given[name]} (the run's: {saved[name]})"
+                  for name in given if name in saved and given[name] != default.get(name)
+                  and given[name] != saved[name])
 
 
 def _make_workdir(args: argparse.Namespace, job_name: str) -> Path:
