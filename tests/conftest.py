@@ -1,11 +1,16 @@
-"""Shared test helpers: the repository root, a free port, the session's Prometheus server.
+"""Shared test helpers: the repository root, a free port, the session's Prometheus server, and
+the ``fresh_process`` marker (a test run in a Python process of its own).
 
 Keep this file small: area-specific fixtures live next to their tests.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,9 +41,31 @@ def _private_learned_speeds(monkeypatch: pytest.MonkeyPatch,
     in ``$XDG_CACHE_HOME/heterotrain/profiles.json``, and one test's run must not steer another's
     plan (subprocesses inherit the variable). The extracted test tools (helm, Prometheus) stay in
     the shared cache through ``HETEROTRAIN_CACHE_DIR``."""
-    import os
 
     if not os.environ.get("HETEROTRAIN_CACHE_DIR"):
         xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
         monkeypatch.setenv("HETEROTRAIN_CACHE_DIR", os.path.join(xdg, "heterotrain"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+
+
+FRESH_PROCESS_ENV = "HTJ_TEST_IN_FRESH_PROCESS"
+"""Set in the pytest process that runs a ``fresh_process`` test (so it runs there, not again)."""
+FRESH_PROCESS_TIMEOUT_S = 240
+"""The inner pytest's own limit per test is 180 s (``-o timeout``), under the suite's 300 s, so a
+hang there is reported with its stacks before the outer test times out."""
+
+
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run a test marked ``fresh_process`` in a new pytest process (fork-started DataLoader
+    workers: forked from a process fresh as a rank's is, not from the suite's process that has run
+    a thousand tests and their threads; twice one hung there, never alone, cause not found)."""
+    if pyfuncitem.get_closest_marker("fresh_process") is None or os.environ.get(FRESH_PROCESS_ENV):
+        return None
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "timeout=180",
+         pyfuncitem.nodeid], cwd=pyfuncitem.config.rootpath, capture_output=True, text=True,
+        env={**os.environ, FRESH_PROCESS_ENV: "1"}, timeout=FRESH_PROCESS_TIMEOUT_S)
+    assert done.returncode == 0, (f"{pyfuncitem.nodeid} in a fresh process: exit "
+                                  f"{done.returncode}\n{done.stdout[-8000:]}{done.stderr[-3000:]}")
+    assert re.search(r"(^|\s)1 passed", done.stdout), done.stdout[-3000:]  # not skipped
+    return True

@@ -12,9 +12,9 @@ to the training loop. A checkpoint holds the position of the last batch trained,
 fetched ahead; ``t.epoch`` advances when the last batch of the epoch was trained. When the split
 changes (a rebalance, a resume onto the saved split) while batches of the old sizes wait in the
 workers, those are dropped and fetching starts again from the trained position with the new
-split (the workers are replaced; ``persistent_workers=True`` is refused: a persistent pool
-reset mid-epoch hung 1 run in 2 of CI's, the main process waiting for a batch no worker was
-asked for), so every step trains slices of the split it is weighted by, and each sample of the epoch is still
+split (the workers are replaced; ``persistent_workers=True`` is refused until the cause of two
+hangs in CI's whole-suite process is known: one with a persistent pool reset mid-epoch, one
+with a plain 2-worker stream, docs/worker.md), so every step trains slices of the split it is weighted by, and each sample of the epoch is still
 taken once.
 """
 
@@ -36,7 +36,8 @@ REFUSED_ARGS = {
     "drop_last": "an epoch ends when fewer than a global batch remain (the remainder rule)",
     "in_order": "checkpoints and split changes need batches in the order they were asked for",
     "persistent_workers": "not supported yet: the trainer restarts the workers when the split "
-                          "changes, and a persistent pool reset mid-epoch hung (CI, 2 Dec 2026)",
+                          "changes, and a hang seen with a persistent pool reset mid-epoch (CI, "
+                          "2 Dec 2026) is not explained yet",
 }
 """``DataLoader`` arguments :meth:`Loading.loader` does not pass, and why."""
 
