@@ -86,9 +86,10 @@ def test_ctrl_c_mid_run_checkpoints_the_agreed_step_and_resume_starts_there(repo
                            text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     resumed_log = (work / "rank-0.log").read_text().rsplit("--- attempt", 1)[-1]
-    epoch = _workdir_line(rf"resumed at step {step}, epoch (\d+)\n", resumed_log).group(1)
+    epoch = _workdir_line(rf"rank 0: resumed at step {step}, epoch (\d+) from ", resumed_log).group(1)
     assert (f"heterotrain: rank 0: resumed at step {step}, epoch {epoch} from {saved[0]}\n"
             in resumed_log)
+    assert resumed_log.count("resumed at step") == 1  # the Trainer's line, not the example's too
     assert f"Resumed at step {step} from the last checkpoint in {work}/checkpoints" in again.stdout
     final = _workdir_line(r"(\d+)/(\d+) steps", again.stdout).group(2)
 
