@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from hetero_operator.planning.batching import continuous_shares, split_global_batch, step_time
@@ -77,8 +77,15 @@ def test_uncapped_split_is_proportional_to_speed(speeds: list[float], extra: int
         assert max(ratios) - min(ratios) < 1e-3 * max(ratios)
 
 
+# CI, 2 Dec 2026: speeds 5.0 and 4.999999999999999 have equal shares in floating point, and the
+# remainder's tie went to the lower index, the slower rank (258 against 257)
+TIED_SHARES = ([1.25, 1.75, 1.25390625, 1.232421875, 1.0157737872798864, 2.21875, 4.75,
+                4.999999999999999, 5.0, 1.5, 1.96875], 1387)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0.05, 5.0), min_size=1, max_size=30), st.integers(1, 2000))
+@example(*TIED_SHARES)
 def test_faster_rank_never_gets_fewer_samples_when_uncapped(speeds: list[float], batch: int) -> None:
     if batch < len(speeds):
         batch = len(speeds)
@@ -87,3 +94,14 @@ def test_faster_rank_never_gets_fewer_samples_when_uncapped(speeds: list[float],
         for j in range(len(speeds)):
             if speeds[i] > speeds[j]:
                 assert out[i] >= out[j]
+
+
+def test_the_rebalancer_breaks_a_tie_of_shares_as_the_planner_does() -> None:
+    """The worker's re-split (speed/rebalance.py) and the plan's split agree on tied shares: the
+    faster rank takes the extra sample."""
+    from hetero_worker.speed.rebalance import proportional_split
+
+    speeds, batch = TIED_SHARES
+    planned = split_global_batch(batch, speeds, [batch] * len(speeds))
+    assert proportional_split(batch, speeds) == planned
+    assert (planned[7], planned[8]) == (257, 258)

@@ -60,14 +60,15 @@ def split_global_batch(global_batch: int, speeds: Sequence[float], caps: Sequenc
     out = [min(max(int(math.floor(x + 1e-9)), 1), c) for x, c in zip(shares, bounded)]
     deficit = global_batch - sum(out)
     if deficit > 0:
-        order = sorted(range(len(out)), key=lambda i: (-(shares[i] - out[i]), i))
+        # equal remainders (shares equal in floating point, speeds 1 ulp apart): the faster first
+        order = sorted(range(len(out)), key=lambda i: (-(shares[i] - out[i]), -speeds[i], i))
         while deficit > 0:
             for i in order:
                 if deficit and out[i] < bounded[i]:
                     out[i] += 1
                     deficit -= 1
     elif deficit < 0:
-        order = sorted(range(len(out)), key=lambda i: (-(out[i] - shares[i]), i))
+        order = sorted(range(len(out)), key=lambda i: (-(out[i] - shares[i]), speeds[i], i))
         while deficit < 0:
             for i in order:
                 if deficit and out[i] > 1:

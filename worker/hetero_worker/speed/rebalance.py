@@ -109,12 +109,15 @@ def proportional_split(global_batch: int, speeds: Sequence[float], caps: Sequenc
             share[i] = float(cap[i])
             left -= cap[i]
             free.discard(i)
-    return _round_shares(share, global_batch, cap, min_batch)
+    return _round_shares(share, global_batch, cap, min_batch, speeds)
 
 
-def _round_shares(share: list[float], total: int, cap: list[int], min_batch: int) -> list[int]:
+def _round_shares(share: list[float], total: int, cap: list[int], min_batch: int,
+                  speeds: Sequence[float]) -> list[int]:
+    """Largest remainders; on equal remainders the faster rank gains first and loses last."""
     out = [max(min_batch, min(cap[i], math.floor(s))) for i, s in enumerate(share)]
-    order = sorted(range(len(share)), key=lambda i: (-(share[i] - math.floor(share[i])), i))
+    order = sorted(range(len(share)),
+                   key=lambda i: (-(share[i] - math.floor(share[i])), -speeds[i], i))
     k = 0
     while sum(out) < total:
         i = order[k % len(order)]
@@ -122,7 +125,7 @@ def _round_shares(share: list[float], total: int, cap: list[int], min_batch: int
             out[i] += 1
         k += 1
     while sum(out) > total:
-        i = max((j for j in range(len(out)) if out[j] > min_batch), key=lambda j: out[j] - share[j])
+        i = max((j for j in range(len(out)) if out[j] > min_batch), key=lambda j: (out[j] - share[j], -speeds[j]))
         out[i] -= 1
     return out
 
