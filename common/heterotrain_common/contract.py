@@ -33,10 +33,11 @@ from typing import Any
 from heterotrain_common import defaults
 from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DIR,
                                          CHECKPOINT_INTERVAL_STEPS, CHECKPOINT_KEEP,
+                                         CHECKPOINT_MAX_FAILURES,
                                          CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S, COMPRESSION,
                                          DEVICE_PROFILE, EPOCHS, FIRST_RANK, GLOBAL_BATCH_SIZE,
                                          GROUP, GROUP_RANK, GROUP_SIZE, HIERARCHIES, HIERARCHY,
-                                         JOB_NAME, LOCAL_BATCH_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+                                         JOB_NAME, JOB_UID, LOCAL_BATCH_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
                                          MASTER_ADDR, MASTER_PORT, MAX_STEPS, MEMORY_CAP_BYTES,
                                          METRICS_PORT, MICRO_BATCH_SIZE, OPTIONAL_VARS,
                                          POWERSGD_RANK, PRECISION, PRECISIONS,
@@ -156,6 +157,8 @@ class RankInfo:
             (``HTJ_GROUP_RANK``); group_size: ranks in it (``HTJ_GROUP_SIZE``).
         restart_generation: job-wide restart generation, 0 on the first start
             (``HTJ_RESTART_GENERATION``, also rendered as ``TORCHELASTIC_RESTART_COUNT``).
+        job_uid: the job's ``metadata.uid``, ``""`` outside the operator (``HTJ_JOB_UID``);
+            checkpoint manifests record it with the generation.
     """
 
     rank: int = var(RANK, count(0))
@@ -170,6 +173,7 @@ class RankInfo:
     group_size: int = var(GROUP_SIZE, count(1))
     restart_generation: int = var(RESTART_GENERATION, count(0), default=0,
                                   also=(TORCHELASTIC_RESTART_COUNT,))
+    job_uid: str = var(JOB_UID, text, default="")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -253,6 +257,8 @@ class CheckpointSettings:
             (``HTJ_CHECKPOINT_INTERVAL_STEPS``).
         keep: verified checkpoints kept, >= 1 (``HTJ_CHECKPOINT_KEEP``).
         timeout_s: timeout of the checkpoint process group, s > 0 (``HTJ_CHECKPOINT_TIMEOUT_S``).
+        max_failures: periodic saves that may fail in a row before the job fails, >= 1
+            (``HTJ_CHECKPOINT_MAX_FAILURES``).
     """
 
     dir: str = var(CHECKPOINT_DIR, text, default="")
@@ -261,6 +267,8 @@ class CheckpointSettings:
     keep: int = var(CHECKPOINT_KEEP, count(1), default=defaults.CHECKPOINT_KEEP)
     timeout_s: float = var(CHECKPOINT_TIMEOUT_S, positive_s,
                            default=float(defaults.CHECKPOINT_TIMEOUT_S), write=short_float)
+    max_failures: int = var(CHECKPOINT_MAX_FAILURES, count(1),
+                            default=defaults.CHECKPOINT_MAX_FAILURES)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -39,6 +39,10 @@ BACKOFF_MAX_S = 300.0
 CHECKPOINT_KEEP = 2
 """Verified checkpoints kept (``spec.training.checkpoint.keep``, ``HTJ_CHECKPOINT_KEEP``): the newest
 and one to fall back to when the newest is unreadable."""
+CHECKPOINT_MAX_FAILURES = 3
+"""Periodic checkpoint saves that may fail in a row (a full disk, a storage fault) before the job
+fails (``HTJ_CHECKPOINT_MAX_FAILURES``); each failure is a warning and
+``htj_checkpoint_save_failures_total``, and the save is tried again at the next interval."""
 CHECKPOINT_TIMEOUT_S = 1800
 """Timeout of the checkpoint process group, seconds (``spec.training.checkpoint.timeoutSeconds``,
 ``HTJ_CHECKPOINT_TIMEOUT_S``): a save to slow storage may take this long before the ranks give up."""

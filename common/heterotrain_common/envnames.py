@@ -72,7 +72,16 @@ COLLECTIVE_TIMEOUT_S = "HTJ_COLLECTIVE_TIMEOUT_S"
 TERMINATION_GRACE_S = "HTJ_TERMINATION_GRACE_S"
 """The pod's ``terminationGracePeriodSeconds``: after SIGTERM the ranks agree on a step, write one
 checkpoint and exit within it (``heterotrain launch`` waits that long for them)."""
-RESILIENCE_VARS = (CHECKPOINT_KEEP, CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S, TERMINATION_GRACE_S)
+CHECKPOINT_MAX_FAILURES = "HTJ_CHECKPOINT_MAX_FAILURES"
+"""Periodic checkpoint saves that may fail in a row before the job fails (default
+:data:`heterotrain_common.defaults.CHECKPOINT_MAX_FAILURES`); a failed one is a warning and a metric
+and is tried again at the next interval (``hetero_worker.ckpt.saving``)."""
+JOB_UID = "HTJ_JOB_UID"
+"""The HeteroTrainingJob's ``metadata.uid``: checkpoint manifests record it beside the restart
+generation, so a stale gang never publishes into or prunes a directory a newer generation of the
+same job owns (``hetero_worker.ckpt.ownership``); unset outside the operator."""
+RESILIENCE_VARS = (CHECKPOINT_KEEP, CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S, TERMINATION_GRACE_S,
+                   CHECKPOINT_MAX_FAILURES, JOB_UID)
 """Rendered only when not at their defaults (:func:`heterotrain_common.contract.render_rank_env`)."""
 PREEMPTED_EXIT_CODE = 75
 """Exit code of a rank that stopped at an agreed step after SIGTERM (its own or a peer's) and
