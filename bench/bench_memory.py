@@ -117,7 +117,7 @@ def _run(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline,
         BenchTimeout: no time left, or the run passed it.
     """
     limit = deadline.left_s(f"run {job.name}")
-    cmd = [sys.executable, "-m", "hetero_operator.local.cli", "run", str(job), "--nodes", str(nodes),
+    cmd = [sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--nodes", str(nodes),
            "--workdir", str(workdir)] + (["--max-steps", str(max_steps)] if max_steps else [])
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=min(limit, 600), cwd=ROOT,

@@ -80,7 +80,7 @@ def job(name: str, ranks: int) -> dict[str, Any]:
 def start_operator(kubeconfig_path: Path, log_path: Path) -> subprocess.Popen[bytes]:
     env = dict(os.environ, KUBECONFIG=str(kubeconfig_path), HTJ_PEERING="", HTJ_METRICS_PORT="0",
                HTJ_HEALTH_PORT="0", HTJ_RESYNC_S="30", HTJ_PENDING_TIMEOUT_S="3600", PYTHONPATH=f"{ROOT / 'operator'}:{ROOT / 'worker'}")
-    return subprocess.Popen([sys.executable, "-m", "hetero_operator.local.cli", "operator"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "hetero_operator.cli", "operator"], env=env,
                             stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
 
 

@@ -27,10 +27,10 @@ sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "operator")]
 
 import benchlib  # noqa: E402
 
-from hetero_operator.local import controlplane  # noqa: E402
-from hetero_operator.local.controlplane import Options  # noqa: E402
-from hetero_operator.local.kubeapi import Api, ApiError  # noqa: E402
-from hetero_operator.local.kubelet import LocalKubelet  # noqa: E402
+from hetero_operator.devcluster import controlplane  # noqa: E402
+from hetero_operator.devcluster.controlplane import Options  # noqa: E402
+from hetero_operator.devcluster.kubeapi import Api, ApiError  # noqa: E402
+from hetero_operator.devcluster.kubelet import LocalKubelet  # noqa: E402
 
 HTJ_PATH = "/apis/heterotrain.io/v1alpha1"
 LABEL_JOB = "heterotrain.io/job-name"

@@ -1,5 +1,5 @@
 """The real control plane for tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
-(``hetero_operator.local.controlplane``), the local kubelet in a thread of its own, optionally
+(``hetero_operator.devcluster.controlplane``), the local kubelet in a thread of its own, optionally
 Kueue, and the operator (kopf) in process, as ``tests/k8s/harness.py`` runs it.
 
 Tests here are synchronous: they talk to the API server with the ``kubernetes`` client and poll
@@ -22,10 +22,10 @@ from waiting import wait_until
 
 from builders import e2e_config
 from inprocess import OperatorThread
-from hetero_operator.local import controlplane
-from hetero_operator.local.controlplane import Options
-from hetero_operator.local.kubeapi import Api
-from hetero_operator.local.kubelet import LocalKubelet
+from hetero_operator.devcluster import controlplane
+from hetero_operator.devcluster.controlplane import Options
+from hetero_operator.devcluster.kubeapi import Api
+from hetero_operator.devcluster.kubelet import LocalKubelet
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "heterotrain.io", "v1alpha1", "heterotrainingjobs"
@@ -108,7 +108,7 @@ class RealCluster:
 
     def start_kueue(self) -> None:
         if self.kueue_pid is None:
-            from hetero_operator.local import kueue
+            from hetero_operator.devcluster import kueue
             self.kueue_pid = kueue.start(self.dir, self.bins, wait_for_pods_ready_s=WAIT_FOR_PODS_READY_S)
 
     def stop(self) -> None:

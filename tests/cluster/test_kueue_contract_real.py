@@ -27,7 +27,7 @@ from test_kueue_real import A100, KUEUE, T4, apply, job_cond, kobj, local_queue,
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 READY_S = 20
-"""waitForPodsReady's timeout in this cluster (hetero_operator.local.kueue.start)."""
+"""waitForPodsReady's timeout in this cluster (hetero_operator.devcluster.kueue.start)."""
 QUEUED = {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 PROV = {"autoscaling.x-k8s.io/consume-provisioning-request": "prov-t4-abc12",
         "autoscaling.x-k8s.io/provisioning-class-name": "queued-provisioning.gke.io"}

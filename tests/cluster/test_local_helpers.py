@@ -6,7 +6,7 @@ import base64
 import json
 from pathlib import Path
 
-from hetero_operator.local import cpflags, kueue, podenv
+from hetero_operator.devcluster import cpflags, kueue, podenv
 
 
 def test_cluster_dns_names_of_the_namespace_become_the_pod_ip() -> None:

@@ -19,8 +19,8 @@ from realcluster import REPO
 sys.path.insert(0, str(REPO / "tests"))
 from chart.helm import helm_path  # noqa: E402
 
-from hetero_operator.local import controlplane  # noqa: E402
-from hetero_operator.local.cluster_cli import listening  # noqa: E402
+from hetero_operator.devcluster import controlplane  # noqa: E402
+from hetero_operator.devcluster.cluster_cli import listening  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 HETEROTRAIN = str(Path(sys.executable).parent / "heterotrain")

@@ -125,7 +125,7 @@ def live(prometheus: PrometheusServer, tmp_path_factory: pytest.TempPathFactory)
     log = (workdir / "run.log").open("wb")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
     run = subprocess.Popen(
-        [sys.executable, "-m", "hetero_operator.local.cli", "run", str(job_file), "--workdir",
+        [sys.executable, "-m", "hetero_operator.cli", "run", str(job_file), "--workdir",
          str(workdir / "run"), "--epochs", "200", "--metrics-port-base", str(port_base)],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     op_port = free_port()

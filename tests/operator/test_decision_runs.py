@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
+RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
 
 
 def _cluster(repo_root: Path) -> dict:

@@ -18,7 +18,7 @@ import pytest
 @pytest.mark.timeout(240)
 def test_readme_main_command_trains_digits_to_95_percent(repo_root, tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "hetero_operator.local.cli", "run", "examples/digits.yaml",
+        [sys.executable, "-m", "hetero_operator.cli", "run", "examples/digits.yaml",
          "--workdir", str(tmp_path)],
         cwd=repo_root, capture_output=True, text=True, timeout=220)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

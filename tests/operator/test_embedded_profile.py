@@ -36,7 +36,7 @@ def test_two_ranks_each_leave_one_trace_of_the_profiled_steps(tmp_path: Path) ->
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(JOB))
     work = tmp_path / "work"
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "run", str(job), "--workdir", str(work),
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--workdir", str(work),
                            "--metrics-port-base", "0", "--profile-steps", "3-4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

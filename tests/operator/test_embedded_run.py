@@ -26,7 +26,7 @@ from heterotrain_common import contract as c
 from heterotrain_common import envnames, procs, rundir
 from heterotrain_common.nvml import GpuInfo
 
-RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
+RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
 
 # Rank program: records its contract, fails with code 5 on rank 1 while attempts < FAIL_TIMES.
 FLAKY = textwrap.dedent("""

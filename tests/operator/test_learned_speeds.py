@@ -20,7 +20,7 @@ import yaml
 from hetero_operator.api import types as model
 from hetero_operator.api.spec import parse_job, profile_key
 from hetero_operator.cluster.inventory import build_inventory
-from hetero_operator.local.cli import main
+from hetero_operator.cli import main
 from hetero_operator.planning import profiles as p
 from hetero_operator.planning.marginal import PlanInputs
 from hetero_operator.planning.plan import plan_job

@@ -90,7 +90,7 @@ def test_the_memory_decision_goes_into_status_plan_and_survives_pruning() -> Non
 
 
 def test_plan_cli_exit_codes() -> None:
-    ok = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "plan", str(JOB), "--nodes",
+    ok = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", str(JOB), "--nodes",
                          str(NODES)], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
     assert "a SCALED-DOWN node list" in " ".join(ok.stdout.split())  # rich wraps lines
@@ -104,7 +104,7 @@ def test_heterotrain_run_trains_it_within_each_simulated_cap(tmp_path: Path) -> 
     job = tmp_path / "lm-large.yaml"
     job.write_text(yaml.safe_dump(body))
     work = tmp_path / "work"
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "run", str(job), "--nodes",
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--nodes",
                            str(NODES), "--workdir", str(work)], capture_output=True, text=True,
                           timeout=220, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -56,7 +56,7 @@ def test_heterotrain_run_trains_it_with_full_sharding_within_each_cap(tmp_path: 
     its simulated cap, and a T4's peak is below the whole model state it could not hold."""
     work = tmp_path / "work"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # learned speeds stay here
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "run", str(JOB), "--nodes",
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(JOB), "--nodes",
                            str(NODES), "--workdir", str(work)], capture_output=True, text=True,
                           timeout=280, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -10,7 +10,7 @@ from typing import Any
 
 from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS
 from hetero_operator.controller.progress import default_metrics_url
-from hetero_operator.local import kubelet
+from hetero_operator.devcluster import kubelet
 
 
 def _pod(ip: str | None, ports: Any = None) -> dict[str, Any]:

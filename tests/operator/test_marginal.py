@@ -11,7 +11,7 @@ from builders import make_job, make_node
 
 from hetero_operator.api import types as model
 from hetero_operator.cluster.inventory import build_inventory
-from hetero_operator.local.cli import main
+from hetero_operator.cli import main
 from hetero_operator.planning.marginal import PlanInputs, value_status
 from hetero_operator.planning.plan import plan_job
 from hetero_operator.planning.profiles import LearnedSpeed

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from builders import job_manifest, make_node
 
-from hetero_operator.local.cli import main
+from hetero_operator.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = str(ROOT / "examples" / "digits.yaml")
@@ -141,7 +141,7 @@ def test_bad_input_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.Capture
 
 @pytest.mark.timeout(60)
 def test_module_entry_point_as_a_subprocess() -> None:
-    proc = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "plan", DIGITS, "--nodes", MIXED,
+    proc = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", DIGITS, "--nodes", MIXED,
                            "-o", "json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["world_size"] == 4
@@ -181,7 +181,7 @@ def test_a_closed_pipe_ends_quietly_with_141(output: str, tmp_path: Path) -> Non
     nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [
         make_node(f"cordoned-node-with-a-long-name-{i}", product="Tesla-T4", cc="7.5", unschedulable=True)
         for i in range(300)] + [make_node("a100")]}))
-    proc = subprocess.Popen([sys.executable, "-m", "hetero_operator.local.cli", "plan", DIGITS, "--nodes", str(nodes),
+    proc = subprocess.Popen([sys.executable, "-m", "hetero_operator.cli", "plan", DIGITS, "--nodes", str(nodes),
                              "-o", output], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.read(1)
@@ -261,7 +261,7 @@ def test_an_unknown_flag_prints_the_usage_of_its_subcommand(capsys: pytest.Captu
 def test_a_flag_is_taken_only_as_spelled_in_full() -> None:
     """argparse's prefix matching is off: ``--node`` is not ``--nodes`` (issue 22, point 12); the
     real console script, its exit code and its stderr."""
-    done = subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "plan", DIGITS,
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", DIGITS,
                            "--node", MIXED], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
     assert done.returncode == 64 and done.stdout == ""
     assert done.stderr.startswith("usage: heterotrain plan [-h] [--nodes NODES.yaml]")

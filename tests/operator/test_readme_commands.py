@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hetero_operator.local.cli import build_parser
+from hetero_operator.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -23,7 +23,7 @@ import pytest
 
 from heterotrain_common import procs
 
-RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
+RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
 
 # Each process marks up-<i> once its handlers are set, records the signal it got, exits 75.
 CHILD = textwrap.dedent("""

@@ -22,7 +22,7 @@ from hetero_operator.local import failure, rundirs
 from hetero_operator.local import run as embedded
 
 ROOT = Path(__file__).parents[2]
-RUN = [sys.executable, "-m", "hetero_operator.local.cli", "run"]
+RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
 
 # MODE=figures: every rank reports steps = 1 + (its parent's pid % 5), rank 0 an accuracy from
 # it: each run's figures are its own. MODE=argv: record argv and HTJ_MAX_STEPS. MODE=usage:
@@ -231,16 +231,16 @@ def test_resume_refuses_options_that_differ_from_the_runs_naming_them(tmp_path):
 
 
 def test_the_command_is_printed_as_it_was_typed(tmp_path):
-    from hetero_operator.local import cli
+    from hetero_operator.local import invocation
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "heterotrain").write_text("#!/bin/sh\n")
     (bin_dir / "heterotrain").chmod(0o755)
-    assert cli.invoked_as(".venv/bin/heterotrain", path="") == ".venv/bin/heterotrain"
-    assert cli.invoked_as("/opt/my env/heterotrain", path="") == "'/opt/my env/heterotrain'"
-    assert cli.invoked_as(str(bin_dir / "heterotrain"), path=str(bin_dir)) == "heterotrain"
-    assert cli.invoked_as("heterotrain", path="") == "heterotrain"
-    assert cli.invoked_as("/src/hetero_operator/local/cli.py", path="") == "heterotrain"  # -m
+    assert invocation.invoked_as(".venv/bin/heterotrain", path="") == ".venv/bin/heterotrain"
+    assert invocation.invoked_as("/opt/my env/heterotrain", path="") == "'/opt/my env/heterotrain'"
+    assert invocation.invoked_as(str(bin_dir / "heterotrain"), path=str(bin_dir)) == "heterotrain"
+    assert invocation.invoked_as("heterotrain", path="") == "heterotrain"
+    assert invocation.invoked_as("/src/hetero_operator/cli.py", path="") == "heterotrain"  # -m
 
 
 def test_resume_refuses_a_directory_that_is_no_run(tmp_path):

@@ -26,7 +26,7 @@ def _run(tmp_path: Path, manifest: str) -> subprocess.CompletedProcess[str]:
     doc["spec"]["worker"]["env"] = [{"name": "EPOCHS", "value": "1"}]
     job = tmp_path / manifest
     job.write_text(yaml.safe_dump(doc))
-    return subprocess.run([sys.executable, "-m", "hetero_operator.local.cli", "run", str(job), "--workdir",
+    return subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--workdir",
                            str(tmp_path / "work"), "--metrics-port-base", "0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=170)
 

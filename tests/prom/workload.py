@@ -160,7 +160,7 @@ class EmbeddedRun:
         self.workdir.mkdir(parents=True, exist_ok=True)
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "hetero_operator.local.cli", "run", str(self.job), "--workdir",
+                [sys.executable, "-m", "hetero_operator.cli", "run", str(self.job), "--workdir",
                  str(self.workdir), *self.extra_args], cwd=self.cwd, stdout=out,
                 stderr=subprocess.STDOUT)
         targets_file = self.workdir / "targets.json"

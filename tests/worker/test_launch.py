@@ -18,7 +18,7 @@ from hetero_worker.runtime.launch import LaunchError, _visible_gpus, child_envs
 from heterotrain_common import contract as c
 from heterotrain_common import envnames, nvml, procs
 
-LAUNCH = [sys.executable, "-m", "hetero_operator.local.cli", "launch"]
+LAUNCH = [sys.executable, "-m", "hetero_operator.cli", "launch"]
 
 
 def _pod(*, simulated: bool = True, product: str = "Tesla-T4", mig_profile: str = "",

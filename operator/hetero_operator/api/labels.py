@@ -13,7 +13,7 @@ MANAGED_BY = "heterotrain-operator"
 ANNOTATION_GPU_TYPE = "heterotrain.io/gpu-type"
 ANNOTATION_RANKS = "heterotrain.io/ranks"
 ANNOTATION_LOCAL_PORTS = "local.heterotrain.io/ports"
-"""Set by the local kubelet (``heterotrain cluster``, local/kubelet.py) on the pods it runs: JSON
+"""Set by the local kubelet (``heterotrain cluster``, devcluster/kubelet.py) on the pods it runs: JSON
 container port -> the host port it remapped it to (all its pods share 127.0.0.1)."""
 LOCAL_POD_IP = "127.0.0.1"
 """The pod IP the local kubelet reports; no real kubelet puts a pod on the host's loopback."""

@@ -1,10 +1,9 @@
-"""The local floor: what runs on this machine.
+"""The embedded run: ``heterotrain run`` and ``heterotrain plan`` without a cluster.
 
-The command line and the embedded default (``cli``, ``run``, ``plan`` and their helpers:
-``heterotrain run``/``plan`` without a cluster), and a real Kubernetes control plane
-(``heterotrain cluster up``, docs/cluster.md): ``pki`` makes the certificates (``openssl`` CLI),
-``controlplane``/``cpflags`` start and stop etcd, kube-apiserver, kube-controller-manager and
-kube-scheduler, ``kueue`` installs and runs Kueue's manager, ``kubelet`` (with ``kubeapi`` and
-``podenv``) registers Nodes and runs their pods as local processes, ``cluster_cli`` is the
-``heterotrain cluster`` subcommand.
+``run`` plans with the operator's planner and starts the ranks as local processes, ``supervise``
+watches them (restarts by the one restart policy), ``report`` prints the final table, ``nodes``
+reads this machine's GPUs, ``plan`` is the dry run, ``valueview`` the decision aid, ``rundirs`` and
+``failure`` what a run leaves behind, ``invocation`` how the user typed the command.  The dev
+control plane is a package of its own (:mod:`hetero_operator.devcluster`); the command line above
+both is :mod:`hetero_operator.cli`.
 """

@@ -4,7 +4,7 @@ Prints every rank (node, device, image, precision, local batch, expected share o
 expected speed-up over an equal split, every excluded node with its reason and label warnings, and
 notes on what the plan did that the manifest did not say (default images, fewer ranks than asked).
 Exit codes: 0 planned, 2 unschedulable, 1 bad input (one line on stderr naming the file or field),
-64 usage error (see :mod:`hetero_operator.local.cli`).
+64 usage error (see :mod:`hetero_operator.cli`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from hetero_operator.api.quantities import gib
 from hetero_operator.api.settings import DEFAULT_IMAGES
 from hetero_operator.api.spec import KIND, JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Plan, Unschedulable, to_dict
-from hetero_operator.cluster.inventory import build_inventory, used_resources
-from hetero_operator.planning.placement import restrict_to_template
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.planning.placement import pod_tolerations, restrict_to_template
 from hetero_operator.local import valueview
 from hetero_operator.planning.plan import plan_job
 
@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"heterotrain plan: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)
-    inventory = restrict_to_template(build_inventory(nodes, pods), nodes, job.worker.template,
-                                     used=used_resources(pods))
+    inventory = restrict_to_template(build_inventory(
+        nodes, pods, tolerations=pod_tolerations(job.worker.template)), job.worker.template)
     result = plan_job(job, inventory, inputs=inputs)
     notes = [*notes, *plan_notes(result, job)]
     if args.output == "json":
@@ -219,7 +219,7 @@ def load_objects(path: Path, kind: str) -> list[dict[str, Any]]:
 
 def make_console(**kwargs: Any) -> Any:
     """A rich ``Console`` that raises ``BrokenPipeError`` when its reader went away (rich's own
-    handler exits 1), so :func:`hetero_operator.local.cli.main` ends every subcommand the same way."""
+    handler exits 1), so :func:`hetero_operator.cli.main` ends every subcommand the same way."""
     from rich.console import Console
 
     class _Console(Console):

@@ -35,9 +35,9 @@ from typing import Any
 from hetero_operator.api import prices
 from hetero_operator.api.types import Plan
 from hetero_operator.cluster.inventory import build_inventory
-from hetero_operator.local import cli
 from hetero_operator.local import nodes as localnodes
 from hetero_operator.local import report, rundirs, valueview
+from hetero_operator.local.invocation import EXIT_USAGE, invoked_as
 from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file,
                                         embedded_template_notes, load_job, load_objects,
                                         make_console, plan_notes, print_result,
@@ -259,13 +259,13 @@ def run(args: argparse.Namespace) -> int:
     if bad is not None:
         message, usage = bad
         print(f"heterotrain run: error: {message}", file=sys.stderr)
-        return _usage_exit() if usage else EXIT_BAD_INPUT
+        return EXIT_USAGE if usage else EXIT_BAD_INPUT
     if args.resume is not None:
         done, final_step = rundirs.finished_step(Path(args.resume))
         if done:  # nothing to continue: no ranks, no second speed observation
             at = "" if final_step is None else f" at step {final_step}"
             print(f"heterotrain run: {args.resume} already finished: the job succeeded{at}; "
-                  f"nothing to resume (to train again, start a new run: {cli.invoked_as()} run "
+                  f"nothing to resume (to train again, start a new run: {invoked_as()} run "
                   f"{Path(args.resume) / rundirs.JOB_COPY})")
             return 0
     console = make_console(highlight=False)
@@ -372,11 +372,6 @@ def _verdict(ended: Ended, report_line: str) -> str:
     return f"Job [red]failed[/]: {escape(ended.failure.sentence())}"
 
 
-def _usage_exit() -> int:
-    from hetero_operator.local.cli import EXIT_USAGE
-    return EXIT_USAGE
-
-
 def _resolve_job(args: argparse.Namespace) -> tuple[str, bool] | None:
     """Fill ``args`` from ``--resume RUNDIR`` (its manifest copy, options and directory).
 
@@ -460,7 +455,7 @@ def _saved_options(args: argparse.Namespace) -> dict[str, object]:
 
 def _resume_hint(workdir: Path, checkpoint_dir: Path) -> str:
     """How to go on after Ctrl-C or a failure: the resume command and where it starts from."""
-    command = f"{cli.invoked_as()} run --resume {workdir}"
+    command = f"{invoked_as()} run --resume {workdir}"
     if has_checkpoint(checkpoint_dir):
         return f"Resume from the last checkpoint: {command}"
     return (f"No checkpoint was saved ({checkpoint_dir} is empty or the job does not checkpoint: "

@@ -2,7 +2,7 @@
 // Workload API the operator writes. A module of its own so Kueue's dependency graph (controller-runtime,
 // cert-controller, the job integrations) never moves the Kubernetes pin in ../go.mod.
 // Built by scripts/build-controlplane.sh; its config/ manifests (CRDs, RBAC, webhooks) are read
-// from the module cache by hetero_operator.local.kueue.
+// from the module cache by hetero_operator.devcluster.kueue.
 module heterotrain.local/controlplane/kueue
 
 go 1.25.0

@@ -20,7 +20,7 @@ With ``run_pods=False`` it only registers and heartbeats (2,000 nodes from one p
 benchmark).  :meth:`LocalKubelet.stop_heartbeat` is a dead kubelet (its processes die, nothing
 is reported any more: the node lifecycle controller turns the node ``Ready=Unknown``).
 
-Run it: ``python -m hetero_operator.local.kubelet --kubeconfig K --nodes FILE --dir DIR``.
+Run it: ``python -m hetero_operator.devcluster.kubelet --kubeconfig K --nodes FILE --dir DIR``.
 """
 
 from __future__ import annotations
@@ -459,8 +459,8 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m hetero_operator.local.kubelet``: run until SIGTERM."""
-    p = argparse.ArgumentParser(prog="hetero_operator.local.kubelet", description=__doc__.splitlines()[0])
+    """``python -m hetero_operator.devcluster.kubelet``: run until SIGTERM."""
+    p = argparse.ArgumentParser(prog="hetero_operator.devcluster.kubelet", description=__doc__.splitlines()[0])
     p.add_argument("--kubeconfig", required=True)
     p.add_argument("--nodes", required=True, help="NodeList YAML file")
     p.add_argument("--dir", required=True, help="pod logs, pid files, pod kubeconfigs")

@@ -1,5 +1,11 @@
 """The ``heterotrain`` command line: one entry point, one module per subcommand.
 
+The face above every tool of the project: the embedded run (:mod:`hetero_operator.local`), the dev
+cluster (:mod:`hetero_operator.devcluster`), the operator (:mod:`hetero_operator.controller`) and
+the worker's launcher (:mod:`hetero_worker.runtime.launch`).  It reaches them only by module name
+(:data:`SUBCOMMANDS`), so nothing below it imports the command line, and the operator's side never
+imports the worker: tests/operator/test_layering.py declares these string arrows and checks them.
+
 Subcommands are loaded lazily so ``heterotrain plan`` and ``heterotrain operator`` work without
 torch, and ``heterotrain run`` works without kopf.  Each subcommand module exposes
 ``configure(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``.
@@ -19,8 +25,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
-EXIT_USAGE = 64
-"""Usage error (BSD ``sysexits.h`` ``EX_USAGE``); argparse's own default would be 2."""
+from hetero_operator.local.invocation import EXIT_USAGE
+
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: the reader of our output closed the pipe."""
 
@@ -29,7 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("hetero_operator.local.plan", "dry-run placement of a job over a node list"),
     "operator": ("hetero_operator.controller.serve", "run the Kubernetes operator (kopf)"),
     "launch": ("hetero_worker.runtime.launch", "in a pod: start one process per local rank, like torchrun"),
-    "cluster": ("hetero_operator.local.cluster_cli", "a real local Kubernetes control plane: cluster up / down"),
+    "cluster": ("hetero_operator.devcluster.cluster_cli", "a real local Kubernetes control plane: cluster up / down"),
 }
 
 
@@ -55,26 +61,6 @@ def version() -> str:
         return metadata.version("heterotrain")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-def invoked_as(argv0: str | None = None, *, path: str | None = None) -> str:
-    """How to type ``heterotrain`` again, as the user did (a printed command must run as shown).
-
-    ``argv0`` (default ``sys.argv[0]``) as typed when it names a path (``.venv/bin/heterotrain``),
-    unless it is the ``heterotrain`` that ``PATH`` (default ``$PATH``) finds (the shell passes the
-    full path then); ``heterotrain`` otherwise (a bare name, ``python -m``).
-    """
-    import shlex
-    import shutil
-    argv0 = sys.argv[0] if argv0 is None else argv0
-    if "/" not in argv0 or argv0.endswith(".py"):
-        return "heterotrain"
-    found = shutil.which(os.path.basename(argv0), path=path)
-    try:
-        on_path = found is not None and os.path.samefile(found, argv0)
-    except OSError:
-        on_path = False
-    return os.path.basename(argv0) if on_path else shlex.quote(argv0)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

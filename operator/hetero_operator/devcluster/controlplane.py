@@ -216,7 +216,7 @@ def _ours(pid: int, cluster_dir: Path) -> bool:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
-    return str(cluster_dir) in cmd or "/controlplane/" in cmd or "hetero_operator.local" in cmd
+    return str(cluster_dir) in cmd or "/controlplane/" in cmd or "hetero_operator.devcluster" in cmd
 
 
 def stop_pids(pids: Mapping[str, int], cluster_dir: Path, *, timeout_s: float = 20.0) -> list[str]:
@@ -392,5 +392,5 @@ def wait_crds_established(cluster_dir: Path, names: Sequence[str], timeout_s: fl
             time.sleep(0.1)
 
 
-if __name__ == "__main__":  # python -m hetero_operator.local.controlplane DIR: start, print state
+if __name__ == "__main__":  # python -m hetero_operator.devcluster.controlplane DIR: start, print state
     print(json.dumps(start(Path(sys.argv[1]), bin_dir()), indent=2))

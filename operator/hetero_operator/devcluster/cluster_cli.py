@@ -92,11 +92,11 @@ def up(cluster_dir: Path, nodes: Path, *, kueue: bool = False, grace_s: int = 40
 
 
 def start_kubelet(cluster_dir: Path, nodes: Path, *, renew_s: float, lease_s: int) -> int:
-    """Start ``python -m hetero_operator.local.kubelet`` detached; returns its pid."""
+    """Start ``python -m hetero_operator.devcluster.kubelet`` detached; returns its pid."""
     state = controlplane.read_state(cluster_dir)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO / "worker"), env.get("PYTHONPATH", "")])
-    proc = controlplane.spawn("kubelet", [sys.executable, "-m", "hetero_operator.local.kubelet",
+    proc = controlplane.spawn("kubelet", [sys.executable, "-m", "hetero_operator.devcluster.kubelet",
                                           "--kubeconfig", state["kubeconfig"], "--nodes", str(nodes.resolve()),
                                           "--dir", str(cluster_dir / "pods"), "--renew-s", str(renew_s),
                                           "--lease-s", str(lease_s)], cluster_dir, env=env, cwd=REPO)
