@@ -46,7 +46,8 @@ CORE = "io.k8s.api.core.v1."
 DROPPED_KEYS = {"default", "x-kubernetes-patch-merge-key", "x-kubernetes-patch-strategy",
                 "x-kubernetes-list-map-keys", "x-kubernetes-list-type", "x-kubernetes-map-type",
                 "x-kubernetes-unions"}
-MAX_ITEMS = {"containers": 16, "initContainers": 16, "volumes": 128, "env": 256, "volumeMounts": 128}
+MAX_ITEMS = {"containers": 16, "initContainers": 16, "volumes": 128, "env": 256, "volumeMounts": 128,
+             "ports": 128, "supplementalGroups": 64}
 """Bounds of the lists a rule iterates (``maxItems``): the API server estimates a CEL rule's cost
 from them; unbounded lists would make every rule too expensive to admit."""
 MAX_LENGTH = {"name": 253, "mountPath": 4096}

@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO / "tests" / "operator"))
 sys.path.insert(0, str(REPO / "tests"))
 from test_podtemplate import FULL_TEMPLATE, _body, _mixed_nodes, _render  # noqa: E402
 
+from hetero_operator.api.errors import SpecError  # noqa: E402
 from hetero_operator.api.spec import parse_job  # noqa: E402
 from hetero_operator.render import pods as rendering  # noqa: E402
 
@@ -78,6 +79,61 @@ def test_the_template_is_admitted_and_what_the_operator_owns_is_refused_naming_t
     proc = real.kubectl("apply", "--dry-run=server", "-n", ns, "-f", "-", check=False,
                         input_text=json.dumps(_body("bad", template={"spec": {"hostNetwrok": True}})))
     assert proc.returncode != 0 and 'unknown field "spec.worker.template.spec.hostNetwrok"' in proc.stderr
+
+
+RESTRICTED_REFUSED = [  # issue 32, F2: each names the field and the fix
+    ({"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}},
+     "spec.worker.template.spec: Invalid value: volumes: refused: Pod Security Standards \"restricted\" allows only the volume types"),
+    ({"spec": {"securityContext": {"supplementalGroups": [10001, 0]}}},
+     "spec.worker.template.spec.securityContext: Invalid value: supplementalGroups: refused: group 0 (root)"),
+    ({"spec": {"containers": [{"name": "worker", "securityContext": {"seccompProfile": {"type": "Unconfined"}}}]}},
+     "spec.worker.template.spec.containers[0].securityContext: Invalid value: seccompProfile: refused: Pod Security "
+     "Standards \"restricted\" allows only the types RuntimeDefault and Localhost"),
+    ({"spec": {"initContainers": [{"name": "i", "image": "x", "securityContext": {
+        "appArmorProfile": {"type": "Unconfined"}}}]}},
+     "spec.worker.template.spec.initContainers[0].securityContext: Invalid value: appArmorProfile: refused: Pod "
+     "Security Standards \"restricted\" allows only the types RuntimeDefault and Localhost"),
+    ({"spec": {"securityContext": {"seLinuxOptions": {"type": "spc_t"}}}},
+     "spec.worker.template.spec.securityContext: Invalid value: seLinuxOptions: refused: Pod Security Standards "
+     "\"restricted\" allows no SELinux user or role"),
+    ({"spec": {"securityContext": {"sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]}}},
+     "spec.worker.template.spec.securityContext: Invalid value: sysctls: refused: sysctls change the node"),
+    ({"spec": {"containers": [{"name": "worker", "securityContext": {"runAsUser": 0}}]}},
+     "spec.worker.template.spec.containers[0].securityContext: Invalid value: runAsUser: refused: Pod Security "
+     "Standards \"restricted\" refuses user 0"),
+    ({"spec": {"containers": [{"name": "worker", "ports": [{"containerPort": 80, "hostPort": 80}]}]}},
+     "spec.worker.template.spec.containers[0]: Invalid value: ports: refused: Pod Security Standards "
+     "\"restricted\" refuses hostPort"),
+]
+
+
+def test_what_pod_security_restricted_forbids_is_refused_by_the_real_api_server_naming_the_field(
+        real: RealCluster) -> None:
+    """Issue 32, F2: the CRD's CEL rules (hetero_operator.api.podsecurity) on the real API server:
+    hostPath /, group 0, Unconfined seccomp/AppArmor at container level, an SELinux type, sysctls,
+    root, a hostPort are each refused naming the field and the fix; the parser refuses the same."""
+    ns = real.namespace("restricted")
+    for template, message in RESTRICTED_REFUSED:
+        body = _body("bad", template=template)
+        proc = real.kubectl("apply", "--server-side", "--dry-run=server", "-n", ns, "-f", "-",
+                            input_text=json.dumps(body), check=False)
+        path, _, why = message.partition(": Invalid value: ")
+        assert proc.returncode != 0 and re.search(
+            rf"{re.escape(path)}: Invalid value: (\"object\": )?{re.escape(why)}", proc.stderr), (message, proc.stderr)
+        field = why.split(":")[0]
+        with pytest.raises(SpecError, match=re.escape(field)):
+            parse_job(body)
+    from test_podsecurity import ALLOWED
+    proc = real.kubectl("apply", "--server-side", "--dry-run=server", "-n", ns, "-f", "-",
+                        input_text=json.dumps(_body("allowed", template=ALLOWED)), check=False)
+    assert proc.returncode == 0, proc.stderr
+    # what it allows renders into pods that Pod Security admission "restricted" admits
+    pss = real.namespace("restricted-pods", labels={"pod-security.kubernetes.io/enforce": "restricted",
+                                                    "pod-security.kubernetes.io/enforce-version": "latest"})
+    job = parse_job(_body(template=ALLOWED) | {"metadata": {"name": "digits", "namespace": pss}})
+    for pod in _render(job, _mixed_nodes())[1]:
+        proc = _dry_run(real, pss, pod)
+        assert proc.returncode == 0, (pod["metadata"]["name"], proc.stderr)
 
 
 def test_rendered_pods_with_a_full_template_validate_strictly_under_pod_security_restricted(

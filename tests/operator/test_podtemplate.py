@@ -30,7 +30,7 @@ from hetero_operator.api.jobnames import dns_1035_name  # noqa: E402
 from hetero_operator.api.spec import JobSpec, parse_job  # noqa: E402
 from hetero_operator.api.types import Plan  # noqa: E402
 from hetero_operator.cluster.inventory import build_inventory  # noqa: E402
-from hetero_operator.planning.placement import restrict_to_template  # noqa: E402
+from hetero_operator.planning.placement import pod_tolerations, restrict_to_template  # noqa: E402
 from hetero_operator.planning.plan import plan_job  # noqa: E402
 from hetero_operator.render import pods as rendering  # noqa: E402
 from hetero_operator.render.env import render_rank_envs  # noqa: E402
@@ -93,7 +93,8 @@ def _mixed_nodes(**labels: str) -> list[dict[str, Any]]:
 
 
 def _render(job: JobSpec, nodes: list[dict[str, Any]]) -> tuple[Plan, list[dict[str, Any]]]:
-    inventory = restrict_to_template(build_inventory(nodes), nodes, job.worker.template)
+    inventory = restrict_to_template(build_inventory(
+        nodes, tolerations=pod_tolerations(job.worker.template)), job.worker.template)
     plan = plan_job(job, inventory)
     assert isinstance(plan, Plan), plan
     addr = rendering.master_addr(job.name, job.namespace, plan)
@@ -166,11 +167,12 @@ def test_the_planner_uses_only_nodes_the_template_allows_and_tolerated_tainted_o
             n.setdefault("spec", {})["taints"] = [{"key": "pool", "value": "spot", "effect": "NoSchedule"}]
     # without the toleration the tainted T4 node is out; with it (and a selector on the pool) only it
     job = parse_job(_body(template={"spec": {"nodeSelector": {"pool": "spot"}}}))
-    inventory = restrict_to_template(build_inventory(nodes), nodes, job.worker.template)
+    inventory = restrict_to_template(build_inventory(nodes), job.worker.template)
     assert [n.name for n in inventory.nodes] == []
     job = parse_job(_body(template={"spec": {"nodeSelector": {"pool": "spot"}, "tolerations": [
         {"key": "pool", "operator": "Exists", "effect": "NoSchedule"}]}}))
-    inventory = restrict_to_template(build_inventory(nodes), nodes, job.worker.template)
+    inventory = restrict_to_template(build_inventory(
+        nodes, tolerations=pod_tolerations(job.worker.template)), job.worker.template)
     assert [n.name for n in inventory.nodes] == ["node-t4"]
     assert {e.node: e.reason for e in inventory.excluded} == {
         "node-a100": "NodeSelectorMismatch", "node-v100": "NodeSelectorMismatch"}
@@ -190,6 +192,54 @@ def test_termination_grace_defaults_long_enough_for_a_checkpoint() -> None:
 
 def _with(template: dict[str, Any]) -> dict[str, Any]:
     return {"spec": {"containers": [{"name": "worker", **template}]}}
+
+
+def _nested(keys: tuple[str, ...], leaf: Any) -> dict[str, Any]:
+    """``{"a": {"b": leaf}}`` for keys ``("a", "b")``."""
+    for key in reversed(keys):
+        leaf = {key: leaf}
+    return leaf
+
+
+_RESTRICTED_CONTEXT = (("seccompProfile", {"type": "Unconfined"}, ".type"),
+                       ("appArmorProfile", {"type": "Unconfined"}, ".type"),
+                       ("seLinuxOptions", {"type": "spc_t"}, ".type"),
+                       ("windowsOptions", {"hostProcess": True}, ".hostProcess"),
+                       ("runAsUser", 0, ""), ("runAsGroup", 0, ""))
+RESTRICTED_REFUSED = [
+    # issue 32, F2: what Pod Security "restricted" refuses (hetero_operator.api.podsecurity)
+    ({"spec": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}},
+     "spec.worker.template.spec.volumes[0].hostPath", "persistentVolumeClaim, projected, secret"),
+    ({"spec": {"securityContext": {"supplementalGroups": [10001, 0]}}},
+     "spec.worker.template.spec.securityContext.supplementalGroups[1]", "non-zero GID"),
+    ({"spec": {"securityContext": {"sysctls": [{"name": "kernel.shm_rmid_forced", "value": "1"}]}}},
+     "spec.worker.template.spec.securityContext.sysctls", "NCCL_*"),
+    ({"spec": {"securityContext": {"fsGroup": 0}}}, "spec.worker.template.spec.securityContext.fsGroup",
+     "non-zero GID"),
+    ({"spec": {"securityContext": {"seLinuxOptions": {"user": "system_u"}}}},
+     "spec.worker.template.spec.securityContext.seLinuxOptions.user", "remove user and role"),
+    *(({"spec": {"securityContext": {field: value}}}, f"spec.worker.template.spec.securityContext.{field}{sub}",
+       "restricted" if field != "runAsGroup" else "non-zero GID")
+      for field, value, sub in _RESTRICTED_CONTEXT if field != "seccompProfile"),
+    *(({"spec": {kind: [{"name": "worker" if kind == "containers" else "i", "securityContext": {field: value}}]}},
+       f"spec.worker.template.spec.{kind}[0].securityContext.{field}{sub}",
+       "restricted" if field != "runAsGroup" else "non-zero GID")
+      for kind in ("containers", "initContainers") for field, value, sub in _RESTRICTED_CONTEXT),
+    *(({"spec": {kind: [{"name": "worker" if kind == "containers" else "i", "ports": [
+        {"containerPort": 8080}, {"containerPort": 8081, "hostPort": 8081}]}]}},
+       f"spec.worker.template.spec.{kind}[0].ports[1].hostPort", "remove hostPort")
+      for kind in ("containers", "initContainers")),
+    *(({"spec": {kind: [{"name": "worker" if kind == "containers" else "i",
+                         **_nested((*probe, handler), {"host": "10.0.0.1", "port": 80})}]}},
+       f"spec.worker.template.spec.{kind}[0].{'.'.join(probe)}.{handler}.host", "leave host unset")
+      for kind in ("containers", "initContainers")
+      for probe in (("livenessProbe",), ("readinessProbe",), ("startupProbe",), ("lifecycle", "postStart"),
+                    ("lifecycle", "preStop"))
+      for handler in ("httpGet", "tcpSocket")),
+    ({"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/worker": "unconfined"}}},
+     "spec.worker.template.metadata.annotations[container.apparmor.security.beta.kubernetes.io/worker]",
+     "localhost/<profile>"),
+]
 
 
 REFUSED = [
@@ -236,6 +286,7 @@ REFUSED = [
      "spec.worker.template.metadata.labels[heterotrain.io/rank]", "operator's"),
     ({"metadata": {"annotations": {"heterotrain.io/ranks": "0"}}},
      "spec.worker.template.metadata.annotations[heterotrain.io/ranks]", "operator's"),
+    *RESTRICTED_REFUSED,
 ]
 
 

@@ -17,11 +17,13 @@ generator), its Python twin (:attr:`Rule.check`) runs in :func:`check_template` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
+from hetero_operator.api import podsecurity
 from hetero_operator.api.errors import SpecError
+from hetero_operator.api.templaterules import (CONTAINER, INIT, POD, Path, Rule, _at, _cel_list,
+                                               _forbid, _items, _keys, cel_message, cel_text)
 from heterotrain_common import envnames
 
 TEMPLATE_PATH = "spec.worker.template"
@@ -43,61 +45,6 @@ OWNED_ENV: tuple[str, ...] = tuple(sorted({
 template that sets one is refused; ``spec.worker.env`` entries of these names are dropped as
 before (ours win)."""
 
-Path = tuple[str, ...]
-"""Where a rule sits, relative to the template: keys, ``"*"`` for every item of a list."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Rule:
-    """One admission rule on the template.
-
-    Attributes:
-        at: where it sits relative to the template (``("spec",)``, ``("spec", "containers",
-            "*")``).
-        field: the field it is about, relative to ``at`` (``"hostNetwork"``); the CEL rule's
-            ``fieldPath`` and the Python path.
-        cel: the CEL expression (``self`` is the object at ``at``).
-        message: why, one sentence (:func:`cel_message` puts the field before it in the CRD).
-        check: Python twin: ``check(obj)`` returns the offending sub-path below ``field``
-            (``""`` for the field itself, ``"[2].name"`` for an item) or None when it passes.
-    """
-
-    at: Path
-    field: str
-    cel: str
-    message: str
-    check: Callable[[Mapping[str, Any]], str | None]
-
-
-def _absent(field: str) -> Callable[[Mapping[str, Any]], str | None]:
-    return lambda obj: "" if field in obj else None
-
-
-def _forbid(at: Path, field: str, why: str) -> Rule:
-    return Rule(at=at, field=field, cel=f"!has(self.{field})", message=why, check=_absent(field))
-
-
-def _items(field: str, bad: Callable[[Mapping[str, Any]], str | None]) -> Callable[[Mapping[str, Any]], str | None]:
-    """Twin of ``!has(self.F) || self.F.all(x, ok(x))``: the first bad item's sub-path."""
-    def check(obj: Mapping[str, Any]) -> str | None:
-        for i, item in enumerate(obj.get(field) or ()):
-            found = bad(item if isinstance(item, Mapping) else {})
-            if found is not None:
-                return f"[{i}]{found}"
-        return None
-    return check
-
-
-def _keys(field: str, bad: Callable[[str], bool]) -> Callable[[Mapping[str, Any]], str | None]:
-    """Twin of ``!has(self.F) || self.F.all(k, !bad(k))`` over a map's keys."""
-    def check(obj: Mapping[str, Any]) -> str | None:
-        for key in obj.get(field) or {}:
-            if bad(str(key)):
-                return f"[{key}]"
-        return None
-    return check
-
-
 def _gpu_resources(obj: Mapping[str, Any]) -> str | None:
     res = obj.get("resources") or {}
     for kind in ("limits", "requests"):
@@ -111,14 +58,7 @@ def _owned_env(item: Mapping[str, Any]) -> str | None:
     return ".name" if item.get("name") in OWNED_ENV else None
 
 
-def _cel_list(values: Sequence[str]) -> str:
-    return "[" + ", ".join(f"'{v}'" for v in values) + "]"
-
-
 _HOW_PLACED = "the planner places every pod on one node with free GPUs of its plan"
-POD = ("spec",)
-CONTAINER = ("spec", "containers", "*")
-INIT = ("spec", "initContainers", "*")
 _SECURITY_WHY = ("the operator hardens every container (Pod Security Standards \"restricted\": no "
                  "privilege escalation, no privileged mode, every capability dropped, runAsNonRoot "
                  "by the operator's HTJ_WORKER_RUN_AS_NON_ROOT)")
@@ -199,35 +139,10 @@ RULES: tuple[Rule, ...] = (
          cel=f"self.annotations.all(k, !k.startsWith('{OWNED_LABEL_PREFIX}'))",
          message=f"annotations under {OWNED_LABEL_PREFIX} are the operator's (ranks, GPU type)",
          check=_keys("annotations", lambda k: k.startswith(OWNED_LABEL_PREFIX))),
+    *podsecurity.RULES,
 )
-
-
-def cel_message(rule: Rule) -> str:
-    """The rule's message as the CRD carries it: the field first, then why (the API server prints
-    it after the path of the object the rule sits on: ``spec.worker.template.spec: Invalid value:
-    "object": hostNetwork: refused: ranks talk ...``)."""
-    return f"{rule.field}: refused: {rule.message}"
-
-
-def cel_text(rule: Rule) -> str:
-    """The rule as it goes into the CRD: guarded by ``has()`` when it reads a field."""
-    if rule.cel.startswith("!has("):
-        return rule.cel
-    return f"!has(self.{rule.field}) || ({rule.cel})"
-
-
-def _at(obj: Any, at: Path, prefix: str) -> Iterator[tuple[Mapping[str, Any], str]]:
-    """Every object at ``at`` below ``obj`` with its path (lists expanded at ``"*"``)."""
-    if not at:
-        if isinstance(obj, Mapping):
-            yield obj, prefix
-        return
-    head, rest = at[0], at[1:]
-    if head == "*":
-        for i, item in enumerate(obj if isinstance(obj, list) else ()):
-            yield from _at(item, rest, f"{prefix}[{i}]")
-    elif isinstance(obj, Mapping) and head in obj:
-        yield from _at(obj[head], rest, f"{prefix}.{head}")
+"""What the operator owns, then what Pod Security "restricted" refuses
+(:data:`hetero_operator.api.podsecurity.RULES`)."""
 
 
 def check_template(template: Mapping[str, Any], path: str = TEMPLATE_PATH) -> None:
