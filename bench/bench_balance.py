@@ -56,14 +56,10 @@ IDEAL_TARGETS = {0.005: 0.95}
 
 
 def proportional(global_batch: int, speeds: list[float]) -> list[int]:
-    """Largest-remainder split of ``global_batch`` proportional to ``speeds``."""
-    raw = [global_batch * s / sum(speeds) for s in speeds]
-    split = [int(r) for r in raw]
-    for i in sorted(range(len(raw)), key=lambda i: raw[i] - split[i], reverse=True):
-        if sum(split) == global_batch:
-            break
-        split[i] += 1
-    return split
+    """Largest-remainder split of ``global_batch`` proportional to ``speeds`` (the project's one
+    splitter, :func:`heterotrain_common.split.split_batch`)."""
+    from heterotrain_common.split import split_batch
+    return split_batch(global_batch, speeds)
 
 
 def mlp(width: int = 128, depth: int = 1):

@@ -134,9 +134,9 @@ def rebalance_run(contract, *, split: list[int], dynamic: bool, steps: int,
 def rebalance_scenario(contract) -> dict:
     import torch.distributed as dist
 
-    from hetero_worker.speed.rebalance import proportional_split
-    prop = proportional_split(GLOBAL_BATCH, SPEEDS)
-    prop_slow = proportional_split(GLOBAL_BATCH, SLOW_SPEEDS)
+    from heterotrain_common.split import split_batch
+    prop = split_batch(GLOBAL_BATCH, SPEEDS)
+    prop_slow = split_batch(GLOBAL_BATCH, SLOW_SPEEDS)
     rank = contract.dist.rank
     alone = [standalone_throughput(prop[rank], SPEEDS[rank]),
              standalone_throughput(prop_slow[rank], SLOW_SPEEDS[rank])]

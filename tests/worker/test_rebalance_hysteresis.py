@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 import statistics
 
-from hetero_worker.speed.rebalance import (RebalanceConfig, Rebalancer, proportional_split,
-                                           step_time_s)
+from hetero_worker.speed.rebalance import RebalanceConfig, Rebalancer, step_time_s
+from heterotrain_common.split import split_batch
 
 MEANS_S = [0.0153, 0.160, 0.168, 0.164]
 PLANNED = [35, 14, 8, 7]  # the plan's split of 64 for A100, V100, T4, T4
@@ -52,14 +52,14 @@ def test_a_real_slowdown_is_still_followed_within_half_an_interval() -> None:
         first_after = next(s for s in at if s >= 20)
         assert first_after <= 25, (seed, at)
         slowed = [MEANS_S[0] * 2, *MEANS_S[1:]]
-        best = proportional_split(64, [1 / m for m in slowed])
+        best = split_batch(64, [1 / m for m in slowed])
         assert step_time_s(final, slowed) <= 1.05 * step_time_s(best, slowed), (seed, final, best)
 
 
 def test_imbalance_is_measured_against_the_best_whole_sample_split() -> None:
     r = Rebalancer(config=RebalanceConfig(interval_steps=10), split=[52, 4, 4, 4],
                    time_per_sample_s=list(MEANS_S))
-    best = proportional_split(64, [1 / m for m in MEANS_S])
+    best = split_batch(64, [1 / m for m in MEANS_S])
     assert r.imbalance() == step_time_s([52, 4, 4, 4], MEANS_S) / step_time_s(best, MEANS_S) - 1
     r.split = list(best)
     assert r.imbalance() == 0.0  # rounding to whole samples is not an imbalance

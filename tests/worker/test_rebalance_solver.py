@@ -7,25 +7,7 @@ import random
 import pytest
 
 from hetero_worker.speed.rebalance import (RebalanceConfig, Rebalancer, bounded_step, pack_stats,
-                                           proportional_split, unpack_stats)
-
-
-@pytest.mark.parametrize(("global_batch", "speeds", "caps", "expected"), [
-    (64, [1, 1, 2, 4], None, [8, 8, 16, 32]),
-    (18, [15360, 7168], None, [12, 6]),
-    (64, [1, 1, 2, 4], [64, 64, 64, 20], [11, 11, 22, 20]),
-    (10, [1, 1, 1], None, [4, 3, 3]),
-    (4, [1, 1000], None, [1, 3]),
-], ids=["speeds 1,1,2,4 split 64 exactly", "case 15 memory ratio gives 12 and 6",
-        "a cap binds and the rest is re-split", "largest remainder breaks ties by rank",
-        "every rank keeps at least one sample"])
-def test_proportional_split(global_batch, speeds, caps, expected):
-    assert proportional_split(global_batch, speeds, caps) == expected
-
-
-def test_proportional_split_rejects_caps_too_small():
-    with pytest.raises(ValueError, match="cannot split"):
-        proportional_split(20, [1, 1], [9, 9])
+                                           unpack_stats)
 
 
 @pytest.mark.parametrize(("current", "target", "max_change", "expected"), [

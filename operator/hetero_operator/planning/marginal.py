@@ -11,7 +11,7 @@ Model of one synchronous data-parallel step (pure, no I/O):
   e.g. the embedded runner's simulated delay).  Without any ``R`` the model runs in
   *A100-equivalents* (``R = 1``) and leaves communication out.  The step's compute is the slowest
   rank's: ``max_r b_r * s_T(r)``, with the batch split the planner uses (proportional to speed,
-  within memory caps, :func:`~hetero_operator.planning.batching.split_global_batch`).
+  within memory caps, :func:`~heterotrain_common.split.split_batch`).
 * **Communication**: one gradient sync of ``spec.training.gradientMiB`` over the chosen hierarchy
   (``Auto``: the cheapest fixed layout), from the worker's link cost model
   (:func:`heterotrain_common.linkcost.sync_cost_s`: ring all-reduce / reduce / broadcast in the
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hetero_operator.api.types import CheapestMix, LeftOut, TypeValue
-from hetero_operator.planning.batching import split_global_batch
 from heterotrain_common import linkcost
+from heterotrain_common.split import split_batch
 
 HIERARCHY_MODES: dict[str, str | None] = {
     "Flat": "flat", "Group": "group", "PerNode": "node", "PerArchitecture": "arch", "Auto": None}
@@ -176,7 +176,7 @@ def predict(slots: Sequence[Slot], model: StepModel) -> Prediction | None:
     if not slots or g < len(slots) or sum(min(s.cap, g) for s in slots) < g:
         return None
     weights = [s.speed for s in slots] if model.proportional else [1.0] * len(slots)
-    batches = split_global_batch(g, weights, [s.cap for s in slots])
+    batches = split_batch(g, weights, [s.cap for s in slots])
     compute_s = max(b * model.sample_s[s.gpu_type] for b, s in zip(batches, slots))
     comm_s, mode = communication_s(slots, model)
     return Prediction(throughput=g / (compute_s + comm_s) * model.efficiency, compute_s=compute_s,

@@ -40,6 +40,7 @@ from hetero_operator.api.memoryplan import (MODES, MemoryPlan, MemoryRefusal, Mo
 from hetero_operator.api.quantities import MIB, gib
 from hetero_operator.cluster.gputable import GPU_MODELS, PRODUCT_LABELS, GpuModel
 from hetero_operator.planning.steptime import mode_step_time
+from heterotrain_common.split import split_batch
 
 OPTIMIZER_STATE_BYTES = {"SGD": 0, "Momentum": 4, "Adam": 8, "AdamW": 8}
 """Optimizer state per parameter, bytes: momentum buffer (fp32) for SGD with momentum; ``exp_avg``
@@ -92,8 +93,9 @@ def state_shares_ppm(slots: Sequence[RankSlot], mode: str, reserve_mib: int) -> 
     """Each rank's share of the whole state, parts per million (sums to 1e6 per replica).
 
     ``None``: 1e6 each. ``Group``: 1e6 split evenly inside each group (remainder to the first
-    members). ``Full``: 1e6 split over all ranks proportionally to usable memory (largest
-    remainders), so the shares are uneven where the devices are.
+    members). ``Full``: 1e6 split over all ranks proportionally to usable memory. Both by
+    largest remainders (:func:`heterotrain_common.split.split_batch`), so the shares are uneven
+    where the devices are.
     """
     if mode == "None":
         return [10**6] * len(slots)
@@ -103,25 +105,12 @@ def state_shares_ppm(slots: Sequence[RankSlot], mode: str, reserve_mib: int) -> 
             members.setdefault(s.group, []).append(i)
         out = [0] * len(slots)
         for idx in members.values():
-            base, extra = divmod(10**6, len(idx))
-            for k, i in enumerate(idx):
-                out[i] = base + (1 if k < extra else 0)
+            for i, share in zip(idx, split_batch(10**6, [1] * len(idx), min_batch=0)):
+                out[i] = share
         return out
     usable = [usable_bytes(s.memory_mib, reserve_mib) for s in slots]
-    return _largest_remainder(10**6, usable)
-
-
-def _largest_remainder(total: int, weights: Sequence[int]) -> list[int]:
-    wsum = sum(weights)
-    if wsum <= 0:
-        base, extra = divmod(total, len(weights))
-        return [base + (1 if i < extra else 0) for i in range(len(weights))]
-    floors = [total * w // wsum for w in weights]
-    left = total - sum(floors)
-    order = sorted(range(len(weights)), key=lambda i: (-(total * weights[i] % wsum), i))
-    for i in order[:left]:
-        floors[i] += 1
-    return floors
+    weights = usable if any(usable) else [1] * len(slots)  # no usable memory anywhere: even
+    return split_batch(10**6, weights, min_batch=0)
 
 
 def mode_traffic(slots: Sequence[RankSlot], mode: str, state_param_bytes: int, shares_ppm: Sequence[int],

@@ -17,7 +17,7 @@ Policy (documented in ``docs/planning.md``):
    its own (a CUDA process can use one MIG device, and one pod per MIG device keeps
    ``LOCAL_WORLD_SIZE=1``).  Groups are ordered node by node in selection order, so rank 0 sits on
    the strongest node.
-5. **Batch split**: :func:`~hetero_operator.planning.batching.split_global_batch` by speed
+5. **Batch split**: :func:`~heterotrain_common.split.split_batch` by speed
    (``Proportional``) or equally (``Equal``), capped by memory.
 6. **Extra env**: ``NCCL_P2P_DISABLE=1`` for every MIG group and for GeForce/RTX groups with more
    than one GPU (NCCL hangs and corrupt copies on consumer P2P and MIG, see ``gpu-facts.md``).
@@ -35,7 +35,7 @@ from hetero_operator.api import types as model
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import GroupPlan, Inventory, Plan, RankPlacement
 from hetero_operator.planning import memory, remedies
-from hetero_operator.planning.batching import split_global_batch, step_time
+from hetero_operator.planning.batching import step_time
 from hetero_operator.planning.marginal import (PlanInputs, Slot, SpeedFigure, StepModel,
                                                cheapest_mix, leave_out_unpaying, plan_cost,
                                                price_for, type_values)
@@ -46,6 +46,7 @@ from hetero_operator.planning.profiles import efficiency as learned_efficiency
 from hetero_operator.planning.profiles import for_batch
 from hetero_operator.planning.unschedulable import (batch_too_small, insufficient_gpus,
                                                     insufficient_memory)
+from heterotrain_common.split import split_batch
 
 P2P_DISABLE_ENV = {"NCCL_P2P_DISABLE": "1"}
 WORKER_SHARDINGS: tuple[str, ...] = ("None", "Group", "Full")
@@ -108,8 +109,8 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     if sum(caps) < global_batch:
         return insufficient_memory(job, caps, excluded, inventory.warnings)
     weights = speeds if job.training.batch_split == "Proportional" else [1.0] * n
-    batches = split_global_batch(global_batch, weights, caps)
-    equal = split_global_batch(global_batch, [1.0] * n, caps)
+    batches = split_batch(global_batch, weights, caps)
+    equal = split_batch(global_batch, [1.0] * n, caps)
     speedup = step_time(equal, speeds) / step_time(batches, speeds)
     ranks, groups = _placements(groups_spec, batches)
     shared = sorted({f"{p.device.gpu_type} on {p.device.node}" for p, size in groups_spec
@@ -142,8 +143,7 @@ def _memory_refusal(job: JobSpec, taken: list[tuple[Pool, int]],
     speeds = [p.speed for p, size in groups_spec for _ in range(size)]
     caps = [p.cap for p, size in groups_spec for _ in range(size)]
     weights = speeds if job.training.batch_split == "Proportional" else [1.0] * len(speeds)
-    ranks, _ = _placements(groups_spec, split_global_batch(job.training.global_batch_size,
-                                                           weights, caps))
+    ranks, _ = _placements(groups_spec, split_batch(job.training.global_batch_size, weights, caps))
     shared = sorted({f"{p.device.gpu_type} on {p.device.node}" for p, size in groups_spec
                      if size > 1 and p.device.time_sliced_replicas > 1})
     sample_s = step_model.sample_s if step_model.absolute else None

@@ -18,16 +18,18 @@ The solver (:meth:`Rebalancer.observe`):
    forth (the LM example on a 2-core CPU: 8 changes in 40 steps at 20 % noise, up to 16; with the
    guards 4, at most 6; tests/worker/test_rebalance_hysteresis.py);
 3. target = split proportional to speed (1 / time per sample), memory caps respected, largest
-   remainder rounding, sum = global batch;
+   remainder rounding, sum = global batch: :func:`heterotrain_common.split.split_batch`, the
+   planner's own splitter;
 4. move towards the target by at most ``max_change_fraction * global_batch`` samples per rank;
 5. hysteresis: apply only if the predicted step time drops by more than ``min_gain``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from heterotrain_common.split import split_batch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,66 +70,6 @@ class RebalanceConfig:
                              f"got {self.max_change_fraction}")
         if self.min_batch < 1:
             raise ValueError(f"rebalance.min_batch must be >= 1, got {self.min_batch}")
-
-
-def proportional_split(global_batch: int, speeds: Sequence[float], caps: Sequence[int] | None = None,
-                       *, min_batch: int = 1) -> list[int]:
-    """Split ``global_batch`` proportionally to ``speeds`` under per-rank caps.
-
-    Water-filling: ranks whose proportional share exceeds their cap get the cap and the rest is
-    re-split among the others; then largest-remainder rounding (Hamilton's method).
-
-    Args:
-        global_batch: samples per step over all ranks.
-        speeds: samples/s per rank, all > 0.
-        caps: largest local batch per rank (memory), or None for no cap.
-        min_batch: every rank gets at least this many samples.
-
-    Returns:
-        Local batches, ``sum == global_batch``, ``min_batch <= b[i] <= caps[i]``.
-
-    Raises:
-        ValueError: a speed <= 0, or the caps / minimum cannot hold the global batch.
-    """
-    n = len(speeds)
-    if any(s <= 0 for s in speeds):
-        raise ValueError(f"speeds must be > 0, got {list(speeds)}")
-    cap = list(caps) if caps is not None else [global_batch] * n
-    if sum(cap) < global_batch or min_batch * n > global_batch or min(cap) < min_batch:
-        raise ValueError(f"cannot split {global_batch} over caps {cap} with min {min_batch}")
-    share = [0.0] * n
-    free = set(range(n))
-    left = float(global_batch)
-    while free:
-        total = sum(speeds[i] for i in free)
-        over = [i for i in free if left * speeds[i] / total > cap[i]]
-        if not over:
-            for i in free:
-                share[i] = left * speeds[i] / total
-            break
-        for i in over:
-            share[i] = float(cap[i])
-            left -= cap[i]
-            free.discard(i)
-    return _round_shares(share, global_batch, cap, min_batch, speeds)
-
-
-def _round_shares(share: list[float], total: int, cap: list[int], min_batch: int,
-                  speeds: Sequence[float]) -> list[int]:
-    """Largest remainders; on equal remainders the faster rank gains first and loses last."""
-    out = [max(min_batch, min(cap[i], math.floor(s))) for i, s in enumerate(share)]
-    order = sorted(range(len(share)),
-                   key=lambda i: (-(share[i] - math.floor(share[i])), -speeds[i], i))
-    k = 0
-    while sum(out) < total:
-        i = order[k % len(order)]
-        if out[i] < cap[i]:
-            out[i] += 1
-        k += 1
-    while sum(out) > total:
-        i = max((j for j in range(len(out)) if out[j] > min_batch), key=lambda j: (out[j] - share[j], -speeds[j]))
-        out[i] -= 1
-    return out
 
 
 def bounded_step(current: Sequence[int], target: Sequence[int], max_change: int) -> list[int]:
@@ -215,8 +157,8 @@ class Rebalancer:
         if self.time_per_sample_s is None:
             return 0.0
         t = self.time_per_sample_s
-        best = proportional_split(self.global_batch, [1.0 / x for x in t], self.caps,
-                                  min_batch=self.config.min_batch)
+        best = split_batch(self.global_batch, [1.0 / x for x in t], self.caps,
+                           min_batch=self.config.min_batch)
         return step_time_s(self.split, t) / step_time_s(best, t) - 1.0
 
     def observe(self, step: int, compute_s: Sequence[float], samples: Sequence[int]) -> list[int] | None:
@@ -254,7 +196,7 @@ class Rebalancer:
         """The bounded move towards the speed-proportional target (not applied)."""
         assert self.time_per_sample_s is not None
         speeds = [1.0 / t for t in self.time_per_sample_s]
-        target = proportional_split(self.global_batch, speeds, self.caps, min_batch=self.config.min_batch)
+        target = split_batch(self.global_batch, speeds, self.caps, min_batch=self.config.min_batch)
         max_change = max(1, round(self.config.max_change_fraction * self.global_batch))
         return bounded_step(self.split, target, max_change)
 
