@@ -9,6 +9,7 @@ the default, or an error naming it).  Every error is a :class:`ContractError` na
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 
 from heterotrain_common.envnames import COMPRESSIONS, MAX_PROFILE_STEPS
@@ -52,8 +53,8 @@ def parse_seconds(text: str, name: str, *, allow_zero: bool) -> float:
         value = float(text)
     except ValueError:
         raise ContractError(name, f"must be a number of seconds, got {text!r}") from None
-    if value < 0 or (value == 0 and not allow_zero) or value != value:
-        raise ContractError(name, f"must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+    if value < 0 or (value == 0 and not allow_zero) or not math.isfinite(value):
+        raise ContractError(name, f"must be {'>= 0' if allow_zero else '> 0'} and finite, got {value}")
     return value
 
 

@@ -42,8 +42,13 @@ def test_env_is_read_and_flags_win() -> None:
      "restart.backoff_max_s (10.0) must be >= restart.backoff_base_s"),
     ({"HTJ_SIMULATE_DEVICES": "maybe"}, "HTJ_SIMULATE_DEVICES='maybe' does not parse"),
     ({"HTJ_DEFAULT_IMAGES": "img-only"}, "HTJ_DEFAULT_IMAGES='img-only' does not parse"),
+    ({"HTJ_PENDING_TIMEOUT_S": "inf"},
+     "HTJ_PENDING_TIMEOUT_S='inf' does not parse: must be a finite number, got 'inf' (restart.pending_timeout_s)"),
+    ({"HTJ_API_READ_TIMEOUT_S": "NaN"}, "HTJ_API_READ_TIMEOUT_S='NaN' does not parse: must be a finite number"),
+    ({"HTJ_LINK_INTER_NODE_GBPS": "1e999"}, "HTJ_LINK_INTER_NODE_GBPS='1e999' does not parse: must be a finite"),
 ], ids=["port not a number", "port out of range", "zero resync", "backoff max below base",
-        "bad boolean", "image entry incomplete"])
+        "bad boolean", "image entry incomplete", "infinite timeout (issue 32 F15)", "NaN timeout",
+        "overflowing bandwidth"])
 def test_bad_settings_name_the_variable(env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
         OperatorConfig.from_env(env)
@@ -146,7 +151,7 @@ def test_every_setting_is_declared_once_and_documented() -> None:
 
     table = env_table()
     variables = [variable for variable, _, _ in table]
-    assert len(variables) == len(set(variables)) == 33
+    assert len(variables) == len(set(variables)) == 34
     assert _docs_table() == [(variable, path) for variable, path, _ in table]
     for variable, path, _ in table:  # the path is the field that holds the variable
         group, name = path.split(".")

@@ -3,6 +3,7 @@ naming the field path (pure)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,29 @@ def string(obj: Mapping[str, Any], key: str, path: str) -> str:
     value = obj.get(key) if isinstance(obj, Mapping) else None
     if not isinstance(value, str) or not value:
         raise SpecError(path, "is required and must be a non-empty string")
+    return value
+
+
+def optional_string(obj: Mapping[str, Any], key: str, path: str) -> str:
+    """A string, ``""`` when absent or null."""
+    value = obj.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise SpecError(path, f"must be a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def claim_name(obj: Mapping[str, Any], key: str, path: str) -> str:
+    """A PersistentVolumeClaim's name (a DNS-1123 subdomain), ``""`` when absent."""
+    value = optional_string(obj, key, path)
+    if value and (len(value) > 253 or not DNS_1123_SUBDOMAIN.match(value)):
+        raise SpecError(path, f"{value!r} is no PersistentVolumeClaim name (lower-case letters, "
+                        "digits, '-' and '.', at most 253): give the claim's name as kubectl get pvc "
+                        "shows it")
     return value
 
 

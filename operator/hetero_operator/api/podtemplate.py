@@ -145,6 +145,59 @@ RULES: tuple[Rule, ...] = (
 (:data:`hetero_operator.api.podsecurity.RULES`)."""
 
 
+SHAPE: tuple[tuple[Path, str], ...] = (
+    (("metadata",), "mapping"), (("metadata", "labels"), "mapping"), (("metadata", "annotations"), "mapping"),
+    (("spec",), "mapping"), (("spec", "securityContext"), "mapping"),
+    *(((("spec", key), "list")) for key in ("containers", "initContainers", "volumes", "tolerations",
+                                              "imagePullSecrets")),
+    *(((("spec", key, "*"), "mapping")) for key in ("containers", "initContainers", "volumes", "tolerations",
+                                                  "imagePullSecrets")),
+    *(((("spec", key, "*", sub), "list")) for key in ("containers", "initContainers")
+      for sub in ("env", "envFrom", "volumeMounts", "ports")),
+    *(((("spec", key, "*", sub), "mapping")) for key in ("containers", "initContainers")
+      for sub in ("resources", "securityContext")),
+    (("spec", "securityContext", "supplementalGroups"), "list"),
+    (("spec", "terminationGracePeriodSeconds"), "seconds"),
+)
+"""The types of the template's fields that the operator and ``heterotrain run`` read (Python
+code walks them; a wrong type would be a traceback there, not a message).  The API server
+checks the rest against Kubernetes' schema."""
+MAX_GRACE_S = 10**9
+"""The largest ``terminationGracePeriodSeconds`` taken, seconds (Kubernetes takes any int64)."""
+
+
+def check_shape(template: Mapping[str, Any], path: str = TEMPLATE_PATH) -> None:
+    """Refuse a field of :data:`SHAPE` of the wrong type (issue 32, F15: ``terminationGracePeriodSeconds:
+    "abc"`` was a traceback in ``heterotrain run``).
+
+    Raises:
+        SpecError: naming the field and the type it must have.
+    """
+    for at, kind in SHAPE:
+        parent_at, key = at[:-1], at[-1]
+        for parent, where in _at(template, parent_at, path):
+            if key == "*":
+                continue
+            if key not in parent or parent[key] is None:
+                continue
+            value = parent[key]
+            if kind == "mapping" and not isinstance(value, Mapping):
+                raise SpecError(f"{where}.{key}", f"must be a mapping, got {type(value).__name__} {value!r}")
+            if kind == "list" and not isinstance(value, list):
+                raise SpecError(f"{where}.{key}", f"must be a list, got {type(value).__name__} {value!r}")
+            if kind == "seconds" and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value <= MAX_GRACE_S):
+                raise SpecError(f"{where}.{key}", f"must be a whole number of seconds in 0..{MAX_GRACE_S}, "
+                                f"got {value!r}")
+        if key == "*":  # every item of the list at parent_at
+            for items, where in _at(template, parent_at[:-1], path):
+                values = items.get(parent_at[-1])
+                for i, item in enumerate(values if isinstance(values, list) else ()):
+                    if not isinstance(item, Mapping):
+                        raise SpecError(f"{where}.{parent_at[-1]}[{i}]",
+                                        f"must be a mapping, got {type(item).__name__} {item!r}")
+
+
 def check_template(template: Mapping[str, Any], path: str = TEMPLATE_PATH) -> None:
     """Refuse what the operator owns, like the CRD's CEL rules (first violation named).
 
@@ -153,6 +206,7 @@ def check_template(template: Mapping[str, Any], path: str = TEMPLATE_PATH) -> No
     """
     if not isinstance(template, Mapping):
         raise SpecError(path, "must be a mapping (a Kubernetes PodTemplateSpec: metadata, spec)")
+    check_shape(template, path)
     for rule in RULES:
         for obj, where in _at(template, rule.at, path):
             found = rule.check(obj)

@@ -57,6 +57,27 @@ def parse_quantity(value: object, *, binary: bool = True) -> int:
     return int(exact)
 
 
+_ANY_QUANTITY_RE = re.compile(r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)"
+                              r"(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
+
+
+def check_quantity(value: object) -> None:
+    """Any non-negative Kubernetes quantity (``500m``, ``0.5``, ``1e3``, ``16Gi``): what a
+    container's requests and limits take.
+
+    Raises:
+        QuantityError: not a quantity, or negative.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise QuantityError(f"must be a quantity such as \"500m\", \"2\" or \"16Gi\", got {value!r}")
+    if isinstance(value, (int, float)):
+        if not 0 <= value < float("inf"):
+            raise QuantityError(f"must be a finite number >= 0, got {value!r}")
+        return
+    if not _ANY_QUANTITY_RE.match(value.strip()):
+        raise QuantityError(f"must be a quantity such as \"500m\", \"2\" or \"16Gi\", got {value!r}")
+
+
 def gib(n_bytes: float) -> str:
     """Bytes in the largest binary unit that keeps the figure >= 1, one decimal: ``"18.4 GiB"``,
     ``"7.2 MiB"``, ``"879.0 KiB"``."""

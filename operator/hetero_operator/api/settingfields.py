@@ -14,6 +14,7 @@ so a value set in code is checked like one read from the environment.  Parsers a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, fields
 from typing import Any, ClassVar
@@ -43,13 +44,13 @@ def _reader(parse: Callable[[str], Any]) -> envfields.Reader:
 
 
 def seconds(default: float, *, env: str) -> Any:
-    """A :func:`setting` of seconds > 0."""
-    return setting(default, env=env, parse=float, check=positive_s)
+    """A :func:`setting` of seconds > 0, finite."""
+    return setting(default, env=env, parse=finite, check=positive_s)
 
 
 def gbps(default: float, *, env: str) -> Any:
-    """A :func:`setting` of Gbit/s > 0."""
-    return setting(default, env=env, parse=float, check=positive_gbps)
+    """A :func:`setting` of Gbit/s > 0, finite."""
+    return setting(default, env=env, parse=finite, check=positive_gbps)
 
 
 class Group:
@@ -123,6 +124,18 @@ def text(raw: str) -> str:
     return raw
 
 
+def finite(raw: str) -> float:
+    """A finite number (``inf`` and ``nan`` are refused: a timeout of ``inf`` would be accepted
+    and then crash the first ``asyncio`` wait or date computation that uses it; issue 32, F15)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {raw.strip()!r}")
+    return value
+
+
 def boolean(raw: str) -> bool:
     """``1/0``, ``true/false``, ``yes/no`` (any case)."""
     if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
@@ -168,15 +181,15 @@ def required_port(value: int) -> None:
 
 
 def positive_s(value: float) -> None:
-    """Seconds > 0."""
-    if not value > 0:
-        raise ValueError(f"must be > 0 seconds, got {value}")
+    """Seconds > 0, finite."""
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"must be > 0 seconds and finite, got {value}")
 
 
 def positive_gbps(value: float) -> None:
-    """Gbit/s > 0."""
-    if not value > 0:
-        raise ValueError(f"must be > 0 Gbit/s, got {value}")
+    """Gbit/s > 0, finite."""
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"must be > 0 Gbit/s and finite, got {value}")
 
 
 def in_range(lo: int, hi: int) -> Callable[[int], None]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetero_operator.api.errors import SpecError
-from hetero_operator.api.fields import (boolean, enum, integer, mapping, optional_integer, quantity,
-                                        string, string_list)
+from hetero_operator.api.fields import (boolean, claim_name, enum, integer, mapping, optional_integer,
+                                        optional_string, quantity, string, string_list)
 from hetero_operator.api.jobnames import default_profile_key, job_name, parse_profile_key
 from hetero_operator.api.strictfields import unknown_fields
 from hetero_operator.api.workerspec import WorkerTemplate, parse_worker
@@ -266,9 +266,12 @@ def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
         p = f"{path}[{i}]"
         if not isinstance(item, Mapping):
             raise SpecError(p, "must be a mapping with image, cudaVersion, computeCapabilities")
-        cuda = str(item.get("cudaVersion", ""))
+        raw_cuda = item.get("cudaVersion", "")
+        cuda = raw_cuda if isinstance(raw_cuda, str) else ""  # 11.10 unquoted is the float 11.1
         if not _CUDA_RE.match(cuda):
-            raise SpecError(f"{p}.cudaVersion", f"must look like \"12.4\" (a quoted string), got {cuda!r}")
+            cuda = str(raw_cuda) if not isinstance(raw_cuda, str) else cuda
+            raise SpecError(f"{p}.cudaVersion", f"must look like \"12.4\" (a quoted string), got "
+                            f"{raw_cuda!r}")
         ccs = string_list(item, "computeCapabilities", f"{p}.computeCapabilities", required=True)
         for cc in ccs:
             if not _CC_RE.match(cc):
@@ -337,8 +340,8 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         hierarchy=enum(t, "hierarchy", f"{p}.hierarchy", HIERARCHIES),
         memory_per_sample_mib=integer(t, "memoryPerSampleMiB", f"{p}.memoryPerSampleMiB", 0, 0, 10**6),
         memory_reserve_mib=integer(t, "memoryReserveMiB", f"{p}.memoryReserveMiB", 1024, 0, 10**6),
-        checkpoint_path=str(ckpt.get("path", "")),
-        checkpoint_pvc=str(ckpt.get("persistentVolumeClaim", "")),
+        checkpoint_path=optional_string(ckpt, "path", f"{p}.checkpoint.path"),
+        checkpoint_pvc=claim_name(ckpt, "persistentVolumeClaim", f"{p}.checkpoint.persistentVolumeClaim"),
         checkpoint_interval_steps=integer(ckpt, "intervalSteps", f"{p}.checkpoint.intervalSteps",
                                           defaults.CHECKPOINT_INTERVAL_STEPS, 1, 10**7),
         checkpoint_keep=integer(ckpt, "keep", f"{p}.checkpoint.keep", defaults.CHECKPOINT_KEEP, 1, 100),
@@ -377,7 +380,8 @@ def _run_policy(r: Mapping[str, Any]) -> RunPolicy:
                                                     f"{p}.ttlSecondsAfterFinished"),
         clean_pod_policy=enum(r, "cleanPodPolicy", f"{p}.cleanPodPolicy", CLEAN_POD_POLICIES, "Running"),
         suspend=boolean(r, "suspend", f"{p}.suspend", False),
-        queue=str(sched.get("queue", "")), priority_class=str(sched.get("priorityClass", "")),
+        queue=optional_string(sched, "queue", f"{p}.schedulingPolicy.queue"),
+        priority_class=optional_string(sched, "priorityClass", f"{p}.schedulingPolicy.priorityClass"),
         node_loss_grace_seconds=integer(r, "nodeLossGraceSeconds", f"{p}.nodeLossGraceSeconds",
                                      defaults.NODE_LOSS_GRACE_S, 0, 86400),
     )

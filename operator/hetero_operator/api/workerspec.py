@@ -14,7 +14,7 @@ from typing import Any
 from hetero_operator.api import podtemplate
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.fields import integer, mapping, quantity, string_list
-from hetero_operator.api.quantities import QuantityError, parse_quantity
+from hetero_operator.api.quantities import QuantityError, check_quantity, parse_quantity
 from heterotrain_common import defaults
 
 
@@ -88,6 +88,47 @@ def shared_memory_bytes(worker: WorkerTemplate, local_ranks: int) -> int:
     return min(size, limit // 2) if limit else size
 
 
+def env_list(value: Any, path: str) -> tuple[Mapping[str, Any], ...]:
+    """``spec.worker.env``: Kubernetes ``EnvVar`` mappings, each with a name.
+
+    Raises:
+        SpecError: not a list, an item not a mapping, or without a string ``name``.
+    """
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise SpecError(path, f"must be a list of {{name, value}} (Kubernetes EnvVar), got "
+                        f"{type(value).__name__} {value!r}")
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise SpecError(f"{path}[{i}]", f"must be a mapping {{name, value}}, got {item!r}")
+        if not isinstance(item.get("name"), str) or not item["name"]:
+            raise SpecError(f"{path}[{i}].name", "is required: the variable's name")
+    return tuple(value)
+
+
+def resource_requirements(value: Any, path: str) -> dict[str, Any]:
+    """``spec.worker.resources``: Kubernetes ``ResourceRequirements`` whose ``requests`` and
+    ``limits`` are quantities.
+
+    Raises:
+        SpecError: not a mapping, or a request or limit that is no quantity, naming it.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SpecError(path, f"must be a mapping with requests and limits (Kubernetes "
+                        f"ResourceRequirements), got {type(value).__name__} {value!r}")
+    for kind in ("requests", "limits"):
+        amounts = mapping(value, kind, f"{path}.{kind}", required=False)
+        for name, amount in amounts.items():
+            try:
+                check_quantity(amount)
+            except QuantityError as exc:
+                raise SpecError(f"{path}.{kind}.{name}", str(exc)) from None
+    return dict(value)
+
+
 def parse_worker(w: Mapping[str, Any]) -> WorkerTemplate:
     """Parse ``spec.worker``.
 
@@ -104,7 +145,8 @@ def parse_worker(w: Mapping[str, Any]) -> WorkerTemplate:
     shm = w.get("sharedMemorySize")
     worker = WorkerTemplate(
         command=command, args=string_list(w, "args", "spec.worker.args"),
-        env=tuple(w.get("env") or ()), resources=dict(w.get("resources") or {}),
+        env=env_list(w.get("env"), "spec.worker.env"),
+        resources=resource_requirements(w.get("resources"), "spec.worker.resources"),
         metrics_port=integer(w, "metricsPort", "spec.worker.metricsPort", 9480, 0, 65535),
         template=dict(template),
         shared_memory_bytes=None if shm is None else quantity(w, "sharedMemorySize",

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from hetero_operator.api import podtemplate, prices
+from hetero_operator.api import nodelist, podtemplate, prices
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.quantities import gib
 from hetero_operator.api.settings import DEFAULT_IMAGES
@@ -212,6 +212,11 @@ def load_objects(path: Path, kind: str) -> list[dict[str, Any]]:
     if not items and kind == "Node":
         raise InputError(f"{path}: items: no Node objects (expected a NodeList, "
                          "`kubectl get nodes -o yaml` output, or Node documents)")
+    if kind == "Node":  # a node listed twice would be over-committed (issue 32, F15)
+        try:
+            nodelist.check_node_names(items)
+        except SpecError as exc:
+            raise InputError(f"{path}: {exc}") from None
     return items
 
 
