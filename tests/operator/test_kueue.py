@@ -173,7 +173,7 @@ def test_admission_with_two_flavors_plans_within_it_and_pins_pods_to_the_flavors
     assert {t: (p.flavor, dict(p.node_labels), p.count) for t, p in allowed.items()} == {
         H100: ("h100", {"nvidia.com/gpu.product": H100, POOL: "h100-pool"}, 2),
         "Tesla-T4": ("t4", {"nvidia.com/gpu.product": "Tesla-T4", POOL: "t4-pool"}, 2)}
-    inv = kueue.restrict_inventory(build_inventory(nodes()), nodes(), allowed)
+    inv = kueue.restrict_inventory(build_inventory(nodes()), allowed)
     assert [(d.node, d.gpu_type, d.free) for d in inv.devices()] == [
         ("h100-0", H100, 2), ("t4-0", "Tesla-T4", 2)]
     spec = parse_job(body)
@@ -199,7 +199,7 @@ def test_flavor_tolerations_are_added_to_the_pods() -> None:
     allowed = kueue.placements(kueue.read_admission(wl), wl, fl)
     body = job_body()
     spec = parse_job(body)
-    plan = plan_job(spec, kueue.restrict_inventory(build_inventory(nodes()), nodes(), allowed))
+    plan = plan_job(spec, kueue.restrict_inventory(build_inventory(nodes()), allowed))
     envs = render_rank_envs(plan, spec, master_addr="x", master_port=29500, simulated=False)
     pods = kueue.apply_placements(rendering.render_pods(spec, plan, envs, launcher=("l",)), plan, allowed)
     assert [t["key"] for t in pods[1]["spec"]["tolerations"]] == ["nvidia.com/gpu", "cloud.google.com/gke-spot"]
@@ -210,7 +210,7 @@ def test_admitted_count_caps_the_plan() -> None:
     """Kueue admitted only 1 T4 (say, partial admission): the plan never uses more."""
     wl = admitted(workload(), {"nvidia-h100-80gb-hbm3": "h100", "tesla-t4": "t4"})
     wl["status"]["admission"]["podSetAssignments"][1]["count"] = 1
-    inv = kueue.restrict_inventory(build_inventory(nodes()), nodes(), placed(wl))
+    inv = kueue.restrict_inventory(build_inventory(nodes()), placed(wl))
     assert [(d.node, d.gpu_type, d.free) for d in inv.devices()] == [
         ("h100-0", H100, 2), ("t4-0", "Tesla-T4", 1)]
 

@@ -120,9 +120,9 @@ def test_when_the_gpu_pods_change_only_nodes_whose_used_devices_changed_are_look
     looked_at: list[str] = []
     real = nodeindex.IndexedNode.parsed
 
-    def parsed(self, used, tolerated):  # type: ignore[no-untyped-def]
+    def parsed(self, used, *args):  # type: ignore[no-untyped-def]
         looked_at.append(self.name)
-        return real(self, used, tolerated)
+        return real(self, used, *args)
 
     monkeypatch.setattr(nodeindex.IndexedNode, "parsed", parsed)
     freed = pods_index[0]["spec"]["nodeName"]

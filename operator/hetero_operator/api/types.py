@@ -188,11 +188,14 @@ class Inventory:
         nodes: usable nodes, ordered by name.
         excluded: excluded nodes, ordered by name.
         warnings: label inconsistencies on usable nodes.
+        labels: every node's labels (usable and excluded) by node name, what later filters match
+            (a template's nodeSelector, a Kueue flavor's nodeLabels) without reading the Node again.
     """
 
     nodes: tuple[NodeInventory, ...]
     excluded: tuple[ExcludedNode, ...]
     warnings: tuple[InventoryWarning, ...] = ()
+    labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict, repr=False)
 
     def devices(self) -> list[Device]:
         """All device classes of all usable nodes."""

@@ -60,8 +60,7 @@ from hetero_operator.api.types import (Device, ExcludedNode, Inventory, Inventor
 from hetero_operator.cluster import gfd
 from hetero_operator.cluster.cudatable import cuda_for_driver
 from hetero_operator.cluster.gputable import base_speed, mig_speed
-from hetero_operator.cluster.inventory import (DEFAULT_TOLERATED_TAINT_KEYS, build_inventory,
-                                               read_node)
+from hetero_operator.cluster.inventory import DEFAULT_TOLERATED_TAINT_KEYS, build_inventory
 
 API_VERSION = "resource.k8s.io/v1"
 DRIVER = "gpu.nvidia.com"
@@ -287,7 +286,7 @@ def build_dra_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mappi
                         slices: Iterable[Mapping[str, Any]] = (),
                         claims: Iterable[Mapping[str, Any]] = (), *,
                         tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS,
-                        ) -> DraInventory:
+                        tolerations: Sequence[Mapping[str, Any]] = ()) -> DraInventory:
     """The cluster's inventory with every node that has NVIDIA DRA devices read from DRA.
 
     GFD-labelled nodes are read by :func:`hetero_operator.cluster.inventory.build_inventory` as before. A
@@ -303,25 +302,28 @@ def build_dra_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mappi
         claims: ResourceClaim objects; devices in their ``status.allocation`` are not free. Pass
             only claims that are not the job's own when re-planning it (:func:`claim_owned_by_job`).
         tolerated_taint_keys: taint keys that do not exclude a node.
+        tolerations: the job's pod tolerations (a taint they tolerate does not exclude a node).
 
     Returns:
         The merged inventory, which nodes came from DRA, and their product names.
     """
-    nodes = list(nodes)
-    base = build_inventory(nodes, pods, tolerated_taint_keys=tolerated_taint_keys)
-    return merge_dra(base, nodes, slices, claims, tolerated_taint_keys=tolerated_taint_keys)
+    base = build_inventory(nodes, pods, tolerated_taint_keys=tolerated_taint_keys,
+                           tolerations=tolerations)
+    return merge_dra(base, slices, claims)
 
 
-def merge_dra(base: Inventory, nodes: Iterable[Mapping[str, Any]],
-              slices: Iterable[Mapping[str, Any]] = (), claims: Iterable[Mapping[str, Any]] = (), *,
-              tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS) -> DraInventory:
-    """:func:`build_dra_inventory` on an inventory already read from the nodes' GFD labels (the
-    operator's node index keeps that one up to date)."""
-    nodes = list(nodes)
+def merge_dra(base: Inventory, slices: Iterable[Mapping[str, Any]] = (),
+              claims: Iterable[Mapping[str, Any]] = ()) -> DraInventory:
+    """:func:`build_dra_inventory` on an inventory already read from the nodes (the operator's
+    node index keeps that one up to date).
+
+    The Nodes are not read again: a node's health is the base inventory's exclusion when it is a
+    health reason (:data:`HEALTH_REASONS`, as the job's tolerations saw its taints); a slice of a
+    node the inventory does not know (gone, or not yet listed) is left out.
+    """
     read = read_slices(slices)
     if not read:
         return DraInventory(inventory=base)
-    by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes}
     taken = allocated_devices(claims)
     counters = counter_sets(slices)
     devices: dict[str, list[DraDevice]] = {}
@@ -337,11 +339,10 @@ def merge_dra(base: Inventory, nodes: Iterable[Mapping[str, Any]],
     product_names: dict[tuple[str, str], str] = {}
     dra_nodes = set()
     for name in sorted(devices.keys() | errors.keys()):
-        node = by_name.get(name)
-        if node is None:  # a slice of a node that is gone (or not yet listed)
+        if name not in base.labels:  # a slice of a node that is gone (or not yet listed)
             continue
-        health = read_node(node, {}, tolerated_taint_keys=tolerated_taint_keys)
-        if isinstance(health, ExcludedNode) and health.reason in HEALTH_REASONS:
+        health = excluded.get(name)
+        if health is not None and health.reason in HEALTH_REASONS:
             if name in devices:  # name its GPU type for the unschedulable message, as GFD does
                 health = ExcludedNode(node=name, reason=health.reason, message=health.message,
                                       gpu_type=health.gpu_type or devices[name][0].gpu_type)
@@ -362,7 +363,7 @@ def merge_dra(base: Inventory, nodes: Iterable[Mapping[str, Any]],
             product_names[(name, dev.gpu_type)] = dev.product_name
     inventory = Inventory(nodes=tuple(usable[k] for k in sorted(usable)),
                           excluded=tuple(excluded[k] for k in sorted(excluded)),
-                          warnings=tuple(warnings))
+                          warnings=tuple(warnings), labels=base.labels)
     return DraInventory(inventory=inventory, dra_nodes=frozenset(dra_nodes),
                         product_names=product_names)
 

@@ -16,13 +16,17 @@ then the device classes from GPU Feature Discovery labels and ``status.allocatab
   budget stays the full GPU's, but other tenants' processes may use part of it.
 
 Devices requested by pods already bound to the node (not Succeeded/Failed) are subtracted.
+A taint excludes a node unless its key is one the worker pods always tolerate or the job's pod
+tolerations (``spec.worker.template``) tolerate it, so the node is read once, as the job's pods
+see it; every node's labels stay in the inventory (:attr:`Inventory.labels`) for the filters
+after it (the template's nodeSelector and affinity, a Kueue flavor's nodeLabels).
 Malformed labels exclude the node with ``MalformedLabels``; this module never raises on labels.
 Source for label names and semantics: see :mod:`hetero_operator.cluster.gfd`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,7 +46,8 @@ _DONE_PHASES = ("Succeeded", "Failed")
 
 
 def build_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]] = (), *,
-                    tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS) -> Inventory:
+                    tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS,
+                    tolerations: Sequence[Mapping[str, Any]] = ()) -> Inventory:
     """Read every node's schedulable GPU devices.
 
     Args:
@@ -51,35 +56,43 @@ def build_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[s
             requests count as used.  Pods in phase Succeeded or Failed are skipped.  Pass only
             pods that are not the job's own when re-planning it.
         tolerated_taint_keys: taint keys that do not exclude a node.
+        tolerations: the job's pod tolerations (``spec.worker.template.spec.tolerations``); a
+            taint they tolerate (:func:`tolerates`) does not exclude a node either.
 
     Returns:
-        The :class:`Inventory`, nodes and exclusions each ordered by node name.  Never raises on
-        malformed labels (the node is excluded with ``MalformedLabels``).
+        The :class:`Inventory`, nodes and exclusions each ordered by node name, with every node's
+        labels.  Never raises on malformed labels (the node is excluded with ``MalformedLabels``).
     """
     used = used_resources(pods)
     usable: list[NodeInventory] = []
     excluded: list[ExcludedNode] = []
     warnings: list[InventoryWarning] = []
+    labels: dict[str, Mapping[str, str]] = {}
     for node in sorted(nodes, key=_node_name):
         name = _node_name(node)
-        result = read_node(node, used.get(name, {}), tolerated_taint_keys=tolerated_taint_keys)
+        labels[name] = node_labels(node)
+        result = read_node(node, used.get(name, {}), tolerated_taint_keys=tolerated_taint_keys,
+                           tolerations=tolerations)
         if isinstance(result, ExcludedNode):
             excluded.append(result)
         else:
             usable.append(result[0])
             warnings.extend(result[1])
-    return Inventory(nodes=tuple(usable), excluded=tuple(excluded), warnings=tuple(warnings))
+    return Inventory(nodes=tuple(usable), excluded=tuple(excluded), warnings=tuple(warnings),
+                     labels=labels)
 
 
 def read_node(node: Mapping[str, Any], used: Mapping[str, int], *,
               tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS,
+              tolerations: Sequence[Mapping[str, Any]] = (),
               ) -> ExcludedNode | tuple[NodeInventory, list[InventoryWarning]]:
-    """One node: its inventory and warnings, or why it is excluded."""
+    """One node: its inventory and warnings, or why it is excluded (arguments as
+    :func:`build_inventory`'s)."""
     name = _node_name(node)
-    labels = _labels(node)
+    labels = node_labels(node)
     gpu_type = _gpu_type_guess(labels)
     try:
-        _check_health(node, labels, tolerated_taint_keys)
+        _check_health(node, labels, tolerated_taint_keys, tolerations)
         return _read_devices(name, node, labels, used)
     except NodeExcluded as exc:
         return ExcludedNode(node=name, reason=exc.reason, message=exc.message, gpu_type=gpu_type)
@@ -130,7 +143,36 @@ def _quantity(raw: Any) -> int:
 
 # --- health ----------------------------------------------------------------------------------
 
-def _check_health(node: Mapping[str, Any], labels: Mapping[str, str], tolerated: tuple[str, ...]) -> None:
+def tolerates(tolerations: Sequence[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' rule: one toleration matches the taint's key, value (Equal) and effect; one
+    with operator Exists and no key tolerates every taint, an empty effect every effect
+    (https://kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/)."""
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        op = t.get("operator") or "Equal"
+        if not t.get("key"):
+            if op == "Exists":
+                return True
+            continue
+        if t.get("key") != taint.get("key"):
+            continue
+        if op == "Exists" or str(t.get("value") or "") == str(taint.get("value") or ""):
+            return True
+    return False
+
+
+def blocking_taints(node: Mapping[str, Any], tolerated: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS,
+                    tolerations: Sequence[Mapping[str, Any]] = ()) -> list[Mapping[str, Any]]:
+    """The node's ``NoSchedule``/``NoExecute`` taints that keep the job's pods off it: key not in
+    ``tolerated`` and not tolerated by ``tolerations``."""
+    return [t for t in (node.get("spec") or {}).get("taints") or ()
+            if t.get("effect") in _BLOCKING_EFFECTS and t.get("key") not in tolerated
+            and not tolerates(tolerations, t)]
+
+
+def _check_health(node: Mapping[str, Any], labels: Mapping[str, str], tolerated: tuple[str, ...],
+                  tolerations: Sequence[Mapping[str, Any]]) -> None:
     spec = node.get("spec") or {}
     if spec.get("unschedulable"):
         raise NodeExcluded(model.UNSCHEDULABLE, "node is cordoned (spec.unschedulable); "
@@ -139,11 +181,11 @@ def _check_health(node: Mapping[str, Any], labels: Mapping[str, str], tolerated:
         if cond.get("type") == "Ready" and str(cond.get("status")) != "True":
             why = cond.get("reason") or cond.get("message") or f"Ready={cond.get('status')}"
             raise NodeExcluded(model.NOT_READY, f"node is not Ready ({why})")
-    for taint in spec.get("taints") or []:
-        if taint.get("effect") in _BLOCKING_EFFECTS and taint.get("key") not in tolerated:
-            value = f"={taint['value']}" if taint.get("value") else ""
-            raise NodeExcluded(model.TAINTED, f"taint {taint.get('key')}{value}:{taint.get('effect')} "
-                            "is not tolerated by the worker pods")
+    for taint in blocking_taints(node, tolerated, tolerations)[:1]:
+        value = f"={taint['value']}" if taint.get("value") else ""
+        raise NodeExcluded(model.TAINTED, f"taint {taint.get('key')}{value}:{taint.get('effect')} "
+                        "is not tolerated by the worker pods (add a toleration to "
+                        "spec.worker.template.spec.tolerations to use the node)")
     state = str(labels.get(gfd.MIG_STATE, "")).lower()
     target = labels.get(gfd.MIG_CONFIG, "")
     if state in _MIG_PENDING_STATES:
@@ -291,10 +333,14 @@ def _node_name(node: Mapping[str, Any]) -> str:
     return str((node.get("metadata") or {}).get("name") or "<unnamed>")
 
 
-def _labels(node: Mapping[str, Any]) -> dict[str, str]:
+def node_labels(node: Mapping[str, Any]) -> Mapping[str, str]:
+    """The node's labels as strings (the Node's own map when it is one already: an index value
+    shares it instead of holding a copy; treat it as read-only)."""
     raw = (node.get("metadata") or {}).get("labels") or {}
     if not isinstance(raw, Mapping):
         return {}
+    if isinstance(raw, dict) and all(type(k) is str and type(v) is str for k, v in raw.items()):
+        return raw
     return {str(k): "" if v is None else str(v) for k, v in raw.items()}
 
 

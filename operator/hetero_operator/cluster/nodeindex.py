@@ -13,13 +13,13 @@ Pure: no kopf, no kubernetes (tests/operator/test_layering.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hetero_operator.api.labels import LABEL_MANAGED_BY, MANAGED_BY
 from hetero_operator.api.types import ExcludedNode, Inventory, InventoryWarning, NodeInventory
-from hetero_operator.cluster.inventory import (DEFAULT_TOLERATED_TAINT_KEYS, read_node,
-                                               used_resources)
+from hetero_operator.cluster.inventory import (DEFAULT_TOLERATED_TAINT_KEYS, node_labels, read_node,
+                                               tolerates, used_resources)
 
 _Parsed = ExcludedNode | tuple[NodeInventory, list[InventoryWarning]]
 
@@ -28,31 +28,40 @@ class IndexedNode(dict):  # type: ignore[type-arg]
     """A trimmed Node (a plain dict to every reader) plus the memo of its last parse.
 
     The memo is keyed by what the parse depends on besides the node itself: the GPU devices used
-    on it by other pods and the tolerated taint keys.  Equality is the dict's, so kopf keeps an
-    unchanged node's value (and its memo) when the node is re-listed.
+    on it by other pods, the tolerated taint keys, and which of its taints the job's tolerations
+    tolerate (none for an untainted node, so jobs with different tolerations share its parse).
+    Equality is the dict's, so kopf keeps an unchanged node's value (and its memo) when the node
+    is re-listed.
     """
 
-    __slots__ = ("_memo", "name")
+    __slots__ = ("_memo", "name", "labels")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._memo: tuple[tuple[Any, ...], _Parsed] | None = None
         self.name: str = _name(self)
+        self.labels: Mapping[str, str] = node_labels(self)
+        """The node's labels as strings (read once, when kopf stores the value)."""
 
-    def parsed(self, used: Mapping[str, int], tolerated_taint_keys: tuple[str, ...]) -> _Parsed:
+    def parsed(self, used: Mapping[str, int], tolerated_taint_keys: tuple[str, ...],
+               tolerations: Sequence[Mapping[str, Any]] = ()) -> _Parsed:
         """:func:`hetero_operator.cluster.inventory.read_node` of this node, memoised.
 
         Args:
             used: ``{resource: devices}`` requested on this node by pods other than the job's.
             tolerated_taint_keys: taint keys that do not exclude the node.
+            tolerations: the job's pod tolerations.
 
         Returns:
             The node's inventory and warnings, or why it is excluded (shared, do not mutate).
         """
-        key = (tuple(sorted(used.items())) if used else (), tolerated_taint_keys)
+        taints = (self.get("spec") or {}).get("taints") or ()
+        waived = tuple(i for i, t in enumerate(taints) if tolerates(tolerations, t)) if tolerations else ()
+        key = (tuple(sorted(used.items())) if used else (), tolerated_taint_keys, waived)
         memo = self._memo
         if memo is None or memo[0] != key:
-            memo = self._memo = (key, read_node(self, used, tolerated_taint_keys=tolerated_taint_keys))
+            memo = self._memo = (key, read_node(self, used, tolerated_taint_keys=tolerated_taint_keys,
+                                                tolerations=tolerations))
         return memo[1]
 
 
@@ -96,7 +105,7 @@ def indexed_used_resources(pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[
 
 def build_indexed_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]] = (), *,
                             tolerated_taint_keys: tuple[str, ...] = DEFAULT_TOLERATED_TAINT_KEYS,
-                            ) -> Inventory:
+                            tolerations: Sequence[Mapping[str, Any]] = ()) -> Inventory:
     """:func:`hetero_operator.cluster.inventory.build_inventory`, reusing the index values' memos.
 
     :class:`IndexedNode` and :class:`IndexedPod` values reuse their parses; any other mapping is
@@ -105,26 +114,28 @@ def build_indexed_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[M
     values were replaced or the GPU pods changed, only the replaced nodes and the nodes whose
     used devices changed are looked at again (in the operator every start leaves out its own
     pods and adds other starts' held ones, so the pods differ from start to start).  The result
-    is equal to ``build_inventory(nodes, pods)``.
+    is equal to ``build_inventory(nodes, pods, ...)``.
 
     Args:
         nodes: Node objects (the index's :class:`IndexedNode` values, or plain dicts).
         pods: bound pods whose ``nvidia.com/*`` requests count as used (not the job's own).
         tolerated_taint_keys: taint keys that do not exclude a node.
+        tolerations: the job's pod tolerations (a taint they tolerate does not exclude a node).
     """
     nodes, pods = list(nodes), list(pods)
     last = _last[0]
     used: dict[str, dict[str, int]] | None = None
-    if last is not None and last.tolerated == tolerated_taint_keys:
+    tolerated = (tolerated_taint_keys, _toleration_key(tolerations))
+    if last is not None and last.tolerated == tolerated:
         if _same(last.pods, pods):
             if _same(last.nodes, nodes):
                 return last.inventory  # the very same index values as the last start
-            incremental = _update(last, nodes, pods, tolerated_taint_keys, last.used)
+            incremental = _update(last, nodes, pods, tolerations, last.used)
             if incremental is not None:
                 return incremental
         elif all(isinstance(p, IndexedPod) for p in pods):
             used = indexed_used_resources(pods)
-            incremental = _update(last, nodes, pods, tolerated_taint_keys, used)
+            incremental = _update(last, nodes, pods, tolerations, used)
             if incremental is not None:
                 return incremental
     used = indexed_used_resources(pods) if used is None else used
@@ -133,15 +144,21 @@ def build_indexed_inventory(nodes: Iterable[Mapping[str, Any]], pods: Iterable[M
     for node in nodes:
         node_used = used.get(_name(node), none)
         if isinstance(node, IndexedNode):
-            results.append(node.parsed(node_used, tolerated_taint_keys))
+            results.append(node.parsed(node_used, tolerated_taint_keys, tolerations))
         else:
-            results.append(read_node(node, node_used, tolerated_taint_keys=tolerated_taint_keys))
+            results.append(read_node(node, node_used, tolerated_taint_keys=tolerated_taint_keys,
+                                     tolerations=tolerations))
     order = sorted(range(len(nodes)), key=lambda i: _name(nodes[i]))
-    inventory = _assemble(results, order)
+    inventory = _assemble(nodes, results, order)
     if all(isinstance(n, IndexedNode) for n in nodes) and all(isinstance(p, IndexedPod) for p in pods):
         position = {_name(n): i for i, n in enumerate(nodes)}
-        _last[0] = _Last(nodes, pods, tolerated_taint_keys, used, results, order, inventory, position)
+        _last[0] = _Last(nodes, pods, tolerated, used, results, order, inventory, position)
     return inventory
+
+
+def _toleration_key(tolerations: Sequence[Mapping[str, Any]]) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """A hashable form of pod tolerations (what the last inventory was read with)."""
+    return tuple(tuple(sorted((str(k), str(v)) for k, v in t.items())) for t in tolerations)
 
 
 class _Last:
@@ -152,7 +169,7 @@ class _Last:
 
     __slots__ = ("nodes", "pods", "tolerated", "used", "results", "order", "inventory", "position")
 
-    def __init__(self, nodes: list[Any], pods: list[Any], tolerated: tuple[str, ...],
+    def __init__(self, nodes: list[Any], pods: list[Any], tolerated: tuple[Any, ...],
                  used: dict[str, dict[str, int]], results: list[_Parsed], order: list[int],
                  inventory: Inventory, position: dict[str, int]) -> None:
         self.nodes, self.pods, self.tolerated, self.used = nodes, pods, tolerated, used
@@ -163,7 +180,7 @@ class _Last:
 _last: list[_Last | None] = [None]
 
 
-def _update(last: _Last, nodes: list[Any], pods: list[Any], tolerated: tuple[str, ...],
+def _update(last: _Last, nodes: list[Any], pods: list[Any], tolerations: Sequence[Mapping[str, Any]],
             used: dict[str, dict[str, int]]) -> Inventory | None:
     """The inventory when only some node values were replaced in place (same names in the same
     positions) and/or the pods' ``used`` devices changed on some nodes: re-read those nodes,
@@ -183,18 +200,21 @@ def _update(last: _Last, nodes: list[Any], pods: list[Any], tolerated: tuple[str
                     changed.add(i)
     results = list(last.results)
     for i in changed:
-        results[i] = nodes[i].parsed(used.get(_name(nodes[i]), none), tolerated)
-    inventory = _assemble(results, last.order)
-    _last[0] = _Last(nodes, pods, tolerated, used, results, last.order, inventory, last.position)
+        results[i] = nodes[i].parsed(used.get(_name(nodes[i]), none), last.tolerated[0], tolerations)
+    inventory = _assemble(nodes, results, last.order)
+    _last[0] = _Last(nodes, pods, last.tolerated, used, results, last.order, inventory, last.position)
     return inventory
 
 
-def _assemble(results: list[_Parsed], order: list[int]) -> Inventory:
+def _assemble(nodes: list[Any], results: list[_Parsed], order: list[int]) -> Inventory:
     """The :class:`Inventory` of per-node results, in ``order`` (positions sorted by node name)."""
     usable: list[NodeInventory] = []
     excluded: list[ExcludedNode] = []
     warnings: list[InventoryWarning] = []
+    labels: dict[str, Mapping[str, str]] = {}
     for i in order:
+        node = nodes[i]
+        labels[_name(node)] = node.labels if isinstance(node, IndexedNode) else node_labels(node)
         result = results[i]
         if isinstance(result, ExcludedNode):
             excluded.append(result)
@@ -202,7 +222,8 @@ def _assemble(results: list[_Parsed], order: list[int]) -> Inventory:
             usable.append(result[0])
             if result[1]:
                 warnings.extend(result[1])
-    return Inventory(nodes=tuple(usable), excluded=tuple(excluded), warnings=tuple(warnings))
+    return Inventory(nodes=tuple(usable), excluded=tuple(excluded), warnings=tuple(warnings),
+                     labels=labels)
 
 
 def _same(a: list[Any], b: list[Any]) -> bool:

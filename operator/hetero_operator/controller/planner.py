@@ -19,10 +19,10 @@ from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.api.spec import JobSpec, profile_key
 from hetero_operator.api.types import Inventory, Plan, Unschedulable
 from hetero_operator.cluster import dra
-from hetero_operator.cluster.nodeindex import build_indexed_inventory, indexed_used_resources
+from hetero_operator.cluster.nodeindex import build_indexed_inventory
 from hetero_operator.planning import profiles
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
-from hetero_operator.planning.placement import restrict_to_template
+from hetero_operator.planning.placement import pod_tolerations, restrict_to_template
 from hetero_operator.planning.plan import plan_job
 from hetero_operator.render import workload as kueue
 
@@ -63,18 +63,19 @@ def plan_on_indexes(spec: JobSpec, nodes: Sequence[Mapping[str, Any]],
     re-read.
     """
     others = [p for p in indexed if not owned_by(p, spec.name, spec.namespace)] + list(held)
-    inventory = build_indexed_inventory(nodes, others)
+    # The nodes are read once, as the job's pods see them (their tolerations: a tainted pool);
+    # every filter after this reads the inventory, never a Node.
+    inventory = build_indexed_inventory(nodes, others, tolerations=pod_tolerations(spec.worker.template))
     slices, claims = dra_source
-    drainv = dra.merge_dra(inventory, nodes, slices,
+    drainv = dra.merge_dra(inventory, slices,
                            [x for x in claims if not dra.claim_owned_by_job(x, spec.name, spec.namespace)])
     inventory = drainv.inventory
-    if spec.worker.template:  # its nodeSelector, affinity and tolerations (a tainted pool)
-        inventory = restrict_to_template(inventory, nodes, spec.worker.template,
-                                         used=indexed_used_resources(others))
+    if spec.worker.template:  # its nodeSelector and node affinity
+        inventory = restrict_to_template(inventory, spec.worker.template)
     if capacity:
         inventory = kueue.capacity_inventory(inventory)
     if allowed is not None:
-        inventory = kueue.restrict_inventory(inventory, nodes, allowed)
+        inventory = kueue.restrict_inventory(inventory, allowed)
     result = plan_job(spec, inventory, inputs=inputs)
     log.info("%s/%s: planned over %d usable node(s), %d GPU pod(s) bound: %s", spec.namespace,
              spec.name, len(inventory.nodes), len(indexed),

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -378,16 +378,15 @@ def placements(admission: Admission, workload: Mapping[str, Any],
     return out
 
 
-def restrict_inventory(inventory: Inventory, nodes: Iterable[Mapping[str, Any]],
-                       allowed: Mapping[str, FlavorPlacement]) -> Inventory:
+def restrict_inventory(inventory: Inventory, allowed: Mapping[str, FlavorPlacement]) -> Inventory:
     """The part of ``inventory`` the admission allows.
 
-    Keeps devices whose GPU type was admitted, on nodes whose labels include the admitted
-    flavor's ``nodeLabels``, and caps each type's free devices (in node order) at the admitted
-    count, so :func:`hetero_operator.planning.plan.plan_job` on the result plans within the admission.
+    Keeps devices whose GPU type was admitted, on nodes whose labels (:attr:`Inventory.labels`)
+    include the admitted flavor's ``nodeLabels``, and caps each type's free devices (in node
+    order) at the admitted count, so :func:`hetero_operator.planning.plan.plan_job` on the result
+    plans within the admission.
     """
-    labels = {str((n.get("metadata") or {}).get("name")): (n.get("metadata") or {}).get("labels") or {}
-              for n in nodes}
+    labels = inventory.labels
     left = {t: p.count for t, p in allowed.items()}
     kept: list[NodeInventory] = []
     for node in inventory.nodes:

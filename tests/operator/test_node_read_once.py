@@ -1,0 +1,112 @@
+"""A node read once (issue 28, item 4): the inventory is read with the job's pod tolerations and
+keeps every node's labels; the filters after it (DRA's merge, the template's nodeSelector and
+affinity, Kueue's admitted flavors) take the inventory and never a Node.
+
+Before, a node whose GPUs DRA publishes and that is tainted with a taint the template tolerates
+was excluded by the DRA merge (read with the default tolerations) and then read again by the
+template filter through the GFD labels it does not have (``NoGPUs``): the job could not use it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from builders import CATALOG_118_124_128, make_job, make_node
+
+from hetero_operator.api import types as model
+from hetero_operator.cluster import dra, nodeindex
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.cluster.nodeindex import trim_node
+from hetero_operator.controller.planner import plan_on_indexes
+from hetero_operator.planning.placement import restrict_to_template
+from hetero_operator.render import workload as kueue
+
+SPOT = {"key": "pool", "value": "spot", "effect": "NoSchedule"}
+TOLERATE_SPOT = {"key": "pool", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
+A100 = "NVIDIA A100-SXM4-40GB"
+
+
+def _dra_node(name: str, *, taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    """A Node without GFD labels (its GPUs come from DRA), labelled ``pool=spot``."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"pool": "spot"}},
+            "spec": {"taints": taints} if taints else {},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                       "allocatable": {"cpu": "64"}, "capacity": {"cpu": "64"}}}
+
+
+def _slice(node: str, gpus: int) -> dict[str, Any]:
+    devices = [{"name": f"gpu-{i}", "attributes": {
+        "type": {"string": "gpu"}, "uuid": {"string": f"GPU-{node}-{i}"},
+        "productName": {"string": A100}, "cudaComputeCapability": {"version": "8.0.0"},
+        "driverVersion": {"version": "550.54.15"}, "cudaDriverVersion": {"version": "12.4.0"}},
+        "capacity": {"memory": {"value": "40Gi"}}} for i in range(gpus)]
+    return {"apiVersion": dra.API_VERSION, "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpu"},
+            "spec": {"driver": dra.DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}}
+
+
+def _job(tolerations: list[dict[str, str]]) -> Any:
+    template: dict[str, Any] = {"spec": {"nodeSelector": {"pool": "spot"}}}
+    if tolerations:
+        template["spec"]["tolerations"] = tolerations
+    job = make_job(ranks=2, min_ranks=2, images=CATALOG_118_124_128)
+    return replace(job, worker=replace(job.worker, template=template))
+
+
+def test_a_dra_node_tainted_with_a_tolerated_taint_is_planned_from_its_slices() -> None:
+    nodes = [trim_node(_dra_node("spot-0", taints=[SPOT]))]
+    plan, drainv = plan_on_indexes(_job([TOLERATE_SPOT]), nodes, [], [],
+                                   dra_source=([_slice("spot-0", 2)], []))
+    assert isinstance(plan, model.Plan), plan
+    assert [(g.node, g.product, len(g.ranks)) for g in plan.groups] == [
+        ("spot-0", "NVIDIA-A100-SXM4-40GB", 2)]
+    assert drainv.dra_nodes == frozenset({"spot-0"})
+    # without the toleration the taint keeps the job off it, named as the taint
+    refused, _ = plan_on_indexes(_job([]), nodes, [], [], dra_source=([_slice("spot-0", 2)], []))
+    assert isinstance(refused, model.Unschedulable)
+    assert [(e.node, e.reason) for e in refused.excluded] == [("spot-0", model.TAINTED)]
+
+
+def test_the_filters_read_the_inventory_labels_not_nodes() -> None:
+    """Labels given only to the inventory decide; the filters take no Node objects at all."""
+    nodes = [make_node("a"), make_node("b")]
+    inventory = build_inventory(nodes)
+    assert inventory.labels["a"] == nodes[0]["metadata"]["labels"]
+    relabelled = replace(inventory, labels={**inventory.labels, "b": {**inventory.labels["b"], "pool": "spot"}})
+    kept = restrict_to_template(relabelled, {"spec": {"nodeSelector": {"pool": "spot"}}})
+    assert [n.name for n in kept.nodes] == ["b"]
+    assert [(e.node, e.reason) for e in kept.excluded] == [("a", "NodeSelectorMismatch")]
+    place = kueue.FlavorPlacement(gpu_type="NVIDIA-A100-SXM4-40GB", flavor="spot",
+                                  node_labels={"pool": "spot"}, tolerations=(), count=1)
+    admitted = kueue.restrict_inventory(relabelled, {"NVIDIA-A100-SXM4-40GB": place})
+    assert [(d.node, d.free) for d in admitted.devices()] == [("b", 1)]
+    for fn in (dra.merge_dra, restrict_to_template, kueue.restrict_inventory):
+        assert "nodes" not in inspect.signature(fn).parameters, fn
+
+
+def test_tolerations_are_part_of_a_node_s_parse_and_untainted_nodes_share_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    real = nodeindex.read_node
+
+    def read_node(node, used, **kw):  # type: ignore[no-untyped-def]
+        calls.append(node["metadata"]["name"])
+        return real(node, used, **kw)
+
+    monkeypatch.setattr(nodeindex, "read_node", read_node)
+    nodes = [trim_node(make_node("plain")), trim_node(make_node("spot", taints=[SPOT]))]
+    default = nodeindex.build_indexed_inventory(nodes)
+    assert [n.name for n in default.nodes] == ["plain"]
+    assert [(e.node, e.reason) for e in default.excluded] == [("spot", model.TAINTED)]
+    calls.clear()
+    tolerant = nodeindex.build_indexed_inventory(nodes, tolerations=[TOLERATE_SPOT])
+    assert [n.name for n in tolerant.nodes] == ["plain", "spot"]
+    assert calls == ["spot"]  # the untainted node's parse did not depend on the tolerations
+    assert tolerant == build_inventory(nodes, tolerations=[TOLERATE_SPOT])
+    calls.clear()
+    assert nodeindex.build_indexed_inventory(nodes) == default
+    assert calls == ["spot"]
