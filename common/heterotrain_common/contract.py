@@ -17,10 +17,13 @@ rank sits), ``batch`` (:class:`BatchSettings`), ``comm`` (:class:`CommSettings`)
 its default; :func:`parse_contract`, :func:`render_rank_env` and :func:`read_var` all walk those
 fields, so a new knob is one field (plus its name in ``envnames``).
 
+A rank's batch is written once, in its ``HTJ_TOPOLOGY`` entry (``local_batch``); the global
+batch is their sum.  :attr:`Contract.local_batch` and :attr:`Contract.global_batch` derive both.
+
 A pod that hosts several ranks of one group (one process per GPU, like ``torchrun
 --nproc-per-node``) receives the *pod* form: everything except ``RANK``, ``LOCAL_RANK`` and
-``HTJ_LOCAL_BATCH_SIZE``, plus ``HTJ_FIRST_RANK``.  :func:`expand_pod_env` turns it into the rank
-form for local rank ``i``; :func:`parse_contract` reads and cross-checks the rank form.
+``HTJ_GROUP_RANK``, plus ``HTJ_FIRST_RANK``.  :func:`expand_pod_env` turns it into the rank form
+for local rank ``i``; :func:`parse_contract` reads and cross-checks the rank form.
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DI
                                          CHECKPOINT_INTERVAL_STEPS, CHECKPOINT_KEEP,
                                          CHECKPOINT_MAX_FAILURES,
                                          CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S, COMPRESSION,
-                                         DEVICE_PROFILE, EPOCHS, FIRST_RANK, GLOBAL_BATCH_SIZE,
+                                         DEVICE_PROFILE, EPOCHS, FIRST_RANK,
                                          GROUP, GROUP_RANK, GROUP_SIZE, HIERARCHIES, HIERARCHY,
-                                         JOB_NAME, JOB_UID, LOCAL_BATCH_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+                                         JOB_NAME, JOB_UID, LOCAL_RANK, LOCAL_WORLD_SIZE,
                                          MASTER_ADDR, MASTER_PORT, MAX_STEPS, MEMORY_CAP_BYTES,
                                          METRICS_PORT, MICRO_BATCH_SIZE, OPTIONAL_VARS,
                                          POWERSGD_RANK, PRECISION, PRECISIONS,
@@ -103,7 +106,8 @@ class RankEntry:
         node: Kubernetes node name (or ``"localhost"`` for the embedded default).
         gpu_product: GFD product label value.
         compute_capability: ``"major.minor"``, ``""`` for CPU.
-        local_batch: samples per step on this rank (>= 1).
+        local_batch: samples per optimizer step on this rank (>= 1): the one place the rank's
+            batch is written (the global batch is the sum over the topology).
     """
 
     rank: int
@@ -178,18 +182,14 @@ class RankInfo:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BatchSettings:
-    """How much one step and the whole run train.
+    """How long the run trains.  The batch of one step is the topology's
+    (:attr:`Contract.local_batch`, :attr:`Contract.global_batch`).
 
     Attributes:
-        local_batch_size: samples per step on this rank, >= 1 (``HTJ_LOCAL_BATCH_SIZE``).
-        global_batch_size: samples per step over all ranks, the sum of the local batches
-            (``HTJ_GLOBAL_BATCH_SIZE``).
         max_steps: optimizer steps of the whole job, None = no limit (``HTJ_MAX_STEPS``).
         epochs: epochs overriding the script's, None = the script's (``HTJ_EPOCHS``).
     """
 
-    local_batch_size: int = var(LOCAL_BATCH_SIZE, count(1))
-    global_batch_size: int = var(GLOBAL_BATCH_SIZE, count(1))
     max_steps: int | None = var(MAX_STEPS, count(1), default=None)
     epochs: int | None = var(EPOCHS, count(1), default=None)
 
@@ -331,8 +331,18 @@ class Contract:
 
     @property
     def local_batches(self) -> list[int]:
-        """Local batch per rank, ``len == world_size``."""
+        """Local batch per rank, ``len == world_size`` (the topology's ``local_batch``)."""
         return [e.local_batch for e in self.topology]
+
+    @property
+    def local_batch(self) -> int:
+        """Samples per optimizer step on this rank: its topology entry's ``local_batch``."""
+        return self.topology[self.dist.rank].local_batch
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all ranks: the sum of the topology's local batches."""
+        return sum(self.local_batches)
 
 
 _TABLE: dict[str, tuple[Var, Any]] = {v.name: (v, default) for _, v, default in walk(Contract)}
@@ -393,9 +403,7 @@ def expand_pod_env(pod: Mapping[str, str], local_rank: int) -> dict[str, str]:
         raise ContractError(FIRST_RANK, f"rank {rank} has no entry in {TOPOLOGY}")
     group_first = min(e.rank for e in topology if e.group == topology[rank].group)
     env = {k: v for k, v in pod.items() if k != FIRST_RANK}
-    env.update({RANK: str(rank), LOCAL_RANK: str(local_rank),
-                LOCAL_BATCH_SIZE: str(topology[rank].local_batch),
-                GROUP_RANK: str(rank - group_first)})
+    env.update({RANK: str(rank), LOCAL_RANK: str(local_rank), GROUP_RANK: str(rank - group_first)})
     return env
 
 
@@ -411,9 +419,8 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
     Raises:
         ContractError: naming the first offending variable (in declaration order): missing, not
             an integer, out of range, or inconsistent with ``HTJ_TOPOLOGY`` (rank outside
-            WORLD_SIZE, ranks missing from the topology, local batches not summing to
-            ``HTJ_GLOBAL_BATCH_SIZE``, group fields disagreeing with the topology, shares not one
-            per rank).
+            WORLD_SIZE, ranks missing from the topology, a local batch below 1, group fields
+            disagreeing with the topology, shares not one per rank).
     """
     contract: Contract = read_fields(Contract, environ)
     d = contract.dist
@@ -451,15 +458,8 @@ def _check_topology(topology: tuple[RankEntry, ...], world: int) -> None:
 
 
 def _check_rank_against_topology(c: Contract) -> None:
-    d, b = c.dist, c.batch
-    total = sum(c.local_batches)
-    if total != b.global_batch_size:
-        raise ContractError(GLOBAL_BATCH_SIZE, f"{b.global_batch_size} != sum of local batches "
-                            f"in {TOPOLOGY} ({total}: {c.local_batches})")
+    d = c.dist
     me = c.topology[d.rank]
-    if me.local_batch != b.local_batch_size:
-        raise ContractError(LOCAL_BATCH_SIZE, f"{b.local_batch_size} disagrees with {TOPOLOGY} "
-                            f"entry for rank {d.rank} ({me.local_batch})")
     if me.group != d.group:
         raise ContractError(GROUP, f"{d.group} disagrees with {TOPOLOGY} entry for rank {d.rank} "
                             f"({me.group})")

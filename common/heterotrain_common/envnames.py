@@ -23,10 +23,6 @@ GROUP_SIZE = "HTJ_GROUP_SIZE"
 """Number of ranks in the group."""
 FIRST_RANK = "HTJ_FIRST_RANK"
 """Pod form only: global rank of the pod's local rank 0."""
-LOCAL_BATCH_SIZE = "HTJ_LOCAL_BATCH_SIZE"
-"""Samples per optimizer step on this rank."""
-GLOBAL_BATCH_SIZE = "HTJ_GLOBAL_BATCH_SIZE"
-"""Samples per optimizer step over all ranks; equals the sum of local batches."""
 PRECISION = "HTJ_PRECISION"
 """One of :data:`PRECISIONS`: the autocast dtype this rank uses."""
 HIERARCHY = "HTJ_HIERARCHY"
@@ -34,7 +30,9 @@ HIERARCHY = "HTJ_HIERARCHY"
 DEVICE_PROFILE = "HTJ_DEVICE_PROFILE"
 """JSON of :class:`DeviceProfile`: the real or simulated device this rank runs on."""
 TOPOLOGY = "HTJ_TOPOLOGY"
-"""JSON list of :class:`RankEntry`, one per rank, ordered by rank."""
+"""JSON list of :class:`RankEntry`, one per rank, ordered by rank.  The one place a rank's batch
+is written: its entry's ``local_batch`` is its samples per optimizer step, and the sum over the
+entries is the global batch (``Contract.local_batch`` and ``Contract.global_batch``)."""
 METRICS_PORT = "HTJ_METRICS_PORT"
 """TCP port of this rank's Prometheus endpoint; 0 disables it."""
 CHECKPOINT_DIR = "HTJ_CHECKPOINT_DIR"
@@ -131,9 +129,9 @@ to usable memory).  A job-wide value, so the pod form carries it.  Unset under `
 shares."""
 SHARDINGS: tuple[str, ...] = ("none", "group", "full")
 TORCHRUN_VARS = (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
-RANK_ONLY_VARS = (RANK, LOCAL_RANK, LOCAL_BATCH_SIZE, GROUP_RANK)
-REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, LOCAL_BATCH_SIZE,
-                 GLOBAL_BATCH_SIZE, PRECISION, HIERARCHY, DEVICE_PROFILE, TOPOLOGY)
+RANK_ONLY_VARS = (RANK, LOCAL_RANK, GROUP_RANK)
+REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, PRECISION, HIERARCHY,
+                 DEVICE_PROFILE, TOPOLOGY)
 OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
                  COMPRESSION, POWERSGD_RANK, RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT)
 KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS,

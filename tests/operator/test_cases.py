@@ -71,7 +71,7 @@ def test_01_mig_mixed_plan_splits_64_as_16_16_8_8_8_8() -> None:
     assert all(g.resource_name != "nvidia.com/gpu" for g in plan.groups)
     rendered = envs(plan, job)
     assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["NCCL_P2P_DISABLE"]) for e in rendered} == {("6", "1", "1")}
-    assert [e["HTJ_LOCAL_BATCH_SIZE"] for e in rendered] == ["16", "16", "8", "8", "8", "8"]
+    assert [parse_contract(e).local_batch for e in rendered] == [16, 16, 8, 8, 8, 8]
 
 
 # --- 03 --------------------------------------------------------------------------------------

@@ -52,7 +52,6 @@ def test_two_ranks_each_leave_one_trace_of_the_profiled_steps(tmp_path: Path) ->
 def test_profiling_is_off_unless_asked_and_the_trace_goes_to_the_run_or_checkpoint_dir() -> None:
     base = c.Contract(dist=c.RankInfo(rank=1, world_size=2, local_rank=0, local_world_size=1, master_addr="x",
                                       master_port=1, job_name="j", group=1, group_rank=0, group_size=1),
-                      batch=c.BatchSettings(local_batch_size=1, global_batch_size=2),
                       precision="fp32", comm=c.CommSettings(hierarchy="flat"),
                       device=c.DeviceProfile(product="T4", compute_capability="7.5", memory_mib=1,
                                              relative_speed=1.0, simulated=True),

@@ -39,7 +39,7 @@ FLAKY = textwrap.dedent("""
     m = WorkerMetrics(ct)
     m.set_total_steps(2)
     for _ in range(2):
-        m.observe_step(0.01, 0.01, 0.0, ct.batch.local_batch_size, 1.0)
+        m.observe_step(0.01, 0.01, 0.0, ct.local_batch, 1.0)
     m.flush()
     open(os.path.join(out, f"start-{ct.dist.rank}-{attempt}"), "w").close()
     if attempt < int(os.environ["FAIL_TIMES"]):

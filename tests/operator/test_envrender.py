@@ -42,8 +42,7 @@ def test_exact_rank_env_of_the_second_t4() -> None:
     assert envs[2] == {
         "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
         "MASTER_ADDR": "digits", "MASTER_PORT": "29500", "HTJ_JOB_NAME": "digits", "HTJ_GROUP": "1",
-        "HTJ_GROUP_RANK": "1", "HTJ_GROUP_SIZE": "2", "HTJ_LOCAL_BATCH_SIZE": "14",
-        "HTJ_GLOBAL_BATCH_SIZE": "96", "HTJ_PRECISION": "fp16", "HTJ_HIERARCHY": "group",
+        "HTJ_GROUP_RANK": "1", "HTJ_GROUP_SIZE": "2", "HTJ_PRECISION": "fp16", "HTJ_HIERARCHY": "group",
         "HTJ_DEVICE_PROFILE": json.dumps({"compute_capability": "7.5", "memory_mib": 15360, "mig_profile": "",
                                           "product": "Tesla-T4", "relative_speed": 65 / 312,
                                           "simulated": True}, sort_keys=True),
@@ -53,6 +52,8 @@ def test_exact_rank_env_of_the_second_t4() -> None:
         "HTJ_COMPRESSION": "none", "HTJ_POWERSGD_RANK": "16", "HTJ_RESTART_GENERATION": "0",
         "TORCHELASTIC_RESTART_COUNT": "0"}
     assert [parse_contract(e).dist.rank for e in envs] == [0, 1, 2]
+    assert [(parse_contract(e).local_batch, parse_contract(e).global_batch) for e in envs] == [
+        (68, 96), (14, 96), (14, 96)]  # the batch once, in the topology
 
 
 def test_metrics_ports_per_host_or_per_local_rank() -> None:
@@ -90,6 +91,16 @@ def test_pod_form_of_local_rank_zero_expands_back_to_every_rank() -> None:
             expanded = expand_pod_env(pod, local)
             expanded["HTJ_METRICS_PORT"] = str(int(pod["HTJ_METRICS_PORT"]) + local)
             assert expanded == envs[rank]
+
+
+def test_a_plan_of_another_global_batch_is_refused() -> None:
+    """The topology is the only place the batch is written: a plan whose local batches do not sum
+    to the job's globalBatchSize is refused when rendered, never handed to the ranks."""
+    plan = _plan(make_job(ranks=3, global_batch=96))
+    with pytest.raises(ValueError, match="the plan's local batches sum to 96, not "
+                                         "spec.training.globalBatchSize 97"):
+        render_rank_envs(plan, make_job(ranks=3, global_batch=97), master_addr="m", master_port=2,
+                         simulated=False)
 
 
 def test_mig_rank_gets_p2p_disabled_and_mig_product_in_its_profile() -> None:

@@ -54,7 +54,7 @@ def test_rank0_exports_predicted_and_ratio() -> None:
     contract = c.Contract(
         dist=c.RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="a",
                         master_port=1, job_name="j", group=0, group_rank=0, group_size=1),
-        batch=c.BatchSettings(local_batch_size=4, global_batch_size=4), precision="fp16",
+        precision="fp16",
         comm=c.CommSettings(hierarchy="group"), device=c.DeviceProfile(product="Tesla-T4"),
         topology=topo, run=c.RunSettings(predicted_samples_per_s=800.0))
     metrics = WorkerMetrics(contract)

@@ -38,7 +38,7 @@ WORKER = textwrap.dedent("""
         from hetero_worker.metrics import WorkerMetrics
         m = WorkerMetrics(ct)
         for _ in range(1 + os.getppid() % 5):
-            m.observe_step(0.01, 0.01, 0.0, ct.batch.local_batch_size, 1.0)
+            m.observe_step(0.01, 0.01, 0.0, ct.local_batch, 1.0)
         m.flush()
         if ct.dist.rank == 0:
             from heterotrain_common.rundir import write_result

@@ -31,11 +31,11 @@ def main(stop_file: str, step_sleep_s: float, max_s: float) -> int:
     metrics.start_server(addr="127.0.0.1")
     model = torch.nn.Linear(16, 4)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    weight = c.batch.local_batch_size / c.batch.global_batch_size  # local mean * b/B, summed = global mean
+    weight = c.local_batch / c.global_batch  # local mean * b/B, summed = global mean
     started = time.monotonic()
     while True:
         t0 = time.perf_counter()
-        x, y = torch.randn(c.batch.local_batch_size, 16), torch.randint(0, 4, (c.batch.local_batch_size,))
+        x, y = torch.randn(c.local_batch, 16), torch.randint(0, 4, (c.local_batch,))
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -46,7 +46,7 @@ def main(stop_file: str, step_sleep_s: float, max_s: float) -> int:
         t2 = time.perf_counter()
         opt.step()
         t3 = time.perf_counter()
-        metrics.observe_step(t3 - t0, (t1 - t0) + (t3 - t2), t2 - t1, c.batch.local_batch_size, loss.item())
+        metrics.observe_step(t3 - t0, (t1 - t0) + (t3 - t2), t2 - t1, c.local_batch, loss.item())
         stop = torch.tensor([float(os.path.exists(stop_file) or time.monotonic() - started > max_s)])
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)
         if stop.item() > 0:

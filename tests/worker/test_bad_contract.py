@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -18,8 +19,11 @@ BROKEN = {
     "RANK missing": ("RANK", "", "RANK"),
     "WORLD_SIZE not an integer": ("WORLD_SIZE", "two", "WORLD_SIZE"),
     "MASTER_PORT out of range": ("MASTER_PORT", "70000", "MASTER_PORT"),
-    "local batch disagrees with topology": ("HTJ_LOCAL_BATCH_SIZE", "9", "HTJ_LOCAL_BATCH_SIZE"),
-    "global batch is not the sum": ("HTJ_GLOBAL_BATCH_SIZE", "20", "HTJ_GLOBAL_BATCH_SIZE"),
+    "a rank's batch below 1 in the topology": (
+        "HTJ_TOPOLOGY", lambda text: text.replace('"local_batch":8', '"local_batch":0', 1), "HTJ_TOPOLOGY"),
+    "a rank's batch missing from the topology": (
+        "HTJ_TOPOLOGY", lambda text: json.dumps([{k: v for k, v in e.items() if k != "local_batch"}
+                                                 for e in json.loads(text)]), "HTJ_TOPOLOGY"),
     "unknown precision": ("HTJ_PRECISION", "fp8", "HTJ_PRECISION"),
     "unknown hierarchy": ("HTJ_HIERARCHY", "ring", "HTJ_HIERARCHY"),
     "device profile not JSON": ("HTJ_DEVICE_PROFILE", "{product: T4", "HTJ_DEVICE_PROFILE"),
@@ -30,10 +34,12 @@ BROKEN = {
 }
 
 
-def broken_env(variable: str, value: str | None) -> dict[str, str]:
+def broken_env(variable: str, value: str | Callable[[str], str] | None) -> dict[str, str]:
     env = mixed_cluster_envs([8, 8])[0]
     if value is None:  # drop rank 1 from the topology
         env[variable] = json.dumps(json.loads(env[variable])[:1])
+    elif callable(value):  # a change of the rendered text
+        env[variable] = value(env[variable])
     else:
         env[variable] = value
     return env

@@ -1,5 +1,6 @@
 """The env contract: exact variable sets, round trips and one clear error per malformed variable."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -18,7 +19,7 @@ def _contract(**changes):
     base = c.Contract(
         dist=c.RankInfo(rank=1, world_size=3, local_rank=1, local_world_size=2, master_addr="job-0.job",
                         master_port=29500, job_name="j", group=0, group_rank=1, group_size=2),
-        batch=c.BatchSettings(local_batch_size=5, global_batch_size=12), precision="bf16",
+        precision="bf16",
         comm=c.CommSettings(hierarchy="group"),
         device=c.DeviceProfile(product="A100", compute_capability="8.0", memory_mib=40960,
                                relative_speed=1.0),
@@ -27,10 +28,23 @@ def _contract(**changes):
                             for name, fields in changes.items()})
 
 
+_TOPOLOGY = c.topology_to_json(_contract().topology)
+
+
 def test_rank_env_has_exactly_the_contract_variables():
     env = c.render_rank_env(_contract())
     assert set(env) == set(envnames.REQUIRED_VARS) | set(envnames.OPTIONAL_VARS)
-    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3" and env["HTJ_LOCAL_BATCH_SIZE"] == "5"
+    assert env["RANK"] == "1" and env["WORLD_SIZE"] == "3"
+    assert json.loads(env["HTJ_TOPOLOGY"])[1]["local_batch"] == 5  # the rank's batch, once
+
+
+def test_the_batch_is_derived_from_the_topology_alone():
+    """The local and global batch are the topology's: this rank's entry and the sum; a stray
+    HTJ_LOCAL_BATCH_SIZE or HTJ_GLOBAL_BATCH_SIZE (an older operator's) is not read."""
+    env = dict(c.render_rank_env(_contract()), HTJ_LOCAL_BATCH_SIZE="99", HTJ_GLOBAL_BATCH_SIZE="1")
+    parsed = c.parse_contract(env)
+    assert (parsed.local_batch, parsed.global_batch, parsed.local_batches) == (5, 12, [5, 5, 2])
+    assert not {"HTJ_LOCAL_BATCH_SIZE", "HTJ_GLOBAL_BATCH_SIZE"} & set(c.VARIABLES)
 
 
 def test_round_trip_through_env():
@@ -43,7 +57,7 @@ def test_pod_form_expands_to_each_rank():
     pod = c.pod_env(rank0)
     assert "RANK" not in pod and pod["HTJ_FIRST_RANK"] == "0"
     one = c.parse_contract(c.expand_pod_env(pod, 1))
-    assert (one.dist.rank, one.dist.local_rank, one.dist.group_rank, one.batch.local_batch_size) == (1, 1, 1, 5)
+    assert (one.dist.rank, one.dist.local_rank, one.dist.group_rank, one.local_batch) == (1, 1, 1, 5)
 
 
 @pytest.mark.parametrize(
@@ -52,16 +66,19 @@ def test_pod_form_expands_to_each_rank():
         ("RANK", "3", "outside WORLD_SIZE=3"),
         ("RANK", "one", "must be an integer"),
         ("MASTER_PORT", "70000", "must be in 1..65535"),
-        ("HTJ_GLOBAL_BATCH_SIZE", "13", "!= sum of local batches"),
-        ("HTJ_LOCAL_BATCH_SIZE", "4", "disagrees with HTJ_TOPOLOGY"),
+        ("HTJ_TOPOLOGY", _TOPOLOGY.replace('"local_batch":2', '"local_batch":0'),
+         "rank 2 has local_batch 0; must be >= 1"),
+        ("HTJ_TOPOLOGY", json.dumps([{k: v for k, v in e.items() if (i, k) != (1, "local_batch")}
+                                     for i, e in enumerate(json.loads(_TOPOLOGY))]),
+         "entry 1 has unexpected or missing keys"),
         ("HTJ_PRECISION", "fp8", "must be one of bf16, fp16, fp32"),
         ("HTJ_TOPOLOGY", "[", "is not valid JSON"),
         ("WORLD_SIZE", "4", "missing [3]"),  # the topology is what disagrees: it is named
         ("HTJ_DEVICE_PROFILE", '{"product": "x", "relative_speed": 0}', "relative_speed must be"),
         ("MASTER_ADDR", "", "is required but not set"),
     ],
-    ids=["rank outside world", "rank not int", "port out of range", "batches do not sum",
-         "local batch disagrees", "unknown precision", "topology not json",
+    ids=["rank outside world", "rank not int", "port out of range", "a rank's batch below 1",
+         "a rank's batch missing", "unknown precision", "topology not json",
          "rank missing from topology", "zero speed", "master addr missing"],
 )
 def test_malformed_variable_names_itself(variable, value, needle):

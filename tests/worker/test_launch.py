@@ -36,7 +36,7 @@ def _pod(*, simulated: bool = True, product: str = "Tesla-T4", mig_profile: str 
         dist=c.RankInfo(rank=1, world_size=3, local_rank=0, local_world_size=2,
                         master_addr="job-g0.job.ns.svc", master_port=29500, job_name="job", group=1,
                         group_rank=0, group_size=2),
-        batch=c.BatchSettings(local_batch_size=3, global_batch_size=13), precision="fp16",
+        precision="fp16",
         comm=c.CommSettings(hierarchy="group"),
         device=c.DeviceProfile(product=product, compute_capability="7.5", memory_mib=15360,
                                relative_speed=0.25, simulated=simulated, mig_profile=mig_profile),
@@ -50,12 +50,10 @@ def test_each_local_rank_gets_exactly_its_rank_form_and_metrics_port():
     envs = child_envs(pod, visible_gpus=None)
     shared = {k: v for k, v in pod.items() if k != envnames.FIRST_RANK}
     assert envs == [
-        {**shared, "RANK": "1", "LOCAL_RANK": "0", "HTJ_LOCAL_BATCH_SIZE": "3", "HTJ_GROUP_RANK": "0",
-         "HTJ_METRICS_PORT": "9480"},
-        {**shared, "RANK": "2", "LOCAL_RANK": "1", "HTJ_LOCAL_BATCH_SIZE": "2", "HTJ_GROUP_RANK": "1",
-         "HTJ_METRICS_PORT": "9481"},
+        {**shared, "RANK": "1", "LOCAL_RANK": "0", "HTJ_GROUP_RANK": "0", "HTJ_METRICS_PORT": "9480"},
+        {**shared, "RANK": "2", "LOCAL_RANK": "1", "HTJ_GROUP_RANK": "1", "HTJ_METRICS_PORT": "9481"},
     ]
-    assert [c.parse_contract(e).dist.rank for e in envs] == [1, 2]
+    assert [(c.parse_contract(e).dist.rank, c.parse_contract(e).local_batch) for e in envs] == [(1, 3), (2, 2)]
 
 
 @pytest.mark.parametrize(
@@ -179,10 +177,11 @@ def test_sigterm_is_forwarded_to_every_rank(tmp_path: Path):
     [("HTJ_FIRST_RANK", None, "HTJ_FIRST_RANK: is required"),
      ("LOCAL_WORLD_SIZE", "two", "LOCAL_WORLD_SIZE: must be an integer >= 1"),
      ("HTJ_TOPOLOGY", "[{", "HTJ_TOPOLOGY: is not valid JSON"),
-     ("HTJ_GLOBAL_BATCH_SIZE", "12", "HTJ_GLOBAL_BATCH_SIZE: 12 != sum of local batches"),
+     ("HTJ_TOPOLOGY", _pod()["HTJ_TOPOLOGY"].replace('"local_batch":2', '"local_batch":0'),
+      "HTJ_TOPOLOGY: rank 2 has local_batch 0; must be >= 1"),
      ("HTJ_FIRST_RANK", "2", "HTJ_FIRST_RANK: rank 3 has no entry in HTJ_TOPOLOGY"),
      ("HTJ_PRECISION", "fp8", "HTJ_PRECISION: must be one of bf16, fp16, fp32")],
-    ids=["first rank missing", "local world not int", "topology not json", "batches do not sum",
+    ids=["first rank missing", "local world not int", "topology not json", "a rank's batch below 1",
          "pod overflows topology", "unknown precision"])
 @pytest.mark.timeout(30)
 def test_bad_contract_is_one_clear_line_and_exit_1(variable, value, needle):

@@ -37,7 +37,7 @@ def test_local_envs_parse_as_valid_contracts() -> None:
                                                               master_port=29500)]
     assert [(c.dist.group, c.dist.group_rank, c.dist.group_size) for c in contracts] == [(0, 0, 1), (1, 0, 2),
                                                                           (1, 1, 2)]
-    assert contracts[2].batch.global_batch_size == 12 and contracts[1].device.relative_speed == 0.25
+    assert contracts[2].global_batch == 12 and contracts[1].device.relative_speed == 0.25
 
 
 def test_rank_weights_sum_to_one() -> None:

@@ -13,7 +13,7 @@ def _contract(**comm):
     return c.Contract(
         dist=c.RankInfo(rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="127.0.0.1",
                         master_port=29500, job_name="j", group=0, group_rank=0, group_size=1),
-        batch=c.BatchSettings(local_batch_size=4, global_batch_size=4), precision="fp32",
+        precision="fp32",
         comm=c.CommSettings(**{"hierarchy": "group", **comm}),
         device=c.DeviceProfile(product="A100"), topology=topo)
 

@@ -30,7 +30,7 @@ from hetero_worker.sampler import BatchedTensors, HeteroBatchSampler, as_fetched
 from hetero_worker.streaming import StreamLoader, StreamPosition
 
 REFUSED_ARGS = {
-    "batch_size": "the batch size is the plan's (HTJ_LOCAL_BATCH_SIZE, this rank's share)",
+    "batch_size": "the batch size is the plan's (this rank's HTJ_TOPOLOGY entry, its share)",
     "sampler": "the trainer's sampler gives every rank its share of one global order",
     "batch_sampler": "the trainer's sampler gives every rank its share of one global order",
     "drop_last": "an epoch ends when fewer than a global batch remain (the remainder rule)",

@@ -140,7 +140,7 @@ class WorkerMetrics:
         for name, family in self._families.items():  # counters exist at 0 from the start
             if isinstance(family, (Counter, Histogram)):
                 self._child(name)
-        self.set_local_batch(contract.batch.local_batch_size)
+        self.set_local_batch(contract.local_batch)
         self._child(mn.RESUMED_STEP).set(0)
         if self._stats_dir is not None:
             atexit.register(_flush_if_alive, weakref.ref(self))

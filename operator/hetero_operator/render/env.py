@@ -12,9 +12,9 @@ from __future__ import annotations
 from hetero_operator.api.memoryplan import RankMemory
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import Plan
-from heterotrain_common.contract import (BatchSettings, CheckpointSettings, CommSettings, Contract,
-                                         DeviceProfile, MemorySettings, RankEntry, RankInfo,
-                                         RunSettings, render_rank_env)
+from heterotrain_common.contract import (CheckpointSettings, CommSettings, Contract, DeviceProfile,
+                                         MemorySettings, RankEntry, RankInfo, RunSettings,
+                                         render_rank_env)
 
 HIERARCHY_TO_CONTRACT: dict[str, str] = {
     "Auto": "auto", "Flat": "flat", "Group": "group", "PerNode": "node", "PerArchitecture": "arch",
@@ -44,8 +44,15 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
     Returns:
         One ``dict[str, str]`` per rank, ordered by rank; each parses with
         ``heterotrain_common.contract.parse_contract``; group ``extra_env`` (e.g.
-        ``NCCL_P2P_DISABLE=1``) is included.
+        ``NCCL_P2P_DISABLE=1``) is included.  A rank's batch is its ``HTJ_TOPOLOGY`` entry.
+
+    Raises:
+        ValueError: the plan's local batches do not sum to ``spec.training.globalBatchSize`` (a
+            plan made for another job).
     """
+    if sum(r.local_batch for r in plan.ranks) != job.training.global_batch_size:
+        raise ValueError(f"the plan's local batches sum to {sum(r.local_batch for r in plan.ranks)}, "
+                         f"not spec.training.globalBatchSize {job.training.global_batch_size}")
     topology = tuple(
         RankEntry(rank=r.rank, group=r.group, node=r.node, gpu_product=r.gpu_type,
                   compute_capability=r.compute_capability, local_batch=r.local_batch)
@@ -74,8 +81,6 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
                           master_port=master_port, job_name=job.name, group=r.group,
                           group_rank=r.group_rank, group_size=len(group.ranks),
                           restart_generation=restart_generation),
-            batch=BatchSettings(local_batch_size=r.local_batch,
-                                global_batch_size=training.global_batch_size),
             precision=r.precision, device=device, topology=topology,
             comm=CommSettings(hierarchy=hierarchy, compression=training.compression.lower(),
                               powersgd_rank=training.powersgd_rank,

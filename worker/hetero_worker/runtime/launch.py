@@ -3,7 +3,7 @@
 The operator gives a pod the *pod form* of the contract (see :mod:`heterotrain_common.contract`):
 ``HTJ_FIRST_RANK`` plus ``LOCAL_WORLD_SIZE`` and the shared variables. For each local rank ``i``
 this starts ``CMD`` with :func:`contract.expand_pod_env` (``RANK``, ``LOCAL_RANK``,
-``HTJ_LOCAL_BATCH_SIZE``, ``HTJ_GROUP_RANK``), ``HTJ_METRICS_PORT`` = pod port + ``i`` (the
+``HTJ_GROUP_RANK``; the rank's batch is its ``HTJ_TOPOLOGY`` entry), ``HTJ_METRICS_PORT`` = pod port + ``i`` (the
 operator's port convention, ``spec.worker.metricsPort``), and on whole real GPUs
 ``CUDA_VISIBLE_DEVICES`` = the ``i``-th visible GPU (the rank then sees one device, ``cuda:0``).
 A preset ``CUDA_VISIBLE_DEVICES`` is kept as given: rank ``i`` gets its ``i``-th entry verbatim and

@@ -81,8 +81,6 @@ def local_rank_envs(*, entries: Sequence[RankEntry], profiles: Sequence[DevicePr
             envnames.LOCAL_WORLD_SIZE: str(world), envnames.MASTER_ADDR: master_addr,
             envnames.MASTER_PORT: str(master_port), envnames.JOB_NAME: job_name, envnames.GROUP: str(e.group),
             envnames.GROUP_RANK: str(members.index(e.rank)), envnames.GROUP_SIZE: str(len(members)),
-            envnames.LOCAL_BATCH_SIZE: str(e.local_batch),
-            envnames.GLOBAL_BATCH_SIZE: str(sum(x.local_batch for x in entries)),
             envnames.PRECISION: precision, envnames.HIERARCHY: hierarchy, envnames.DEVICE_PROFILE: profile.to_json(),
             envnames.TOPOLOGY: c.topology_to_json(list(entries)), envnames.METRICS_PORT: str(metrics_port),
             envnames.CHECKPOINT_DIR: checkpoint_dir,
