@@ -44,6 +44,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
+from heterotrain_common.split import split_batch
+
 __all__ = ["FullShardSync", "FlatUnit", "full_state_dict", "shard_full", "slice_sizes"]
 
 SHARD_NAME = "htj_shard"
@@ -53,7 +55,8 @@ SHARD_NAME = "htj_shard"
 def slice_sizes(numel: int, shares_ppm: Sequence[int]) -> list[int]:
     """Cut ``numel`` elements into one slice per rank, proportional to ``shares_ppm``.
 
-    Largest remainders (ties to the lower rank), the planner's rule for the shares themselves.
+    Largest remainders by :func:`heterotrain_common.split.split_batch`, the splitter the planner
+    uses for the shares themselves.
 
     Args:
         numel: elements of a unit's flat parameters (>= 0).
@@ -69,11 +72,7 @@ def slice_sizes(numel: int, shares_ppm: Sequence[int]) -> list[int]:
     total = sum(shares_ppm)
     if total <= 0 or min(shares_ppm) < 0:
         raise ValueError(f"shares must be >= 0 and sum to more than 0, got {list(shares_ppm)}")
-    floors = [numel * s // total for s in shares_ppm]
-    order = sorted(range(len(shares_ppm)), key=lambda i: (-(numel * shares_ppm[i] % total), i))
-    for i in order[:numel - sum(floors)]:
-        floors[i] += 1
-    return floors
+    return split_batch(numel, shares_ppm, min_batch=0)
 
 
 @dataclass
