@@ -55,9 +55,20 @@ def test_kubeconfig_and_flags_name_the_cluster_files(tmp_path: Path) -> None:
     assert cfg["users"][0]["user"] == {"token": "tok"}
     paths = cpflags.Paths(dir=tmp_path, ca=tmp_path / "ca.crt", ca_key=tmp_path / "ca.key", tls_crt=tmp_path / "s.crt",
                           tls_key=tmp_path / "s.key", sa_key=tmp_path / "sa.key", sa_pub=tmp_path / "sa.pub",
-                          tokens=tmp_path / "t.csv", kubeconfig=tmp_path / "kubeconfig")
+                          tokens=tmp_path / "t.csv", kubeconfig=tmp_path / "kubeconfig",
+                          etcd_ca=tmp_path / "e-ca.crt", etcd_crt=tmp_path / "e.crt", etcd_key=tmp_path / "e.key",
+                          etcd_client_crt=tmp_path / "ec.crt", etcd_client_key=tmp_path / "ec.key")
     ports = {"etcd_client": 1, "etcd_peer": 2, "apiserver": 3, "controller_manager": 4, "scheduler": 5}
     api = cpflags.apiserver_args(paths, ports)
+    assert [a for a in api if a.startswith("--etcd-")] == [
+        "--etcd-servers=https://127.0.0.1:1", f"--etcd-cafile={tmp_path / 'e-ca.crt'}",
+        f"--etcd-certfile={tmp_path / 'ec.crt'}", f"--etcd-keyfile={tmp_path / 'ec.key'}"]
+    etcd = cpflags.etcd_args(paths, ports)
+    assert {"--listen-client-urls=https://127.0.0.1:1", "--listen-peer-urls=https://127.0.0.1:2",
+            "--client-cert-auth=true", "--peer-client-cert-auth=true",
+            f"--trusted-ca-file={tmp_path / 'e-ca.crt'}", f"--peer-trusted-ca-file={tmp_path / 'e-ca.crt'}",
+            f"--cert-file={tmp_path / 'e.crt'}", f"--key-file={tmp_path / 'e.key'}"} <= set(etcd)
+    assert not [a for a in etcd if "http://" in a]
     assert "--authorization-mode=Node,RBAC" in api and "--secure-port=3" in api
     assert any(a.startswith("--enable-admission-plugins=") and "PodSecurity" in a and "ResourceQuota" in a for a in api)
     kcm = cpflags.controller_manager_args(paths, ports, grace_s=10, period_s=1)

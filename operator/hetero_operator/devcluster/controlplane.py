@@ -5,15 +5,17 @@ in ``tests/controlplane`` (``scripts/build-controlplane.sh``), all on 127.0.0.1 
 Everything lives in one *cluster dir* (default ``~/.cache/heterotrain/cluster``)::
 
     pki/          CA, kube-apiserver serving cert, service-account signing key (openssl)
+    pki/etcd/     etcd's own CA, its certificate, kube-apiserver's client certificate for it
     etcd/         etcd's data
     logs/         one log per process
-    tokens.csv    the static admin token (group system:masters)
-    kubeconfig    admin kubeconfig (token + CA): export KUBECONFIG=<dir>/kubeconfig
+    tokens.csv    the static admin token (group system:masters), 0600
+    kubeconfig    admin kubeconfig (token + CA), 0600: export KUBECONFIG=<dir>/kubeconfig
     state.json    pids, ports, bin dir (read by ``stop`` and by ``heterotrain cluster down``)
 
 Processes are started in sessions of their own (they outlive ``heterotrain cluster up``);
 readiness is polled (etcd ``/health``, the API server's ``/readyz``, the others' ``/healthz``),
-never slept for.  The pure helpers (flags, kubeconfig) are in :mod:`.cpflags`.
+never slept for.  The dir is its user's alone (0700, :mod:`.private`): every secret in it is created
+0600, and etcd takes only clients with a certificate of its own CA.  The pure helpers (flags, kubeconfig) are in :mod:`.cpflags`.
 
 Errors: :class:`ControlPlaneError` (a binary missing, a process that exited or did not get ready
 in time: the message ends with its log's last lines); :class:`~.pki.PkiError`.
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from . import cpflags, pki
+from .private import private_dir, write_secret
 
 REPO = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO / "scripts" / "build-controlplane.sh"
@@ -165,8 +168,9 @@ def log_tail(cluster_dir: Path, name: str, lines: int = 25) -> str:
 
 def wait_ready(name: str, url: str, proc: subprocess.Popen[bytes] | None, cluster_dir: Path, *,
                timeout_s: float, ca: Path | None = None, token: str | None = None,
-               insecure: bool = False) -> None:
-    """Poll ``url`` every 0.1-0.5 s until it answers 200 ``ok``.
+               insecure: bool = False, cert: tuple[Path, Path] | None = None) -> None:
+    """Poll ``url`` every 0.1-0.5 s until it answers 200 ``ok`` (``cert``: the client
+    certificate and key to present, for etcd).
 
     Raises:
         ControlPlaneError: ``proc`` exited, or ``timeout_s`` seconds passed (with the log's tail).
@@ -176,6 +180,8 @@ def wait_ready(name: str, url: str, proc: subprocess.Popen[bytes] | None, cluste
         ctx = ssl.create_default_context(cafile=str(ca) if ca else None)
         if insecure:
             ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        if cert is not None:
+            ctx.load_cert_chain(str(cert[0]), str(cert[1]))
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     deadline, pause, last = time.monotonic() + timeout_s, 0.1, ""
     while time.monotonic() < deadline:
@@ -273,34 +279,33 @@ def start(cluster_dir: Path, bins: Path, options: Options = Options()) -> dict[s
            for p in read_state(cluster_dir).get("processes", {}).values()):
         raise ControlPlaneError(f"a cluster is already running in {cluster_dir} "
                                 "(heterotrain cluster down first)")
-    cluster_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(cluster_dir)
     pdir = cluster_dir / "pki"
     ca, _ = pki.ensure_ca(pdir)
     crt, key = pki.ensure_serving_cert(pdir, "kube-apiserver", ips=("127.0.0.1", cpflags.SERVICE_IP),
                                        dns=cpflags.APISERVER_DNS)
     sa_key, sa_pub = pki.ensure_service_account_key(pdir)
+    etcd = etcd_pki(pdir / "etcd")
     tokens = cluster_dir / "tokens.csv"
     if not tokens.exists():
-        tokens.write_text(f"{secrets.token_hex(24)},admin,admin,system:masters\n")
-        tokens.chmod(0o600)
+        write_secret(tokens, f"{secrets.token_hex(24)},admin,admin,system:masters\n")
     token = tokens.read_text().split(",", 1)[0]
     names = ("etcd_client", "etcd_peer", "apiserver", "controller_manager", "scheduler")
     ports = dict(zip(names, free_ports(len(names)), strict=True))
     server = f"https://127.0.0.1:{ports['apiserver']}"
     kubeconfig = cluster_dir / "kubeconfig"
-    kubeconfig.write_text(cpflags.kubeconfig_text(server, ca, token))
-    kubeconfig.chmod(0o600)
+    write_secret(kubeconfig, cpflags.kubeconfig_text(server, ca, token))
     state: dict[str, Any] = {"version": 1, "dir": str(cluster_dir), "binDir": str(bins), "server": server,
                              "kubeconfig": str(kubeconfig), "ports": ports, "processes": {}}
     write_state(cluster_dir, state)
     paths = cpflags.Paths(dir=cluster_dir, ca=ca, ca_key=pdir / "ca.key", tls_crt=crt, tls_key=key,
-                          sa_key=sa_key, sa_pub=sa_pub, tokens=tokens, kubeconfig=kubeconfig)
+                          sa_key=sa_key, sa_pub=sa_pub, tokens=tokens, kubeconfig=kubeconfig, **etcd)
     timeout = options.ready_timeout_s
     try:
         proc = spawn("etcd", [str(bins / "etcd"), *cpflags.etcd_args(paths, ports)], cluster_dir)
         record_process(cluster_dir, "etcd", proc.pid)
-        wait_ready("etcd", f"http://127.0.0.1:{ports['etcd_client']}/health", proc, cluster_dir,
-                   timeout_s=timeout)
+        wait_ready("etcd", f"{cpflags.etcd_client_url(ports)}/health", proc, cluster_dir,
+                   timeout_s=timeout, ca=paths.etcd_ca, cert=(paths.etcd_client_crt, paths.etcd_client_key))
         proc = spawn("kube-apiserver", [str(bins / "kube-apiserver"),
                                         *cpflags.apiserver_args(paths, ports, options.verbosity)], cluster_dir)
         record_process(cluster_dir, "kube-apiserver", proc.pid)
@@ -325,6 +330,16 @@ def start(cluster_dir: Path, bins: Path, options: Options = Options()) -> dict[s
         stop(cluster_dir)
         raise
     return read_state(cluster_dir)
+
+
+def etcd_pki(pdir: Path) -> dict[str, Path]:
+    """etcd's CA, its serving (and peer) certificate and kube-apiserver's client certificate in
+    ``pdir``, made if absent; returns them as :class:`~.cpflags.Paths` fields (``etcd_*``)."""
+    ca, _ = pki.ensure_ca(pdir, cn="heterotrain-local-etcd-ca")
+    crt, key = pki.ensure_serving_cert(pdir, "etcd", ips=("127.0.0.1",), dns=("localhost",))
+    client_crt, client_key = pki.ensure_client_cert(pdir, "kube-apiserver-etcd-client")
+    return {"etcd_ca": ca, "etcd_crt": crt, "etcd_key": key, "etcd_client_crt": client_crt,
+            "etcd_client_key": client_key}
 
 
 def stop(cluster_dir: Path, *, timeout_s: float = 20.0) -> list[str]:

@@ -39,6 +39,13 @@ class Paths:
     sa_pub: Path
     tokens: Path
     kubeconfig: Path
+    etcd_ca: Path
+    """etcd's own CA: it signs etcd's certificate and the one client certificate etcd takes."""
+    etcd_crt: Path
+    etcd_key: Path
+    etcd_client_crt: Path
+    """kube-apiserver's client certificate for etcd (``CN=kube-apiserver-etcd-client``)."""
+    etcd_client_key: Path
 
 
 def kubeconfig_text(server: str, ca: Path, token: str, *, user: str = "admin") -> str:
@@ -53,21 +60,35 @@ def kubeconfig_text(server: str, ca: Path, token: str, *, user: str = "admin") -
     }, indent=2) + "\n"
 
 
+def etcd_client_url(ports: Mapping[str, int]) -> str:
+    """etcd's client URL (TLS; a client without a certificate of etcd's CA is refused)."""
+    return f"https://127.0.0.1:{ports['etcd_client']}"
+
+
 def etcd_args(p: Paths, ports: Mapping[str, int]) -> list[str]:
-    """etcd: one member on loopback; ``--unsafe-no-fsync`` (a throw-away test store: losing the
-    last writes on a machine crash is fine, and fsync dominates its latency on a shared disk)."""
-    client, peer = f"http://127.0.0.1:{ports['etcd_client']}", f"http://127.0.0.1:{ports['etcd_peer']}"
+    """etcd: one member on loopback, TLS on the client and peer ports with client-certificate
+    authentication against its own CA (any local user can reach 127.0.0.1, so a plain port would
+    hand every object and Secret of the cluster to them); ``--unsafe-no-fsync`` (a throw-away
+    test store: losing the last writes on a machine crash is fine, and fsync dominates its
+    latency on a shared disk)."""
+    client, peer = etcd_client_url(ports), f"https://127.0.0.1:{ports['etcd_peer']}"
     return ["--name=local", f"--data-dir={p.dir / 'etcd'}", f"--listen-client-urls={client}",
             f"--advertise-client-urls={client}", f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=local={peer}",
+            f"--cert-file={p.etcd_crt}", f"--key-file={p.etcd_key}", "--client-cert-auth=true",
+            f"--trusted-ca-file={p.etcd_ca}", f"--peer-cert-file={p.etcd_crt}",
+            f"--peer-key-file={p.etcd_key}", "--peer-client-cert-auth=true",
+            f"--peer-trusted-ca-file={p.etcd_ca}",
             "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=4294967296"]
 
 
 def apiserver_args(p: Paths, ports: Mapping[str, int], verbosity: int = 0) -> list[str]:
-    """kube-apiserver: secure port on 127.0.0.1, static admin token and client-cert auth,
+    """kube-apiserver: secure port on 127.0.0.1, etcd over TLS with its client certificate,
+    static admin token and client-cert auth,
     Node + RBAC authorization, service-account tokens, the admission plugins of
     :data:`ADMISSION_PLUGINS`, aggregator routing to endpoints (no kube-proxy here)."""
-    return [f"--etcd-servers=http://127.0.0.1:{ports['etcd_client']}",
+    return [f"--etcd-servers={etcd_client_url(ports)}", f"--etcd-cafile={p.etcd_ca}",
+            f"--etcd-certfile={p.etcd_client_crt}", f"--etcd-keyfile={p.etcd_client_key}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ports['apiserver']}",
             f"--tls-cert-file={p.tls_crt}", f"--tls-private-key-file={p.tls_key}", f"--client-ca-file={p.ca}",
             f"--token-auth-file={p.tokens}", "--authorization-mode=Node,RBAC", "--anonymous-auth=true",

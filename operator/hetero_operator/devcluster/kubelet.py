@@ -44,6 +44,7 @@ from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS
 from . import podenv
 from .controlplane import free_ports
 from .kubeapi import Api, ApiError
+from .private import write_secret
 
 REPO = Path(__file__).resolve().parents[3]
 LEASE_NS = "kube-node-lease"
@@ -331,10 +332,9 @@ class LocalKubelet:
             return None
         from .cpflags import kubeconfig_text
         path = self.pod_dir / f"{key[0]}_{key[1]}.kubeconfig"
-        path.write_text(kubeconfig_text(self.api.server, self.api.ca or Path(""), answer["status"]["token"],
-                                        user=f"system:serviceaccount:{key[0]}:{sa}"))
-        path.chmod(0o600)
-        return path
+        return write_secret(path, kubeconfig_text(self.api.server, self.api.ca or Path(""),
+                                                  answer["status"]["token"],
+                                                  user=f"system:serviceaccount:{key[0]}:{sa}"))
 
     async def _reap(self, key: tuple[str, str], state: _Pod, c: Mapping[str, Any],
                     proc: asyncio.subprocess.Process, ports: dict[str, int], kubeconfig: Path | None) -> None:

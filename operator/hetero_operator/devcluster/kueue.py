@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from . import controlplane, pki
+from .private import private_dir, write_secret
 from .controlplane import ControlPlaneError
 
 REPO = Path(__file__).resolve().parents[3]
@@ -128,13 +129,13 @@ def start(cluster_dir: Path, bins: Path, *, wait_for_pods_ready_s: int = 60) -> 
     """
     cluster_dir = cluster_dir.resolve()
     kdir = cluster_dir / "kueue"
-    kdir.mkdir(parents=True, exist_ok=True)
+    private_dir(kdir)
     pdir = cluster_dir / "pki"
     crt, key = pki.ensure_serving_cert(pdir, "kueue-webhook", ips=("127.0.0.1",), dns=("localhost",))
     certs = kdir / "certs"
-    certs.mkdir(exist_ok=True)
+    private_dir(certs)
     (certs / "tls.crt").write_bytes(crt.read_bytes())
-    (certs / "tls.key").write_bytes(key.read_bytes())
+    write_secret(certs / "tls.key", key.read_text())
     _metrics_certs(crt, key)
     names = ("kueue_webhook", "kueue_metrics", "kueue_health")
     ports = dict(zip(names, controlplane.free_ports(len(names)), strict=True))
@@ -168,7 +169,7 @@ def _metrics_certs(crt: Path, key: Path) -> None:
     try:
         METRICS_CERTS.mkdir(parents=True, exist_ok=True)
         (METRICS_CERTS / "tls.crt").write_bytes(crt.read_bytes())
-        (METRICS_CERTS / "tls.key").write_bytes(key.read_bytes())
+        write_secret(METRICS_CERTS / "tls.key", key.read_text())
     except OSError as exc:
         raise ControlPlaneError(f"Kueue needs its metrics certificate in {METRICS_CERTS}: {exc} "
                                 "(run as root or make that directory writable)") from exc
