@@ -26,6 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from heterotrain_common import listen
 from heterotrain_common import metricnames as mn
 from heterotrain_common import nvml, rundir
 from heterotrain_common.contract import Contract
@@ -154,11 +155,12 @@ class WorkerMetrics:
 
     # --- server -------------------------------------------------------------------------------
 
-    def start_server(self, addr: str = "0.0.0.0") -> int:
+    def start_server(self, addr: str | None = None) -> int:
         """Serve ``/metrics`` on ``contract.run.metrics_port`` in a daemon thread.
 
         Args:
-            addr: bind address.
+            addr: bind address; None: ``MASTER_ADDR``'s loopback address in a one-host job
+                (``heterotrain run``), every interface otherwise (:mod:`heterotrain_common.listen`).
 
         Returns:
             The port served, or 0 when ``HTJ_METRICS_PORT`` is 0 (off) or the port is taken (a
@@ -168,6 +170,7 @@ class WorkerMetrics:
         if port == 0 or self._server is not None:
             return port if self._server is not None else 0
         try:
+            addr = listen.server_address(self.contract.dist.master_addr) if addr is None else addr
             self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
             print(f"heterotrain: rank {self.contract.dist.rank}: metrics port {port} unavailable "

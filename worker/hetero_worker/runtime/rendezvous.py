@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from hetero_worker.runtime import netfamily
-from heterotrain_common import contract, defaults, envnames
+from heterotrain_common import contract, defaults, envnames, listen
 
 
 _STATE: dict[str, Any] = {}
@@ -140,9 +140,12 @@ def init_distributed(*, rank: int, world_size: int, master_addr: str, master_por
         left_s = wait_for_master(master_addr, master_port, timeout_s=timeout_s)
     netfamily.pin_transports(master_addr, master_port)  # Gloo/NCCL in the master's family
     try:
+        # rank 0 of a one-host job: the store on the loopback address only (TCPStore itself
+        # would listen on every interface); torch owns the socket once it is handed over
+        listen_fd = listen.loopback_listener(master_addr, master_port) if rank == 0 else None
         store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
                               timeout=timedelta(seconds=max(1.0, left_s)),
-                              wait_for_workers=True)
+                              wait_for_workers=True, master_listen_fd=listen_fd)
     except (RuntimeError, OSError) as exc:  # torch raises DistStoreError (a RuntimeError)
         raise RendezvousTimeout(
             f"RendezvousTimeout: rank {rank} could not complete the store rendezvous at "
