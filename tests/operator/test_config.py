@@ -151,7 +151,7 @@ def test_every_setting_is_declared_once_and_documented() -> None:
 
     table = env_table()
     variables = [variable for variable, _, _ in table]
-    assert len(variables) == len(set(variables)) == 34
+    assert len(variables) == len(set(variables)) == 35
     assert _docs_table() == [(variable, path) for variable, path, _ in table]
     for variable, path, _ in table:  # the path is the field that holds the variable
         group, name = path.split(".")

@@ -65,6 +65,14 @@ class FakeApi:
         store[obj["metadata"]["name"]] = copy.deepcopy(obj)
         return True
 
+    async def read(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        store = {"Pod": self.pods, "Service": self.services}.get(obj["kind"], self.others)
+        found = store.get(obj["metadata"]["name"])
+        return copy.deepcopy(found) if found is not None else None
+
+    async def patch_network_policy(self, obj: dict[str, Any]) -> None:
+        self.others[obj["metadata"]["name"]]["spec"] = copy.deepcopy(obj["spec"])
+
     async def list_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
         return [copy.deepcopy(p) for p in self.pods.values()
                 if labels.items() <= p["metadata"]["labels"].items()]

@@ -13,3 +13,7 @@ in ``status.plan.excludedCount`` and per reason in ``status.plan.excludedReasons
 EXCLUDED_REASONS_MAX = 64
 """``status.plan.excludedReasons``: distinct reasons listed (``maxItems``); reasons are CamelCase
 constants, far fewer than this."""
+PLAN_GROUPS_MAX = 4096
+"""``status.plan.groups``: one entry per pod group (node and GPU type), at most this many
+(``maxItems``); a plan with more groups is refused once (``PlanTooLarge``), since its status
+could not be written and its pods could not be found again."""

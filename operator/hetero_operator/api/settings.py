@@ -2,7 +2,7 @@
 
 Grouped as kopf groups its own settings, in small frozen dataclasses instead of one flat record:
 ``ports``, ``peering``, ``watch``, ``api``, ``restart``, ``intervals``, ``network``, ``pods``,
-``planning``, ``links``.  Each field declares its variable, parser, check and default once
+``planning``, ``links``, ``kueue``.  Each field declares its variable, parser, check and default once
 (:func:`~hetero_operator.api.settingfields.setting`); :func:`OperatorConfig.from_env` and
 :func:`env_table` walk those declarations, and docs/operator.md ("Settings") lists them.
 Pure: no kopf import.
@@ -138,12 +138,16 @@ class RestartSettings(sf.Group):
         backoff_base_s / backoff_max_s: restart delay ``base * 2**(restarts-1)`` capped at max
             (as case 21: 10 s, 20 s, ...); also the retries after an admission refusal.
         unschedulable_retry_s: re-plan interval of a job that does not fit.
+        max_replans: re-plans (``status.replans``: pods Pending past ``pending_timeout_s``, a pod
+            of the gang missing) after which the job fails (``ReplanLimitExceeded``) instead of
+            re-planning again; each re-plan waits ``base * 2**(replans-1)`` capped at max first.
     """
 
     pending_timeout_s: float = sf.seconds(defaults.PENDING_TIMEOUT_S, env="HTJ_PENDING_TIMEOUT_S")
     backoff_base_s: float = sf.seconds(defaults.BACKOFF_BASE_S, env="HTJ_BACKOFF_BASE_S")
     backoff_max_s: float = sf.seconds(defaults.BACKOFF_MAX_S, env="HTJ_BACKOFF_MAX_S")
     unschedulable_retry_s: float = sf.seconds(30.0, env="HTJ_UNSCHEDULABLE_RETRY_S")
+    max_replans: int = setting(10, env="HTJ_MAX_REPLANS", parse=int, check=sf.in_range(0, 10000))
 
     PATH: ClassVar[str] = "restart"
 
@@ -260,6 +264,21 @@ class Links(sf.Group):
 
 
 @dataclass(**_GROUP)
+class KueueSettings(sf.Group):
+    """Queued jobs (Kueue).
+
+    Attributes:
+        require_queue: run only jobs with a queue (the ``kueue.x-k8s.io/queue-name`` label or
+            ``spec.runPolicy.schedulingPolicy.queue``); a job without one waits ``Suspended``
+            (``QueueRequired``) until it gets one, so no job runs outside Kueue's quota.
+    """
+
+    require_queue: bool = setting(False, env="HTJ_REQUIRE_QUEUE", parse=sf.boolean)
+
+    PATH: ClassVar[str] = "kueue"
+
+
+@dataclass(**_GROUP)
 class OperatorConfig:
     """Settings of one operator process, in groups (each group's fields and variables are listed
     in its class; docs/operator.md, "Settings", has the table).
@@ -279,6 +298,7 @@ class OperatorConfig:
     pods: PodSettings = envfields.group(PodSettings)
     planning: PlanningSettings = envfields.group(PlanningSettings)
     links: Links = envfields.group(Links)
+    kueue: KueueSettings = envfields.group(KueueSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None,

@@ -187,17 +187,28 @@ class Api:
                 return False
             raise
 
-    async def ensure_network_policy(self, obj: Mapping[str, Any]) -> bool:
-        """Create the job's NetworkPolicy, or bring an existing one's ``spec`` to ``obj``'s (a
-        restart may need egress rules the first start did not: the namespace changed); True
-        when it was created."""
+    async def read(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The Pod, Service or NetworkPolicy of ``obj``'s kind, namespace and name, ``None`` when
+        absent (404): what a create answered 409 found (:mod:`hetero_operator.controller.ownership`)."""
+        fn = {"Pod": self.core.read_namespaced_pod,
+              "Service": self.core.read_namespaced_service,
+              "NetworkPolicy": self.networking.read_namespaced_network_policy}[obj["kind"]]
         meta = obj["metadata"]
-        if await self.create(obj):
-            return True
+        try:
+            return await self._call(fn, meta["name"], meta["namespace"])
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def patch_network_policy(self, obj: Mapping[str, Any]) -> None:
+        """Bring the job's existing NetworkPolicy's ``spec`` to ``obj``'s (a restart may need
+        egress rules the first start did not: the namespace changed).  Only for a policy the
+        job owns (:func:`hetero_operator.controller.ownership.create_owned` checked it)."""
+        meta = obj["metadata"]
         await self._call(self.networking.patch_namespaced_network_policy, meta["name"],
                          meta["namespace"], {"spec": dict(obj["spec"])},
                          _content_type="application/merge-patch+json")
-        return False
 
     async def list_network_policies(self, namespace: str) -> list[dict[str, Any]]:
         """The NetworkPolicies of ``namespace``."""
@@ -208,6 +219,12 @@ class Api:
         """Pods matching ``labels`` in ``namespace``."""
         data = await self._call(self.core.list_namespaced_pod, namespace,
                                 label_selector=selector_text(labels))
+        return list(data.get("items") or [])
+
+    async def list_pod_events(self, namespace: str, *, reason: str) -> list[dict[str, Any]]:
+        """Events about pods of ``namespace`` with ``reason`` (a field selector: the server filters)."""
+        data = await self._call(self.core.list_namespaced_event, namespace,
+                                field_selector=f"involvedObject.kind=Pod,reason={reason}")
         return list(data.get("items") or [])
 
     async def delete_pod(self, namespace: str, name: str, *, grace_s: int | None = None) -> None:

@@ -10,6 +10,7 @@ answers 404: DRA is then simply absent; a queued job waits with ``KueueNotInstal
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from hetero_operator.api import conditions as c
 from hetero_operator.api.spec import JobSpec, RunPolicy
 from hetero_operator.api.types import Unschedulable
+from hetero_operator.controller.ownership import (NOT_OWNED, NotOwned, check_owned, create_owned,
+                                                  owned_by)
 from hetero_operator.lifecycle import decisions as lc
 from hetero_operator.render import kueuestatus as kstatus
 from hetero_operator.render import workload as kueue
@@ -95,6 +98,24 @@ class Objects:
                 return False
             raise
 
+    async def create_owned(self, gvr: tuple[str, str, str], obj: Mapping[str, Any],
+                           owner: Mapping[str, Any]) -> bool:
+        """Create ``obj`` for ``owner`` (the job); on a 409 the object that exists must be the
+        job's (:func:`hetero_operator.controller.ownership.create_owned`).
+
+        Returns:
+            True when created, False when the job's object exists already.
+
+        Raises:
+            NotOwned: an object of that name exists and is not the job's.
+        """
+        meta = obj["metadata"]
+
+        async def read(_: Mapping[str, Any]) -> Mapping[str, Any] | None:
+            return await self.get(gvr, meta["namespace"], meta["name"])
+
+        return await create_owned(lambda o: self.create(gvr, o), read, obj, owner)
+
     async def patch_status(self, gvr: tuple[str, str, str], namespace: str, name: str,
                            status: Mapping[str, Any], *, resource_version: str | None = None,
                            ) -> bool:
@@ -162,6 +183,8 @@ class Gate:
         allowed: ``{gpu_type: FlavorPlacement}`` when admitted.
         evicted: Kueue evicted the Workload (its admission is cleared once the pods are gone).
         workload: the Workload object (``None`` before it exists).
+        version: the Workload API version it was read in.
+        user_suspended: the job's own ``spec.runPolicy.suspend``.
     """
 
     admitted: bool
@@ -172,6 +195,9 @@ class Gate:
     workload: Mapping[str, Any] | None = None
     version: str = kueue.VERSION
     user_suspended: bool = False
+    not_owned: bool = False
+    """A Workload of the job's name exists and is not the job's
+    (:mod:`hetero_operator.controller.ownership`): the job waits, retried with backoff."""
 
     def policy(self, spec: JobSpec) -> RunPolicy:
         """The run policy the lifecycle sees: suspended unless admitted."""
@@ -186,6 +212,14 @@ class Gate:
 
 
 KUEUE_NOT_INSTALLED = "KueueNotInstalled"
+QUEUE_REQUIRED = "QueueRequired"
+"""Reason of a job without a queue on an operator that requires one (``HTJ_REQUIRE_QUEUE``)."""
+QUEUE_LABEL_REMOVED = "QueueLabelRemoved"
+"""Reason of a job whose queue label was removed while its Workload is not admitted."""
+WARNED_GATE_REASONS = (NOT_OWNED, QUEUE_REQUIRED, QUEUE_LABEL_REMOVED)
+"""Gate reasons that are Warning Events on the job (posted when the message changes)."""
+ABSENT_RECHECK_S = 60.0
+"""How long a cluster found serving no Kueue is not asked again for an unqueued job's Workload."""
 STATUS_ATTEMPTS = 3
 """Read-merge-patch rounds of a Workload status change before the next reconcile tries again."""
 
@@ -201,9 +235,12 @@ class KueueGate:
         api: the operator's :class:`hetero_operator.controller.k8s.Api`.
     """
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: Any, *, clock: Any = time.monotonic) -> None:
         self.objects = Objects(api)
         self.version: str | None = None
+        self.clock = clock
+        self._absent_until = 0.0
+        self._queues: dict[tuple[str, str], str] = {}
 
     async def _version(self) -> str | None:
         if self.version is None:
@@ -213,15 +250,89 @@ class KueueGate:
                     break
         return self.version
 
-    def _not_installed(self, job: Mapping[str, Any]) -> Gate:
+    def _not_installed(self, job: Mapping[str, Any], queue: str) -> Gate:
         self.version = None  # look again next time
         return Gate(admitted=False, reason=KUEUE_NOT_INSTALLED,
-                    message=f"The job is queued ({kueue.QUEUE_LABEL}={kueue.queue_name(job)}) but "
+                    message=f"The job is queued ({kueue.QUEUE_LABEL}={queue}) but "
                             f"the cluster serves no Kueue Workloads ({kueue.GROUP} "
                             f"{' or '.join(kueue.VERSIONS)}); install Kueue or "
                             "remove the label")
 
-    async def check(self, job: Mapping[str, Any], spec: JobSpec, capacity_plan: Any) -> Gate:
+    async def queue_of(self, job: Mapping[str, Any], spec: JobSpec, *, has_pods: bool) -> tuple[str, bool]:
+        """The job's LocalQueue and whether its queue label was removed.
+
+        One source: ``spec.run_policy.queue`` (the ``kueue.x-k8s.io/queue-name`` label, or
+        ``spec.runPolicy.schedulingPolicy.queue`` when the label is absent; the two may not
+        disagree, :func:`hetero_operator.api.spec.parse_job`).  A job that had a queue keeps it
+        when the label goes (the chart's ValidatingAdmissionPolicy refuses that; this covers a
+        cluster without it): the queue this operator saw, or, for a job without pods (about to
+        start), the ``spec.queueName`` of the Workload the job owns.  So a job whose Workload is
+        not admitted never starts outside the quota.
+
+        Returns:
+            ``(queue, removed)``: ``("", False)`` for a job that never had a queue.
+        """
+        meta = job["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if spec.run_policy.queue:
+            self._queues[key] = spec.run_policy.queue
+            return spec.run_policy.queue, False
+        if key in self._queues:
+            return self._queues[key], True
+        if has_pods:
+            return "", False
+        wl = await self.remembered(job)
+        queue = str(((wl or {}).get("spec") or {}).get("queueName") or "")
+        if queue:
+            self._queues[key] = queue
+        return queue, bool(queue)
+
+    async def remembered(self, job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The Workload this job owns, ``None`` when there is none or Kueue is not served (a
+        cluster without Kueue is asked again after :data:`ABSENT_RECHECK_S`)."""
+        if self.version is None and self.clock() < self._absent_until:
+            return None
+        version = await self._version()
+        if version is None:
+            self._absent_until = self.clock() + ABSENT_RECHECK_S
+            return None
+        meta = job["metadata"]
+        wl = await self.objects.get(kueue.workloads(version), meta["namespace"],
+                                    kueue.workload_name(meta["name"], meta.get("uid", "")))
+        return wl if wl is not None and owned_by(wl, str(meta.get("uid") or "")) else None
+
+    async def gate(self, job: Mapping[str, Any], spec: JobSpec, capacity_plan: Any, *,
+                   has_pods: bool, require_queue: bool) -> Gate | None:
+        """Kueue's gate of a job that is not finished, ``None`` for a job that runs unqueued.
+
+        The queue comes from :meth:`queue_of` (one source); a job without one waits under
+        ``require_queue`` (:meth:`queue_required`).
+
+        Args:
+            job / spec / capacity_plan: as :meth:`check`.
+            has_pods: the job has pods (a job without is about to start: its Workload is looked
+                up even when the queue label is gone).
+            require_queue: the operator's ``kueue.require_queue``.
+        """
+        queue, removed = await self.queue_of(job, spec, has_pods=has_pods)
+        if queue:
+            return await self.check(job, spec, capacity_plan, queue=queue, label_removed=removed)
+        return self.queue_required() if require_queue else None
+
+    def queue_required(self) -> Gate:
+        """The gate of a job without a queue where the operator requires one
+        (``HTJ_REQUIRE_QUEUE``): it waits, suspended, until it gets one."""
+        return Gate(admitted=False, reason=QUEUE_REQUIRED,
+                    message="This operator runs only queued jobs (HTJ_REQUIRE_QUEUE): label the "
+                            f"job {kueue.QUEUE_LABEL}=<LocalQueue> (or set "
+                            "spec.runPolicy.schedulingPolicy.queue); it starts once Kueue admits it")
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a deleted job's remembered queue."""
+        self._queues.pop((namespace, name), None)
+
+    async def check(self, job: Mapping[str, Any], spec: JobSpec, capacity_plan: Any, *,
+                    queue: str = "", label_removed: bool = False) -> Gate:
         """Ensure the Workload exists, make its ``spec.active`` follow the job's suspend, and read
         Kueue's decision.
 
@@ -230,14 +341,39 @@ class KueueGate:
             spec: its parsed spec.
             capacity_plan: ``() -> Plan | Unschedulable`` on the cluster's capacity (called only
                 when the Workload must be created).
+            queue: the job's LocalQueue (:meth:`queue_of`); ``""``: ``spec.run_policy.queue``.
+            label_removed: the job's queue label was removed (:meth:`queue_of`): a gate that
+                keeps the job waiting says so and how to put it back.
         """
+        queue = queue or spec.run_policy.queue or kueue.queue_name(job)
+        if kueue.queue_name(job) != queue:  # the Workload's spec.queueName is read from the label
+            meta = dict(job["metadata"])
+            meta["labels"] = {**(meta.get("labels") or {}), kueue.QUEUE_LABEL: queue}
+            job = {**job, "metadata": meta}
+        gate = await self._check(job, spec, capacity_plan, queue)
+        if label_removed and not gate.admitted and not gate.user_suspended:
+            gate = replace(gate, reason=QUEUE_LABEL_REMOVED, message=(
+                f"The job's {kueue.QUEUE_LABEL} label was removed, but it was queued in LocalQueue "
+                f"{queue}, so it runs only when Kueue admits it there ({gate.reason}: "
+                f"{gate.message.rstrip('.')}); put the label back ({kueue.QUEUE_LABEL}={queue}), or "
+                "re-create the job without a queue"))
+        return gate
+
+    async def _check(self, job: Mapping[str, Any], spec: JobSpec, capacity_plan: Any,
+                     queue: str) -> Gate:
         meta = job["metadata"]
         version = await self._version()
         if version is None:
-            return self._not_installed(job)
+            return self._not_installed(job, queue)
         gvr = kueue.workloads(version)
         name = kueue.workload_name(meta["name"], meta.get("uid", ""))
         wl = await self.objects.get(gvr, meta["namespace"], name)
+        try:
+            if wl is not None:
+                check_owned({"kind": "Workload", **wl}, job)
+        except NotOwned as exc:
+            return Gate(admitted=False, reason=exc.reason, message=str(exc), version=version,
+                        not_owned=True)
         if wl is None:
             plan = capacity_plan()
             if isinstance(plan, Unschedulable):
@@ -247,10 +383,13 @@ class KueueGate:
             priority = await self._priority(spec.run_policy.priority_class)
             wl = kueue.render_workload(job, spec, plan, priority=priority, version=version)
             try:
-                await self.objects.create(gvr, wl)
+                await self.objects.create_owned(gvr, wl, job)
+            except NotOwned as exc:  # made between our read and our create
+                return Gate(admitted=False, reason=exc.reason, message=str(exc), version=version,
+                            not_owned=True)
             except Exception as exc:
                 if _status(exc) == 404:
-                    return self._not_installed(job)
+                    return self._not_installed(job, queue)
                 raise
         suspended = spec.run_policy.suspend
         active = kstatus.active_patch(wl, suspended=suspended)
@@ -351,13 +490,25 @@ async def dra_objects(objects: Objects) -> tuple[list[dict[str, Any]], list[dict
 
 
 async def replace_claim_templates(objects: Objects, namespace: str, stale: Sequence[str],
-                                  templates: Sequence[Mapping[str, Any]]) -> None:
-    """Delete the templates of the attempt before (``stale``, 404s ignored), then create this
-    attempt's (409 tolerated: a retried start), so no pod of the new attempt can claim from an
-    old template (:mod:`hetero_operator.render.claims`)."""
+                                  templates: Sequence[Mapping[str, Any]],
+                                  owner: Mapping[str, Any] | None = None) -> None:
+    """Delete the templates of the attempt before (``stale``; 404s ignored, and one that is not
+    ``owner``'s is left alone), then create this attempt's (409 tolerated for ``owner``'s own: a
+    retried start), so no pod of the new attempt can claim from an old template
+    (:mod:`hetero_operator.render.claims`).
+
+    Raises:
+        NotOwned: a template of this attempt's name exists and is not ``owner``'s.
+    """
     new = {t["metadata"]["name"] for t in templates}
+    uid = str((owner or {}).get("metadata", {}).get("uid") or "")
     for name in stale:
         if name not in new:
-            await objects.delete(RESOURCE_CLAIM_TEMPLATES, namespace, name)
+            current = await objects.get(RESOURCE_CLAIM_TEMPLATES, namespace, name)
+            if current is not None and (owner is None or owned_by(current, uid)):
+                await objects.delete(RESOURCE_CLAIM_TEMPLATES, namespace, name)
     for template in templates:
-        await objects.create(RESOURCE_CLAIM_TEMPLATES, template)
+        if owner is None:  # no ownership asked (callers before ownership checks)
+            await objects.create(RESOURCE_CLAIM_TEMPLATES, template)
+        else:
+            await objects.create_owned(RESOURCE_CLAIM_TEMPLATES, template, owner)

@@ -2,7 +2,11 @@
 
 Kicks come from kopf watch events (jobs, owned pods, nodes) and from the reconciler's own
 delayed re-checks (backoff, pending timeout, node-loss grace, resync).  An earlier pending kick
-wins over a later one; a job's reconciles never overlap (a per-job lock).  No kopf timer or
+wins over a later one; a job's reconciles never overlap (a per-job lock).  A reconcile that fails
+(an exception) or that asks for it (:meth:`Requeue.backoff`) is looked at again after a per-job
+exponential backoff, ``retry_s`` doubling up to ``max_retry_s``, reset by the next reconcile
+that neither fails nor asks (like client-go's per-item exponential rate limiter): one job that
+keeps failing costs a handful of API calls a minute, not six.  No kopf timer or
 daemon is used: those need a finalizer on the job, which blocks namespace deletion when the
 operator is gone (shared/cases/23).
 """
@@ -33,20 +37,45 @@ def next_look_s(decision: lc.Decision, resync_s: float) -> float | None:
     return min(decision.requeue_s, resync_s)
 
 
+def retry_delay_s(failures: int, base_s: float, max_s: float) -> float:
+    """Seconds before the next look after ``failures`` (>= 1) failed reconciles in a row:
+    ``base_s * 2**(failures-1)``, at most ``max_s``."""
+    return min(base_s * 2.0 ** min(max(failures - 1, 0), 62), max_s)
+
+
 class Requeue:
     """Schedules ``work(namespace, name)`` per job.
 
     Args:
         work: one reconcile; returns seconds until the next look (``None`` = only on events).
-            An exception is logged and the job looked at again after ``retry_s``.
-        retry_s: delay after a failed reconcile.
+            An exception is logged and the job looked at again after its backoff
+            (:func:`retry_delay_s`).
+        retry_s: delay after the first failed reconcile of a job, seconds.
+        max_retry_s: the longest delay after failures in a row, seconds (``retry_s`` when
+            smaller).
     """
 
-    def __init__(self, work: Callable[[str, str], Awaitable[float | None]], *, retry_s: float) -> None:
+    def __init__(self, work: Callable[[str, str], Awaitable[float | None]], *, retry_s: float,
+                 max_retry_s: float | None = None) -> None:
         self.work, self.retry_s = work, retry_s
+        self.max_retry_s = max(retry_s, max_retry_s if max_retry_s is not None else retry_s)
         self._due: dict[Key, tuple[float, asyncio.TimerHandle]] = {}
         self._locks: dict[Key, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._failures: dict[Key, int] = {}
+        self._asked: set[Key] = set()
+
+    def failures(self, namespace: str, name: str) -> int:
+        """Failed (or backed-off) reconciles of the job in a row."""
+        return self._failures.get((namespace, name), 0)
+
+    def backoff(self, namespace: str, name: str) -> float:
+        """Count one more failure of the job without an exception (the reconcile recorded why
+        it waits) and return the delay the reconcile should ask for, seconds."""
+        key = (namespace, name)
+        n = self._failures[key] = self._failures.get(key, 0) + 1
+        self._asked.add(key)
+        return retry_delay_s(n, self.retry_s, self.max_retry_s)
 
     def kick(self, namespace: str, name: str, delay_s: float = 0.0) -> None:
         """Reconcile ``namespace/name`` after ``delay_s`` (an earlier pending kick wins)."""
@@ -60,12 +89,14 @@ class Requeue:
         self._due[key] = (when, loop.call_at(when, self._fire, key))
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop a deleted job's pending kick and lock."""
+        """Drop a deleted job's pending kick, lock and failure count."""
         key = (namespace, name)
         due = self._due.pop(key, None)
         if due is not None:
             due[1].cancel()
         self._locks.pop(key, None)
+        self._failures.pop(key, None)
+        self._asked.discard(key)
 
     async def stop(self) -> None:
         """Cancel pending kicks and running reconciles."""
@@ -85,10 +116,17 @@ class Requeue:
     async def _run(self, key: Key) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
+            self._asked.discard(key)
             try:
                 requeue = await self.work(*key)
             except Exception:  # noqa: BLE001 - API hiccups: log, look again later
-                log.exception("reconcile of %s/%s failed; retrying in %.0f s", *key, self.retry_s)
-                requeue = self.retry_s
+                n = self._failures[key] = self._failures.get(key, 0) + 1
+                requeue = retry_delay_s(n, self.retry_s, self.max_retry_s)
+                log.exception("reconcile of %s/%s failed (%d in a row); retrying in %.0f s",
+                              *key, n, requeue)
+            else:
+                if key not in self._asked:
+                    self._failures.pop(key, None)
+            self._asked.discard(key)
         if requeue is not None:
             self.kick(*key, delay_s=requeue)
