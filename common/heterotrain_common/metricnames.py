@@ -7,6 +7,7 @@ Fixed in docs/internal-api.md; ``htj_`` prefix, base units, ``_total`` for count
 from __future__ import annotations
 
 CHECKPOINT_FALLBACKS_TOTAL = "htj_checkpoint_fallbacks_total"
+CHECKPOINT_SAVE_FAILURES_TOTAL = "htj_checkpoint_save_failures_total"
 COMMUNICATION_WAIT_SECONDS_TOTAL = "htj_communication_wait_seconds_total"
 COMPUTE_SECONDS_TOTAL = "htj_compute_seconds_total"
 COMPUTE_THROUGHPUT_SAMPLES_PER_SECOND = "htj_compute_throughput_samples_per_second"

@@ -17,7 +17,7 @@ TOL = 1e-6
 
 
 def test_micro_slices_cover_the_batch_once() -> None:
-    assert microbatch.micro_slices(7, 3) == [(0, 3), (3, 6), (6, 7)]
+    assert microbatch.micro_slices(7, 3) == [(0, 3), (3, 5), (5, 7)]  # balanced (case 57)
     assert microbatch.micro_slices(7, 0) == [(0, 7)]
     assert microbatch.micro_slices(4, 9) == [(0, 4)]
 

@@ -70,6 +70,10 @@ _DOCS: dict[str, tuple[type, str]] = {
     mn.RESUMED_STEP: (Gauge, "The job step this process resumed at; 0 when it started fresh."),
     mn.CHECKPOINT_FALLBACKS_TOTAL: (Counter, "Resumes from an older checkpoint because a newer "
                                         "one was unreadable on some rank (truncated, corrupt)."),
+    mn.CHECKPOINT_SAVE_FAILURES_TOTAL: (Counter, "Periodic checkpoint saves that failed (a full "
+                                           "disk, a storage fault); retried at the next "
+                                           "interval, fatal after HTJ_CHECKPOINT_MAX_FAILURES "
+                                           "in a row."),
     mn.GPU_UTILIZATION_RATIO: (Gauge, "GPU busy fraction 0..1 from NVML (whole GPUs only)."),
     mn.GPU_MEMORY_USED_BYTES: (Gauge, "Device memory used by all processes, from NVML, bytes."),
     mn.GPU_MEMORY_TOTAL_BYTES: (Gauge, "Device memory, from NVML, bytes."),
@@ -278,6 +282,11 @@ class WorkerMetrics:
         """Count one resume that passed over an unreadable newer checkpoint
         (``htj_checkpoint_fallbacks_total``; the operator posts a ``CheckpointFallback`` Event)."""
         self._child(mn.CHECKPOINT_FALLBACKS_TOTAL).inc()
+
+    def record_checkpoint_save_failure(self) -> None:
+        """Count one failed periodic checkpoint save (``htj_checkpoint_save_failures_total``;
+        :class:`hetero_worker.ckpt.saving.PeriodicSaves`)."""
+        self._child(mn.CHECKPOINT_SAVE_FAILURES_TOTAL).inc()
 
     def record_rebalance(self) -> None:
         """Count one change of this rank's batch split."""

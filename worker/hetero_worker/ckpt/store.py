@@ -15,6 +15,20 @@ beyond the newest ``keep`` (``HTJ_CHECKPOINT_KEEP``, default 2) deleted, so a ki
 leaves every earlier checkpoint intact, and a truncated or corrupt newest one (a full disk, a
 storage fault, a copy cut short) still leaves an older one to resume from.
 
+**The last good checkpoint is never lost** (issue 32, F6).  A checkpoint that fails verification
+(files missing, truncated or not matching their SHA-256; a ``step-`` directory without a manifest)
+is *quarantined*: renamed to ``step-<N>-<id>.corrupt`` (with ``QUARANTINED.txt`` saying why), never
+read, never counted toward ``keep`` and never deleted (a person looks at it and removes it).
+Retention keeps the newest ``keep`` checkpoints that verify: rank 0 verifies each one it keeps
+(those it wrote and verified in this process are not read again), so after a fall-back from a
+corrupt step 200 to step 100, saving step 150 keeps 150 and 100, and 200 lies aside.  A good
+checkpoint newer than the one just saved (one rank could not read it) is neither counted nor
+deleted.
+
+**Owner** (issue 32, F9).  Every manifest records the job's UID and the gang's restart generation
+(:mod:`hetero_worker.ckpt.ownership`); rank 0 neither publishes nor prunes where a manifest of the
+same job carries a newer generation.
+
 A directory without a manifest, or whose files do not match it, is not a checkpoint.  On resume
 every rank verifies candidates against their manifests (sizes of every file; the checksums are
 shared out over the ranks, so a shared volume is read about once) and
@@ -37,11 +51,20 @@ from pathlib import Path
 from typing import Any
 
 from hetero_worker.ckpt.files import CHECKPOINT_FILE, FORMATS, load_file
+from hetero_worker.ckpt.ownership import Owner, check_owner
+from hetero_worker.runtime.ranklog import log
 
 STEP_PREFIX = "step-"
 MANIFEST = "MANIFEST.json"
 MANIFEST_FORMAT = 1
 CHUNK = 4 * 2**20
+QUARANTINE_SUFFIX = ".corrupt"
+"""Suffix of a quarantined checkpoint directory (:func:`quarantine`): never a candidate."""
+QUARANTINE_NOTE = "QUARANTINED.txt"
+"""Why a checkpoint was quarantined, written inside it."""
+_VERIFIED: set[tuple[Any, ...]] = set()
+""":func:`_verified_key` of the checkpoints this process verified: retention does not read them
+again while no file of theirs changed size or modification time."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,12 +138,14 @@ def _fsync_tree(root: Path) -> None:
         fsync_dir(sub)
 
 
-def write_manifest(tmp: Path, *, step: int, checkpoint_id: str, fmt: int) -> dict[str, Any]:
+def write_manifest(tmp: Path, *, step: int, checkpoint_id: str, fmt: int,
+                   owner: Owner | None = None) -> dict[str, Any]:
     """fsync everything under ``tmp``, read each file back for its size and SHA-256, and write
-    ``MANIFEST.json`` (last, atomically). Returns the manifest."""
+    ``MANIFEST.json`` (last, atomically) with ``owner``'s job UID and restart generation
+    (None: ``Owner()``). Returns the manifest."""
     _fsync_tree(tmp)
     manifest = {"manifest": MANIFEST_FORMAT, "step": int(step), "checkpoint_id": checkpoint_id,
-                "format": fmt, "saved_ns": time.time_ns(),
+                "format": fmt, "saved_ns": time.time_ns(), **(owner or Owner()).fields(),
                 "files": [{"path": str(p.relative_to(tmp)), "size": p.stat().st_size,
                            "sha256": sha256(p)} for p in _files(tmp)]}
     part = tmp / f".{MANIFEST}.part"
@@ -141,24 +166,79 @@ def publish(tmp: Path, directory: Path, step: int, checkpoint_id: str) -> Path:
     return final
 
 
+def owners(directory: str | Path) -> list[tuple[Owner, str]]:
+    """The owner recorded in each manifest of ``directory``, with its checkpoint's name."""
+    return [(Owner.from_manifest(c.manifest), c.path.name) for c in candidates(directory)
+            if c.manifest is not None]
+
+
 def publish_verified(directory: Path, tmp: Path, *, step: int, checkpoint_id: str, fmt: int,
-                     keep: int) -> Path:
-    """Rank 0: manifest, rename into place, verify, then prune to the newest ``keep``.
+                     keep: int, owner: Owner | None = None) -> Path:
+    """Rank 0: check the owner, manifest, rename into place, verify, check the owner again, then
+    prune to the newest ``keep`` good checkpoints.
+
+    Args:
+        owner: this gang's job UID and restart generation (None: from ``HTJ_JOB_UID`` and
+            ``HTJ_RESTART_GENERATION``, :meth:`Owner.from_env`).
 
     Returns:
         The published checkpoint's ``checkpoint.pt``.
 
     Raises:
-        OSError: the checkpoint does not read back as written (the previous ones are kept).
+        hetero_worker.ckpt.ownership.SupersededError: a newer restart generation of the job owns
+            ``directory`` (nothing published, or, when it appeared meanwhile, nothing pruned).
+        OSError: the checkpoint does not read back as written (it is quarantined; the previous
+            ones are kept).
     """
-    write_manifest(tmp, step=step, checkpoint_id=checkpoint_id, fmt=fmt)
+    owner = Owner.from_env() if owner is None else owner
+    check_owner(str(directory), owner, owners(directory))
+    write_manifest(tmp, step=step, checkpoint_id=checkpoint_id, fmt=fmt, owner=owner)
     final = publish(tmp, directory, step, checkpoint_id)
     found = next(c for c in candidates(directory) if c.path == final)
     problem = verify(found)
     if problem:
+        quarantine(found, f"did not verify right after writing: {problem}")
         raise OSError(f"checkpoint of step {step} did not verify after writing: {problem}")
+    _VERIFIED.add(_verified_key(found))
+    check_owner(str(directory), owner, owners(directory))
     prune(directory, keep, current=final)
     return final / CHECKPOINT_FILE
+
+
+def _verified_key(c: Candidate) -> tuple[Any, ...]:
+    """Path, publication time, id, and every file's size and modification time (a file written
+    over after its verification is verified again)."""
+    stats = []
+    for entry in (c.manifest or {}).get("files", []):
+        try:
+            st = (c.path / str(entry["path"])).stat()
+            stats.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            stats.append(None)
+    return (str(c.path), c.saved_ns, c.checkpoint_id, tuple(stats))
+
+
+def quarantine(candidate: Candidate, reason: str) -> Path:
+    """Rename a checkpoint that failed verification aside (``<name>.corrupt``, or
+    ``<name>.<ns>.corrupt`` when that exists), write ``QUARANTINED.txt`` with ``reason`` (best
+    effort: the disk may be full) and say so on stderr. Rank 0. Returns the new path.
+
+    Raises:
+        OSError: the rename failed (the checkpoint stays where it was).
+    """
+    target = candidate.path.with_name(candidate.path.name + QUARANTINE_SUFFIX)
+    if target.exists():
+        target = candidate.path.with_name(f"{candidate.path.name}.{time.time_ns()}{QUARANTINE_SUFFIX}")
+    os.replace(candidate.path, target)
+    fsync_dir(target.parent)
+    try:
+        (target / QUARANTINE_NOTE).write_text(f"{reason}\n", encoding="utf-8")
+    except OSError:
+        pass
+    log(rank=0, message=f"checkpoint_quarantined: step {candidate.step} (checkpoint {candidate.checkpoint_id}) "
+         f"moved to {target}: {reason}; it is not read, not counted toward HTJ_CHECKPOINT_KEEP and "
+         "not deleted: remove it once examined")
+    return target
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -225,7 +305,8 @@ def candidates(directory: str | Path | None) -> list[Candidate]:
         return []
     found: list[Candidate] = []
     for entry in root.iterdir():
-        if not (entry.name.startswith(STEP_PREFIX) and entry.is_dir()):
+        if not (entry.name.startswith(STEP_PREFIX) and entry.is_dir()) or entry.name.endswith(
+                QUARANTINE_SUFFIX):
             continue
         step_text, _, checkpoint_id = entry.name[len(STEP_PREFIX):].partition("-")
         try:
@@ -245,16 +326,38 @@ def candidates(directory: str | Path | None) -> list[Candidate]:
 
 
 def prune(directory: Path, keep: int, *, current: Path) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints (``current`` always stays), stale
-    ``.tmp`` directories, and the legacy layout's files once a new checkpoint exists.  Rank 0,
-    after ``current`` is published and verified. Returns what was removed."""
+    """Keep the newest ``keep`` good checkpoints (``current`` always counts), quarantine those
+    that fail verification (:func:`quarantine`), delete the older good ones, stale ``.tmp``
+    directories, and the legacy layout's files once ``keep`` new checkpoints exist.  A good
+    checkpoint newer than ``current`` is left as it is (not counted).  Rank 0, after ``current`` is published and
+    verified. Returns what was removed (quarantined ones are not).
+
+    A checkpoint is verified here (sizes and SHA-256 of every file) only while it could be one of
+    the ``keep``, and only once per process."""
     removed: list[Path] = []
-    complete = [c for c in candidates(directory) if not c.legacy and c.manifest is not None]
-    kept = {c.path for c in complete[:max(1, keep)]} | {current}
-    for c in candidates(directory):
-        if not c.legacy and c.path not in kept:
+    found = [c for c in candidates(directory) if not c.legacy]
+    mine = next((c for c in found if c.path == current), None)
+    good: list[Candidate] = []
+    for c in found:
+        if c.path == current:
+            good.append(c)
+            continue
+        if c.manifest is None:  # meant to be a checkpoint (a step- directory), but is none
+            _set_aside(c, c.error or "no manifest")
+            continue
+        newer = mine is not None and c.key > mine.key  # a fall-back passed it over
+        if len(good) >= max(1, keep) and not newer:
             shutil.rmtree(c.path, ignore_errors=True)
             removed.append(c.path)
+            continue
+        problem = "" if _verified_key(c) in _VERIFIED else verify(c)
+        if problem:
+            _set_aside(c, problem)
+            continue
+        _VERIFIED.add(_verified_key(c))
+        if not newer:  # a newer good one stays, uncounted: the gang did not resume from it
+            good.append(c)
+    complete = good
     for entry in directory.iterdir():
         if entry.name.startswith(f".{STEP_PREFIX}") and entry.name.endswith(".tmp") and entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
@@ -268,6 +371,16 @@ def prune(directory: Path, keep: int, *, current: Path) -> list[Path]:
                 shutil.rmtree(entry, ignore_errors=True)
                 removed.append(entry)
     return removed
+
+
+def _set_aside(c: Candidate, reason: str) -> None:
+    """:func:`quarantine` during retention: a rename that fails leaves the checkpoint in place
+    (never deleted) and does not fail the save that was just published."""
+    try:
+        quarantine(c, reason)
+    except OSError as exc:
+        log(rank=0, message=f"checkpoint_quarantine_failed: {c.path} ({reason}) could not be renamed aside: "
+             f"{type(exc).__name__}: {exc}; it stays, uncounted")
 
 
 def newest_file(directory: str | Path) -> Path:

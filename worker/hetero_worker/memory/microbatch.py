@@ -24,22 +24,25 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["accumulate", "checkpoint_blocks", "micro_slices"]
+__all__ = ["accumulate", "checkpoint_blocks", "even_slices", "micro_slices"]
 
 
 def micro_slices(n: int, micro_batch_size: int) -> list[tuple[int, int]]:
-    """``[lo, hi)`` ranges of at most ``micro_batch_size`` samples covering ``0..n``.
+    """``[lo, hi)`` ranges of at most ``micro_batch_size`` samples covering ``0..n``, balanced:
+    the fewest pieces that fit (``ceil(n / micro_batch_size)``), their sizes differing by at most
+    one (:func:`even_slices`), so no piece is a small remainder (shared/cases/57: a one-sample
+    piece makes BatchNorm raise in training).
 
     Args:
         n: samples in the local batch (>= 1).
         micro_batch_size: most samples per micro-batch; 0 = all at once.
 
     Returns:
-        e.g. ``micro_slices(7, 3) == [(0, 3), (3, 6), (6, 7)]``.
+        e.g. ``micro_slices(7, 3) == [(0, 3), (3, 5), (5, 7)]`` (3, 2, 2; not 3, 3, 1).
     """
     if micro_batch_size <= 0 or micro_batch_size >= n:
         return [(0, n)]
-    return [(lo, min(lo + micro_batch_size, n)) for lo in range(0, n, micro_batch_size)]
+    return even_slices(n, -(-n // micro_batch_size))
 
 
 def even_slices(n: int, count: int) -> list[tuple[int, int]]:
