@@ -19,7 +19,12 @@ the job).  Rules (issue 4, Kubeflow's run policy; shared/cases/21; issue 10):
   re-planned onto the remaining capacity;
 * terminating pods never block a job without limit: on a lost node they are force-deleted at
   once, elsewhere when ``nodeLossGraceSeconds`` passed after their ``deletionTimestamp``;
-* pods Pending past ``pending_timeout_s`` are deleted and the job re-planned, not counted;
+* a pod that will not start whatever the plan (an image pull error, an invalid image name, a
+  missing Secret, scheduling gates left on, Multi-Attach: :mod:`hetero_operator.lifecycle.stuck`)
+  keeps the job waiting with that reason and fails it after ``pending_timeout_s`` (issue 32, F5);
+* pods Pending past ``pending_timeout_s`` otherwise are deleted and the job re-planned: counted
+  in ``status.replans`` (not against ``backoffLimit``), each re-plan after an exponential delay,
+  and past ``max_replans`` the job fails with ``ReplanLimitExceeded``;
 * ``suspend`` deletes pods and keeps state; ``activeDeadlineSeconds`` fails the job;
   ``ttlSecondsAfterFinished`` deletes it; ``cleanPodPolicy`` picks the pods deleted at the end.
 
@@ -37,6 +42,7 @@ from hetero_operator.api.settings import RestartSettings
 from hetero_operator.api.spec import RunPolicy
 from hetero_operator.cluster.nodehealth import NodeHealth
 from hetero_operator.lifecycle import restart
+from hetero_operator.lifecycle.stuck import stuck_decision
 from hetero_operator.lifecycle.disruptions import (STOPPED_AT_CHECKPOINT, NodeView, disrupted,
                                                    next_unstick_s, removal, stuck)
 from hetero_operator.lifecycle.values import (CLEANUP, DELETE_JOB, FAIL, NOTHING, POLL_DELETING_S,
@@ -50,6 +56,10 @@ __all__ = ["CLEANUP", "DELETE_JOB", "FAIL", "NOTHING", "POLL_DELETING_S", "REPLA
 """The lifecycle's entry point: :func:`decide` and the values it takes and returns (defined in
 :mod:`~hetero_operator.lifecycle.values`, the cluster's part in
 :mod:`~hetero_operator.lifecycle.disruptions`)."""
+
+
+REPLAN_BACKOFF = "ReplanBackoff"
+REPLAN_LIMIT_EXCEEDED = "ReplanLimitExceeded"
 
 
 def backoff_s(restarts: int, timing: RestartSettings) -> float:
@@ -116,6 +126,10 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
 def _no_pods(job: JobState, now_s: float) -> Decision:
     if job.restart_not_before_s is not None and now_s < job.restart_not_before_s:
         wait = job.restart_not_before_s - now_s
+        if job.phase == c.PENDING:  # after a re-plan
+            return Decision(action=WAIT, phase=c.PENDING, reason=REPLAN_BACKOFF,
+                            message=f"Re-plan {job.replans} starts in {wait:.0f} s (exponential backoff).",
+                            requeue_s=wait)
         return Decision(action=WAIT, phase=c.RESTARTING, reason="BackoffDelay",
                         message=f"Restart {job.restarts} starts in {wait:.0f} s (exponential backoff).",
                         requeue_s=wait)
@@ -134,13 +148,17 @@ def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
                         delete_pods=_to_clean(policy, pods))
     missing = sorted(set(job.planned_pods) - {p.name for p in pods})
     if missing:
-        return _replan("IncompletePodSet", f"Pod(s) {', '.join(missing)} are missing; re-planning "
-                       "the whole job (collectives need every rank).", pods)
+        return _replan(job, policy, "IncompletePodSet", f"Pod(s) {', '.join(missing)} are missing; "
+                       "re-planning the whole job (collectives need every rank)", pods, now_s, timing)
+    will_not_start = stuck_decision(pods, now_s=now_s, pending_timeout_s=timing.pending_timeout_s,
+                                    clean=_to_clean(policy, pods))
+    if will_not_start is not None:
+        return will_not_start
     stuck = [p for p in pods if p.phase == "Pending" and p.created_s is not None
              and now_s - p.created_s > timing.pending_timeout_s]
     if stuck:
-        return _replan("PendingTimeout", f"Pod {stuck[0].name} was Pending longer than "
-                       f"{timing.pending_timeout_s:.0f} s; re-planning.", pods)
+        return _replan(job, policy, "PendingTimeout", f"Pod {stuck[0].name} was Pending longer than "
+                       f"{timing.pending_timeout_s:.0f} s", pods, now_s, timing)
     if all(p.phase in ("Running", "Succeeded") for p in pods):
         return Decision(action=RUNNING, phase=c.RUNNING, reason="JobRunning",
                         message=f"All {len(pods)} pod(s) are running.")
@@ -169,9 +187,24 @@ def _on_failure(job: JobState, policy: RunPolicy, pods: Sequence[PodState],
                     restart_not_before_s=now_s + verdict.delay_s, requeue_s=POLL_DELETING_S)
 
 
-def _replan(reason: str, message: str, pods: Sequence[PodState]) -> Decision:
-    return Decision(action=REPLAN, phase=c.PENDING, reason=reason, message=message,
-                    delete_pods=pod_names(pods), requeue_s=POLL_DELETING_S)
+def _replan(job: JobState, policy: RunPolicy, reason: str, what: str, pods: Sequence[PodState],
+            now_s: float, timing: RestartSettings) -> Decision:
+    """Re-plan number ``job.replans + 1`` after its backoff, or fail past ``max_replans``."""
+    if job.replans >= timing.max_replans:
+        return Decision(action=FAIL, phase=c.FAILED, reason=REPLAN_LIMIT_EXCEEDED,
+                        message=(f"{what}; {job.replans} re-plan(s) reached HTJ_MAX_REPLANS="
+                                 f"{timing.max_replans}, so the job fails: the cluster keeps placing "
+                                 "something else on its nodes, or its pods cannot start there (the "
+                                 "pods' Events say why); free capacity or lower spec.gpus.minRanks, "
+                                 "then re-create the job."),
+                        delete_pods=_to_clean(policy, pods))
+    n = job.replans + 1
+    delay = backoff_s(n, timing)
+    return Decision(action=REPLAN, phase=c.PENDING, reason=reason,
+                    message=(f"{what}; re-plan {n} of at most {timing.max_replans} (HTJ_MAX_REPLANS) "
+                             f"in {delay:.0f} s."),
+                    delete_pods=pod_names(pods), restart_not_before_s=now_s + delay,
+                    requeue_s=POLL_DELETING_S)
 
 
 def _finished(job: JobState, policy: RunPolicy, pods: Sequence[PodState], now_s: float,

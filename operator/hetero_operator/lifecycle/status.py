@@ -20,6 +20,7 @@ from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import ExcludedNode, Plan
 from hetero_operator.lifecycle.disruptions import SHUTDOWN_REASONS, STOPPED_AT_CHECKPOINT
 from hetero_operator.lifecycle.restart import BACKOFF_LIMIT_EXCEEDED
+from hetero_operator.lifecycle.stuck import stuck_of
 from hetero_operator.lifecycle.values import FAIL, REPLAN, Decision, JobState, NodeLoss, PodState
 from hetero_operator.planning.marginal import VALUE_STATUS_KEYS, value_status
 from hetero_operator.render.pods import pod_units
@@ -53,16 +54,19 @@ def job_state(status: Mapping[str, Any]) -> JobState:
         attempt=int(status.get("attempt") or 0), start_s=c.parse_iso(status.get("startTime")),
         completion_s=c.parse_iso(status.get("completionTime")),
         restart_not_before_s=c.parse_iso(status.get("restartNotBefore")),
-        planned_pods=tuple(plan.get("pods") or ()),
+        planned_pods=tuple(plan.get("pods") or ()), replans=int(status.get("replans") or 0),
     )
 
 
-def pod_state(pod: Mapping[str, Any], planned_node: str = "") -> PodState:
-    """Summarise a ``v1/Pod`` dict for :func:`hetero_operator.lifecycle.decisions.decide`."""
+def pod_state(pod: Mapping[str, Any], planned_node: str = "",
+              events: Iterable[Mapping[str, Any]] = ()) -> PodState:
+    """Summarise a ``v1/Pod`` dict for :func:`hetero_operator.lifecycle.decisions.decide`
+    (``events``: Events about the pod, for :func:`hetero_operator.lifecycle.stuck.stuck_of`)."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     st = pod.get("status") or {}
     annotations = meta.get("annotations") or {}
+    stuck, stuck_message = stuck_of(pod, events)
     return PodState(
         name=meta.get("name", ""), first_rank=int(labels.get(LABEL_RANK, "0")),
         phase=st.get("phase") or "Pending",
@@ -75,6 +79,7 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "") -> PodState:
         ranks=ranks_of(annotations.get(ANNOTATION_RANKS, "")),
         failure=_failure(st),
         disruption=disruption(st),
+        stuck=stuck, stuck_message=stuck_message,
     )
 
 

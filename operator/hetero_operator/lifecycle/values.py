@@ -48,6 +48,10 @@ class PodState:
             condition's reason (``PreemptionByScheduler``, ``DeletionByTaintManager``,
             ``EvictionByEvictionAPI``, ``TerminationByKubelet``, ``DeletionByPodGC``) or a
             ``status.reason`` of :data:`~hetero_operator.lifecycle.disruptions.SHUTDOWN_REASONS`/``Evicted``; ``""`` otherwise.
+        stuck: why the pod will not start whatever the plan, one of
+            :data:`hetero_operator.lifecycle.stuck.JOB_REASONS` (``ImagePullFailed``, ...); ``""``
+            when it is not stuck.
+        stuck_message: what the pod shows (``container worker is ImagePullBackOff: ...``).
     """
 
     name: str
@@ -62,6 +66,8 @@ class PodState:
     ranks: int = 1
     failure: str = ""
     disruption: str = ""
+    stuck: str = ""
+    stuck_message: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,6 +83,7 @@ class JobState:
         completion_s: when it succeeded or failed.
         restart_not_before_s: earliest next start after a failure.
         planned_pods: pod names of the current plan (empty when no plan).
+        replans: re-plans so far (``status.replans``; capped by ``HTJ_MAX_REPLANS``).
     """
 
     phase: str = ""
@@ -87,6 +94,7 @@ class JobState:
     completion_s: float | None = None
     restart_not_before_s: float | None = None
     planned_pods: tuple[str, ...] = ()
+    replans: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
