@@ -26,7 +26,7 @@ from hetero_operator.cluster import dra
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.planning.plan import plan_job
 from hetero_operator.render import pods as rendering
-from hetero_operator.render.claims import use_claims
+from hetero_operator.render.claims import add_claims
 from hetero_operator.render.env import render_rank_envs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dra"
@@ -115,11 +115,11 @@ def rendered(ranks: int = 6) -> tuple[model.Plan, list[dict[str, Any]], list[dic
     assert isinstance(plan, model.Plan), plan
     addr = rendering.master_addr(spec.name, spec.namespace, plan)
     envs = render_rank_envs(plan, spec, master_addr=addr, master_port=29500, simulated=False)
-    pods = rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--"))
-    before = copy.deepcopy(pods)
-    out, templates = use_claims(spec.name, spec.namespace, plan, pods, inv,
-                                    labels=labels.selector(spec.name))
-    assert pods == before, "use_claims must not modify its input"
+    before = rendering.PodInputs()
+    inputs, templates = add_claims(before, spec.name, spec.namespace, plan, inv,
+                                   labels=labels.selector(spec.name))
+    assert before == rendering.PodInputs(), "add_claims must not modify its input"
+    out = rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--"), inputs=inputs)
     return plan, out, templates
 
 
@@ -175,8 +175,8 @@ def test_gfd_nodes_keep_extended_resources_beside_dra_nodes() -> None:
     spec = job(6)
     plan = plan_job(spec, inv.inventory)
     envs = render_rank_envs(plan, spec, master_addr="x", master_port=29500, simulated=False)
-    pods = rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--"))
-    out, templates = use_claims(spec.name, spec.namespace, plan, pods, inv, labels={})
+    inputs, templates = add_claims(rendering.PodInputs(), spec.name, spec.namespace, plan, inv, labels={})
+    out = rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--"), inputs=inputs)
     assert [t["metadata"]["name"] for t in templates] == ["mixed-a1-g1", "mixed-a1-g2", "mixed-a1-g3"]
     assert "resourceClaims" not in out[0]["spec"]
     assert out[0]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "2"

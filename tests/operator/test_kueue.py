@@ -180,8 +180,8 @@ def test_admission_with_two_flavors_plans_within_it_and_pins_pods_to_the_flavors
     plan = plan_job(spec, inv)
     assert isinstance(plan, model.Plan), plan
     envs = render_rank_envs(plan, spec, master_addr="x", master_port=29500, simulated=False)
-    pods = kueue.apply_placements(
-        rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--")), plan, allowed)
+    pods = rendering.render_pods(spec, plan, envs, launcher=("heterotrain", "launch", "--"),
+                                 inputs=kueue.add_placements(rendering.PodInputs(), plan, allowed))
     assert [(p["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
              ["nodeSelectorTerms"][0]["matchFields"][0]["values"], p["spec"]["nodeSelector"]) for p in pods] == [
         (["h100-0"], {"nvidia.com/gpu.product": H100, POOL: "h100-pool"}),
@@ -201,7 +201,8 @@ def test_flavor_tolerations_are_added_to_the_pods() -> None:
     spec = parse_job(body)
     plan = plan_job(spec, kueue.restrict_inventory(build_inventory(nodes()), allowed))
     envs = render_rank_envs(plan, spec, master_addr="x", master_port=29500, simulated=False)
-    pods = kueue.apply_placements(rendering.render_pods(spec, plan, envs, launcher=("l",)), plan, allowed)
+    pods = rendering.render_pods(spec, plan, envs, launcher=("l",),
+                                 inputs=kueue.add_placements(rendering.PodInputs(), plan, allowed))
     assert [t["key"] for t in pods[1]["spec"]["tolerations"]] == ["nvidia.com/gpu", "cloud.google.com/gke-spot"]
     assert [t["key"] for t in pods[0]["spec"]["tolerations"]] == ["nvidia.com/gpu"]
 

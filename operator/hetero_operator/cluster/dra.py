@@ -20,7 +20,7 @@ the GFD spelling of ``productName`` (spaces -> ``-``, as GFD writes ``nvidia.com
 architecture comes from the compute capability by GFD's mapping, speed from the same table, and
 ``resource_name`` keeps the device plugin's spelling (``nvidia.com/gpu``,
 ``nvidia.com/mig-<profile>``) as the GPU type's key.
-:func:`hetero_operator.render.claims.use_claims` replaces that
+:func:`hetero_operator.render.claims.add_claims` replaces that
 extended-resource request by a ResourceClaimTemplate per group whose CEL selector pins the planned
 product (and MIG profile).
 

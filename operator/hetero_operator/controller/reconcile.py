@@ -54,7 +54,7 @@ from hetero_operator.lifecycle import status as st
 from hetero_operator.planning.marginal import PlanInputs
 from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
-from hetero_operator.render.claims import stale_template_names, use_claims
+from hetero_operator.render.claims import add_claims, stale_template_names
 from hetero_operator.render.env import render_rank_envs
 
 log = logging.getLogger("heterotrain.operator")
@@ -271,12 +271,14 @@ class Reconciler:
         envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.ports.master,
                                 simulated=self.config.pods.simulate_devices,
                                 restart_generation=attempt - 1)
-        pods = rendering.render_pods(spec, result, envs, launcher=self.config.pods.launcher, attempt=attempt,
-                                     run_as_non_root=self.config.pods.run_as_non_root)
+        # The pods' inputs first (Kueue's admitted flavors, DRA's claims), then the pods, once.
+        inputs = rendering.PodInputs()
         if gate is not None and gate.allowed:  # the admitted flavors' nodeSelector/tolerations
-            pods = kueue.apply_placements(pods, result, gate.allowed)
-        pods, claim_templates = use_claims(spec.name, spec.namespace, result, pods, drainv,
-                                           labels=labels.selector(spec.name), attempt=attempt)
+            inputs = kueue.add_placements(inputs, result, gate.allowed)
+        inputs, claim_templates = add_claims(inputs, spec.name, spec.namespace, result, drainv,
+                                             labels=labels.selector(spec.name), attempt=attempt)
+        pods = rendering.render_pods(spec, result, envs, launcher=self.config.pods.launcher, attempt=attempt,
+                                     run_as_non_root=self.config.pods.run_as_non_root, inputs=inputs)
 
         # Held before the first await: a start planned meanwhile counts these GPUs as used.
         self.reservations.hold((spec.namespace, spec.name), planned_gpu_pods(

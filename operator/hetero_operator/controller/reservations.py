@@ -87,7 +87,7 @@ def planned_gpu_pods(namespace: str, job_name: str, plan: Plan, *,
     pod, on its group's node, requesting its ranks' devices of the group's resource.
 
     Pods on ``dra_nodes`` request their GPUs through ResourceClaims, not extended resources
-    (:func:`hetero_operator.render.claims.use_claims`), and are left out as the index leaves them out.
+    (:func:`hetero_operator.render.claims.add_claims`), and are left out as the index leaves them out.
     """
     return [IndexedPod({"metadata": {"name": u.name, "namespace": namespace,
                                      "labels": selector(job_name)},

@@ -1,6 +1,7 @@
 """DRA requests: a ResourceClaimTemplate per planned group whose CEL selector pins the planned
-product (and MIG profile), and the pods rewritten to claim it (pure; the inventory side is
-:mod:`hetero_operator.cluster.dra`).
+product (and MIG profile), and the pods' inputs that make them claim it instead of the extended
+resource (pure; the inventory side is :mod:`hetero_operator.cluster.dra`, the pods are built by
+:func:`hetero_operator.render.pods.render_pods`).
 
 Templates are named per attempt (``<job>-a<attempt>-g<group>``): a re-plan (node loss, a pending
 timeout, a Kueue re-admission) makes a new attempt whose groups may hold another GPU type or
@@ -12,17 +13,18 @@ and stay Pending.  The templates of the attempt before are deleted when the next
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from hetero_operator.api.labels import LABEL_ATTEMPT
 from hetero_operator.api.types import GroupPlan, Plan
 from hetero_operator.cluster.dra import API_VERSION, DRIVER, DraInventory
+from hetero_operator.render.pods import CLAIM_NAME, GroupInputs, PodInputs, ranks_per_pod
 
 GPU_DEVICE_CLASS = "gpu.nvidia.com"
 MIG_DEVICE_CLASS = "mig.nvidia.com"
-CLAIM_NAME = "gpus"
-"""Name of the pod's resource claim and of the request inside the template."""
+__all__ = ["CLAIM_NAME", "add_claims", "render_claim_template", "selector_expression",
+           "stale_template_names", "template_name"]
 
 
 def template_name(job_name: str, group: GroupPlan | int, attempt: int = 1) -> str:
@@ -84,69 +86,34 @@ def render_claim_template(job_name: str, namespace: str, group: GroupPlan, *, pr
     }
 
 
-def use_claims(job_name: str, namespace: str, plan: Plan, pods: Sequence[Mapping[str, Any]],
-               dra: DraInventory, *, labels: Mapping[str, str], attempt: int = 1,
-               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Swap extended-resource GPU requests for resource claims on the plan's DRA nodes.
+def add_claims(inputs: PodInputs, job_name: str, namespace: str, plan: Plan, dra: DraInventory, *,
+               labels: Mapping[str, str], attempt: int = 1) -> tuple[PodInputs, list[dict[str, Any]]]:
+    """Claims instead of extended resources for the plan's groups on DRA nodes.
 
-    For each group on a DRA node: one ResourceClaimTemplate; every pod of the group loses the
-    ``nvidia.com/*`` request and limit of its container and gets ``spec.resourceClaims`` (the
-    template) plus ``resources.claims`` in the container. Pods on GFD nodes are unchanged.
+    For each group on a DRA node: one ResourceClaimTemplate, and the group's pod inputs name it
+    (:attr:`~hetero_operator.render.pods.GroupInputs.claim_template`), so its pods are built with
+    ``spec.resourceClaims`` and the container's ``resources.claims`` and without the
+    ``nvidia.com/*`` request.  Groups on GFD nodes are left as they are.
 
     Args:
+        inputs: the pods' inputs so far.
         job_name / namespace: the job.
         plan: its plan.
-        pods: pods from :func:`hetero_operator.render.pods.render_pods` (not modified).
         dra: the inventory the plan was made on.
         labels: labels for the templates.
         attempt: the attempt the pods belong to (templates are named per attempt).
 
     Returns:
-        ``(pods, claim templates)``; the templates are ordered by group.
+        ``(inputs with the claims added, claim templates ordered by group)``.
 
     Raises:
         KeyError: a DRA group whose GPU type has no product name in ``dra`` (the plan was not made
             on this inventory).
     """
-    groups = {str(g.index): g for g in plan.groups if g.node in dra.dra_nodes}
-    if not groups:
-        return [dict(p) for p in pods], []
-    out = []
-    per_pod: dict[str, int] = {}
-    for pod in pods:
-        group = groups.get(str(pod["metadata"]["labels"].get("heterotrain.io/group-index")))
-        if group is None:
-            out.append(dict(pod))
-            continue
-        pod, count = _claiming_pod(pod, template_name(job_name, group, attempt), group.resource_name)
-        per_pod[str(group.index)] = count
-        out.append(pod)
-    templates = [render_claim_template(job_name, namespace, g,
-                                       product_name=dra.product_names[(g.node, g.gpu_type)],
-                                       devices_per_pod=per_pod.get(i, len(g.ranks)), labels=labels,
-                                       attempt=attempt)
-                 for i, g in sorted(groups.items(), key=lambda kv: kv[1].index)]
-    return out, templates
-
-
-def _claiming_pod(pod: Mapping[str, Any], template: str, resource_name: str,
-                  ) -> tuple[dict[str, Any], int]:
-    spec = dict(pod["spec"])
-    containers = []
-    count = 0
-    for c in spec["containers"]:
-        c = dict(c)
-        resources = {k: dict(v) for k, v in (c.get("resources") or {}).items()}
-        for key in ("requests", "limits"):
-            value = resources.get(key, {}).pop(resource_name, None)
-            if value is not None:
-                count = max(count, int(value))
-            if key in resources and not resources[key]:
-                del resources[key]
-        if count:
-            resources["claims"] = [{"name": CLAIM_NAME}]
-        c["resources"] = resources
-        containers.append(c)
-    spec["containers"] = containers
-    spec["resourceClaims"] = [{"name": CLAIM_NAME, "resourceClaimTemplateName": template}]
-    return {**pod, "spec": spec}, count
+    templates = []
+    for g in sorted((g for g in plan.groups if g.node in dra.dra_nodes), key=lambda g: g.index):
+        templates.append(render_claim_template(
+            job_name, namespace, g, product_name=dra.product_names[(g.node, g.gpu_type)],
+            devices_per_pod=ranks_per_pod(g), labels=labels, attempt=attempt))
+        inputs = inputs.add(g.index, GroupInputs(claim_template=template_name(job_name, g, attempt)))
+    return inputs, templates

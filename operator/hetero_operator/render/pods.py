@@ -28,13 +28,21 @@ container: env and envFrom, volume mounts, ports, probes, CPU and memory as give
 image, command, env contract, GPUs and hardened security context.  Its init containers (and
 native sidecars) get the hardened security context too.  Every pod mounts a Memory emptyDir at
 ``/dev/shm`` (shared/cases/38; :func:`hetero_operator.api.workerspec.shared_memory_bytes`).
+
+A pod is built once.  What the integrations decide about a group's pods is gathered first in one
+:class:`PodInputs` (Kubeflow Trainer's runtime info, which its plugins add to before the pod is
+built): Kueue's admitted flavor adds a nodeSelector, tolerations, labels and annotations
+(:func:`hetero_operator.render.workload.add_placements`); DRA adds the ResourceClaimTemplate the
+pods claim their GPUs from instead of the extended resource
+(:func:`hetero_operator.render.claims.add_claims`).  :func:`render_pods` reads them; nothing
+patches a rendered pod afterwards.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ARCH,
@@ -57,6 +65,53 @@ CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
 """Container-level hardening of every worker (the Pod Security Standards' "restricted" level)."""
 METRICS_NAMESPACE_LABEL = "kubernetes.io/metadata.name"
 """Namespace label set by the API server on every namespace (Kubernetes >= 1.22)."""
+CLAIM_NAME = "gpus"
+"""Name of a DRA pod's resource claim (and of the request inside its ResourceClaimTemplate)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupInputs:
+    """What the integrations add to the pods of one group, before they are built.
+
+    Attributes:
+        node_selector: merged over the template's ``nodeSelector`` (Kueue: the product label and
+            the admitted flavor's node labels).
+        tolerations: added after the pod's own, without duplicates (Kueue: the flavor's).
+        labels / annotations: added to the pod's metadata (Kueue's admission checks).
+        claim_template: the ResourceClaimTemplate each pod of the group claims its GPUs from
+            (DRA), in place of the ``nvidia.com/*`` request; ``""`` for the extended resource.
+    """
+
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    claim_template: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PodInputs:
+    """The inputs of a job's pods beyond the job and its plan, per group index; each integration
+    adds its part (:meth:`add`) before :func:`render_pods` builds the pods."""
+
+    groups: Mapping[int, GroupInputs] = field(default_factory=dict)
+
+    def group(self, index: int) -> GroupInputs:
+        """What was added for group ``index`` (nothing: an empty :class:`GroupInputs`)."""
+        return self.groups.get(index) or GroupInputs()
+
+    def add(self, index: int, extra: GroupInputs) -> PodInputs:
+        """These inputs with ``extra`` added to group ``index``'s: selectors, labels and
+        annotations merged (``extra`` wins a key), tolerations appended without duplicates, a
+        claim template set."""
+        old = self.group(index)
+        merged = GroupInputs(
+            node_selector={**old.node_selector, **extra.node_selector},
+            tolerations=tuple(_add([dict(t) for t in old.tolerations], extra.tolerations)),
+            labels={**old.labels, **extra.labels},
+            annotations={**old.annotations, **extra.annotations},
+            claim_template=extra.claim_template or old.claim_template)
+        return replace(self, groups={**self.groups, index: merged})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,11 +129,16 @@ class PodUnit:
     ranks: tuple[int, ...]
 
 
+def ranks_per_pod(group: GroupPlan) -> int:
+    """Ranks (= devices) each pod of ``group`` hosts: 1 for a MIG group's pods, else all of them."""
+    return 1 if group.mig_profile else len(group.ranks)
+
+
 def pod_units(job_name: str, plan: Plan) -> list[PodUnit]:
     """The pods of a plan, in rank order."""
     units: list[PodUnit] = []
     for g in plan.groups:
-        if g.mig_profile and len(g.ranks) > 1:
+        if ranks_per_pod(g) < len(g.ranks):
             units += [PodUnit(name=f"{job_name}-g{g.index}-m{k}", group=g, ranks=(r,))
                       for k, r in enumerate(g.ranks)]
         else:
@@ -109,9 +169,9 @@ def render_service(job: JobSpec, *, master_port: int) -> dict[str, Any]:
 
 
 def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]], *,
-                launcher: Sequence[str], attempt: int = 0,
-                run_as_non_root: bool = True) -> list[dict[str, Any]]:
-    """One pod per :class:`PodUnit`.
+                launcher: Sequence[str], attempt: int = 0, run_as_non_root: bool = True,
+                inputs: PodInputs | None = None) -> list[dict[str, Any]]:
+    """One pod per :class:`PodUnit`, built once with everything the integrations added.
 
     Args:
         job: the parsed job.
@@ -122,6 +182,7 @@ def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]]
         attempt: restart generation, stored in the ``heterotrain.io/attempt`` label.
         run_as_non_root: set ``runAsNonRoot`` (the kubelet then refuses an image whose user is
             root); False only for images that need root.
+        inputs: what Kueue and DRA add per group (:class:`PodInputs`); None for nothing.
 
     Returns:
         Pod manifests (``v1/Pod`` dicts) without owner references.
@@ -131,8 +192,10 @@ def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]]
     """
     if len(rank_envs) != plan.world_size:
         raise ValueError(f"rank_envs has {len(rank_envs)} entries, plan has {plan.world_size} ranks")
+    inputs = inputs or PodInputs()
     return [_pod(job, unit, rank_envs, launcher=launcher, attempt=attempt,
-                 run_as_non_root=run_as_non_root) for unit in pod_units(job.name, plan)]
+                 run_as_non_root=run_as_non_root, extra=inputs.group(unit.group.index))
+            for unit in pod_units(job.name, plan)]
 
 
 _MERGED_POD_FIELDS = ("containers", "initContainers", "volumes", "tolerations", "affinity",
@@ -142,7 +205,8 @@ _MERGED_CONTAINER_FIELDS = ("name", "env", "resources", "securityContext", "port
 
 
 def _pod(job: JobSpec, unit: PodUnit, rank_envs: Sequence[Mapping[str, str]], *,
-         launcher: Sequence[str], attempt: int, run_as_non_root: bool) -> dict[str, Any]:
+         launcher: Sequence[str], attempt: int, run_as_non_root: bool,
+         extra: GroupInputs) -> dict[str, Any]:
     g = unit.group
     env = contract.pod_env(rank_envs[unit.ranks[0]])
     env[envnames.LOCAL_WORLD_SIZE] = str(len(unit.ranks))
@@ -151,9 +215,9 @@ def _pod(job: JobSpec, unit: PodUnit, rank_envs: Sequence[Mapping[str, str]], *,
     tspec = job.worker.template.get("spec") or {}
     labels = {**(tmeta.get("labels") or {}), **selector(job.name), LABEL_GROUP: str(g.index),
               LABEL_RANK: str(unit.ranks[0]), LABEL_ARCH: (g.architecture or "unknown").lower(),
-              LABEL_ATTEMPT: str(attempt)}
+              LABEL_ATTEMPT: str(attempt), **extra.labels}
     annotations = {**(tmeta.get("annotations") or {}), ANNOTATION_GPU_TYPE: g.gpu_type,
-                   ANNOTATION_RANKS: _ranks_text(unit.ranks)}
+                   ANNOTATION_RANKS: _ranks_text(unit.ranks), **extra.annotations}
     spec: dict[str, Any] = {k: copy.deepcopy(v) for k, v in tspec.items()
                             if k not in _MERGED_POD_FIELDS}
     volumes, mounts = _own_volumes(job, len(unit.ranks))
@@ -167,10 +231,15 @@ def _pod(job: JobSpec, unit: PodUnit, rank_envs: Sequence[Mapping[str, str]], *,
         "subdomain": job.name,
         "enableServiceLinks": bool(tspec.get("enableServiceLinks", False)),
         "affinity": _affinity(tspec.get("affinity") or {}, g.node),
-        "tolerations": _add([dict(GPU_TOLERATION)], tspec.get("tolerations") or ()),
+        "tolerations": _add(_add([dict(GPU_TOLERATION)], tspec.get("tolerations") or ()),
+                            extra.tolerations),
         "terminationGracePeriodSeconds": job.worker.termination_grace_s,
-        "containers": [_container(job, unit, env, launcher, mounts)],
+        "containers": [_container(job, unit, env, launcher, mounts, extra.claim_template)],
     })
+    if extra.node_selector:
+        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), **extra.node_selector}
+    if extra.claim_template:
+        spec["resourceClaims"] = [{"name": CLAIM_NAME, "resourceClaimTemplateName": extra.claim_template}]
     if tspec.get("initContainers"):
         spec["initContainers"] = [_hardened(c) for c in tspec["initContainers"]]
     if job.run_policy.priority_class:
@@ -242,14 +311,15 @@ def _hardened(container: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str], launcher: Sequence[str],
-               mounts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+               mounts: Sequence[Mapping[str, Any]], claim_template: str = "") -> dict[str, Any]:
     g = unit.group
     user = podtemplate.worker_container(job.worker.template)
     ours = set(env)
     given = {e.get("name"): e for e in job.worker.env}  # the template's win over spec.worker.env
     given.update({e.get("name"): e for e in user.get("env") or ()})
     user_env = [copy.deepcopy(dict(e)) for name, e in given.items() if name not in ours]
-    resources = _resources(merged_resources(job.worker), g.resource_name, len(unit.ranks))
+    resources = _resources(merged_resources(job.worker), g.resource_name, len(unit.ranks),
+                           claimed=bool(claim_template))
     container: dict[str, Any] = {k: copy.deepcopy(v) for k, v in user.items()
                                  if k not in _MERGED_CONTAINER_FIELDS}
     container.update({
@@ -357,8 +427,18 @@ def render_network_policy(job: JobSpec, plan: Plan, *, metrics_namespaces: Seque
     }
 
 
-def _resources(base: Mapping[str, Any], resource_name: str, count: int) -> dict[str, Any]:
+def _resources(base: Mapping[str, Any], resource_name: str, count: int, *,
+               claimed: bool = False) -> dict[str, Any]:
+    """CPU and memory as given, plus ``count`` devices: the extended resource, or (``claimed``)
+    the pod's DRA claim :data:`CLAIM_NAME` (its template holds the count)."""
     out = {k: dict(v) for k, v in base.items() if k in ("requests", "limits") and v}
+    if claimed:
+        for key in ("requests", "limits"):
+            out.get(key, {}).pop(resource_name, None)
+            if key in out and not out[key]:
+                del out[key]
+        out["claims"] = [{"name": CLAIM_NAME}]
+        return out
     for key in ("requests", "limits"):
         out.setdefault(key, {})[resource_name] = str(count)
     return out

@@ -13,7 +13,7 @@ a custom Job with Kueue": the job kind is listed in Kueue's ``integrations.exter
 3. on admission the plan is made again, within what was admitted (:func:`restrict_inventory`:
    only admitted GPU types, only nodes carrying the admitted flavor's node labels, at most the
    admitted count per type), and every pod gets the flavor's ``nodeLabels`` as ``nodeSelector``
-   and its ``tolerations`` (:func:`apply_placements`);
+   and its ``tolerations`` (:func:`add_placements`, an input of the pod renderer);
 4. on eviction (condition ``Evicted``) the pods are deleted and the admission cleared, as
    ``jobframework`` does (:func:`cleared_admission_status`); on re-admission the job starts again
    and resumes from its checkpoint;
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,6 +44,7 @@ from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import Device, GroupPlan, Inventory, NodeInventory, Plan
 from hetero_operator.cluster import gfd
 from hetero_operator.render import kueuestatus as kstatus
+from hetero_operator.render.pods import GroupInputs, PodInputs
 
 GROUP = "kueue.x-k8s.io"
 VERSION = "v1beta2"
@@ -404,36 +405,23 @@ def restrict_inventory(inventory: Inventory, allowed: Mapping[str, FlavorPlaceme
     return replace(inventory, nodes=tuple(kept))
 
 
-def apply_placements(pods: Sequence[Mapping[str, Any]], plan: Plan,
-                     allowed: Mapping[str, FlavorPlacement]) -> list[dict[str, Any]]:
-    """Pods with their admitted flavor's ``nodeSelector`` and ``tolerations``.
+def add_placements(inputs: PodInputs, plan: Plan, allowed: Mapping[str, FlavorPlacement]) -> PodInputs:
+    """The pods' inputs with each group's admitted flavor added (before the pods are built).
 
-    Each pod's ``nodeSelector`` = its GPU type's ``nvidia.com/gpu.product`` merged with the
-    flavor's node labels (and the admission checks' nodeSelector); the flavor's and the checks'
-    tolerations are added to the pod's own (no duplicates); the checks' labels and annotations
-    go onto the pod's metadata.
-
+    A group's ``nodeSelector`` gets its GPU type's ``nvidia.com/gpu.product`` and the flavor's
+    node labels (and the admission checks' nodeSelector); the flavor's and the checks'
+    tolerations are added to the pod's own; the checks' labels and annotations go onto the pod's
+    metadata (:func:`placements` refused any clash with ours).  Groups of a type that was not
+    admitted get nothing.
     """
-    groups = {str(g.index): g for g in plan.groups}
-    out = []
-    for pod in pods:
-        group = groups[str(pod["metadata"]["labels"]["heterotrain.io/group-index"])]
+    for group in plan.groups:
         place = allowed.get(group.gpu_type)
-        if place is None:
-            out.append(dict(pod))
-            continue
-        spec = dict(pod["spec"])
-        spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}),
-                                PRODUCT_LABEL: _product_label(group), **place.node_labels}
-        tolerations = [dict(t) for t in spec.get("tolerations") or ()]
-        tolerations += [dict(t) for t in place.tolerations if dict(t) not in tolerations]
-        spec["tolerations"] = tolerations
-        meta = dict(pod["metadata"])
-        if place.labels or place.annotations:  # placements() refused any clash with ours
-            meta["labels"] = {**(meta.get("labels") or {}), **place.labels}
-            meta["annotations"] = {**(meta.get("annotations") or {}), **place.annotations}
-        out.append({**pod, "metadata": meta, "spec": spec})
-    return out
+        if place is not None:
+            inputs = inputs.add(group.index, GroupInputs(
+                node_selector={PRODUCT_LABEL: _product_label(group), **place.node_labels},
+                tolerations=tuple(place.tolerations), labels=place.labels,
+                annotations=place.annotations))
+    return inputs
 
 
 def _product_label(group: GroupPlan) -> str:

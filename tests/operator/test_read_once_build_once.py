@@ -1,6 +1,9 @@
-"""A node read once (issue 28, item 4): the inventory is read with the job's pod tolerations and
-keeps every node's labels; the filters after it (DRA's merge, the template's nodeSelector and
-affinity, Kueue's admitted flavors) take the inventory and never a Node.
+"""A node read once and a pod built once (issue 28, items 4 and 5).
+
+The inventory is read with the job's pod tolerations and keeps every node's labels; the filters
+after it (DRA's merge, the template's nodeSelector and affinity, Kueue's admitted flavors) take
+the inventory and never a Node.  Kueue's placement and DRA's claims are inputs of the pod renderer
+(:class:`~hetero_operator.render.pods.PodInputs`); no step patches a rendered pod.
 
 Before, a node whose GPUs DRA publishes and that is tainted with a taint the template tolerates
 was excluded by the DRA merge (read with the default tolerations) and then read again by the
@@ -22,7 +25,10 @@ from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.cluster.nodeindex import trim_node
 from hetero_operator.controller.planner import plan_on_indexes
 from hetero_operator.planning.placement import restrict_to_template
+from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
+from hetero_operator.render.claims import add_claims
+from hetero_operator.render.env import render_rank_envs
 
 SPOT = {"key": "pool", "value": "spot", "effect": "NoSchedule"}
 TOLERATE_SPOT = {"key": "pool", "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
@@ -110,3 +116,50 @@ def test_tolerations_are_part_of_a_node_s_parse_and_untainted_nodes_share_it(
     calls.clear()
     assert nodeindex.build_indexed_inventory(nodes) == default
     assert calls == ["spot"]
+
+
+# --- a pod built once (issue 28, item 5) --------------------------------------------------------
+
+def test_kueue_and_dra_inputs_build_the_pod_once() -> None:
+    """An admitted flavor and a DRA claim for the same group: the renderer builds the pod with
+    both, and the template's own selector, tolerations and labels stay beside them."""
+    job = _job([TOLERATE_SPOT])
+    nodes = [trim_node(_dra_node("spot-0", taints=[SPOT]))]
+    plan, drainv = plan_on_indexes(job, nodes, [], [], dra_source=([_slice("spot-0", 2)], []))
+    assert isinstance(plan, model.Plan), plan
+    place = kueue.FlavorPlacement(
+        gpu_type="NVIDIA-A100-SXM4-40GB", flavor="spot", node_labels={"pool": "spot", "zone": "a"},
+        tolerations=({"key": "zone", "operator": "Exists", "effect": "NoSchedule"}, TOLERATE_SPOT),
+        count=2, labels={"example.com/check": "ok"}, annotations={"example.com/note": "checked"})
+    empty = rendering.PodInputs()
+    inputs = kueue.add_placements(empty, plan, {place.gpu_type: place})
+    inputs, templates = add_claims(inputs, job.name, job.namespace, plan, drainv, labels={}, attempt=3)
+    assert empty == rendering.PodInputs()  # each step returns new inputs
+    envs = render_rank_envs(plan, job, master_addr="x", master_port=29500, simulated=False)
+    (pod,) = rendering.render_pods(job, plan, envs, launcher=("l",), attempt=3, inputs=inputs)
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"pool": "spot", "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+                                    "zone": "a"}
+    assert spec["tolerations"] == [rendering.GPU_TOLERATION, TOLERATE_SPOT,
+                                   {"key": "zone", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": "job-a3-g0"}]
+    assert spec["containers"][0]["resources"] == {"claims": [{"name": "gpus"}]}
+    assert (pod["metadata"]["labels"]["example.com/check"], pod["metadata"]["annotations"]["example.com/note"]) == (
+        "ok", "checked")
+    assert [t["metadata"]["name"] for t in templates] == ["job-a3-g0"]
+    assert templates[0]["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] == 2
+    # without inputs: the extended resource, no selector beyond the template's
+    (plain,) = rendering.render_pods(job, plan, envs, launcher=("l",), attempt=3)
+    assert plain["spec"]["nodeSelector"] == {"pool": "spot"} and "resourceClaims" not in plain["spec"]
+    assert plain["spec"]["containers"][0]["resources"] == {"requests": {"nvidia.com/gpu": "2"},
+                                                           "limits": {"nvidia.com/gpu": "2"}}
+
+
+def test_pod_inputs_add_up_per_group() -> None:
+    a = {"key": "a", "operator": "Exists"}
+    inputs = rendering.PodInputs().add(1, rendering.GroupInputs(node_selector={"x": "1"}, tolerations=(a,)))
+    inputs = inputs.add(1, rendering.GroupInputs(node_selector={"x": "2", "y": "3"}, tolerations=(a,),
+                                                 claim_template="t"))
+    assert inputs.group(1) == rendering.GroupInputs(node_selector={"x": "2", "y": "3"}, tolerations=(a,),
+                                                    claim_template="t")
+    assert inputs.group(0) == rendering.GroupInputs()
