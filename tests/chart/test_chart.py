@@ -539,7 +539,7 @@ def _network_policy_rules(*sets: str) -> list[dict[str, Any]]:
 
 def test_rbac_grants_creating_network_policies_only_when_they_are_on() -> None:
     assert _network_policy_rules() == [{"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
-                                        "verbs": ["create", "list", "patch"]}]
+                                        "verbs": ["create", "get", "list", "patch"]}]
     assert _network_policy_rules("workers.networkPolicy.enabled=false") == []
 
 
