@@ -8,6 +8,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from heterotrain_common import split
 from heterotrain_common.split import continuous_shares, split_batch
 
 
@@ -187,3 +188,45 @@ def test_faster_rank_never_gets_fewer_at_any_minimum(speeds: list[float], min_ba
         for j in range(len(speeds)):
             if speeds[i] > speeds[j]:
                 assert out[i] >= out[j]
+
+
+# --- exactness --------------------------------------------------------------------------------------
+
+def _reference(batch: int, speeds: list[float], caps: list[int], min_batch: int) -> list[int]:
+    """Largest remainders of the exact shares, by the tie rule, in rationals throughout."""
+    from fractions import Fraction
+    shares = [Fraction(x) for x in split._exact_shares(batch, speeds, [min(c, batch) for c in caps],
+                                                       min_batch)]
+    out = [int(x) for x in shares]
+    order = sorted(range(len(out)), key=lambda i: (out[i] - shares[i], -Fraction(speeds[i]), i))
+    for i in order[:batch - sum(out)]:
+        out[i] += 1
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(inventories(), st.integers(0, 3))
+@example((TIED_SHARES[1], TIED_SHARES[0], [TIED_SHARES[1]] * 11), 1)
+@example((20, [3.0, 1.0], [15, 20]), 1)
+def test_the_integer_path_equals_exact_rationals(case, min_batch) -> None:
+    """The held ranks are found in floating point and checked in integers: the result is the
+    exact rational answer, near-ties and shares exactly at a cap included."""
+    batch, speeds, caps = case
+    n = len(speeds)
+    batch, caps = max(batch, n * min_batch), [max(c, min_batch) for c in caps]
+    caps[0] += max(0, batch - sum(min(c, batch) for c in caps))
+    assert split_batch(batch, speeds, caps, min_batch=min_batch) == _reference(batch, speeds, caps,
+                                                                               min_batch)
+
+
+def test_a_rank_misplaced_by_rounding_is_placed_again_exactly(monkeypatch) -> None:
+    """Where the floating-point water level puts a rank on the wrong side of a bound, the integer
+    check refuses it and the exact rationals decide."""
+    real = split._water_level
+
+    def off(total, weights, bounds, min_batch):
+        lam = real(total, weights, bounds, min_batch)
+        return lam * 0.1 if isinstance(lam, float) else lam  # every rank looks free
+
+    monkeypatch.setattr(split, "_water_level", off)
+    assert split_batch(100, [1, 1, 3], [100, 100, 30]) == [35, 35, 30]

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from heterotrain_common.split import split_batch
 
 __all__ = ["accumulate", "checkpoint_blocks", "even_slices", "micro_slices"]
 
@@ -46,8 +49,9 @@ def micro_slices(n: int, micro_batch_size: int) -> list[tuple[int, int]]:
 
 
 def even_slices(n: int, count: int) -> list[tuple[int, int]]:
-    """``count`` ranges of sizes differing by at most one covering ``0..n``; empty ranges
-    (``lo == hi``) when ``n < count``.
+    """``count`` ranges of sizes differing by at most one covering ``0..n`` (the one splitter's
+    equal split, :func:`heterotrain_common.split.split_batch`: the larger pieces first); empty
+    ranges (``lo == hi``) when ``n < count``.
 
     Under Group sharding every rank of a group runs the same number of micro-batches (FSDP2's
     gathers and reduce-scatters are collectives of the group), so a rank with fewer samples splits
@@ -57,13 +61,8 @@ def even_slices(n: int, count: int) -> list[tuple[int, int]]:
         e.g. ``even_slices(8, 3) == [(0, 3), (3, 6), (6, 8)]``, ``even_slices(2, 3) == [(0, 1),
         (1, 2), (2, 2)]``.
     """
-    base, extra = divmod(n, count)
-    out, lo = [], 0
-    for i in range(count):
-        hi = lo + base + (1 if i < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
+    ends = [0, *itertools.accumulate(split_batch(n, [1] * count, min_batch=0))]
+    return list(zip(ends, ends[1:]))
 
 
 def _batch_len(batch: Sequence[Any]) -> int:
