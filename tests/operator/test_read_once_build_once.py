@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from builders import CATALOG_118_124_128, make_job, make_node
 
+from hetero_operator.api import labels
 from hetero_operator.api import types as model
 from hetero_operator.cluster import dra, nodeindex
 from hetero_operator.cluster.inventory import build_inventory
@@ -163,3 +165,17 @@ def test_pod_inputs_add_up_per_group() -> None:
     assert inputs.group(1) == rendering.GroupInputs(node_selector={"x": "2", "y": "3"}, tolerations=(a,),
                                                     claim_template="t")
     assert inputs.group(0) == rendering.GroupInputs()
+
+
+def test_every_heterotrain_key_is_defined_in_api_labels() -> None:
+    """No ``heterotrain.io/`` literal in the operator outside :mod:`hetero_operator.api.labels`
+    (a key read back through a literal elsewhere is how rendered pods used to be patched)."""
+    package = Path(labels.__file__).resolve().parents[1]
+    found = [f"{path.relative_to(package)}:{n}" for path in sorted(package.rglob("*.py"))
+             if path.resolve() != Path(labels.__file__).resolve()
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if "heterotrain.io/" in line]
+    assert found == []
+    assert labels.OWN_PREFIX == "heterotrain.io/"
+    assert all(v.startswith(labels.OWN_PREFIX) for k, v in vars(labels).items()
+               if k.startswith(("LABEL_", "ANNOTATION_")) and k not in ("LABEL_MANAGED_BY", "ANNOTATION_LOCAL_PORTS"))

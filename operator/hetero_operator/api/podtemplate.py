@@ -22,6 +22,7 @@ from typing import Any
 
 from hetero_operator.api import podsecurity
 from hetero_operator.api.errors import SpecError
+from hetero_operator.api.labels import OWN_PREFIX
 from hetero_operator.api.templaterules import (CONTAINER, INIT, POD, Path, Rule, _at, _cel_list,
                                                _forbid, _items, _keys, cel_message, cel_text)
 from heterotrain_common import envnames
@@ -34,7 +35,7 @@ SHM_VOLUME = "dshm"
 RESERVED_VOLUMES = (CHECKPOINT_VOLUME, SHM_VOLUME)
 SHM_PATH = "/dev/shm"
 GPU_RESOURCE_PREFIX = "nvidia.com/"
-OWNED_LABEL_PREFIX = "heterotrain.io/"
+OWNED_LABEL_PREFIX = OWN_PREFIX
 
 OWNED_ENV: tuple[str, ...] = tuple(sorted({
     *envnames.TORCHRUN_VARS, *envnames.REQUIRED_VARS, *envnames.OPTIONAL_VARS,

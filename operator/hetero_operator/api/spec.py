@@ -19,6 +19,7 @@ from hetero_operator.api.errors import SpecError
 from hetero_operator.api.fields import (boolean, claim_name, enum, integer, mapping, optional_integer,
                                         optional_string, quantity, string, string_list)
 from hetero_operator.api.jobnames import default_profile_key, job_name, parse_profile_key
+from hetero_operator.api.labels import ANNOTATION_PROFILE_STEPS
 from hetero_operator.api.strictfields import unknown_fields
 from hetero_operator.api.workerspec import WorkerTemplate, parse_worker
 from heterotrain_common import defaults
@@ -188,7 +189,7 @@ class RunPolicy:
     node_loss_grace_seconds: int = defaults.NODE_LOSS_GRACE_S
 
 
-PROFILE_STEPS_ANNOTATION = f"{API_GROUP}/profile-steps"
+PROFILE_STEPS_ANNOTATION = ANNOTATION_PROFILE_STEPS
 """Job annotation: steps every rank traces with the PyTorch Profiler, e.g. ``"20-25"``
 (``HTJ_PROFILE_STEPS`` in the env contract; docs/embedded.md, "Profiling")."""
 

@@ -104,6 +104,6 @@ async def plan_inputs(api: Any, spec: JobSpec, config: OperatorConfig, *, now_s:
 
 
 def owned_by(pod: Mapping[str, Any], job: str, namespace: str) -> bool:
-    """The pod belongs to job ``namespace/job`` (its ``heterotrain.io/job`` label)."""
+    """The pod belongs to job ``namespace/job`` (its :data:`~hetero_operator.api.labels.LABEL_JOB` label)."""
     meta = pod.get("metadata") or {}
     return meta.get("namespace") == namespace and (meta.get("labels") or {}).get(labels.LABEL_JOB) == job

@@ -36,8 +36,9 @@ def default_metrics_url(pod: Mapping[str, Any], port: int) -> str | None:
     """``http://<podIP>:<port>/metrics`` of a running pod, ``None`` before it has an IP.
 
     A pod of the local kubelet (``heterotrain cluster``: pod IP 127.0.0.1, which no real kubelet
-    reports) listens where its ``local.heterotrain.io/ports`` annotation says: the kubelet remaps
-    the ports several pods on 127.0.0.1 would all bind.  Elsewhere the annotation is ignored.
+    reports) listens where its annotation
+    :data:`~hetero_operator.api.labels.ANNOTATION_LOCAL_PORTS` says: the kubelet remaps the ports
+    several pods on 127.0.0.1 would all bind.  Elsewhere the annotation is ignored.
     """
     ip = (pod.get("status") or {}).get("podIP")
     if not ip or not port:

@@ -14,7 +14,7 @@ deletion: SIGTERM, SIGKILL after the pod's grace, terminal status, then
 Pods that talk to the API server (``automountServiceAccountToken`` not false) get a kubeconfig
 with a TokenRequest token of their service account in ``$KUBECONFIG`` (no projected volume:
 docs/cluster.md lists every difference from a real kubelet).  The real ports behind remapped
-ones are written to the pod annotation ``local.heterotrain.io/ports`` (JSON).
+ones are written to the pod annotation :data:`~hetero_operator.api.labels.ANNOTATION_LOCAL_PORTS` (JSON).
 
 With ``run_pods=False`` it only registers and heartbeats (2,000 nodes from one process for the
 benchmark).  :meth:`LocalKubelet.stop_heartbeat` is a dead kubelet (its processes die, nothing
@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS
+from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS, LABEL_ATTEMPT, LABEL_JOB
 
 from . import podenv
 from .controlplane import free_ports
@@ -265,7 +265,7 @@ class LocalKubelet:
                                ports: dict[str, int], kubeconfig: Path | None) -> None:
         pod = state.pod
         labels = pod["metadata"].get("labels") or {}
-        job_key = (key[0], labels.get("heterotrain.io/job-name", key[1]), labels.get("heterotrain.io/attempt", "0"))
+        job_key = (key[0], labels.get(LABEL_JOB, key[1]), labels.get(LABEL_ATTEMPT, "0"))
         base = {k: os.environ[k] for k in ("HOME", "LANG", "TMPDIR", "USER", "XDG_CACHE_HOME",
                                            "HETEROTRAIN_CACHE_DIR") if k in os.environ}
         base.update(PATH=f"{self.python_bin}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",

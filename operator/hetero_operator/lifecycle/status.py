@@ -84,7 +84,8 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "",
 
 
 def ranks_of(text: str) -> int:
-    """Number of ranks in a ``heterotrain.io/ranks`` annotation (``"3"`` -> 1, ``"2-5"`` -> 4).
+    """Number of ranks in an :data:`~hetero_operator.api.labels.ANNOTATION_RANKS` annotation
+    (``"3"`` -> 1, ``"2-5"`` -> 4).
 
     The annotation, not the pod name, says how many ranks a pod runs (one place; MIG pods run
     one rank each, a whole-GPU group pod runs the group).  Missing or malformed -> 1.
@@ -269,8 +270,9 @@ def planned_nodes(status: Mapping[str, Any]) -> dict[str, str]:
 
 
 def profile_note(spec: JobSpec) -> str:
-    """Where the ranks write profiler traces (annotation ``heterotrain.io/profile-steps``), for
-    the Created condition's message; ``""`` when not profiling."""
+    """Where the ranks write profiler traces (annotation
+    :data:`~hetero_operator.api.labels.ANNOTATION_PROFILE_STEPS`), for the Created condition's
+    message; ``""`` when not profiling."""
     if spec.profile_steps is None:
         return ""
     first, last = spec.profile_steps

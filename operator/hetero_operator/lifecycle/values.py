@@ -40,9 +40,9 @@ class PodState:
             should have removed the pod (the API server sets it to the request time plus the
             grace period); ``None`` when not deleting.
         created_s: creation time, epoch seconds; ``None`` when unknown.
-        attempt: the ``heterotrain.io/attempt`` label.
-        gpu_type: the ``heterotrain.io/gpu-type`` annotation.
-        ranks: ranks the pod runs (the ``heterotrain.io/ranks`` annotation).
+        attempt: the :data:`~hetero_operator.api.labels.LABEL_ATTEMPT` label.
+        gpu_type: the :data:`~hetero_operator.api.labels.ANNOTATION_GPU_TYPE` annotation.
+        ranks: ranks the pod runs (the :data:`~hetero_operator.api.labels.ANNOTATION_RANKS` annotation).
         failure: ``"OOMKilled exit 137"`` style summary of a failed container, ``""`` otherwise.
         disruption: why the cluster stopped the pod, when it did: the ``DisruptionTarget``
             condition's reason (``PreemptionByScheduler``, ``DeletionByTaintManager``,

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hetero_operator.api import prices
+from hetero_operator.api import labels, prices
 from hetero_operator.api.types import Plan
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local import nodes as localnodes
@@ -101,7 +101,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile-steps", type=_step_range, default=None, metavar="FIRST-LAST",
                         help="trace these steps (1-based, e.g. 20-25) on every rank with the PyTorch "
                              "Profiler; Chrome traces in <workdir>/profiles/ (overrides the job's "
-                             "heterotrain.io/profile-steps annotation)")
+                             f"{labels.ANNOTATION_PROFILE_STEPS} annotation)")
     parser.add_argument("--keep-runs", type=_run_count, default=None, metavar="N",
                         help="after the run, delete all but the newest N run directories under "
                              "runs/, of every job (default: keep all); only directories made by "

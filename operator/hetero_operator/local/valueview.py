@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hetero_operator.api import labels
 from hetero_operator.api.prices import load_prices
 from hetero_operator.api.spec import JobSpec, profile_key
 from hetero_operator.api.types import Plan, PlanValue
@@ -183,7 +184,7 @@ def _num(value: float | None, fmt: str) -> str:
 
 # --- the embedded runner: simulated truth, learning, predicted vs measured ---------------------
 
-SIMULATED_SPEED_ANNOTATION = "heterotrain.io/simulated-speed-percent"
+SIMULATED_SPEED_ANNOTATION = labels.ANNOTATION_SIMULATED_SPEED
 """Node annotation read by ``heterotrain run`` when it simulates: the speed (percent of an A100)
 the simulated devices of that node *really* run at, whatever the planner's table says.  It lets a
 simulated cluster have a wrong table (learned speeds, rebalancing); the operator ignores it."""

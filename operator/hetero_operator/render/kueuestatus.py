@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetero_operator.api import labels
+
 PODS_READY = "PodsReady"
 WAIT_FOR_START, WAIT_FOR_RECOVERY, STARTED, RECOVERED = (
     "WaitForStart", "WaitForRecovery", "Started", "Recovered")
@@ -38,7 +40,7 @@ NOT_READY_MESSAGE = "Not all pods are ready or succeeded"
 RECOVERY_MESSAGE = "At least one pod has failed, waiting for recovery"
 READY_MESSAGE = "All pods reached readiness and the workload is running"
 """Kueue v0.17's own messages (``pkg/controller/jobframework/reconciler.go``)."""
-DEACTIVATED_BY = "heterotrain.io/deactivated-by"
+DEACTIVATED_BY = labels.ANNOTATION_DEACTIVATED_BY
 """Annotation on a Workload the operator deactivated for the job's ``spec.runPolicy.suspend``."""
 USER_SUSPEND = "spec.runPolicy.suspend"
 
@@ -179,7 +181,7 @@ def merged_selector(pod_set: str, own: Mapping[str, str], update: PodSetUpdate) 
     return {**own, **update.node_selector}
 
 
-OWN_LABEL_PREFIXES = ("heterotrain.io/", "app.kubernetes.io/managed-by")
+OWN_LABEL_PREFIXES = (labels.OWN_PREFIX, labels.LABEL_MANAGED_BY)
 """Pod labels the operator sets itself (job, group, rank, ...): an update may not change them."""
 
 

@@ -179,7 +179,7 @@ def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]]
         rank_envs: rank form of the contract, one per rank (``envrender.render_rank_envs``),
             ``len == plan.world_size``.
         launcher: argv prefix of the container, e.g. ``["heterotrain", "launch", "--"]``.
-        attempt: restart generation, stored in the ``heterotrain.io/attempt`` label.
+        attempt: restart generation, stored in the :data:`~hetero_operator.api.labels.LABEL_ATTEMPT` label.
         run_as_non_root: set ``runAsNonRoot`` (the kubelet then refuses an image whose user is
             root); False only for images that need root.
         inputs: what Kueue and DRA add per group (:class:`PodInputs`); None for nothing.

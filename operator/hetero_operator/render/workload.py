@@ -40,7 +40,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hetero_operator.api.spec import JobSpec
+from hetero_operator.api.labels import ANNOTATION_GPU_TYPE, LABEL_JOB
+from hetero_operator.api.spec import API_GROUP, JobSpec
+from hetero_operator.api.spec import VERSION as API_VERSION_NAME
 from hetero_operator.api.types import Device, GroupPlan, Inventory, NodeInventory, Plan
 from hetero_operator.cluster import gfd
 from hetero_operator.render import kueuestatus as kstatus
@@ -68,7 +70,7 @@ def resource_flavors(version: str = VERSION) -> tuple[str, str, str]:
     return (GROUP, version, "resourceflavors")
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-GPU_TYPE_ANNOTATION = "heterotrain.io/gpu-type"
+GPU_TYPE_ANNOTATION = ANNOTATION_GPU_TYPE
 PRODUCT_LABEL = gfd.PRODUCT
 MAX_POD_SETS = 18
 """Kueue's limit on ``spec.podSets`` (``maxItems`` in the v1beta2 Workload CRD, v0.19.2)."""
@@ -215,9 +217,9 @@ def render_workload(job: Mapping[str, Any], spec: JobSpec, plan: Plan, *,
         "metadata": {
             "name": workload_name(meta["name"], meta.get("uid", "")), "namespace": meta["namespace"],
             "labels": {JOB_UID_LABEL: str(meta.get("uid", "")),
-                       "heterotrain.io/job-name": meta["name"]},
+                       LABEL_JOB: meta["name"]},
             **({"annotations": meta_annotations} if meta_annotations else {}),
-            "ownerReferences": [{"apiVersion": job.get("apiVersion", "heterotrain.io/v1alpha1"),
+            "ownerReferences": [{"apiVersion": job.get("apiVersion", f"{API_GROUP}/{API_VERSION_NAME}"),
                                  "kind": job.get("kind", "HeteroTrainingJob"),
                                  "name": meta["name"], "uid": meta.get("uid", ""),
                                  "controller": True, "blockOwnerDeletion": True}]},
