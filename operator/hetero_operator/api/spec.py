@@ -172,7 +172,8 @@ class RunPolicy:
         ttl_seconds_after_finished: delete the job this long after it finished, None to keep.
         clean_pod_policy: which pods to delete when finished (``All``/``Running``/``None``).
         suspend: True keeps no pods running (Kueue admission un-suspends).
-        queue: Kueue/Volcano queue name, ``""`` for none.
+        queue: the job's Kueue LocalQueue, ``""`` for none: the ``kueue.x-k8s.io/queue-name``
+            label, else ``schedulingPolicy.queue`` (the two may not disagree).
         priority_class: PriorityClass of the pods, ``""`` for none.
         node_loss_grace_seconds: how long a node may be NotReady/Unknown or unreachable before
             the job's pods on it are force-deleted and the gang restarts elsewhere (default
@@ -226,8 +227,14 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
     spec = mapping(body, "spec", "spec")
     labels = mapping(meta, "labels", "metadata.labels", required=False)
     run_policy = _run_policy(mapping(spec, "runPolicy", "spec.runPolicy", required=False))
-    if labels.get("kueue.x-k8s.io/queue-name") and not run_policy.queue:
-        run_policy = replace(run_policy, queue=str(labels["kueue.x-k8s.io/queue-name"]))
+    label_queue = str(labels.get("kueue.x-k8s.io/queue-name") or "")
+    if label_queue and run_policy.queue and label_queue != run_policy.queue:  # one queue source
+        raise SpecError("spec.runPolicy.schedulingPolicy.queue",
+                        f"{run_policy.queue!r} and the label kueue.x-k8s.io/queue-name="
+                        f"{label_queue!r} name different queues: set one of them, or both to the "
+                        "same LocalQueue")
+    if label_queue and not run_policy.queue:
+        run_policy = replace(run_policy, queue=label_queue)
     return JobSpec(
         name=job_name(meta),
         namespace=str(meta.get("namespace") or "default"),

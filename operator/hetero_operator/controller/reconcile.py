@@ -27,7 +27,7 @@ from typing import Any
 import kopf
 
 from hetero_operator.api import conditions as c
-from hetero_operator.api import labels
+from hetero_operator.api import labels, limits
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.api.spec import JobSpec, parse_job, profile_key
@@ -42,11 +42,12 @@ from hetero_operator.controller.learning import SpeedLearner
 from hetero_operator.controller.learning import record as record_speeds
 from hetero_operator.controller.metrics import OperatorMetrics
 from hetero_operator.controller.objects import (Gate, KueueGate, replace_claim_templates,
-                                                dra_objects)
+                                                dra_objects, WARNED_GATE_REASONS)
+from hetero_operator.controller.ownership import NotOwned, create_core_owned
 from hetero_operator.controller.planner import plan_inputs, plan_on_indexes, with_default_images
 from hetero_operator.controller.progress import (METRICS_UNREADABLE, MetricsUrlFn, ProgressReader,
                                                  default_metrics_url)
-from hetero_operator.controller.refusals import REFUSED, not_a_refusal, refusal_words
+from hetero_operator.controller.refusals import REFUSED, not_a_refusal, plan_too_large, refusal_words
 from hetero_operator.controller.requeue import Requeue, next_look_s
 from hetero_operator.controller.reservations import Reservations, planned_gpu_pods
 from hetero_operator.lifecycle import decisions as lc
@@ -59,7 +60,7 @@ from hetero_operator.render.env import render_rank_envs
 
 log = logging.getLogger("heterotrain.operator")
 Key = tuple[str, str]
-WARNING_WAITS = frozenset({"NodeNotReady"})
+WARNING_WAITS = frozenset({"NodeNotReady", *WARNED_GATE_REASONS})
 """Wait reasons that are Warnings (re-posted while the job keeps waiting)."""
 
 __all__ = ["MetricsUrlFn", "Reconciler", "default_metrics_url", "with_default_images"]
@@ -92,7 +93,8 @@ class Reconciler:
         self.config, self.api, self.metrics = config, api, metrics
         self.nodes, self.gpu_pods, self.clock = nodes, gpu_pods, clock
         self.timing = config.restart
-        self.requeue = Requeue(self._work, retry_s=config.intervals.resync_s)
+        self.requeue = Requeue(self._work, retry_s=config.intervals.resync_s,
+                               max_retry_s=config.restart.backoff_max_s)
         self.leadership = Leadership(get_peering=api.get_peering, identity=identity,
                                      peering=config.peering.name, namespace=peering_namespace,
                                      priority=config.peering.priority, clock=clock,
@@ -131,6 +133,8 @@ class Reconciler:
         key = (namespace, name)
         self.requeue.forget(namespace, name)
         self.events.forget(namespace, name)
+        self.kueue.forget(namespace, name)
+        self._fallbacks_told = {k for k in self._fallbacks_told if k[:2] != key}
         self.progress.forget(namespace, name)
         self.learner.forget(namespace, name)
         self._phases.pop(key, None)
@@ -179,8 +183,9 @@ class Reconciler:
         used = frozenset(p.node for p in states if p.node)
         self._job_nodes[(namespace, name)] = used
         state, gate = st.job_state(status), None
-        if kueue.queue_name(job) and state.phase not in c.FINISHED_PHASES:
-            gate = await self.kueue.check(job, spec, lambda: self._plan(spec, capacity=True)[0])
+        if state.phase not in c.FINISHED_PHASES:  # one queue source (objects.KueueGate.gate)
+            gate = await self.kueue.gate(job, spec, lambda: self._plan(spec, capacity=True)[0],
+                                         has_pods=bool(pods), require_queue=self.config.kueue.require_queue)
         decision = lc.decide(state, gate.policy(spec) if gate else spec.run_policy,
                              states, nodes=self._node_health(used, now), now_s=now, timing=self.timing,
                              checkpointing=bool(spec.training.checkpoint_path))
@@ -214,6 +219,8 @@ class Reconciler:
         await self._delete_pods(namespace, decision)  # after the status: a restart counts once
         if gate is not None:
             await self.kueue.after(gate, job, decision, states, c.now_iso(now))
+            if gate.not_owned:  # a Workload of the job's name that is not the job's: back off
+                return self.requeue.backoff(namespace, name)
         return next_look_s(decision, self.config.intervals.resync_s)
 
     async def _metrics_warnings(self, job: Mapping[str, Any], now: float) -> None:
@@ -252,7 +259,7 @@ class Reconciler:
                              *(self.api.delete_pod(namespace, p, grace_s=0) for p in d.force_delete_pods))
 
     async def _start(self, job: Mapping[str, Any], spec: JobSpec, status: dict[str, Any],
-                     now: float, gate: Gate | None = None) -> float:
+                     now: float, gate: Gate | None = None) -> float | None:
 
         gen = job["metadata"].get("generation")
         result, drainv = self._plan(spec, allowed=gate.allowed if gate else None,
@@ -266,6 +273,9 @@ class Reconciler:
             await self._record(job, status, decision, [], now, event_type="Warning")
             return self.config.restart.unschedulable_retry_s
         self.metrics.record_plan("planned")
+        if len(result.groups) > limits.PLAN_GROUPS_MAX:  # its status.plan would be refused (422)
+            await self._record(job, status, plan_too_large(spec, result), [], now, event_type="Warning")
+            return None
         attempt = st.job_state(status).attempt + 1
         maddr = rendering.master_addr(spec.name, spec.namespace, result, self.config.pods.service_domain)
         envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.ports.master,
@@ -294,22 +304,28 @@ class Reconciler:
         started = st.started_status(status, spec, result, plan, attempt=attempt, generation=gen,
                                     now_s=now)
         await self._patch(job, status, started.before)  # the plan is recorded before any pod exists
-        for child in children:
-            if child["kind"] == "NetworkPolicy":  # brought up to date when it exists
-                await getattr(self.api, "ensure_network_policy", self.api.create)(child)
-            else:
-                await self.api.create(child)
-        before = st.planned_nodes(status).values()  # DRA nodes: the pods' claims come from these
-        if claim_templates or any(node in drainv.dra_nodes for node in before):
-            await replace_claim_templates(self.kueue.objects, spec.namespace, stale_template_names(
-                spec.name, status.get("plan") or {}, attempt - 1), claim_templates)
-        created = await asyncio.gather(*(self.api.create(p) for p in pods), return_exceptions=True)
+        refused, conditions = st.refusals(status).count, status.get("conditions") or []
+        try:  # every object is the job's or the start is refused (ownership: never adopt, patch)
+            for child in children:
+                if not await create_core_owned(self.api, child, job) and child["kind"] == "NetworkPolicy":
+                    await self.api.patch_network_policy(child)  # the job's own: brought up to date
+            before = st.planned_nodes(status).values()  # DRA nodes: the pods' claims come from these
+            if claim_templates or any(node in drainv.dra_nodes for node in before):
+                await replace_claim_templates(self.kueue.objects, spec.namespace, stale_template_names(
+                    spec.name, status.get("plan") or {}, attempt - 1), claim_templates, owner=job)
+        except NotOwned as exc:
+            return await self._refused(job, started.before, [], [(exc.name, exc)], refused, now,
+                                       conditions=conditions)
+        created = await asyncio.gather(*(create_core_owned(self.api, p, job) for p in pods),
+                                       return_exceptions=True)
         self.metrics.pods_created.inc(sum(1 for r in created if r is True))
-        failed = [(p, r) for p, r in zip(pods, created, strict=True) if isinstance(r, BaseException)]
-        refused = st.refusals(status).count
-        if failed:
-            return await self._refused(job, started.before, pods, failed, refused, now,
-                                       conditions=status.get("conditions") or [])
+        failed = [(p["metadata"]["name"], r) for p, r in zip(pods, created, strict=True)
+                  if isinstance(r, BaseException)]
+        if failed:  # undo this start, never touching a pod that is not the job's
+            undo = [p["metadata"]["name"] for p, r in zip(pods, created, strict=True)
+                    if not isinstance(r, NotOwned)]
+            return await self._refused(job, started.before, undo, failed, refused, now,
+                                       conditions=conditions)
         if refused:  # every pod was admitted this time
             await self._patch(job, started.before, started.created)
         self._set_phase(job, c.CREATED)
@@ -356,31 +372,32 @@ class Reconciler:
         return any(netpol.egress_isolated(policies, p["metadata"]["labels"], ignore=spec.name)
                    for p in pods)
 
-    async def _refused(self, job: Mapping[str, Any], started: dict[str, Any],
-                       pods: list[dict[str, Any]], failed: list[tuple[dict[str, Any], BaseException]],
-                       refusals: int, now: float, *, conditions: list[Any]) -> float:
-        """The API server refused pods of this start: delete what was created of it, wait
-        ``Pending`` with the server's message, retry after an exponential backoff
-        (:mod:`hetero_operator.controller.refusals`)."""
+    async def _refused(self, job: Mapping[str, Any], started: dict[str, Any], undo: list[str],
+                       failed: list[tuple[str, BaseException]], refusals: int, now: float, *,
+                       conditions: list[Any]) -> float:
+        """The API server refused pods of this start, or an object of the job's name is not the
+        job's (:mod:`hetero_operator.controller.ownership`): delete the pods ``undo`` (what was
+        created of this start), wait ``Pending`` with the reason, retry after an exponential
+        backoff (:mod:`hetero_operator.controller.refusals`)."""
         other = not_a_refusal(r for _, r in failed)
         if other is not None:  # the next reconcile retries the creates (deterministic names: 409s)
             raise other
         meta = job["metadata"]
         key = (meta["namespace"], meta["name"])
         self.reservations.release(key)
-        await asyncio.gather(*(self.api.delete_pod(meta["namespace"], p["metadata"]["name"])
-                               for p in pods))
-        pod, exc = failed[0]
+        await asyncio.gather(*(self.api.delete_pod(meta["namespace"], p) for p in undo))
+        pod, exc = min(failed, key=lambda f: not isinstance(f[1], NotOwned))  # a taken name first
         n = refusals + 1
         delay = lc.backoff_s(n, self.timing)
-        said, message = refusal_words(pod["metadata"]["name"], exc, refusals=n, delay_s=delay)
-        new = st.refused_status(started, reason=REFUSED, message=message, refusals_count=n,
+        said, message = refusal_words(pod, exc, refusals=n, delay_s=delay)
+        reason = exc.reason if isinstance(exc, NotOwned) else REFUSED
+        new = st.refused_status(started, reason=reason, message=message, refusals_count=n,
                                 retry_s=now + delay, conditions=conditions,
                                 generation=meta.get("generation"), now_s=now)
         await self.api.patch_job_status(meta["namespace"], meta["name"],
                                         {k: v for k, v in new.items() if started.get(k) != v})
         self._set_phase(job, c.PENDING)
-        await self.events.post(job, "Warning", REFUSED, said + ".", now)
+        await self.events.post(job, "Warning", reason, said + ".", now)
         log.warning("%s/%s: %s", *key, message)
         return delay
 
