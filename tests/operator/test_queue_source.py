@@ -120,3 +120,18 @@ async def test_an_operator_that_requires_a_queue_keeps_an_unqueued_job_waiting_u
     await rec.reconcile(*KEY)
     assert len(workloads(custom)) == 1 and api.pods == {}
     assert next(c for c in status(api)["conditions"] if c["type"] == "Suspended")["reason"] == "WaitingForAdmission"
+
+
+async def test_a_job_recreated_under_the_same_name_without_a_queue_is_not_taken_for_the_old_one() -> None:
+    """The queue remembered for a job whose label went belongs to that job object (its UID): a
+    job deleted and created again unqueued under the same name, before this operator saw the
+    deletion, runs unqueued (its Workload name differs: the UID is in it)."""
+    api, custom, rec = cluster(job_body())
+    await rec.reconcile(*KEY)
+    assert status(api)["phase"] == "Suspended"
+    again = job_body()
+    del again["metadata"]["labels"]
+    again["metadata"]["uid"] = "5f1c2a4e-0000-4000-8000-000000000002"
+    api.jobs[KEY] = again
+    await rec.reconcile(*KEY)
+    assert status(api)["phase"] == "Created" and len(api.pods) == 2

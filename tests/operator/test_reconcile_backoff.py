@@ -104,7 +104,7 @@ async def test_a_deleted_job_leaves_no_memory_in_the_reconciler() -> None:
     await rec._checkpoint_fallback(api.jobs[("team-x", "digits")], _status(api), 1.0)
     assert [e[1] for e in api.events][-1] == "CheckpointFallback"
     rec.requeue.backoff("team-x", "digits")
-    rec.kueue._queues[("team-x", "digits")] = "team-q"
+    rec.kueue._queues[("team-x", "digits")] = ("uid-1", "team-q")
     api.jobs.clear()
     assert await rec.reconcile("team-x", "digits") is None  # gone: forgotten
     leftovers = []

@@ -240,7 +240,8 @@ class KueueGate:
         self.version: str | None = None
         self.clock = clock
         self._absent_until = 0.0
-        self._queues: dict[tuple[str, str], str] = {}
+        self._queues: dict[tuple[str, str], tuple[str, str]] = {}
+        """``(namespace, name) -> (job uid, queue)`` of every job seen with a queue."""
 
     async def _version(self) -> str | None:
         if self.version is None:
@@ -273,18 +274,19 @@ class KueueGate:
             ``(queue, removed)``: ``("", False)`` for a job that never had a queue.
         """
         meta = job["metadata"]
-        key = (meta["namespace"], meta["name"])
+        key, uid = (meta["namespace"], meta["name"]), str(meta.get("uid") or "")
         if spec.run_policy.queue:
-            self._queues[key] = spec.run_policy.queue
+            self._queues[key] = (uid, spec.run_policy.queue)
             return spec.run_policy.queue, False
-        if key in self._queues:
-            return self._queues[key], True
+        seen = self._queues.get(key)
+        if seen is not None and seen[0] == uid:  # not a re-created job of the same name
+            return seen[1], True
         if has_pods:
             return "", False
         wl = await self.remembered(job)
         queue = str(((wl or {}).get("spec") or {}).get("queueName") or "")
         if queue:
-            self._queues[key] = queue
+            self._queues[key] = (uid, queue)
         return queue, bool(queue)
 
     async def remembered(self, job: Mapping[str, Any]) -> Mapping[str, Any] | None:
