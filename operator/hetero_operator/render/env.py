@@ -25,7 +25,7 @@ HIERARCHY_TO_CONTRACT: dict[str, str] = {
 def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port: int,
                      simulated: bool, metrics_port_base: int | None = None,
                      checkpoint_dir: str | None = None,
-                     restart_generation: int = 0) -> list[dict[str, str]]:
+                     restart_generation: int = 0, job_uid: str = "") -> list[dict[str, str]]:
     """The rank-form environment of every rank of ``plan``.
 
     Args:
@@ -40,6 +40,8 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
         checkpoint_dir: overrides ``spec.training.checkpoint.path``.
         restart_generation: the job-wide restart generation (``HTJ_RESTART_GENERATION`` and
             ``TORCHELASTIC_RESTART_COUNT``, equal on every rank; shared/cases/34).
+        job_uid: the job's ``metadata.uid`` (``HTJ_JOB_UID``; checkpoint manifests record it with
+            the generation, so a stale gang never publishes or prunes where a newer one wrote).
 
     Returns:
         One ``dict[str, str]`` per rank, ordered by rank; each parses with
@@ -80,7 +82,7 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
                           local_world_size=len(group.ranks), master_addr=master_addr,
                           master_port=master_port, job_name=job.name, group=r.group,
                           group_rank=r.group_rank, group_size=len(group.ranks),
-                          restart_generation=restart_generation),
+                          restart_generation=restart_generation, job_uid=job_uid),
             precision=r.precision, device=device, topology=topology,
             comm=CommSettings(hierarchy=hierarchy, compression=training.compression.lower(),
                               powersgd_rank=training.powersgd_rank,
