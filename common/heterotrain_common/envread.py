@@ -19,7 +19,7 @@ class ContractError(ValueError):
     """An environment variable of the contract is missing, malformed or inconsistent.
 
     Attributes:
-        variable: the offending variable's name, e.g. ``"HTJ_LOCAL_BATCH_SIZE"``.
+        variable: the offending variable's name, e.g. ``"HTJ_TOPOLOGY"``.
     """
 
     def __init__(self, variable: str, message: str) -> None:

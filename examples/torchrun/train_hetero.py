@@ -1,6 +1,6 @@
 """train_ddp.py ported to HeteroTrain: the lines marked ``# HT`` changed (docs/torchrun.md).
 
-Each rank now takes the planned share of ``spec.training.globalBatchSize`` (HTJ_LOCAL_BATCH_SIZE),
+Each rank now takes the planned share of ``spec.training.globalBatchSize`` (its HTJ_TOPOLOGY entry),
 the epoch is covered exactly once with those uneven batches, and the gradients are weighted by
 ``local_batch / global_batch`` so one step equals a step on the whole global batch.
 """
