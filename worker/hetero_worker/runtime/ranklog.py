@@ -1,0 +1,15 @@
+"""The rank's log line: ``heterotrain: rank N: <message>`` on stderr, flushed at once (the
+launcher and ``heterotrain run`` prefix and collect stderr; tests read these lines)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch.distributed as dist
+
+
+def log(message: str, *, rank: int | None = None) -> None:
+    """Write one line for this rank (``rank`` None: the process group's rank, 0 without one)."""
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    print(f"heterotrain: rank {rank}: {message}", file=sys.stderr, flush=True)
