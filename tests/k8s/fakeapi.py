@@ -56,6 +56,7 @@ RESOURCES: dict[tuple[str, str, str], dict[str, Any]] = {
     ("", "v1", "pods"): dict(kind="Pod", namespaced=True, subresources=["status"]),
     ("", "v1", "services"): dict(kind="Service", namespaced=True),
     ("", "v1", "configmaps"): dict(kind="ConfigMap", namespaced=True),
+    ("", "v1", "persistentvolumeclaims"): dict(kind="PersistentVolumeClaim", namespaced=True),
     ("", "v1", "events"): dict(kind="Event", namespaced=True),
     ("", "v1", "nodes"): dict(kind="Node", namespaced=False, subresources=["status"]),
     ("", "v1", "namespaces"): dict(kind="Namespace", namespaced=False),

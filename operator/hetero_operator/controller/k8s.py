@@ -221,6 +221,15 @@ class Api:
                                 label_selector=selector_text(labels))
         return list(data.get("items") or [])
 
+    async def get_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The PersistentVolumeClaim ``namespace/name`` (its access modes), None when absent."""
+        try:
+            return await self._call(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     async def list_pod_events(self, namespace: str, *, reason: str) -> list[dict[str, Any]]:
         """Events about pods of ``namespace`` with ``reason`` (a field selector: the server filters)."""
         data = await self._call(self.core.list_namespaced_event, namespace,

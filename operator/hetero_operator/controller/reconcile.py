@@ -52,6 +52,7 @@ from hetero_operator.controller.requeue import Requeue, next_look_s
 from hetero_operator.controller.reservations import Reservations, planned_gpu_pods
 from hetero_operator.lifecycle import decisions as lc
 from hetero_operator.lifecycle import status as st
+from hetero_operator.lifecycle import rwoclaims, stuck
 from hetero_operator.planning.marginal import PlanInputs
 from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
@@ -60,7 +61,7 @@ from hetero_operator.render.env import render_rank_envs
 
 log = logging.getLogger("heterotrain.operator")
 Key = tuple[str, str]
-WARNING_WAITS = frozenset({"NodeNotReady", *WARNED_GATE_REASONS})
+WARNING_WAITS = frozenset({"NodeNotReady", *WARNED_GATE_REASONS, *stuck.JOB_REASONS})
 """Wait reasons that are Warnings (re-posted while the job keeps waiting)."""
 
 __all__ = ["MetricsUrlFn", "Reconciler", "default_metrics_url", "with_default_images"]
@@ -179,7 +180,9 @@ class Reconciler:
         if pods:  # the API has them: from here on the pod index counts them, not a hold
             self.reservations.release((namespace, name))
         planned_nodes = st.planned_nodes(status)
-        states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], "")) for p in pods]
+        attach = await self._attach_events(namespace, pods, now)  # Multi-Attach (lifecycle.stuck)
+        states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], ""),
+                               attach.get(p["metadata"]["name"], ())) for p in pods]
         used = frozenset(p.node for p in states if p.node)
         self._job_nodes[(namespace, name)] = used
         state, gate = st.job_state(status), None
@@ -223,6 +226,21 @@ class Reconciler:
                 return self.requeue.backoff(namespace, name)
         return next_look_s(decision, self.config.intervals.resync_s)
 
+    async def _attach_events(self, namespace: str, pods: list[dict[str, Any]],
+                             now: float) -> dict[str, list[Mapping[str, Any]]]:
+        """The namespace's FailedAttachVolume Events by pod, read only while a bound pod of the job
+        is still creating its containers (:func:`hetero_operator.lifecycle.stuck.wants_events`);
+        an API without the call, or a failed read, is no Events (the pending timeout still ends
+        the wait)."""
+        lister = getattr(self.api, "list_pod_events", None)
+        if lister is None or not stuck.wants_events(pods, now):
+            return {}
+        try:
+            return stuck.events_by_pod(await lister(namespace, reason=stuck.MULTI_ATTACH_EVENT[0]))
+        except Exception as exc:  # noqa: BLE001 - advice only: the wait still ends by its timeout
+            log.warning("%s: cannot list pod Events: %s", namespace, exc)
+            return {}
+
     async def _metrics_warnings(self, job: Mapping[str, Any], now: float) -> None:
         """A Warning Event for a rank endpoint that answered but not as a worker's metrics
         (:mod:`hetero_operator.controller.progress`); the reconcile goes on either way."""
@@ -262,9 +280,11 @@ class Reconciler:
                      now: float, gate: Gate | None = None) -> float | None:
 
         gen = job["metadata"].get("generation")
-        result, drainv = self._plan(spec, allowed=gate.allowed if gate else None,
-                                    dra_source=await dra_objects(self.kueue.objects),
-                                    inputs=await plan_inputs(self.api, spec, self.config, now_s=now))
+        how = dict(allowed=gate.allowed if gate else None, dra_source=await dra_objects(self.kueue.objects),
+                   inputs=await plan_inputs(self.api, spec, self.config, now_s=now))
+        result, drainv = self._plan(spec, **how)
+        if isinstance(result, Plan):  # a ReadWriteOnce claim keeps the ranks on one node
+            result, drainv = await self._one_node_claims(job, spec, result, drainv, how, now)
         if isinstance(result, Unschedulable):
             self.metrics.record_plan("unschedulable")
             message = f"Unschedulable: {result.message}"
@@ -280,7 +300,8 @@ class Reconciler:
         maddr = rendering.master_addr(spec.name, spec.namespace, result, self.config.pods.service_domain)
         envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.ports.master,
                                 simulated=self.config.pods.simulate_devices,
-                                restart_generation=attempt - 1)
+                                restart_generation=attempt - 1,
+                                job_uid=str(job["metadata"].get("uid", "")))
         # The pods' inputs first (Kueue's admitted flavors, DRA's claims), then the pods, once.
         inputs = rendering.PodInputs()
         if gate is not None and gate.allowed:  # the admitted flavors' nodeSelector/tolerations
@@ -403,15 +424,46 @@ class Reconciler:
 
     def _plan(self, spec: JobSpec, *, allowed: Mapping[str, Any] | None = None, capacity: bool = False,
               dra_source: tuple[list[Any], list[Any]] = ([], []),
-              inputs: PlanInputs | None = None) -> tuple[Plan | Unschedulable, DraInventory]:
+              inputs: PlanInputs | None = None, only: str = "") -> tuple[Plan | Unschedulable, DraInventory]:
         """:func:`hetero_operator.controller.planner.plan_on_indexes` over the node and pod
         indexes (each read once per plan: a read lists every Store of the kopf index) and the
-        GPUs other starts hold."""
+        GPUs other starts hold; ``only``: onto that node alone."""
         nodes, indexed = self.nodes(), self.gpu_pods()
+        if only:
+            nodes = [n for n in nodes if n["metadata"]["name"] == only]
         held = self.reservations.held_by_others((spec.namespace, spec.name), indexed,
                                                 now_s=self.clock())
         return plan_on_indexes(spec, nodes, indexed, held, allowed=allowed, capacity=capacity,
                                dra_source=dra_source, inputs=inputs)
+
+    async def _one_node_claims(self, job: Mapping[str, Any], spec: JobSpec, plan: Plan, drainv: DraInventory,
+                               how: Mapping[str, Any], now: float) -> tuple[Plan | Unschedulable, DraInventory]:
+        """The plan a ReadWriteOnce claim of the pods allows (:mod:`hetero_operator.lifecycle.rwoclaims`,
+        shared/cases/51), with a Warning when it was narrowed to one node; claims are read only
+        when the pods mount any (an unreadable one is left to the kubelet)."""
+        uses, getter = rwoclaims.claim_uses(spec), getattr(self.api, "get_pvc", None)
+        if not uses or getter is None:
+            return plan, drainv
+        pvcs: dict[str, Any] = {}
+        for use in uses:
+            try:
+                pvcs[use.name] = await getter(spec.namespace, use.name)
+            except Exception as exc:  # noqa: BLE001 - advice only: the pods report a missing claim
+                log.warning("%s/%s: cannot read PersistentVolumeClaim %s: %s", spec.namespace, spec.name,
+                            use.name, exc)
+        views: dict[str, DraInventory] = {}
+
+        def plan_on(node: str) -> Plan | Unschedulable:
+            single, views[node] = self._plan(spec, **how, only=node)
+            return single
+
+        confined = rwoclaims.confine(spec.name, plan, rwoclaims.one_node_claims(uses, pvcs),
+                                     min_ranks=spec.gpus.min_ranks, plan_on=plan_on)
+        if confined.warning:
+            await self.events.post(job, "Warning", rwoclaims.REASON, confined.warning, now)
+        if isinstance(confined.plan, Plan) and confined.plan is not plan:
+            return confined.plan, views[confined.plan.nodes[0]]
+        return confined.plan, drainv
 
     async def _learn(self, spec: JobSpec, now: float) -> None:
         """Record the succeeded job's per-type speeds in ``heterotrain-profiles``
