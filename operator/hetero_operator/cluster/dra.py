@@ -59,6 +59,7 @@ from hetero_operator.api.types import (Device, ExcludedNode, Inventory, Inventor
                                        NodeInventory)
 from hetero_operator.cluster import gfd
 from hetero_operator.cluster.cudatable import cuda_for_driver
+from hetero_operator.cluster.driverupgrade import DRIVER_UPGRADE
 from hetero_operator.cluster.gputable import base_speed, mig_speed
 from hetero_operator.cluster.inventory import DEFAULT_TOLERATED_TAINT_KEYS, build_inventory
 
@@ -66,7 +67,7 @@ API_VERSION = "resource.k8s.io/v1"
 DRIVER = "gpu.nvidia.com"
 """Driver name of NVIDIA's DRA driver for GPUs, also the attribute domain of its devices."""
 HEALTH_REASONS = (model.UNSCHEDULABLE, model.NOT_READY, model.TAINTED, model.MIG_PENDING,
-                  model.MIG_FAILED)
+                  model.MIG_FAILED, DRIVER_UPGRADE)
 """Exclusions of a node that hold whatever publishes its GPUs (GFD labels or DRA)."""
 _MIB = 1024 * 1024
 _SUFFIX = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "Pi": 2 ** 50,

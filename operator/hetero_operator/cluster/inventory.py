@@ -34,6 +34,7 @@ from hetero_operator.api import types as model
 from hetero_operator.api.types import ExcludedNode, Inventory, InventoryWarning, NodeInventory
 from hetero_operator.cluster import gfd
 from hetero_operator.cluster.cudatable import cuda_for_driver, format_cuda
+from hetero_operator.cluster.driverupgrade import DRIVER_UPGRADE, upgrade_in_progress
 from hetero_operator.cluster.gputable import GPU_MODELS, GpuModel, base_speed, lookup_model
 from hetero_operator.cluster.mig import NodeExcluded, gpus_taken_by_mig, mixed_mig, whole_or_single
 
@@ -181,6 +182,9 @@ def _check_health(node: Mapping[str, Any], labels: Mapping[str, str], tolerated:
         if cond.get("type") == "Ready" and str(cond.get("status")) != "True":
             why = cond.get("reason") or cond.get("message") or f"Ready={cond.get('status')}"
             raise NodeExcluded(model.NOT_READY, f"node is not Ready ({why})")
+    upgrading = upgrade_in_progress(labels)
+    if upgrading:
+        raise NodeExcluded(DRIVER_UPGRADE, upgrading)
     for taint in blocking_taints(node, tolerated, tolerations)[:1]:
         value = f"={taint['value']}" if taint.get("value") else ""
         raise NodeExcluded(model.TAINTED, f"taint {taint.get('key')}{value}:{taint.get('effect')} "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from hetero_operator.api import types as model
 from hetero_operator.api.spec import ImageVariant, JobSpec
 from hetero_operator.api.types import Device, ExcludedNode, Inventory, NodeInventory
+from hetero_operator.cluster.driverupgrade import upgrade_pending
 from hetero_operator.cluster.gputable import effective_speed
 from hetero_operator.planning.eligibility import device_rejection, memory_cap, precision_for
 from hetero_operator.planning.images import choose_image
@@ -33,6 +34,9 @@ class Pool:
         image_warning: non-empty when the image runs through CUDA minor-version compatibility.
         gpu_type: ``device.gpu_type``, computed once per device class (a plan reads it per pool
             and per rank: at 10,000 nodes the property's string building cost ~4 ms a plan).
+        deferred: the node waits for a driver upgrade that will cordon and empty it
+            (:func:`hetero_operator.cluster.driverupgrade.upgrade_pending`): :func:`select`
+            takes its devices only when the others do not suffice.
     """
 
     device: Device
@@ -44,6 +48,7 @@ class Pool:
     variant: ImageVariant | None
     image_warning: str
     gpu_type: str
+    deferred: bool = False
 
     @property
     def node(self) -> str:
@@ -111,6 +116,7 @@ def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list
     for node in inventory.nodes:
         first_rejection: tuple[str, str] | None = None
         found = False
+        deferred = upgrade_pending(inventory.labels.get(node.name) or {})
         node_key = (node.max_cuda, node.driver_version)
         cache = caches.get(node_key)
         if cache is None:
@@ -128,7 +134,8 @@ def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list
                 continue
             speed, precision, cap, image, variant, warning, gpu_type = facts
             # Pool's field order: device, speed, image, precision, cap, free, variant, warning, type
-            append(Pool(dev, speed, image, precision, cap, dev.free, variant, warning, gpu_type))
+            append(Pool(dev, speed, image, precision, cap, dev.free, variant, warning, gpu_type,
+                        deferred))
             found = True
         if not found and first_rejection is not None:
             reason, message = first_rejection
@@ -159,11 +166,24 @@ def _class_facts(job: JobSpec, node: NodeInventory, dev: Device) -> tuple:
 
 
 def select(pools: Iterable[Pool], n: int) -> list[tuple[Pool, int]]:
-    """Choose ``n`` devices: strongest tier first, fewest nodes inside a tier.
+    """Choose ``n`` devices: strongest tier first, fewest nodes inside a tier; devices of
+    :attr:`Pool.deferred` nodes only after all the others (case 52: a node waiting for its driver
+    upgrade is used only when the job does not fit elsewhere).
 
     Returns:
         ``(pool, count)`` in selection order; counts sum to ``n`` (``n`` <= total free).
     """
+    pools = list(pools)
+    if any(p.deferred for p in pools):
+        first = _select_tiers([p for p in pools if not p.deferred], n, {})
+        need = n - sum(k for _, k in first)
+        used = dict.fromkeys(p.node for p, _ in first)
+        return first + (_select_tiers([p for p in pools if p.deferred], need, used) if need else [])
+    return _select_tiers(pools, n, {})
+
+
+def _select_tiers(pools: list[Pool], n: int, used_nodes: dict[str, None]) -> list[tuple[Pool, int]]:
+    """:func:`select` over ``pools``: at most ``n`` devices (fewer when they have fewer free)."""
     tiers: dict[float, list[Pool]] = {}
     rounded: dict[float, float] = {}  # a few distinct speeds over thousands of pools
     for p in pools:
@@ -173,7 +193,6 @@ def select(pools: Iterable[Pool], n: int) -> list[tuple[Pool, int]]:
                 tier = rounded[p.speed] = round(p.speed, 9)
             tiers.setdefault(tier, []).append(p)
     taken: list[tuple[Pool, int]] = []
-    used_nodes: dict[str, None] = {}
     need = n
     for speed in sorted(tiers, reverse=True):
         if need == 0:
