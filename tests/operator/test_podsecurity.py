@@ -26,7 +26,7 @@ TEMPLATE_SPEC = ("spec", "versions", 0, "schema", "openAPIV3Schema", "properties
                  "worker", "properties", "template", "properties", "spec")
 
 ALLOWED: dict[str, Any] = {
-    "metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/worker": "runtime/default"}},
+    "metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/fetch": "runtime/default"}},
     "spec": {
         "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
                             "supplementalGroups": [10001, 20000],
