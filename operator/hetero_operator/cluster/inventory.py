@@ -13,7 +13,9 @@ then the device classes from GPU Feature Discovery labels and ``status.allocatab
 * time-slicing / MPS (``-SHARED`` product, ``gpu.sharing-strategy`` not ``none``, or allocatable
   above ``gpu.count``): the device count is the number of *physical* GPUs (``gpu.count``), so a
   job gets at most one rank per physical GPU.  Memory is not partitioned by time-slicing: the
-  budget stays the full GPU's, but other tenants' processes may use part of it.
+  budget stays the full GPU's, but other tenants' processes may use part of it.  Under MPS
+  (``gpu.sharing-strategy=mps``) each client is pinned to memory / replicas and 100 / replicas %
+  of the SMs, so a rank's memory and speed are the card's divided by ``gpu.replicas`` (case 54).
 
 Devices requested by pods already bound to the node (not Succeeded/Failed) are subtracted.
 A taint excludes a node unless its key is one the worker pods always tolerate or the job's pod

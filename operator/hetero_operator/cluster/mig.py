@@ -80,6 +80,11 @@ def whole_or_single(name: str, labels: Mapping[str, str], alloc: Mapping[str, in
         total, free = cap, max(0, cap - in_use)
     if total <= 0:
         return []
+    if replicas > 1 and str(labels.get(gfd.SHARING, "")).strip().lower() == "mps":
+        # MPS runs the replicas' clients side by side, each pinned to memory / replicas and
+        # 100 / replicas % of the SMs (k8s-device-plugin#764, #1655; shared case 54); time-slicing
+        # gives each pod the whole card in turns, so it keeps the full memory and speed.
+        mem, speed = mem // replicas, speed / replicas
     return [Device(**common, memory_mib=mem, resource_name=gfd.GPU_RESOURCE, total=total, free=free,
                    relative_speed=speed, time_sliced_replicas=replicas)]
 
