@@ -17,13 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
 from builders import CATALOG_118_124_128, make_job, make_node
 
 from hetero_operator.api import labels
 from hetero_operator.api import types as model
 from hetero_operator.cluster import dra, nodeindex
-from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.cluster.inventory import DEFAULT_TOLERATED_TAINT_KEYS, build_inventory
 from hetero_operator.cluster.nodeindex import trim_node
 from hetero_operator.controller.planner import plan_on_indexes
 from hetero_operator.planning.placement import restrict_to_template
@@ -96,28 +95,19 @@ def test_the_filters_read_the_inventory_labels_not_nodes() -> None:
         assert "nodes" not in inspect.signature(fn).parameters, fn
 
 
-def test_tolerations_are_part_of_a_node_s_parse_and_untainted_nodes_share_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[str] = []
-    real = nodeindex.read_node
-
-    def read_node(node, used, **kw):  # type: ignore[no-untyped-def]
-        calls.append(node["metadata"]["name"])
-        return real(node, used, **kw)
-
-    monkeypatch.setattr(nodeindex, "read_node", read_node)
+def test_tolerations_are_part_of_a_node_s_parse_and_untainted_nodes_share_it() -> None:
     nodes = [trim_node(make_node("plain")), trim_node(make_node("spot", taints=[SPOT]))]
     default = nodeindex.build_indexed_inventory(nodes)
     assert [n.name for n in default.nodes] == ["plain"]
     assert [(e.node, e.reason) for e in default.excluded] == [("spot", model.TAINTED)]
-    calls.clear()
+    parses = [n.parsed({}, DEFAULT_TOLERATED_TAINT_KEYS) for n in nodes]
     tolerant = nodeindex.build_indexed_inventory(nodes, tolerations=[TOLERATE_SPOT])
     assert [n.name for n in tolerant.nodes] == ["plain", "spot"]
-    assert calls == ["spot"]  # the untainted node's parse did not depend on the tolerations
     assert tolerant == build_inventory(nodes, tolerations=[TOLERATE_SPOT])
-    calls.clear()
+    # the untainted node's parse did not depend on the tolerations: the very same object
+    assert nodes[0].parsed({}, DEFAULT_TOLERATED_TAINT_KEYS, [TOLERATE_SPOT]) is parses[0]
+    assert nodes[1].parsed({}, DEFAULT_TOLERATED_TAINT_KEYS, [TOLERATE_SPOT]) is not parses[1]
     assert nodeindex.build_indexed_inventory(nodes) == default
-    assert calls == ["spot"]
 
 
 # --- a pod built once (issue 28, item 5) --------------------------------------------------------
