@@ -52,7 +52,7 @@ from hetero_operator.controller.requeue import Requeue, next_look_s
 from hetero_operator.controller.reservations import Reservations, planned_gpu_pods
 from hetero_operator.lifecycle import decisions as lc
 from hetero_operator.lifecycle import status as st
-from hetero_operator.lifecycle import rwoclaims, stuck
+from hetero_operator.lifecycle import ckptplace, rwoclaims, stuck
 from hetero_operator.planning.marginal import PlanInputs
 from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
@@ -191,7 +191,8 @@ class Reconciler:
                                          has_pods=bool(pods), require_queue=self.config.kueue.require_queue)
         decision = lc.decide(state, gate.policy(spec) if gate else spec.run_policy,
                              states, nodes=self._node_health(used, now), now_s=now, timing=self.timing,
-                             checkpointing=bool(spec.training.checkpoint_path))
+                             checkpointing=bool(spec.training.checkpoint_path),
+                             restart_from=ckptplace.restart_source(spec))
         decision = gate.explain(decision) if gate else decision
         refused = st.refusals(status)
         if refused.retry_s is not None:  # a refused start (_refused): back off, keep the server's word
@@ -352,6 +353,9 @@ class Reconciler:
         self._set_phase(job, c.CREATED)
         self._job_nodes[(spec.namespace, spec.name)] = frozenset(result.nodes)
         await self.events.post(job, "Normal", "Planned", started.created["message"], now)
+        lost_checkpoints = ckptplace.checkpoint_warning(spec)  # a path on no volume (issue 32, F8)
+        if lost_checkpoints:
+            await self.events.post(job, "Warning", ckptplace.WARNING_REASON, lost_checkpoints, now)
         for warning in result.warnings:  # label inconsistencies of the nodes this job runs on
             if warning.node in result.nodes:
                 await self.events.post(job, "Warning", warning.reason, warning.message, now)

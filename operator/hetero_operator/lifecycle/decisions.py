@@ -69,7 +69,7 @@ def backoff_s(restarts: int, timing: RestartSettings) -> float:
 
 def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
            nodes: Mapping[str, NodeHealth] | None, now_s: float, timing: RestartSettings = RestartSettings(),
-           checkpointing: bool = True) -> Decision:
+           checkpointing: bool = True, restart_from: str = "") -> Decision:
     """Decide the next step of one job.
 
     Args:
@@ -83,6 +83,8 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
         timing: the operator's restart settings (``HTJ_PENDING_TIMEOUT_S``, ``HTJ_BACKOFF_*``).
         checkpointing: the job sets ``spec.training.checkpoint.path`` (a restart resumes from the
             last checkpoint; without, from step 0: :mod:`hetero_operator.lifecycle.restart`).
+        restart_from: where a restart continues, for its message
+            (:func:`hetero_operator.lifecycle.ckptplace.restart_source`); ``""``: from ``checkpointing``.
 
     Returns:
         The :class:`Decision`.
@@ -105,7 +107,7 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
                         delete_pods=delete, force_delete_pods=tuple(sorted({*force, *overdue})))
     if job.phase in (c.CREATED, c.RUNNING):
         current = [p for p in pods if p.attempt == job.attempt]
-        cluster_did = disrupted(job, policy, current, health, now_s)
+        cluster_did = disrupted(job, policy, current, health, now_s, restart_from=restart_from)
         if cluster_did is not None:
             return cluster_did
     if len(live) < len(pods):
@@ -120,7 +122,8 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
                         delete_pods=delete, force_delete_pods=force, requeue_s=POLL_DELETING_S)
     if not live:
         return _no_pods(job, now_s)
-    return _with_pods(job, policy, live, now_s=now_s, timing=timing, checkpointing=checkpointing)
+    return _with_pods(job, policy, live, now_s=now_s, timing=timing, checkpointing=checkpointing,
+                      restart_from=restart_from)
 
 
 def _no_pods(job: JobState, now_s: float) -> Decision:
@@ -137,10 +140,11 @@ def _no_pods(job: JobState, now_s: float) -> Decision:
 
 
 def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
-               now_s: float, timing: RestartSettings, checkpointing: bool = True) -> Decision:
+               now_s: float, timing: RestartSettings, checkpointing: bool = True,
+               restart_from: str = "") -> Decision:
     failed = [p for p in pods if p.phase == "Failed"]
     if failed:
-        return _on_failure(job, policy, pods, failed, now_s, timing, checkpointing)
+        return _on_failure(job, policy, pods, failed, now_s, timing, checkpointing, restart_from)
     rank0 = next((p for p in pods if p.first_rank == 0), None)
     if rank0 is not None and rank0.phase == "Succeeded":
         return Decision(action=SUCCEED, phase=c.SUCCEEDED, reason="JobSucceeded",
@@ -171,13 +175,13 @@ def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
 
 def _on_failure(job: JobState, policy: RunPolicy, pods: Sequence[PodState],
                 failed: Sequence[PodState], now_s: float, timing: RestartSettings,
-                checkpointing: bool) -> Decision:
+                checkpointing: bool, restart_from: str = "") -> Decision:
     first = min(failed, key=lambda p: p.first_rank)
     what = f"{first.name} ({first.gpu_type or 'unknown GPU'}) failed" + (
         f": {first.failure}" if first.failure else "")
     verdict = restart.after_failure(restarts=job.restarts, backoff_limit=policy.backoff_limit,
                                     checkpointing=checkpointing, base_s=timing.backoff_base_s,
-                                    max_s=timing.backoff_max_s)
+                                    max_s=timing.backoff_max_s, source=restart_from)
     if not verdict.restart:
         return Decision(action=FAIL, phase=c.FAILED, reason=verdict.reason,
                         message=f"{what}; {verdict.message}.", delete_pods=_to_clean(policy, pods))

@@ -74,7 +74,7 @@ class NodeView:
 
 
 def disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], health: NodeView,
-              now_s: float) -> Decision | None:
+              now_s: float, *, restart_from: str = "") -> Decision | None:
     """The cluster's part: a lost node, a disrupted pod, a failure next to an unhealthy node.
 
     Args:
@@ -82,6 +82,7 @@ def disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], hea
         current: the pods of the current attempt.
         health: the nodes' health.
         now_s: the clock, epoch seconds.
+        restart_from: where a restart continues, for its message (``""``: not said).
 
     Returns:
         An infrastructure restart, a wait for a node that is not healthy yet, or None when the
@@ -100,7 +101,7 @@ def disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], hea
                     f"{c.now_iso(loss.lost_s)}")
         what += f"; force-deleted pod(s) {', '.join(force)}"
         return _infra_restart(job, policy, "NodeLost", what, delete=others, force=force,
-                              node_loss=loss)
+                              node_loss=loss, restart_from=restart_from)
     stopped = [p for p in current if p.disruption == STOPPED_AT_CHECKPOINT and not p.deleting]
     failed = [p for p in current if p.phase == "Failed" and p not in stopped]
     by_cluster = [p for p in current if (p.disruption or p.deleting) and p not in stopped]
@@ -126,7 +127,8 @@ def disrupted(job: JobState, policy: RunPolicy, current: Sequence[PodState], hea
                     f"{first.node} of {first.name} is not healthy ({why})")
         delete, force = removal([p for p in current if not p.deleting], health)
         return _infra_restart(job, policy, reason, what, delete=delete,
-                              force=tuple(sorted({*force, *stuck(current, health)})))
+                              force=tuple(sorted({*force, *stuck(current, health)})),
+                              restart_from=restart_from)
     if unhealthy and not failed:
         first = min(unhealthy, key=lambda p: p.first_rank)
         h = health.health(first.node)
@@ -159,13 +161,14 @@ def _disruption_kind(reason: str) -> tuple[str, str]:
 
 def _infra_restart(job: JobState, policy: RunPolicy, reason: str, what: str, *,
                    delete: tuple[str, ...], force: tuple[str, ...],
-                   node_loss: NodeLoss | None = None) -> Decision:
+                   node_loss: NodeLoss | None = None, restart_from: str = "") -> Decision:
     n = job.infrastructure_restarts + 1
+    source = f", continuing from {restart_from}" if restart_from else ""
     delete = tuple(p for p in delete if p not in force)
     return Decision(action=RESTART, phase=c.RESTARTING, reason=reason,
                     message=(f"{what}. Restarting all ranks on the remaining capacity "
                              f"(infrastructure restart {n}; not counted against backoffLimit "
-                             f"{policy.backoff_limit}, {job.restarts} restart(s) used)."),
+                             f"{policy.backoff_limit}, {job.restarts} restart(s) used){source}."),
                     delete_pods=delete, force_delete_pods=force, count_infrastructure_restart=True,
                     node_loss=node_loss, disruption=what, requeue_s=POLL_DELETING_S)
 

@@ -69,7 +69,7 @@ def restart_source(*, checkpointing: bool, checkpoint_saved: bool | None = None)
 
 def after_failure(*, restarts: int, backoff_limit: int, checkpointing: bool,
                   checkpoint_saved: bool | None = None, base_s: float = defaults.BACKOFF_BASE_S,
-                  max_s: float = defaults.BACKOFF_MAX_S) -> AfterFailure:
+                  max_s: float = defaults.BACKOFF_MAX_S, source: str = "") -> AfterFailure:
     """Restart or fail after a rank failed.
 
     Args:
@@ -77,6 +77,8 @@ def after_failure(*, restarts: int, backoff_limit: int, checkpointing: bool,
         backoff_limit: ``spec.runPolicy.backoffLimit``.
         checkpointing, checkpoint_saved: as :func:`restart_source`.
         base_s, max_s: the backoff (``HTJ_BACKOFF_BASE_S``, ``HTJ_BACKOFF_MAX_S``), seconds.
+        source: where the restart continues when the caller knows better (the operator:
+            :func:`hetero_operator.lifecycle.ckptplace.restart_source`); ``""``: :func:`restart_source`.
 
     Returns:
         The :class:`AfterFailure`.
@@ -86,7 +88,7 @@ def after_failure(*, restarts: int, backoff_limit: int, checkpointing: bool,
                             message=f"{restarts} restart(s) reached backoffLimit {backoff_limit}")
     n = restarts + 1
     delay = backoff_s(n, base_s=base_s, max_s=max_s)
-    source = restart_source(checkpointing=checkpointing, checkpoint_saved=checkpoint_saved)
+    source = source or restart_source(checkpointing=checkpointing, checkpoint_saved=checkpoint_saved)
     return AfterFailure(restart=True, reason=RANK_FAILED, restart_number=n, delay_s=delay,
                         source=source,
                         message=f"restarting all ranks from {source} (restart {n} of "
