@@ -50,6 +50,7 @@ from hetero_worker.memory import caps as memcap
 from hetero_worker.memory import full as fullshard
 from hetero_worker.memory import group as sharding
 from hetero_worker.memory import microbatch
+from hetero_worker.memory.batchnorm import check_norm_layers
 from hetero_worker.memory.wrap import ShardedWrapping
 from hetero_worker.precision import PrecisionPolicy, agree_found_inf
 from hetero_worker.runtime import rendezvous
@@ -239,6 +240,8 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
                                    "t.wrap(model, block=MyBlock)")
             if self.contract.memory.sharding != "full":  # Full recomputes every block already
                 microbatch.checkpoint_blocks(model, block)
+        check_norm_layers(model, rank=self.rank, local_batch=self.local_batch,
+                          micro_batch_size=self.contract.memory.micro_batch_size)  # case 57
         if self.speed is not None:
             self.speed.before_wrap(model)  # e.g. hierarchy auto: measure, then use_layout
         if self.contract.memory.sharding != "none":

@@ -47,6 +47,8 @@ import torch.distributed as dist
 from hetero_worker.ckpt import store
 from hetero_worker.ckpt.agreement import (Finding, ResumeDisagreement, agree_on_newest,
                                           agree_on_resume, gather_findings)
+from hetero_worker.ckpt.ownership import Owner
+from hetero_worker.ckpt.saving import CheckpointSaveError, discard_tmp
 from hetero_worker.ckpt.files import (CHECKPOINT_FILE, FORMAT, FORMATS, SHARDED_FORMAT, fresh_rng,
                                       gather_to_rank0, load_file, manifest, rng_state, same_plan,
                                       save_atomic, set_rng_state)
@@ -67,12 +69,12 @@ def _agree_saved(error: str, group: Any) -> None:
     """Every rank learns whether rank 0's save succeeded (raises the same error on every rank)."""
     if not dist.is_initialized():
         if error:
-            raise OSError(error)
+            raise CheckpointSaveError(error)
         return
     findings = gather_findings(Finding(rank=dist.get_rank(group), path="", error=error), group)
     failed = [f for f in findings if f.error]
     if failed:
-        raise OSError("; ".join(f"rank {f.rank}: {f.error}" for f in failed)
+        raise CheckpointSaveError("; ".join(f"rank {f.rank}: {f.error}" for f in failed)
                       + " (the previous checkpoints are kept)")
 
 
@@ -81,7 +83,7 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
                     plan: Mapping[str, Any] | None = None,
                     rank_state: Mapping[str, Any] | None = None,
                     extra: Mapping[str, Any] | None = None, keep: int = defaults.CHECKPOINT_KEEP,
-                    group: Any = None) -> Path:
+                    group: Any = None, owner: Owner | None = None) -> Path:
     """Write a checkpoint; collective: call on every rank at the same step.
 
     Args:
@@ -97,13 +99,17 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
         extra: more plain state saved as ``extra``.
         keep: verified checkpoints to keep (the newest ``keep``).
         group: the process group of the save (None: the default group).
+        owner: the job UID and restart generation the manifest records (None: from the
+            environment, :mod:`hetero_worker.ckpt.ownership`).
 
     Returns:
         The new checkpoint's ``checkpoint.pt`` (written by rank 0; every rank returns once rank 0
         has published and verified it).
 
     Raises:
-        OSError: rank 0 could not write or verify it (on every rank; earlier checkpoints stay).
+        hetero_worker.ckpt.saving.CheckpointSaveError: rank 0 could not write or verify it, with
+            any exception (``OSError``, ``RuntimeError``, ...); raised on every rank at once with
+            the same message, its ``.tmp`` removed, earlier checkpoints kept.
     """
     directory = Path(directory)
     mine = {"rng": rng_state(), **(dict(rank_state) if rank_state else {})}
@@ -118,10 +124,11 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
                                  optimizer=optimizer, scaler=scaler, sampler=sampler, plan=plan,
                                  ranks=ranks, extra=extra), tmp / CHECKPOINT_FILE)
             path = store.publish_verified(directory, tmp, step=step, checkpoint_id=checkpoint_id,
-                                          fmt=FORMAT, keep=keep)
-        except OSError as exc:
+                                          fmt=FORMAT, keep=keep, owner=owner)
+        except Exception as exc:  # noqa: BLE001 - any type (torch.save on a full disk: RuntimeError)
+            discard_tmp(tmp)
             error = f"saving the checkpoint of step {step} in {directory}: {type(exc).__name__}: {exc}"
-    _agree_saved(error[:300], group)
+    _agree_saved(error[:512], group)
     return path
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from hetero_worker.ckpt import checkpoint, tracked
+from hetero_worker.ckpt.ownership import Owner
 from hetero_worker.speed.codecs import make_codec
 
 __all__ = ["codec_states", "plan_of", "restore_codecs", "resume_trainer", "save_trainer_checkpoint"]
@@ -128,14 +129,22 @@ def save_trainer_checkpoint(trainer: Any, optimizer: torch.optim.Optimizer,
             before_publish=getattr(trainer, "before_checkpoint_publish", None),
             keep=trainer.contract.checkpoint.keep, ckpt_group=getattr(trainer, "ckpt_group", None),
             ckpt_timeout_s=trainer.contract.checkpoint.timeout_s if getattr(
-                trainer, "ckpt_group", None) is not None else None)
+                trainer, "ckpt_group", None) is not None else None, owner=owner_of(trainer))
         return str(path)
     path = checkpoint.save_checkpoint(
         directory, step=trainer.global_step, model=trainer.module, optimizer=optimizer,
         scaler=trainer.scaler, sampler=trainer.sampler, plan=plan_of(trainer),
         rank_state={"compression": codec_states(trainer)}, extra=extra,
-        keep=trainer.contract.checkpoint.keep, group=getattr(trainer, "ckpt_group", None))
+        keep=trainer.contract.checkpoint.keep, group=getattr(trainer, "ckpt_group", None),
+        owner=owner_of(trainer))
     return str(path)
+
+
+def owner_of(trainer: Any) -> Owner:
+    """The trainer's job UID and restart generation, for the manifest
+    (:mod:`hetero_worker.ckpt.ownership`)."""
+    return Owner(job_uid=trainer.contract.dist.job_uid,
+                 generation=trainer.contract.dist.restart_generation)
 
 
 def resume_trainer(trainer: Any, optimizer: torch.optim.Optimizer,

@@ -71,6 +71,8 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from hetero_worker.ckpt import files, store
+from hetero_worker.ckpt.ownership import Owner
+from hetero_worker.ckpt.saving import CheckpointSaveError, discard_tmp
 from heterotrain_common import defaults
 
 __all__ = ["METADATA_GLOBALS", "SafeFileSystemReader", "SafeLoadPlanner", "check_sharded_dir",
@@ -212,8 +214,8 @@ def writers_group(writers: tuple[int, ...], timeout_s: float) -> Any:
 def _raise_if_failed(failures: list[tuple[int, str]], what: str) -> None:
     if failures:
         detail = "; ".join(f"rank {r}: {e}" for r, e in failures)
-        raise RuntimeError(f"{what} failed on every rank's account ({detail}); the previous "
-                           "checkpoint is kept")
+        raise CheckpointSaveError(f"{what} failed on every rank's account ({detail}); the "
+                                  "previous checkpoint is kept")
 
 
 # --- save ------------------------------------------------------------------------------------
@@ -225,7 +227,8 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
                             rank_state: Mapping[str, Any] | None = None,
                             extra: Mapping[str, Any] | None = None,
                             before_publish: Any = None, keep: int = defaults.CHECKPOINT_KEEP,
-                            ckpt_group: Any = None, ckpt_timeout_s: float | None = None) -> Path:
+                            ckpt_group: Any = None, ckpt_timeout_s: float | None = None,
+                            owner: Owner | None = None) -> Path:
     """Write a sharded checkpoint; collective: every rank calls it at the same step.
 
     Args:
@@ -245,12 +248,15 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
         ckpt_timeout_s: the checkpoint timeout: the writers coordinate DCP's save on a Gloo group of
             their own with it (a slow writer never trips the training timeout of ``group``);
             None: on ``group``.
+        owner: the job UID and restart generation the manifest records (None: from the
+            environment, :mod:`hetero_worker.ckpt.ownership`).
 
     Returns:
         The new checkpoint's ``checkpoint.pt``.
 
     Raises:
-        RuntimeError: a writing rank (or rank 0's publication) failed; raised on every rank with
+        hetero_worker.ckpt.saving.CheckpointSaveError (a ``RuntimeError`` and ``OSError``): a
+            writing rank (or rank 0's publication) failed, rank 0 removed the ``.tmp``; raised on every rank with
             every failing rank's error, and the previous checkpoint stays in place.
     """
     directory = Path(directory)
@@ -272,7 +278,10 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank learns it
             # (CheckpointException, DCP's error gathered from its ranks, is a BaseException)
             error = f"writing {tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
-    _raise_if_failed(_agree(error, ckpt_group), f"sharded checkpoint of step {step}")
+    failures = _agree(error, ckpt_group)
+    if failures and rank == 0:  # a full disk gets the writers' space back
+        discard_tmp(step_tmp)
+    _raise_if_failed(failures, f"sharded checkpoint of step {step}")
     ranks = files.gather_to_rank0(
         {"rng": files.rng_state(), **(dict(rank_state) if rank_state else {})}, ckpt_group)
     error = ""
@@ -291,8 +300,9 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
             files.save_atomic(state, step_tmp / files.CHECKPOINT_FILE)
             path = store.publish_verified(directory, step_tmp, step=step,
                                           checkpoint_id=checkpoint_id, fmt=files.SHARDED_FORMAT,
-                                          keep=keep)
+                                          keep=keep, owner=owner)
         except Exception as exc:  # noqa: BLE001
+            discard_tmp(step_tmp)
             error = f"publishing {step_tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
     _raise_if_failed(_agree(error, ckpt_group), f"sharded checkpoint of step {step}")
     return path

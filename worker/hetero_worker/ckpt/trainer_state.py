@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from hetero_worker.ckpt import checkpoint, resume, tracked
+from hetero_worker.ckpt import checkpoint, resume, saving, tracked
 
 
 class Checkpointing:
@@ -75,8 +75,12 @@ class Checkpointing:
             every_steps = self.contract.checkpoint.interval_steps
         if every_steps <= 0 or self.global_step % every_steps:
             return False
-        self.save_checkpoint(optimizer)
-        return True
+        saves = self.__dict__.get("_periodic_saves")
+        if saves is None:  # a failed save: a warning and a metric, fatal after N in a row
+            saves = self.__dict__["_periodic_saves"] = saving.PeriodicSaves(
+                max_failures=self.contract.checkpoint.max_failures, rank=self.rank,
+                metrics=self.metrics)
+        return saves.run(lambda: self.save_checkpoint(optimizer), self.global_step) is not None
 
     def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
         """Restore the latest checkpoint if there is one; True when resumed (collective).
