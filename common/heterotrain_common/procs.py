@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from heterotrain_common.envnames import PREEMPTED_EXIT_CODE  # the one exit-code table
+
 GRACE_S = 10.0
 """Seconds between SIGTERM and SIGKILL when stopping the gang."""
 POLL_S = 0.1
-PREEMPTED_EXIT_CODE = 75
-"""A rank stopped at an agreed step after SIGTERM (``heterotrain_common.envnames``)."""
 DEADLINE_EXIT_CODE = 124
 """Exit code of a gang stopped at its deadline (as coreutils ``timeout``)."""
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

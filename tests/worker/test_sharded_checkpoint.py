@@ -323,7 +323,7 @@ def test_replicated_checkpoint_is_not_loaded_into_a_sharded_model(tmp_path: Path
 def test_resume_under_full_sharding_is_refused_naming_the_fix(tmp_path) -> None:
     from types import SimpleNamespace
 
-    from hetero_worker.ckpt import resume as resume_mod
+    from hetero_worker.ckpt import trainer_state as resume_mod
     trainer = SimpleNamespace(module=torch.nn.Linear(2, 1),
                               contract=SimpleNamespace(memory=SimpleNamespace(sharding="full")))
     with pytest.raises(RuntimeError, match="Full sharding does not resume from checkpoints yet: "

@@ -14,7 +14,7 @@ import torch
 
 from hetero_worker.loading import Loading
 from hetero_worker.sampler import HeteroBatchSampler
-from hetero_worker.trainer import Trainer
+from hetero_worker.loading import Loading as Trainer  # Trainer.loader is TrainData.loader
 
 SPLIT = [3, 5]
 WORKERS = pytest.mark.fresh_process
@@ -263,7 +263,7 @@ def test_a_checkpoint_of_the_other_kind_of_dataset_is_refused() -> None:
 
 
 def test_work_stealing_refuses_a_stream_naming_the_fix() -> None:
-    from hetero_worker.speed.stealing import WorkStealing
+    from hetero_worker.trainer import Trainer as WorkStealing
     t = FakeTrainer(0)
     t.loader(Stream())
     t.module = torch.nn.Linear(1, 1)

@@ -1,5 +1,5 @@
-"""The Trainer's data loader (a mixin of :class:`hetero_worker.trainer.Trainer`): this rank's uneven
-batches of the job's global order (:class:`hetero_worker.sampler.HeteroBatchSampler`) through a
+"""The Trainer's data part (:class:`TrainData`): the split, the position in the data, and the loader
+over this rank's uneven batches of the job's global order (:class:`hetero_worker.sampler.HeteroBatchSampler`) through a
 PyTorch ``DataLoader`` with its own arguments (workers, pinned memory, collation), ending at
 ``HTJ_MAX_STEPS``.
 
@@ -21,12 +21,14 @@ taken once.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from hetero_worker.position import SplitPosition
 from hetero_worker.sampler import BatchedTensors, HeteroBatchSampler, as_fetched
+from hetero_worker.steps import StepLimit
 from hetero_worker.streaming import StreamLoader, StreamPosition
 
 REFUSED_ARGS = {
@@ -39,11 +41,71 @@ REFUSED_ARGS = {
                           "changes, and a hang seen with a persistent pool reset mid-epoch (CI, "
                           "2 Dec 2026) is not explained yet",
 }
-"""``DataLoader`` arguments :meth:`Loading.loader` does not pass, and why."""
+"""``DataLoader`` arguments :meth:`TrainData.loader` does not pass, and why."""
 
 
-class Loading:
-    """The Trainer's :meth:`loader` (a mixin of :class:`hetero_worker.trainer.Trainer`)."""
+class TrainData:
+    """The Trainer's data part: it alone owns the split (its :attr:`position`), the sampler or
+    stream position, and the loader.
+
+    Before :meth:`loader` the split sits in a bare :class:`~hetero_worker.position.SplitPosition`;
+    the loader's sampler (map-style) or :class:`~hetero_worker.streaming.StreamPosition` (a stream)
+    then takes it over, with its listeners. A split changes only through
+    ``position.set_split`` (``Trainer.set_split`` calls it); what follows the split registers with
+    :meth:`follow_split`.
+
+    Args:
+        local_batches: the starting split (samples per step of every rank).
+        rank: this rank.
+        seed: the sampler's seed (same on every rank).
+        steps: the step count (``global_step``, ``max_steps``, ``done``).
+        metrics: the rank's metrics (``set_total_steps``).
+
+    Attributes:
+        position: where the split and the data position live.
+        sampler: the loader's position (None before :meth:`loader`).
+    """
+
+    def __init__(self, local_batches: Sequence[int], rank: int, *, seed: int, steps: StepLimit,
+                 metrics: Any) -> None:
+        self.rank, self.seed, self.steps, self.metrics = rank, seed, steps, metrics
+        self.position: SplitPosition = SplitPosition(local_batches, rank)
+        self.sampler: HeteroBatchSampler | StreamPosition | None = None
+
+    @property
+    def local_batches(self) -> list[int]:
+        """The current split, in rank order."""
+        return list(self.position.local_batches)
+
+    @property
+    def local_batch(self) -> int:
+        """This rank's samples per step."""
+        return self.position.local_batches[self.rank]
+
+    @property
+    def epoch(self) -> int:
+        """The loader's epoch (0 before :meth:`loader`)."""
+        return self.sampler.epoch if self.sampler is not None else 0
+
+    def follow_split(self, listener: Callable[[tuple[int, ...]], None]) -> None:
+        """Call ``listener(split)`` after every split change from now on."""
+        self.position.listeners.append(listener)
+
+    def _take_position(self, position: HeteroBatchSampler | StreamPosition) -> None:
+        """The new loader's position takes over the split's listeners."""
+        position.listeners = self.position.listeners
+        self.position = self.sampler = position
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The job's global data position (None before :meth:`loader`): the ``data`` of a
+        checkpoint."""
+        return self.sampler.state_dict() if self.sampler is not None else None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue at a saved data position (needs :meth:`loader` first; ValueError: another
+        kind of dataset, from the sampler)."""
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state)
 
     def loader(self, dataset: Any, *, shuffle: bool | None = None,
                collate_fn: Callable[..., Any] | None = None,
@@ -61,7 +123,7 @@ class Loading:
         Workers may fetch ahead: checkpoints and split changes still refer to the batch being
         trained (:class:`HeteroLoader`).
 
-        Once :attr:`max_steps` steps are taken an iteration ends at once and moves to the next
+        Once ``max_steps`` steps are taken an iteration ends at once and moves to the next
         epoch, so a ``while t.epoch < n`` loop ends too.
 
         Args:
@@ -70,8 +132,8 @@ class Loading:
                 ``0..n-1``); a stream is read in its own order (shuffle=True is refused).
             epochs: how many epochs the script will run (None: unknown); with it the progress
                 display shows a total (``epochs * batches per epoch``, at most
-                :attr:`max_steps`), also without it when :attr:`max_steps` is set (a stream has
-                no length: its total is :attr:`max_steps` alone).
+                ``max_steps``), also without it when ``max_steps`` is set (a stream has
+                no length: its total is ``max_steps`` alone).
             collate_fn, num_workers, pin_memory, prefetch_factor,
                 worker_init_fn: PyTorch's ``DataLoader`` arguments, passed through (so are
                 ``timeout``, ``multiprocessing_context``, ``generator``, ``pin_memory_device``
@@ -100,17 +162,18 @@ class Loading:
                 f"Trainer.loader({type(dataset).__name__}): needs a map-style dataset (len() and "
                 "indexing) or a torch.utils.data.IterableDataset (a stream); wrap an iterator in "
                 "an IterableDataset whose __iter__ yields the samples")
-        self.sampler = HeteroBatchSampler(len(dataset), self.local_batches, self.rank,
-                                          seed=self.seed,
-                                          shuffle=True if shuffle is None else bool(shuffle))
+        sampler = HeteroBatchSampler(len(dataset), self.local_batches, self.rank, seed=self.seed,
+                                     shuffle=True if shuffle is None else bool(shuffle))
+        self._take_position(sampler)
         if collate_fn is None and type(dataset) is torch.utils.data.TensorDataset:
             dataset, collate_fn = BatchedTensors(dataset), as_fetched
-        total = None if epochs is None else int(epochs) * len(self.sampler)
-        if self.max_steps is not None:
-            total = self.max_steps if total is None else min(total, self.max_steps)
+        total = None if epochs is None else int(epochs) * len(sampler)
+        max_steps = self.steps.max_steps
+        if max_steps is not None:
+            total = max_steps if total is None else min(total, max_steps)
         if total is not None:
             self.metrics.set_total_steps(total)
-        return HeteroLoader(dataset, self.sampler, self, collate_fn=collate_fn,
+        return HeteroLoader(dataset, sampler, self.steps, collate_fn=collate_fn,
                             pin_memory=pin_memory, **workers)
 
     def _stream_loader(self, dataset: torch.utils.data.IterableDataset, shuffle: bool | None,
@@ -122,11 +185,26 @@ class Loading:
                 f"Trainer.loader({type(dataset).__name__}, shuffle=True): a stream is read in its "
                 "own order, the same on every rank: shuffle it in the dataset (e.g. with a seeded "
                 "buffer, Hugging Face's .shuffle(seed=..., buffer_size=...)) and leave shuffle out")
-        self.sampler = StreamPosition(self.local_batches, self.rank)
-        if self.max_steps is not None:  # a stream has no length: the total is the step limit
-            self.metrics.set_total_steps(self.max_steps)
-        return StreamLoader(dataset, self.sampler, self, collate_fn=collate_fn,
+        position = StreamPosition(self.local_batches, self.rank)
+        self._take_position(position)
+        if self.steps.max_steps is not None:  # a stream has no length: the total is the step limit
+            self.metrics.set_total_steps(self.steps.max_steps)
+        return StreamLoader(dataset, position, self.steps, collate_fn=collate_fn,
                             pin_memory=pin_memory, **workers)
+
+
+class Loading:
+    """:meth:`loader` for an object that keeps its own ``rank``, ``local_batches``, ``seed``,
+    ``metrics`` and step count (``global_step``, ``max_steps``, ``done``), as a test's stand-in
+    for a Trainer does: it builds a :class:`TrainData` over them and keeps its ``sampler``."""
+
+    def loader(self, dataset: Any, **kwargs: Any) -> torch.utils.data.DataLoader | StreamLoader:
+        """:meth:`TrainData.loader` (same arguments); sets ``self.sampler``."""
+        data = TrainData(self.local_batches, self.rank, seed=self.seed,  # type: ignore[attr-defined]
+                         steps=self, metrics=self.metrics)  # type: ignore[attr-defined,arg-type]
+        loader = data.loader(dataset, **kwargs)
+        self.sampler = data.sampler
+        return loader
 
 
 class HeteroLoader(torch.utils.data.DataLoader):
@@ -135,14 +213,14 @@ class HeteroLoader(torch.utils.data.DataLoader):
     Args:
         dataset: the (map-style) dataset.
         position: the trainer's sampler: its ``epoch`` and ``cursor`` are the trained position.
-        trainer: reads ``max_steps``, ``global_step`` and ``done``.
+        steps: the step count (``max_steps``, ``global_step``, ``done``).
         **kwargs: the ``DataLoader``'s other arguments.
     """
 
-    def __init__(self, dataset: Any, position: HeteroBatchSampler, trainer: Any,
+    def __init__(self, dataset: Any, position: HeteroBatchSampler, steps: StepLimit,
                  **kwargs: Any) -> None:
-        self.position, self.trainer = position, trainer
-        self._dispatch = _Dispatch(position, trainer)
+        self.position, self.steps = position, steps
+        self._dispatch = _Dispatch(position, steps)
         super().__init__(dataset, batch_sampler=self._dispatch, **kwargs)
 
     def _fetching(self) -> Iterator[Any]:
@@ -152,7 +230,7 @@ class HeteroLoader(torch.utils.data.DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         position, ahead = self.position, self._dispatch.ahead
-        if self.trainer.done:
+        if self.steps.done:
             position.set_epoch(position.epoch + 1)
             return
         fetched: Iterator[Any] | None = self._fetching()
@@ -166,7 +244,7 @@ class HeteroLoader(torch.utils.data.DataLoader):
                 break
             position.cursor = ahead.popleft()[0]  # this batch is the one trained now
             yield batch
-            if self.trainer.done:
+            if self.steps.done:
                 break
         position.set_epoch(position.epoch + 1)
 
@@ -176,15 +254,15 @@ class _Dispatch:
     each noted in :attr:`ahead` with the position after it and the split it was cut with (the
     ``DataLoader`` asks for them ahead of training when it has workers)."""
 
-    def __init__(self, position: HeteroBatchSampler, trainer: Any) -> None:
-        self.position, self.trainer = position, trainer
+    def __init__(self, position: HeteroBatchSampler, steps: StepLimit) -> None:
+        self.position, self.steps = position, steps
         self.ahead: deque[tuple[int, tuple[int, ...]]] = deque()
 
     def __len__(self) -> int:
         """Batches left in this epoch, at most the steps left before ``max_steps``."""
         left = len(self.position)
-        if self.trainer.max_steps is not None:
-            left = max(0, min(left, self.trainer.max_steps - self.trainer.global_step))
+        if self.steps.max_steps is not None:
+            left = max(0, min(left, self.steps.max_steps - self.steps.global_step))
         return left
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from hetero_worker.runtime.ranklog import log
 from heterotrain_common import listen
 from heterotrain_common import metricnames as mn
 from heterotrain_common import nvml, rundir
@@ -177,8 +178,8 @@ class WorkerMetrics:
             addr = listen.server_address(self.contract.dist.master_addr) if addr is None else addr
             self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
-            print(f"heterotrain: rank {self.contract.dist.rank}: metrics port {port} unavailable "
-                  f"({exc}); continuing without metrics", file=sys.stderr)
+            log(f"metrics port {port} unavailable ({exc}); continuing without metrics",
+                rank=self.contract.dist.rank)
             return 0
         return port
 
@@ -369,8 +370,7 @@ class WorkerMetrics:
             rundir.write_json_atomic(rundir.rank_stats_path(self._stats_dir, self.contract.dist.rank),
                                      self.stats())
         except OSError as exc:
-            print(f"heterotrain: rank {self.contract.dist.rank}: cannot write statistics ({exc})",
-                  file=sys.stderr)
+            log(f"cannot write statistics ({exc})", rank=self.contract.dist.rank)
 
 
 def job_efficiency_ratio(wall_s: float, rank_samples: Sequence[float],

@@ -6,11 +6,16 @@ Both cut the epoch's order the same way: step ``s`` consumes the next ``B = sum(
 samples and rank ``r`` takes the ``local_batches[r]`` of them starting at
 ``sum(local_batches[:r])``; ``cursor`` counts the samples of the epoch consumed by all ranks
 together, so a split change or a resume under another world size continues at the same sample.
+
+The position is where the Trainer's split lives (:class:`hetero_worker.loading.TrainData`, the
+data part, holds it): :meth:`SplitPosition.set_split` is the one place a split changes, and what
+follows the split (the gradient sync's weights, the sharded sync, the rebalancer, the gauge) is
+told through :attr:`SplitPosition.listeners`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 class SplitPosition:
@@ -25,6 +30,7 @@ class SplitPosition:
         epoch: the current epoch (pass over the data).
         cursor: samples of this epoch consumed, all ranks together.
         local_batches: the current split.
+        listeners: called with the new split after every :meth:`set_split` (in order).
 
     Raises:
         ValueError: from :meth:`set_split`.
@@ -33,6 +39,7 @@ class SplitPosition:
     def __init__(self, local_batches: Sequence[int], rank: int) -> None:
         self.rank, self.epoch, self.cursor = rank, 0, 0
         self.local_batches: tuple[int, ...] = ()
+        self.listeners: list[Callable[[tuple[int, ...]], None]] = []
         self.set_split(local_batches)
 
     @property
@@ -41,7 +48,8 @@ class SplitPosition:
         return sum(self.local_batches)
 
     def set_split(self, local_batches: Sequence[int]) -> None:
-        """Change the split from the next step on (every rank, at a step boundary).
+        """Change the split from the next step on (every rank, at a step boundary); then every
+        listener follows it.
 
         Raises:
             ValueError: a batch below 1, ``rank`` outside the list, or what
@@ -53,6 +61,8 @@ class SplitPosition:
                              f"got {list(batches)}")
         self.check_split(batches)
         self.local_batches = batches
+        for listener in self.listeners:
+            listener(batches)
 
     def check_split(self, batches: tuple[int, ...]) -> None:
         """Further conditions on a new split (none here; raises ``ValueError``)."""

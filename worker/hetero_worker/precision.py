@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_worker.comm.agree import agree_any
+
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
@@ -43,11 +45,9 @@ def precision_for_capability(compute_capability: str) -> str:
 
 
 def agree_found_inf(found_inf: bool, process_group: Any = None) -> bool:
-    """True when any rank of ``process_group`` passes True (one 4-byte all-reduce; collective)."""
-    flag = torch.tensor([1.0 if found_inf else 0.0])
-    if dist.is_initialized():
-        dist.all_reduce(flag, group=process_group)
-    return bool(flag.item() > 0)
+    """True when any rank of ``process_group`` passes True (one 4-byte all-reduce; collective;
+    :func:`hetero_worker.comm.agree.agree_any`)."""
+    return agree_any(found_inf, process_group)
 
 
 class AgreeingGradScaler(torch.amp.GradScaler):

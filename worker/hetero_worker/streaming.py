@@ -24,7 +24,7 @@ dataset must split itself over the workers (``torch.utils.data.get_worker_info()
 ``i`` to worker ``i % num_workers``, which keeps the stream's order), or each worker yields the
 whole stream. Before each epoch's pass ``dataset.set_epoch(epoch)`` is called where the dataset has
 it (Hugging Face streaming datasets reshuffle with it; the workers are started anew for each pass,
-``persistent_workers`` being refused by :meth:`hetero_worker.loading.Loading.loader`).
+``persistent_workers`` being refused by :meth:`hetero_worker.loading.TrainData.loader`).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from torch.utils.data import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as pin_batch
 
 from hetero_worker.position import SplitPosition
+from hetero_worker.steps import StepLimit
 
 
 class StreamPosition(SplitPosition):
@@ -80,7 +81,7 @@ class StreamLoader:
     Args:
         dataset: the ``IterableDataset``.
         position: the trainer's :class:`StreamPosition` (moved as batches are handed out).
-        trainer: reads ``done`` (``HTJ_MAX_STEPS`` reached: the pass ends).
+        steps: the step count: ``done`` (``HTJ_MAX_STEPS`` reached) ends the pass.
         collate_fn: makes a batch of this rank's samples (None: ``default_collate``).
         pin_memory: pin each batch's tensors (page-locked, for non-blocking host-to-GPU copies).
         **dataloader_args: the inner per-sample ``DataLoader``'s arguments (``num_workers``,
@@ -88,9 +89,9 @@ class StreamLoader:
     """
 
     def __init__(self, dataset: torch.utils.data.IterableDataset, position: StreamPosition,
-                 trainer: Any, *, collate_fn: Callable[..., Any] | None = None,
+                 steps: StepLimit, *, collate_fn: Callable[..., Any] | None = None,
                  pin_memory: bool = False, **dataloader_args: Any) -> None:
-        self.dataset, self.position, self.trainer = dataset, position, trainer
+        self.dataset, self.position, self.steps = dataset, position, steps
         self.collate_fn = collate_fn or default_collate
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         self.samples = torch.utils.data.DataLoader(dataset, batch_size=None, **dataloader_args)
@@ -98,7 +99,7 @@ class StreamLoader:
 
     def __iter__(self) -> Iterator[Any]:
         position = self.position
-        if self.trainer.done:
+        if self.steps.done:
             position.set_epoch(position.epoch + 1)
             return
         if callable(getattr(self.dataset, "set_epoch", None)):
@@ -114,6 +115,6 @@ class StreamLoader:
                 position.cursor += need
                 batch = self.collate_fn(samples[position.my_slice()])
                 yield pin_batch(batch) if self.pin_memory else batch
-                if self.trainer.done:
+                if self.steps.done:
                     break
         position.set_epoch(position.epoch + 1)

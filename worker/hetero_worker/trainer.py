@@ -19,6 +19,15 @@ weighted by ``local_batch / global_batch`` and summed hierarchically inside back
 fp16 scaler with cross-rank skip agreement, the optimizer step, and records step / compute /
 communication-wait time, samples and loss to the rank's metrics.
 
+The Trainer is built from parts that each own their state (:class:`Trainer` wires them): the data
+part (:class:`~hetero_worker.loading.TrainData`: the split, the data position, the loader), the
+step count (:class:`~hetero_worker.steps.StepCount`), the gradient sync
+(:class:`~hetero_worker.comm.sync.WeightedGradSync`, with the process groups), the model part
+(:class:`~hetero_worker.memory.wrap.ModelPart`: DDP or sharded wrapping), the stepping part
+(:class:`~hetero_worker.stepping.Stepper`, with the efficiency window), the checkpoint manager
+(:class:`~hetero_worker.ckpt.trainer_state.Checkpointing`, over the parts as ``Stateful``) and
+the graceful stop (:class:`~hetero_worker.stop.GracefulStop`).
+
 Process groups follow the communicator rule (:mod:`hetero_worker.comm.commplan`): the default group
 is Gloo only; NCCL only inside a group of one GPU type and PyTorch build; DDP is built on the
 plan's DDP group. Speed features compose through :meth:`Trainer.use_speed` (the controller's
@@ -27,42 +36,33 @@ plan's DDP group. Speed features compose through :meth:`Trainer.use_speed` (the 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from hetero_worker import profiling
 from hetero_worker.ckpt.trainer_state import Checkpointing
-from hetero_worker.comm.collectives import broadcast_from_rank0_
 from hetero_worker.comm.commplan import CommRank, plan_communicators
 from hetero_worker.comm.groups import ProcessGroups, build_process_groups, gather_comm_ranks
 from hetero_worker.comm.sync import WeightedGradSync
 from hetero_worker.efficiency import EfficiencyWindow
-from hetero_worker.loading import Loading
+from hetero_worker.loading import TrainData
 from hetero_worker.memory import caps as memcap
-from hetero_worker.memory import full as fullshard
-from hetero_worker.memory import group as sharding
-from hetero_worker.memory import microbatch
-from hetero_worker.memory.batchnorm import check_norm_layers
-from hetero_worker.memory.wrap import ShardedWrapping
+from hetero_worker.memory.wrap import ModelPart
 from hetero_worker.precision import PrecisionPolicy, agree_found_inf
 from hetero_worker.runtime import rendezvous
-from hetero_worker.runtime.preemption import GracefulStop
 from hetero_worker.runtime.preflight import exit_on_setup_error, preflight
 from hetero_worker.runtime.shutdown import leave_process_group
-from hetero_worker.runtime.simulation import simulate_compute
 from hetero_worker.runtime.startup import cuda_index, seed_everything, wants_speed_features
-from hetero_worker.sampler import HeteroBatchSampler
 from hetero_worker.speed.controller import attach
-from hetero_worker.speed.stealing import WorkStealing
-from hetero_worker.stepping import StepResult, Stepping
+from hetero_worker.speed.stealing import check_stealable
+from hetero_worker.stepping import StepResult, Stepper
+from hetero_worker.steps import StepCount
+from hetero_worker.stop import GracefulStop
 from heterotrain_common.contract import Contract
 from heterotrain_common.topology import build_layout
 
@@ -84,8 +84,7 @@ def _make_metrics(contract: Contract) -> Any:
     return WorkerMetrics(contract)
 
 
-class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow, Checkpointing,
-              GracefulStop):
+class Trainer:
     """One rank of a heterogeneous data-parallel job. Build it with :func:`init`.
 
     Args:
@@ -98,6 +97,7 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
     Attributes:
         global_step: optimizer steps taken (skipped ones included), restored by :meth:`resume`.
         local_batches: the current split, ``len == world_size``.
+        data, steps, sync, parts_model, stepper, checkpoints, stop: the parts.
     """
 
     def __init__(self, contract: Contract, *, delay_per_sample_s: float | None = None,
@@ -115,45 +115,127 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
                                    else contract.run.sim_delay_per_sample_s)
         self.precision = PrecisionPolicy(precision=contract.precision,
                                          device_type=self.device.type)
-        self.local_batches = list(contract.local_batches)
         self.comm_ranks: list[CommRank] = gather_comm_ranks(contract.topology, self.device)
         builds = sorted({r.torch_build for r in self.comm_ranks})
         if len(builds) > 1:
             warnings.warn(f"ranks run different PyTorch builds ({', '.join(builds)}); groups that "
                           "would cross them use Gloo (plan one build per job)", stacklevel=2)
-        self.groups = self.build_groups(contract.comm.hierarchy)
-        self.layout = self.groups.layout
+        groups = self.build_groups(contract.comm.hierarchy)
         # checkpoints and the stop agreement: their own group and timeout (slow storage)
         self.ckpt_group = (rendezvous.checkpoint_group(contract.checkpoint.timeout_s)
                            if dist.is_initialized() else None)
-        self._init_stop()  # SIGTERM: stop at a step every rank agrees on, with one checkpoint
+        # SIGTERM: stop at a step every rank agrees on, with one checkpoint
+        self.stop = GracefulStop(self.rank, self.ckpt_group,
+                                 termination_grace_s=contract.run.termination_grace_s)
+        self.stop.watch(lambda: self.steps.global_step)
         self.metrics = _make_metrics(contract)
         self.profiler = profiling.from_contract(contract, cuda=use_cuda)  # None unless asked
         # The memory model's cap (issue 12): counted when the plan set one, enforced on a
         # simulated device (a real GPU's allocator enforces its own).
         self.memory: memcap.MemoryMeter | None = None
-        # HTJ_SHARDING=group / full after wrap()
-        self.shard_sync: sharding.GroupShardSync | fullshard.FullShardSync | None = None
         if contract.memory.cap_bytes:
             self.memory = memcap.MemoryMeter(
                 contract.memory.cap_bytes if contract.device.simulated else 0,
                 contract.device.product)
-        self.sync = WeightedGradSync(self.groups, self.local_batches,
+        self.steps = StepCount(contract.batch.max_steps)
+        self.data = TrainData(contract.local_batches, self.rank, seed=seed, steps=self.steps,
+                              metrics=self.metrics)
+        self.sync = WeightedGradSync(groups, self.data.local_batches,
                                      on_inter_group_bytes=self.metrics.add_inter_group_bytes)
+        self.data.follow_split(self._follow_split)
         # One fp16 rank makes every rank scale (same loss scale in the summed gradients).
         self.scaler = self.precision.make_scaler(
             job_has_fp16=agree_found_inf(contract.precision == "fp16"))
-        self.sampler: HeteroBatchSampler | None = None
-        self.model: torch.nn.Module | None = None
-        self.module: torch.nn.Module | None = None
-        self.global_step = 0
-        self.totals = {"steps": 0, "samples": 0, "step_s": 0.0, "compute_s": 0.0,
-                       "comm_wait_s": 0.0, "skipped": 0}
-        self.efficiency_ratio: float | None = None  # rank 0: the last htj_job_efficiency_ratio
-        self._window: dict[str, Any] = {"start": None, "samples": 0, "compute_s": 0.0}
-        self._efficiency_pending: tuple[Any, torch.Tensor, float] | None = None  # async reduce
+        self.parts_model = ModelPart(contract, device=self.device, sync=self.sync,
+                                     sync_mode=sync_mode, comm_ranks=self.comm_ranks,
+                                     memory=self.memory)
+        self.window = EfficiencyWindow(self.rank, self.metrics,
+                                       contract.run.predicted_samples_per_s)
+        self.stepper = Stepper(contract, model=self.parts_model, data=self.data, steps=self.steps,
+                               sync=self.sync, sync_mode=sync_mode, precision=self.precision,
+                               scaler=self.scaler, metrics=self.metrics, window=self.window,
+                               memory=self.memory, profiler=self.profiler,
+                               delay_per_sample_s=self.delay_per_sample_s)
+        self.checkpoints = Checkpointing(contract, model=self.parts_model, sync=self.sync,
+                                         data=self.data, steps=self.steps, scaler=self.scaler,
+                                         group=self.ckpt_group, metrics=self.metrics, seed=seed)
         self.metrics.start_server()
-        self.metrics.set_local_batch(self.local_batches[self.rank])
+        self.metrics.set_local_batch(self.local_batch)
+
+    def _follow_split(self, local_batches: tuple[int, ...]) -> None:
+        """What follows the data part's split: the sync's and the sharded sync's weights, the
+        rebalancer's current split, the ``htj_local_batch_size`` gauge."""
+        self.sync.on_split(local_batches)
+        if self.parts_model.shard_sync is not None:
+            self.parts_model.shard_sync.on_split(local_batches)
+        rebalancer = getattr(self.speed, "rebalancer", None)
+        if rebalancer is not None:
+            rebalancer.split = list(local_batches)
+        self.metrics.set_local_batch(local_batches[self.rank])
+
+    # --- the parts' state, as the Trainer's attributes ------------------------------------------
+    groups = property(lambda self: self.sync.groups,
+                      doc="The process groups in use (the gradient sync's).")
+    layout = property(lambda self: self.sync.groups.layout, doc="The hierarchy layout in use.")
+    local_batches = property(lambda self: self.data.local_batches,
+                             doc="The current split (the data part's).")
+    local_batch = property(lambda self: self.data.local_batch,
+                           doc="This rank's samples per step.")
+    sampler = property(lambda self: self.data.sampler,
+                       doc="The loader's sampler or stream position (None before :meth:`loader`).")
+    epoch = property(lambda self: self.data.epoch,
+                     doc="Current epoch of the loader's sampler (0 before :meth:`loader`).")
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken (skipped ones included)."""
+        return self.steps.global_step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        self.steps.global_step = int(value)
+
+    @property
+    def max_steps(self) -> int | None:
+        """``HTJ_MAX_STEPS`` (``heterotrain run --max-steps``): the loader yields no batch once
+        :attr:`global_step` reaches it; None: no limit."""
+        return self.steps.max_steps
+
+    @property
+    def done(self) -> bool:
+        """True once :attr:`max_steps` steps are taken."""
+        return self.steps.done
+
+    model = property(lambda self: self.parts_model.model,
+                     doc="What :meth:`wrap` returned (None before).")
+    module = property(lambda self: self.parts_model.module,
+                      doc="The unwrapped model on the device (None before :meth:`wrap`).")
+    shard_sync = property(lambda self: self.parts_model.shard_sync,
+                          doc="The Group or Full sharding sync (None unsharded).")
+    totals = property(lambda self: self.stepper.totals,
+                      doc="Steps, samples, step/compute/wait seconds and skipped steps so far.")
+    efficiency_ratio = property(lambda self: self.window.ratio,
+                                doc="Rank 0: the last ``htj_job_efficiency_ratio`` (None before).")
+    tracked = property(lambda self: self.checkpoints.tracked,
+                       doc="What :meth:`track` registered, by name.")
+
+    @property
+    def before_checkpoint_publish(self) -> Any:
+        """Test hook of the sharded save (called on rank 0 before publishing), or None."""
+        return self.checkpoints.before_publish
+
+    @before_checkpoint_publish.setter
+    def before_checkpoint_publish(self, hook: Any) -> None:
+        self.checkpoints.before_publish = hook
+
+    stop_requested = property(lambda self: self.stop.stop_requested,
+                              doc="This rank received SIGTERM.")
+    stopping = property(lambda self: self.stop.stopping,
+                        doc="Every rank agreed to stop after :attr:`stop_step`.")
+    stop_step = property(lambda self: self.stop.stop_step,
+                         doc="The step every rank agreed to stop after (None before).")
+    stop_agreements = property(lambda self: self.stop.agreements,
+                               doc="Stop agreements started so far.")
 
     # --- setup ------------------------------------------------------------------------------
     def build_groups(self, mode: str) -> ProcessGroups:
@@ -174,9 +256,8 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
             raise RuntimeError("use_layout() must run before wrap()")
         if mode == self.layout.mode:
             return
-        old, self.groups = self.groups, self.build_groups(mode)
-        self.layout = self.groups.layout
-        self.sync.set_groups(self.groups)
+        old = self.sync.groups
+        self.sync.set_groups(self.build_groups(mode))
         old.destroy()
 
     def use_speed(self, controller: Any) -> None:
@@ -184,34 +265,13 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
         :func:`hetero_worker.speed.controller.attach` calls this)."""
         if self.model is not None:
             raise RuntimeError("use_speed() must run before wrap()")
-        self.speed = controller
-
-    @property
-    def local_batch(self) -> int:
-        """This rank's samples per step."""
-        return self.local_batches[self.rank]
-
-    @property
-    def epoch(self) -> int:
-        """Current epoch of the loader's sampler (0 before :meth:`loader`)."""
-        return self.sampler.epoch if self.sampler is not None else 0
-
-    @property
-    def max_steps(self) -> int | None:
-        """``HTJ_MAX_STEPS`` (``heterotrain run --max-steps``): the loader yields no batch once
-        :attr:`global_step` reaches it; None: no limit."""
-        return self.contract.batch.max_steps
+        self.speed = self.stepper.speed = controller
 
     def epochs(self, default: int) -> int:
         """Epochs to train: ``HTJ_EPOCHS`` (``heterotrain run --epochs``) when set, else
         ``default`` (the script's own number)."""
         epochs = self.contract.batch.epochs
         return epochs if epochs is not None else int(default)
-
-    @property
-    def done(self) -> bool:
-        """True once :attr:`max_steps` steps are taken."""
-        return self.max_steps is not None and self.global_step >= self.max_steps
 
     def wrap(self, model: torch.nn.Module, *,
              block: type[torch.nn.Module] | None = None) -> torch.nn.Module:
@@ -233,72 +293,43 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
         Raises:
             RuntimeError: the plan needs activation checkpointing and no ``block`` was named.
         """
-        if self.contract.memory.activation_checkpointing:
-            if block is None:
-                raise RuntimeError("the plan turns activation checkpointing on for this rank "
-                                   "(HTJ_ACTIVATION_CHECKPOINTING=1): name the model's block class, "
-                                   "t.wrap(model, block=MyBlock)")
-            if self.contract.memory.sharding != "full":  # Full recomputes every block already
-                microbatch.checkpoint_blocks(model, block)
-        check_norm_layers(model, rank=self.rank, local_batch=self.local_batch,
-                          micro_batch_size=self.contract.memory.micro_batch_size)  # case 57
-        if self.speed is not None:
-            self.speed.before_wrap(model)  # e.g. hierarchy auto: measure, then use_layout
-        if self.contract.memory.sharding != "none":
-            return self._wrap_sharded(model, block)
-        self.module = model.to(self.device)
-        if self.memory is not None:  # parameters from the start; gradients, optimizer state later
-            self.memory.set_state(self.module.parameters(), None)
-        if self.sync_mode == "manual":
-            for tensor in self.module.state_dict().values():  # over the Gloo world group
-                broadcast_from_rank0_(tensor)
-            self.model = self.module
-            return self.model
-        device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # DDP's start-up check and broadcast (and the flat fast path) run on a group that obeys
-        # the communicator rule: the flat NCCL group of a one-type job, else the Gloo world.
-        ddp = DistributedDataParallel(self.module, device_ids=device_ids,
-                                      process_group=self.groups.ddp_group,
-                                      **self.sync.ddp_options())  # bucket views, bucket cap
-        self.sync.register(ddp)  # "backward compute done" is marked by _backward (watch_backward)
-        self.model = ddp
-        return ddp
+        return self.parts_model.wrap(
+            model, block, local_batches=self.local_batches, has_scaler=self.scaler is not None,
+            use_layout=self.use_layout,
+            before_wrap=self.speed.before_wrap if self.speed is not None else None)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's full parameters by name (collective under ``Full`` sharding, where
         ``model.parameters()`` are this rank's flat slices; else the module's own)."""
-        if isinstance(self.shard_sync, fullshard.FullShardSync):
-            return self.shard_sync.full_state_dict()
-        if self.module is None:
-            raise RuntimeError("call Trainer.wrap(model) first")
-        return {k: v.detach() for k, v in self.module.named_parameters()}
+        return self.parts_model.full_state_dict()
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` on this rank's device."""
         return tensor.to(self.device, non_blocking=True)
 
+    def loader(self, dataset: Any, **kwargs: Any) -> Any:
+        """A ``DataLoader`` over this rank's uneven batches: :meth:`hetero_worker.loading.TrainData.loader`
+        (same arguments: ``shuffle``, ``collate_fn``, ``epochs``, ``num_workers``, ``pin_memory``,
+        ``prefetch_factor``, ``worker_init_fn`` and PyTorch's other ``DataLoader`` arguments;
+        the refused ones are :data:`hetero_worker.loading.REFUSED_ARGS`)."""
+        return self.data.loader(dataset, **kwargs)
+
     def set_split(self, local_batches: Sequence[int], *, rebalance: bool = True) -> None:
         """Change the batch split at a step boundary (same call on every rank).
 
-        The one place a split changes: the weights of the gradient sync (and of the sharded sync),
-        the sampler's slices, the rebalancer's current split and the ``htj_local_batch_size``
-        gauge all follow.
+        The data part's position holds the split; the weights of the gradient sync (and of the
+        sharded sync), the sampler's slices, the rebalancer's current split and the
+        ``htj_local_batch_size`` gauge all follow it.
 
         Args:
             local_batches: samples per step of every rank, in rank order.
             rebalance: count it in ``htj_rebalances_total``; False for a split restored from a
                 checkpoint, which continues the saved run rather than rebalancing it.
+
+        Raises:
+            ValueError: a batch below 1, or a split the sampler refuses.
         """
-        self.local_batches = [int(b) for b in local_batches]
-        self.sync.set_split(self.local_batches)
-        if self.shard_sync is not None:
-            self.shard_sync.set_split(self.local_batches)
-        if self.sampler is not None:
-            self.sampler.set_split(self.local_batches)
-        rebalancer = getattr(self.speed, "rebalancer", None)
-        if rebalancer is not None:
-            rebalancer.split = list(self.local_batches)
-        self.metrics.set_local_batch(self.local_batch)
+        self.data.position.set_split(local_batches)
         if rebalance:
             self.metrics.record_rebalance()
 
@@ -327,56 +358,85 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
         """
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
-        self._begin_stop_agreement()  # overlaps the step; answered at its end
-        local = self.local_batch  # a split change decided after this step applies to the next
-        if self.profiler is not None:
-            self.profiler.before_step(self.global_step + 1)
-        start = time.perf_counter()
-        if self._window["start"] is None:
-            self._window["start"] = start
-        optimizer.zero_grad(set_to_none=True)
-        simulate_compute(self.contract.device, self.local_batch, self.delay_per_sample_s)
-        micro = self.contract.memory.micro_batch_size
-        around = self.memory.micro_batch if self.memory is not None else None
-        if batch is None:
-            if 0 < micro < local:
-                raise RuntimeError(
-                    f"the plan runs this rank's {local} samples as micro-batches of {micro} "
-                    "(HTJ_MICRO_BATCH_SIZE: they do not fit its memory at once): pass the batch, "
-                    "t.step(opt, lambda m, x, y: loss(m(x), y), batch=(x, y))")
-            with around() if around else contextlib.nullcontext():
-                with self.precision.autocast():
-                    loss = loss_fn(self.model)
-                self._backward(loss)
-        else:
-            count = None
-            if self.shard_sync is not None:  # ranks that share collectives run equally many
-                count = self.shard_sync.micro_count(micro)
-            loss = microbatch.accumulate(self.model, loss_fn, batch, micro,
-                                         autocast=self.precision.autocast,
-                                         backward=self._backward, around_micro=around, count=count)
-        self.sync.end_of_backward()
-        if self.shard_sync is not None:  # Group: the one cross-group reduction (Full: bookkeeping)
-            self.shard_sync.reduce(list(self.module.parameters()))
-            self.sync.add_comm_s(self.shard_sync.take_comm_s())
-            self.metrics.add_inter_group_bytes(self.shard_sync.inter_group_bytes)
-            self.shard_sync.inter_group_bytes = 0
-        elif self.sync_mode == "manual":
-            self.sync.sync_after_backward(self.model.parameters())
-        skipped = self._optimizer_step(optimizer)
-        if self.memory is not None:
-            self.memory.set_state(self.module.parameters(), optimizer)
-            self.metrics.set_memory_peak(self.memory.peak_bytes, self.memory.cap_bytes)
-        step_s = time.perf_counter() - start
-        result = self._record(loss.detach().float().item(), skipped, step_s)
-        if self.speed is not None:
-            self.speed.after_step(result.compute_s, local)
-        if self.profiler is not None:
-            self.profiler.after_step(self.global_step)
-        self._end_stop_agreement()
+        self.stop.begin(self.global_step)  # overlaps the step; answered at its end
+        result = self.stepper.step(optimizer, loss_fn, batch)
+        self.stop.end(self.global_step)
         if self.stopping:  # SIGTERM somewhere: one checkpoint at this step, exit 75 on every rank
             self.stop_now(optimizer)
         return result
+
+    def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: Any,
+                   loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]) -> Any:
+        """One work-stealing optimizer step: :meth:`hetero_worker.stepping.Stepper.steal_step`
+        (the arguments, result and errors are described there). Call :meth:`wrap` and
+        :meth:`loader` first."""
+        check_stealable(self.sampler, self.module)  # before any collective
+        return self.stepper.steal_step(optimizer, dispenser, loss_sum_fn)
+
+    def rank_summary(self) -> dict[str, Any]:
+        """This rank's totals: device, batch, samples/s, share of step time spent waiting."""
+        return self.stepper.rank_summary()
+
+    def gather_summaries(self) -> list[dict[str, Any]]:
+        """Every rank's :meth:`rank_summary`, ordered by rank (collective)."""
+        return self.stepper.gather_summaries()
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def track(self, name: str, obj: Any) -> Any:
+        """Save ``obj``'s state in every checkpoint and restore it in :meth:`resume`
+        (:meth:`hetero_worker.ckpt.trainer_state.Checkpointing.track`: an object with
+        ``state_dict()`` / ``load_state_dict(state)``, e.g. ``t.track("lr", LambdaLR(opt, f))``;
+        call it on every rank, before :meth:`resume`). Returns ``obj``."""
+        return self.checkpoints.track(name, obj)
+
+    def save_checkpoint(self, optimizer: torch.optim.Optimizer,
+                        directory: str | None = None) -> str:
+        """Write a checkpoint (collective; rank 0 writes atomically). Returns its path.
+
+        Holds model, optimizer, scaler, the job's global data position, the plan, per-rank
+        RNG and compression state (:mod:`hetero_worker.ckpt.resume`) and what :meth:`track`
+        registered."""
+        return self.checkpoints.save(optimizer, directory)
+
+    def maybe_checkpoint(self, optimizer: torch.optim.Optimizer,
+                         every_steps: int | None = None) -> bool:
+        """Checkpoint when :attr:`global_step` is a multiple of the interval; True if saved.
+
+        Args:
+            optimizer: saved with the model.
+            every_steps: interval; None uses ``HTJ_CHECKPOINT_INTERVAL_STEPS`` (default
+                :data:`heterotrain_common.defaults.CHECKPOINT_INTERVAL_STEPS`) when
+                ``HTJ_CHECKPOINT_DIR`` is set, and never saves without a directory; 0 never saves.
+
+        A failed save is a warning and ``htj_checkpoint_save_failures_total``, tried again at the
+        next interval (False); ``HTJ_CHECKPOINT_MAX_FAILURES`` failures in a row raise
+        :class:`~hetero_worker.ckpt.saving.CheckpointSaveError` on every rank
+        (:mod:`hetero_worker.ckpt.saving`).
+        """
+        return self.checkpoints.maybe_save(optimizer, every_steps)
+
+    def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
+        """Restore the latest checkpoint if there is one; True when resumed (collective).
+
+        The ranks agree on the newest checkpoint every one of them can read (an unreadable
+        newest one is passed over on every rank, and rank 0 says so); a rank with no usable
+        checkpoint while others have one makes every rank raise
+        :class:`~hetero_worker.ckpt.agreement.ResumeDisagreement`. Under the same plan the split, RNG
+        and compression state continue exactly; under a new plan (another world size or split)
+        the data continue from the global position with fresh RNG
+        (:meth:`hetero_worker.ckpt.trainer_state.Checkpointing.resume_from`). What :meth:`track`
+        registered gets its saved state back. Call it after :meth:`wrap`, :meth:`loader` and
+        :meth:`track`, before the first step.
+        """
+        return self.checkpoints.resume(optimizer, directory)
+
+    def stop_now(self, optimizer: torch.optim.Optimizer) -> None:
+        """Write the stop checkpoint (with a checkpoint directory), leave the group, exit 75.
+
+        Collective: every rank calls it after the same step (when :attr:`stopping` is set).
+        """
+        save = (lambda: self.save_checkpoint(optimizer)) if self.contract.checkpoint.dir else None
+        self.stop.exit(self.global_step, save=save, close=self.close)
 
     def close(self) -> None:
         """Flush metrics, write a profiler trace still open, and leave the process group."""
@@ -387,7 +447,7 @@ class Trainer(Loading, Stepping, ShardedWrapping, WorkStealing, EfficiencyWindow
         self.metrics.stop_server()
         self.sync.close()
         if dist.is_initialized():
-            self._finish_efficiency(wait=True)
+            self.window.finish(wait=True)
         leave_process_group()  # together, and without torch 2.13's Gloo exit abort
 
 

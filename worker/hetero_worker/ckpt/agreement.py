@@ -3,7 +3,7 @@
 Without it a rank that cannot read the checkpoint (no shared volume, a truncated copy, a stale
 file) starts at step 0 while rank 0 resumes, and the replicas silently diverge. Here every rank
 reports what it found (:class:`Finding`); one all-gather of fixed-size JSON byte records (no
-pickling) over the default (Gloo) group gives every rank all findings; when any differs from rank 0's (step and checkpoint id, or none) every rank
+pickling, :func:`hetero_worker.comm.agree.gather_records`) over the default (Gloo) group gives every rank all findings; when any differs from rank 0's (step and checkpoint id, or none) every rank
 raises the same :class:`ResumeDisagreement` naming the ranks that disagree and what each found, so
 the whole job fails fast and the operator restarts it (or a person fixes the volume).
 
@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
+
+from hetero_worker.comm.agree import gather_records
 
 FINDING_BYTES = 1024
 """Size of one rank's finding record in the all-gather (UTF-8 JSON, zero padded)."""
@@ -131,12 +132,7 @@ def gather_findings(mine: Finding, group: Any = None) -> list[Finding]:
     pickling between ranks); ``group`` None is the default group."""
     if not dist.is_initialized():
         return [mine]
-    record = torch.zeros(FINDING_BYTES, dtype=torch.uint8)
-    encoded = encode_finding(mine)
-    record[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
-    gathered = [torch.empty_like(record) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, record, group=group)
-    return [decode_finding(bytes(g.tolist())) for g in gathered]
+    return [decode_finding(r) for r in gather_records(encode_finding(mine), FINDING_BYTES, group)]
 
 
 def agree_on_newest(directory: str | Path | None, group: Any = None) -> tuple[Any, list[Finding], str]:

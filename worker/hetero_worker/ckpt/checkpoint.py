@@ -35,8 +35,6 @@ that the other ranks waiting for rank 0's write never hit the training collectiv
 
 from __future__ import annotations
 
-import secrets
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -46,12 +44,14 @@ import torch.distributed as dist
 
 from hetero_worker.ckpt import store
 from hetero_worker.ckpt.agreement import (Finding, ResumeDisagreement, agree_on_newest,
-                                          agree_on_resume, gather_findings)
+                                          agree_on_resume)
 from hetero_worker.ckpt.ownership import Owner
 from hetero_worker.ckpt.saving import CheckpointSaveError, discard_tmp
 from hetero_worker.ckpt.files import (CHECKPOINT_FILE, FORMAT, FORMATS, SHARDED_FORMAT, fresh_rng,
                                       gather_to_rank0, load_file, manifest, rng_state, same_plan,
                                       save_atomic, set_rng_state)
+from hetero_worker.comm import agree
+from hetero_worker.runtime.ranklog import log
 from heterotrain_common import defaults
 
 LAST_RESUME: dict[str, Any] = {}
@@ -60,21 +60,15 @@ LAST_RESUME: dict[str, Any] = {}
 metrics (``htj_checkpoint_resume_step``, ``htj_checkpoint_fallbacks_total``)."""
 
 
-def _log(message: str) -> None:
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    print(f"heterotrain: rank {rank}: {message}", file=sys.stderr, flush=True)
-
-
 def _agree_saved(error: str, group: Any) -> None:
     """Every rank learns whether rank 0's save succeeded (raises the same error on every rank)."""
     if not dist.is_initialized():
         if error:
             raise CheckpointSaveError(error)
         return
-    findings = gather_findings(Finding(rank=dist.get_rank(group), path="", error=error), group)
-    failed = [f for f in findings if f.error]
+    failed = agree.gather_errors(error, group)
     if failed:
-        raise CheckpointSaveError("; ".join(f"rank {f.rank}: {f.error}" for f in failed)
+        raise CheckpointSaveError("; ".join(f"rank {rank}: {text}" for rank, text in failed)
                       + " (the previous checkpoints are kept)")
 
 
@@ -114,7 +108,7 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
     directory = Path(directory)
     mine = {"rng": rng_state(), **(dict(rank_state) if rank_state else {})}
     ranks = gather_to_rank0(mine, group)
-    checkpoint_id = _agreed_token(group)
+    checkpoint_id = agree.agreed_token(group)
     error, path = "", directory / store.dir_name(step, checkpoint_id) / CHECKPOINT_FILE
     if ranks is not None:
         tmp = store.tmp_dir(directory, step, checkpoint_id)
@@ -128,18 +122,8 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
         except Exception as exc:  # noqa: BLE001 - any type (torch.save on a full disk: RuntimeError)
             discard_tmp(tmp)
             error = f"saving the checkpoint of step {step} in {directory}: {type(exc).__name__}: {exc}"
-    _agree_saved(error[:512], group)
+    _agree_saved(error[:agree.ERROR_BYTES], group)
     return path
-
-
-def _agreed_token(group: Any) -> str:
-    """A random 16-hex-digit id chosen by rank 0, the same on every rank."""
-    chosen = secrets.token_hex(8)
-    if not dist.is_initialized():
-        return chosen
-    buf = torch.frombuffer(bytearray(chosen.encode()), dtype=torch.uint8).clone()
-    dist.broadcast(buf, src=0, group=group)
-    return bytes(buf.tolist()).decode()
 
 
 def read_file(path: Path) -> tuple[dict[str, Any] | None, Finding]:
@@ -226,7 +210,7 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
         raise ResumeDisagreement([finding])
     LAST_RESUME.update(step=int(state["step"]), fallback=note, path=str(Path(chosen.file).parent))
     if note and (not dist.is_initialized() or dist.get_rank() == 0):
-        _log(f"checkpoint_fallback: resuming from step {state['step']} (checkpoint "
+        log(f"checkpoint_fallback: resuming from step {state['step']} (checkpoint "
              f"{state['checkpoint_id']}); the newest is unreadable: {note}")
     if not state.get("sharded") and _is_sharded(model):
         raise ValueError("this checkpoint was taken without sharding (format 2: one full state "

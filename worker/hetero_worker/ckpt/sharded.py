@@ -29,7 +29,7 @@ default Gloo group), and ``set_state_dict`` puts them back. So a checkpoint take
 [A100] [T4, T4] resumes on [A100] [T4], or onto a job without sharding.
 
 **Atomic, agreed.** The writing group saves into ``.step-<N>-<id>.tmp/sharded-<id>``; once every
-writer has succeeded (all ranks agree, :func:`_agree`), rank 0 writes ``checkpoint.pt`` beside
+writer has succeeded (all ranks agree, :func:`hetero_worker.comm.agree.gather_errors`), rank 0 writes ``checkpoint.pt`` beside
 it, records every file's size and SHA-256 in ``MANIFEST.json``, renames the directory into place
 and verifies it; checkpoints beyond the newest ``keep`` go after that. A kill at any point leaves
 the earlier checkpoints complete. On resume every rank verifies candidates against their
@@ -56,7 +56,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +72,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from hetero_worker.ckpt import files, store
 from hetero_worker.ckpt.ownership import Owner
 from hetero_worker.ckpt.saving import CheckpointSaveError, discard_tmp
+from hetero_worker.comm import agree
 from heterotrain_common import defaults
 
 __all__ = ["METADATA_GLOBALS", "SafeFileSystemReader", "SafeLoadPlanner", "check_sharded_dir",
@@ -82,8 +82,6 @@ DIR_PREFIX = "sharded-"
 TMP_SUFFIX = ".tmp"
 METADATA_FILE = ".metadata"
 """DCP's metadata file name inside a checkpoint directory (``filesystem._metadata_fn``)."""
-ERROR_BYTES = 512
-"""Size of one rank's error record when the ranks agree a save succeeded."""
 
 METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset({
     ("torch.distributed.checkpoint.metadata", name) for name in (
@@ -171,31 +169,6 @@ def saver_ranks(groups: Sequence[Sequence[int]]) -> tuple[int, ...]:
     return tuple(sorted(best))
 
 
-def _agreed_id(group: Any = None) -> str:
-    """A random 16-hex-digit id chosen by rank 0, the same on every rank (a byte broadcast)."""
-    chosen = secrets.token_hex(8)
-    if not dist.is_initialized():
-        return chosen
-    buf = torch.frombuffer(bytearray(chosen.encode()), dtype=torch.uint8).clone()
-    dist.broadcast(buf, src=0, group=group)
-    return bytes(buf.tolist()).decode()
-
-
-def _agree(error: str, group: Any = None) -> list[tuple[int, str]]:
-    """Every rank's error (``""`` = fine) on every rank: one all-gather of fixed-size UTF-8
-    records over ``group`` (no pickling). Returns the failing ``(rank, error)`` pairs."""
-    if not dist.is_initialized():
-        return [(0, error)] if error else []
-    encoded = error.encode()[:ERROR_BYTES]
-    record = torch.zeros(ERROR_BYTES, dtype=torch.uint8)
-    if encoded:
-        record[:len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
-    gathered = [torch.empty_like(record) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(gathered, record, group=group)
-    texts = [bytes(g.tolist()).rstrip(b"\0").decode(errors="replace") for g in gathered]
-    return [(r, t) for r, t in enumerate(texts) if t]
-
-
 _WRITERS_GROUPS: dict[tuple[Any, tuple[int, ...], float], Any] = {}
 
 
@@ -255,12 +228,13 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
         The new checkpoint's ``checkpoint.pt``.
 
     Raises:
-        hetero_worker.ckpt.saving.CheckpointSaveError (a ``RuntimeError`` and ``OSError``): a
-            writing rank (or rank 0's publication) failed, rank 0 removed the ``.tmp``; raised on every rank with
-            every failing rank's error, and the previous checkpoint stays in place.
+        hetero_worker.ckpt.saving.CheckpointSaveError: a writing rank (or rank 0's publication)
+            failed, with any exception; raised on every rank with every failing rank's error (a
+            ``RuntimeError`` and ``OSError``), rank 0 removes the ``.tmp`` directory, and the
+            previous checkpoint stays in place.
     """
     directory = Path(directory)
-    checkpoint_id = _agreed_id(ckpt_group)
+    checkpoint_id = agree.agreed_token(ckpt_group)
     writers = saver_ranks(groups)
     step_tmp = store.tmp_dir(directory, step, checkpoint_id)
     final = f"{DIR_PREFIX}{checkpoint_id}"
@@ -277,8 +251,8 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
                      process_group=save_group)
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank learns it
             # (CheckpointException, DCP's error gathered from its ranks, is a BaseException)
-            error = f"writing {tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
-    failures = _agree(error, ckpt_group)
+            error = f"writing {tmp}: {type(exc).__name__}: {exc}"[:agree.ERROR_BYTES]
+    failures = agree.gather_errors(error, ckpt_group)
     if failures and rank == 0:  # a full disk gets the writers' space back
         discard_tmp(step_tmp)
     _raise_if_failed(failures, f"sharded checkpoint of step {step}")
@@ -303,8 +277,8 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
                                           keep=keep, owner=owner)
         except Exception as exc:  # noqa: BLE001
             discard_tmp(step_tmp)
-            error = f"publishing {step_tmp}: {type(exc).__name__}: {exc}"[:ERROR_BYTES]
-    _raise_if_failed(_agree(error, ckpt_group), f"sharded checkpoint of step {step}")
+            error = f"publishing {step_tmp}: {type(exc).__name__}: {exc}"[:agree.ERROR_BYTES]
+    _raise_if_failed(agree.gather_errors(error, ckpt_group), f"sharded checkpoint of step {step}")
     return path
 
 

@@ -1,5 +1,15 @@
-"""Checkpoints of a :class:`~hetero_worker.trainer.Trainer`: save, save every N steps, resume
-(the state itself is :mod:`hetero_worker.ckpt.resume`'s)."""
+"""The Trainer's checkpoint manager (:class:`Checkpointing`): save, save every N steps, resume,
+over the Trainer's parts seen as ``Stateful`` (``state_dict`` / ``load_state_dict``):
+
+* the model and the optimizer (plain ``state_dict``, or DCP shards under Group sharding,
+  :mod:`hetero_worker.ckpt.sharded`), the loss scaler;
+* the data part's position (:class:`hetero_worker.loading.TrainData`, its sampler's global
+  position) and the step count;
+* the codec states (:class:`hetero_worker.ckpt.resume.CodecStates`) and the objects ``track``
+  registered (:mod:`hetero_worker.ckpt.tracked`).
+
+The file's format and the same-plan / new-plan rules are :mod:`hetero_worker.ckpt.checkpoint`'s
+and :mod:`hetero_worker.ckpt.resume`'s."""
 
 from __future__ import annotations
 
@@ -7,13 +17,67 @@ from typing import Any
 
 import torch
 
-from hetero_worker.ckpt import checkpoint, resume, saving, tracked
+from hetero_worker.ckpt import checkpoint, saving, tracked
+from hetero_worker.ckpt.ownership import Owner
+from hetero_worker.ckpt.resume import CodecStates, plan_of, restore_compression
+from hetero_worker.comm.sync import WeightedGradSync
+from hetero_worker.loading import TrainData
+from hetero_worker.memory.wrap import ModelPart
+from hetero_worker.runtime.ranklog import log
+from hetero_worker.steps import StepCount
+from heterotrain_common.contract import Contract
+
+__all__ = ["Checkpointing", "resume_trainer"]
 
 
 class Checkpointing:
-    """The Trainer's checkpoint methods (a mixin of :class:`hetero_worker.trainer.Trainer`; the state is :mod:`hetero_worker.ckpt.resume`'s)."""
+    """Checkpoints of one rank's training parts (build it from the parts; the Trainer does).
 
-    # --- checkpoints ------------------------------------------------------------------------
+    Args:
+        contract: the rank's contract (``checkpoint`` settings, sharding, topology, owner).
+        model: the model part (module, sharded sync).
+        sync: the gradient sync (its groups: layout, the writing group; its codec reducer).
+        data: the data part (split, data position).
+        steps: the step count (saved as ``step``, restored on resume).
+        scaler: the loss scaler (None: none).
+        group: the checkpoint process group (None: the default group).
+        metrics: the rank's metrics (resume step, fallbacks, save failures).
+        seed: the job seed (fresh RNG under a new plan).
+
+    Attributes:
+        tracked: what :meth:`track` registered, by name.
+        before_publish: test hook of the sharded save (called on rank 0 before publishing).
+    """
+
+    def __init__(self, contract: Contract, *, model: ModelPart, sync: WeightedGradSync,
+                 data: TrainData, steps: StepCount, scaler: Any, group: Any, metrics: Any,
+                 seed: int) -> None:
+        self.contract, self.model, self.sync, self.data, self.steps = contract, model, sync, data, steps
+        self.scaler, self.group, self.metrics, self.seed = scaler, group, metrics, seed
+        self.rank = contract.dist.rank
+        self.codecs = CodecStates(sync)
+        self.tracked: dict[str, Any] = {}
+        self.before_publish: Any = None
+        self.periodic = saving.PeriodicSaves(max_failures=contract.checkpoint.max_failures,
+                                             rank=self.rank, metrics=metrics)
+        self._resume_called = False
+
+    @property
+    def module(self) -> torch.nn.Module | None:
+        """The unwrapped model (None before ``wrap``)."""
+        return self.model.module
+
+    def plan(self) -> dict[str, Any]:
+        """The plan the rank runs under now (:func:`hetero_worker.ckpt.resume.plan_of`)."""
+        return plan_of(self.contract, self.data.local_batches, self.sync.groups.layout,
+                       self.codecs.settings())
+
+    def owner(self) -> Owner:
+        """The job UID and restart generation the manifest records
+        (:mod:`hetero_worker.ckpt.ownership`)."""
+        return Owner(job_uid=self.contract.dist.job_uid,
+                     generation=self.contract.dist.restart_generation)
+
     def track(self, name: str, obj: Any) -> Any:
         """Save ``obj``'s state in every checkpoint and restore it in :meth:`resume`.
 
@@ -44,61 +108,130 @@ class Checkpointing:
         registry[name] = obj
         return obj
 
-    def _checkpoint_dir(self, directory: str | None) -> str:
+    def _directory(self, directory: str | None) -> str:
         chosen = directory or self.contract.checkpoint.dir
         if not chosen:
             raise ValueError("no checkpoint directory: set HTJ_CHECKPOINT_DIR or pass one")
         return chosen
 
-    def save_checkpoint(self, optimizer: torch.optim.Optimizer,
-                        directory: str | None = None) -> str:
+    def save(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> str:
         """Write a checkpoint (collective; rank 0 writes atomically). Returns its path.
 
-        Holds model, optimizer, scaler, the job's global data position, the plan, per-rank
-        RNG and compression state (:mod:`hetero_worker.ckpt.resume`) and what :meth:`track`
-        registered."""
-        return resume.save_trainer_checkpoint(self, optimizer, self._checkpoint_dir(directory))
+        Under Group sharding the model and optimizer state go through
+        :func:`hetero_worker.ckpt.sharded.save_sharded_checkpoint` (the largest group writes,
+        DCP; :attr:`before_publish` is its test hook). Full sharding is refused (not built).
 
-    def maybe_checkpoint(self, optimizer: torch.optim.Optimizer,
-                         every_steps: int | None = None) -> bool:
-        """Checkpoint when :attr:`global_step` is a multiple of the interval; True if saved.
-
-        Args:
-            optimizer: saved with the model.
-            every_steps: interval; None uses ``HTJ_CHECKPOINT_INTERVAL_STEPS`` (default
-                :data:`heterotrain_common.defaults.CHECKPOINT_INTERVAL_STEPS`) when
-                ``HTJ_CHECKPOINT_DIR`` is set, and never saves without a directory; 0 never saves.
+        Raises:
+            ValueError: no directory (``HTJ_CHECKPOINT_DIR`` unset and none passed).
+            RuntimeError: no model wrapped yet, or Full sharding.
+            hetero_worker.ckpt.saving.CheckpointSaveError: the save failed (on every rank).
         """
+        directory = self._directory(directory)
+        module = self.model.module
+        if module is None:
+            raise RuntimeError("wrap a model before checkpointing")
+        extra = {"tracked": tracked.states(self.tracked)}  # checked on every rank
+        if self.contract.memory.sharding == "full":
+            raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
+                               "out or use spec.training.sharding Group (docs/memory.md)")
+        common = {"step": self.steps.global_step, "model": module, "optimizer": optimizer,
+                  "scaler": self.scaler, "sampler": self.data.sampler, "plan": self.plan(),
+                  "rank_state": {"compression": self.codecs.state_dict()}, "extra": extra,
+                  "keep": self.contract.checkpoint.keep, "owner": self.owner()}
+        if self.model.shard_sync is not None:  # Group sharding: DCP, one group writes
+            from hetero_worker.ckpt import \
+                sharded as shardckpt  # noqa: PLC0415 (imports torch.distributed.checkpoint)
+            groups = self.sync.groups
+            path = shardckpt.save_sharded_checkpoint(
+                directory, groups=groups.layout.groups, group=groups.intra, rank=self.rank,
+                before_publish=self.before_publish, ckpt_group=self.group,
+                ckpt_timeout_s=self.contract.checkpoint.timeout_s if self.group is not None else None,
+                **common)
+            return str(path)
+        return str(checkpoint.save_checkpoint(directory, group=self.group, **common))
+
+    def maybe_save(self, optimizer: torch.optim.Optimizer, every_steps: int | None = None) -> bool:
+        """``Trainer.maybe_checkpoint`` (see there): save when the step count is a multiple of
+        the interval; a failed periodic save is retried at the next interval
+        (:class:`hetero_worker.ckpt.saving.PeriodicSaves`)."""
         if every_steps is None:
             if not self.contract.checkpoint.dir:
                 return False
             every_steps = self.contract.checkpoint.interval_steps
-        if every_steps <= 0 or self.global_step % every_steps:
+        step = self.steps.global_step
+        if every_steps <= 0 or step % every_steps:
             return False
-        saves = self.__dict__.get("_periodic_saves")
-        if saves is None:  # a failed save: a warning and a metric, fatal after N in a row
-            saves = self.__dict__["_periodic_saves"] = saving.PeriodicSaves(
-                max_failures=self.contract.checkpoint.max_failures, rank=self.rank,
-                metrics=self.metrics)
-        return saves.run(lambda: self.save_checkpoint(optimizer), self.global_step) is not None
+        return self.periodic.run(lambda: self.save(optimizer), step) is not None
 
     def resume(self, optimizer: torch.optim.Optimizer, directory: str | None = None) -> bool:
-        """Restore the latest checkpoint if there is one; True when resumed (collective).
-
-        The ranks agree on the newest checkpoint every one of them can read (an unreadable
-        newest one is passed over on every rank, and rank 0 says so); a rank with no usable
-        checkpoint while others have one makes every rank raise
-        :class:`~hetero_worker.ckpt.agreement.ResumeDisagreement`. Under the same plan the split, RNG
-        and compression state continue exactly; under a new plan (another world size or split)
-        the data continue from the global position with fresh RNG
-        (:func:`hetero_worker.ckpt.resume.resume_trainer`). What :meth:`track` registered gets
-        its saved state back. Call it after :meth:`wrap`, :meth:`loader` and :meth:`track`, before
-        the first step.
-        """
+        """``Trainer.resume`` (see there): :meth:`resume_from` the job's checkpoint directory,
+        then the resume metrics."""
         self.__dict__["_resume_called"] = True
-        resumed = resume.resume_trainer(self, optimizer, directory or self.contract.checkpoint.dir)
+        resumed = self.resume_from(optimizer, directory or self.contract.checkpoint.dir)
         if resumed:
-            self.metrics.set_resumed_step(self.global_step)
+            self.metrics.set_resumed_step(self.steps.global_step)
             if checkpoint.LAST_RESUME.get("fallback"):  # a newer one was unreadable somewhere
                 self.metrics.record_checkpoint_fallback()
         return resumed
+
+    def resume_from(self, optimizer: torch.optim.Optimizer, directory: str | None) -> bool:
+        """Agree on, load and apply the checkpoint in ``directory`` (collective; every rank).
+
+        Call after ``wrap`` and ``loader`` (the data position goes into the loader's sampler) and
+        before the first step (codec state goes into codecs not yet used).
+
+        Returns:
+            True when the job resumed, False when no rank has a checkpoint.
+
+        Raises:
+            RuntimeError: no model wrapped yet, or Full sharding with a directory.
+            hetero_worker.ckpt.agreement.ResumeDisagreement: a rank found another checkpoint than
+                rank 0, none, or could not read it.
+        """
+        if self.module is None:
+            raise RuntimeError("wrap a model before resume()")
+        if self.contract.memory.sharding == "full" and directory:
+            raise RuntimeError("Full sharding does not resume from checkpoints yet: leave "
+                               "spec.training.checkpoint out or use spec.training.sharding Group "
+                               "(docs/memory.md)")
+        current = self.plan()
+        state = checkpoint.load_checkpoint(
+            directory, model=self.module, optimizer=optimizer, scaler=self.scaler,
+            sampler=self.data.sampler, plan=current, seed=self.seed, group=self.group)
+        if state is None:
+            return False
+        self._apply(state, current, directory)
+        return True
+
+    def _apply(self, state: dict[str, Any], current: dict[str, Any], directory: str | None) -> None:
+        """After the load: the split, the codec states, what is tracked, the step count."""
+        rank, data = self.rank, self.data
+        if state["data"] is not None and data.sampler is None:
+            log("checkpoint data position not applied: call Trainer.loader() before resume()",
+                rank=rank)
+        if state["resumed_same_plan"]:
+            split = [int(b) for b in state["split"] or current["split"]]
+            if split != data.local_batches:
+                data.position.set_split(split)  # the saved (rebalanced) split, not a rebalance
+        elif rank == 0:
+            saved, position = state["plan"], state["data"] or {}
+            log(f"resume_replanned: step {state['step']}, world {saved.get('world_size')} -> "
+                f"{current['world_size']}, split {state['split']} -> {current['split']}; data "
+                f"continue at epoch {position.get('epoch')}, sample {position.get('consumed')} of "
+                "the epoch's order; fresh RNG on every rank", rank=rank)
+        restore_compression(self.codecs, rank, state, current)
+        missing, unused = tracked.restore(self.tracked, (state.get("extra") or {}).get("tracked"))
+        if rank == 0 and (missing or unused):
+            log(f"tracked_state: the checkpoint of step {state['step']} has no state for "
+                f"{missing} (they start fresh) and state nothing tracks now for {unused}", rank=rank)
+        self.steps.global_step = int(state["step"])
+        if rank == 0:  # the one line that says a user's script resumed, and from where
+            epoch = data.epoch if data.sampler is not None else (state["data"] or {}).get("epoch")
+            log(f"resumed at step {self.steps.global_step}, epoch {epoch} from "
+                f"{checkpoint.LAST_RESUME.get('path', directory)}", rank=rank)
+
+
+def resume_trainer(manager: Checkpointing, optimizer: torch.optim.Optimizer,
+                   directory: str | None) -> bool:
+    """:meth:`Checkpointing.resume_from` as a function."""
+    return Checkpointing.resume_from(manager, optimizer, directory)

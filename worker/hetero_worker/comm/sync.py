@@ -33,7 +33,7 @@ Communication wait: the time from the last gradient becoming ready (backward com
 final callback of the backward pass marks it, :meth:`WeightedGradSync.watch_backward`) to the end
 of backward is time spent only waiting for collectives, including waiting for slower ranks.
 
-The split is pluggable: :meth:`WeightedGradSync.set_split` takes the list of local batches for the
+The split is pluggable: :meth:`WeightedGradSync.on_split` takes the list of local batches for the
 next step, so a rebalancer only passes new numbers at a step boundary. So is the reduction itself:
 :meth:`WeightedGradSync.use_reducer` hands every reduction to a collaborator (the speed features'
 codec reducer) by composition; nothing replaces the sync's methods at runtime.
@@ -109,7 +109,7 @@ class WeightedGradSync:
         self.local_batches: tuple[int, ...] = ()
         self.weight = 1.0
         self.reducer: Any = None
-        self.set_split(local_batches)
+        self.on_split(local_batches)
 
     def use_reducer(self, reducer: Any) -> None:
         """Hand every reduction to ``reducer`` from now on (call before :meth:`register`).
@@ -126,8 +126,9 @@ class WeightedGradSync:
             raise ValueError(f"groups of rank {groups.rank} given to rank {self.groups.rank}")
         self.groups = groups
 
-    def set_split(self, local_batches: Sequence[int]) -> None:
-        """Use a new batch split from the next reduction on (call at a step boundary)."""
+    def on_split(self, local_batches: Sequence[int]) -> None:
+        """Follow a new batch split from the next reduction on (the data part's position tells it,
+        at a step boundary)."""
         self.local_batches = tuple(int(b) for b in local_batches)
         self.weight = rank_weight(self.local_batches, self.groups.rank)
 

@@ -409,8 +409,8 @@ class FullShardSync:
         return max(-(-b // m) if m > 0 else 1
                    for b, m in zip(self.local_batches, self.micro_batch_sizes, strict=True))
 
-    def set_split(self, local_batches: Sequence[int]) -> None:
-        """A new split (same call on every rank)."""
+    def on_split(self, local_batches: Sequence[int]) -> None:
+        """Follow a new split (same call on every rank; the data part's position tells it)."""
         self.local_batches = list(local_batches)
 
     def take_comm_s(self) -> float:

@@ -137,8 +137,8 @@ class GroupShardSync:
         """``n_g * b_r / B``: FSDP2's group average then leaves the rank's weight ``b_r / B``."""
         return len(self.intra_ranks) * self.local_batches[self.rank] / sum(self.local_batches)
 
-    def set_split(self, local_batches: Sequence[int]) -> None:
-        """A new split (same call on every rank)."""
+    def on_split(self, local_batches: Sequence[int]) -> None:
+        """Follow a new split (same call on every rank; the data part's position tells it)."""
         self.local_batches = list(local_batches)
 
     def micro_count(self, micro: int) -> int:

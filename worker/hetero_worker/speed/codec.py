@@ -3,7 +3,6 @@ without state (fp32, fp16/bf16 casts)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -11,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_worker.comm.collectives import copy_back_, flatten, split_extra_, with_extra
+from hetero_worker.runtime.ranklog import log
 
 
 class InterGroupCodec(Protocol):
@@ -109,6 +109,4 @@ def order_permutation(old: Sequence[int], new: Sequence[int]) -> list[int] | Non
 
 def log_state_reset(reason: str) -> None:
     """Say on stderr that compression state was discarded (``compression_state_reset``)."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    print(f"heterotrain: rank {rank}: compression_state_reset: {reason}; error feedback starts "
-          "from zero", file=sys.stderr, flush=True)
+    log(f"compression_state_reset: {reason}; error feedback starts from zero")

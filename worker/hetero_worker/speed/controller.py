@@ -27,9 +27,9 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -345,6 +345,47 @@ def codec_hook(reducer, bucket):  # type: ignore[no-untyped-def]
                                bucket.index())
 
 
+class TrainerSeams(Protocol):
+    """The seams of :class:`hetero_worker.trainer.Trainer` the speed features compose through."""
+
+    contract: contract.Contract
+    rank: int
+    device: torch.device
+    sync: Any
+    scaler: Any
+    speed: Any
+    model: torch.nn.Module | None
+    global_step: int
+    set_split: Callable[..., None]
+    """``set_split(local_batches)``: change the split at a step boundary (every rank)."""
+
+    @property
+    def local_batches(self) -> list[int]:
+        """The current split."""
+        ...
+
+    @property
+    def layout(self) -> Any:
+        """The hierarchy layout in use."""
+        ...
+
+    def build_groups(self, mode: str) -> Any:
+        """The process groups of hierarchy ``mode`` (collective)."""
+        ...
+
+    def use_layout(self, mode: str) -> None:
+        """Switch to hierarchy ``mode`` before ``wrap`` (collective)."""
+        ...
+
+    def use_speed(self, controller: Any) -> None:
+        """Compose a speed controller."""
+        ...
+
+    def step(self, optimizer: torch.optim.Optimizer, loss_fn: Any) -> Any:
+        """One optimizer step."""
+        ...
+
+
 class SpeedController:
     """Runs the rebalancer around ``Trainer.step``; build it with :func:`attach`.
 
@@ -359,13 +400,13 @@ class SpeedController:
         trial_s: the close-call trial's median sync seconds per mode (empty when none ran).
     """
 
-    def __init__(self, trainer: Any, config: SpeedConfig) -> None:
+    def __init__(self, trainer: TrainerSeams, config: SpeedConfig) -> None:
         self.trainer = trainer
         self.config = config
         # With a loss scaler a step can be skipped: the codecs then hold their state until the
         # trainer says whether the step was applied (end_step).
         self.reducer = CodecReducer(trainer.sync, config.compression,
-                                    transactional=getattr(trainer, "scaler", None) is not None)
+                                    transactional=trainer.scaler is not None)
         self.rebalancer = (Rebalancer(config=config.rebalance, split=list(trainer.local_batches))
                            if config.rebalance.interval_steps > 0 else None)
         self.chosen_hierarchy = trainer.layout.mode
@@ -388,7 +429,9 @@ class SpeedController:
             return
         grad_bytes = 4.0 * sum(p.numel() for p in model.parameters() if p.requires_grad)
         start = time.perf_counter()
-        link, costs, mode = measure_and_choose(self.trainer, grad_bytes=grad_bytes,
+        trainer = self.trainer
+        link, costs, mode = measure_and_choose(trainer.contract.topology, trainer.device,
+                                               trainer.build_groups, grad_bytes=grad_bytes,
                                                trial_s=self.trial_s)
         self.trainer.use_layout(mode)
         self.probe_s = time.perf_counter() - start
@@ -425,7 +468,7 @@ class SpeedController:
             [e.gpu_product for e in self.trainer.contract.topology])
 
 
-def attach(trainer: Any, config: SpeedConfig | None = None) -> SpeedController:
+def attach(trainer: TrainerSeams, config: SpeedConfig | None = None) -> SpeedController:
     """Compose the speed features with ``trainer`` (call on every rank, before ``trainer.wrap``).
 
     ``trainer.wrap`` then first measures the links and re-lays the groups when the contract says

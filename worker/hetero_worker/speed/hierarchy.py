@@ -5,14 +5,14 @@ fit a link model, choose the cheapest layout."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from hetero_worker.comm.collectives import gloo_collective_
-from hetero_worker.comm.groups import hierarchical_all_reduce_
+from hetero_worker.comm.groups import ProcessGroups, hierarchical_all_reduce_
 from hetero_worker.comm.sync import WeightedGradSync
 from heterotrain_common.linkcost import FIXED_MODES, LinkModel, RankPlace, predict_modes
 
@@ -22,13 +22,19 @@ def places_of(topology: Sequence[Any]) -> list[RankPlace]:
     return [RankPlace(node=e.node, arch=e.compute_capability, group=e.group) for e in topology]
 
 
-def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
+BuildGroups = Callable[[str], ProcessGroups]
+"""``build_groups(mode)``: the process groups of hierarchy ``mode`` under the communicator rule
+(collective; ``Trainer.build_groups``)."""
+
+
+def measure_and_choose(topology: Sequence[Any], device: torch.device, build_groups: BuildGroups,
+                       *, grad_bytes: float | None = None,
                        probe_bytes: int = 1 << 20, trial_s: dict[str, float] | None = None,
                        ) -> tuple[LinkModel, dict[str, float], str]:
     """Measure intra- and inter-node bandwidth once, then pick the cheapest hierarchy.
 
     Collective on all ranks.  The probe builds the groups the ``node`` and ``flat`` layouts would
-    train with (``trainer.build_groups``: the communicator rule's backends, NCCL inside a node of
+    train with (``build_groups``: the communicator rule's backends, NCCL inside a node of
     one GPU type, Gloo elsewhere) and times a ``probe_bytes`` all-reduce (and a 4-byte one, for
     latency) of tensors on the training device inside every node at once, among the node leaders,
     and over all ranks (the flat ring, whose measured bandwidth then stands in for the per-edge
@@ -36,7 +42,9 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
     probe group is destroyed afterwards.
 
     Args:
-        trainer: the trainer (contract topology, rank, device, ``build_groups``).
+        topology: the contract's topology entries (node, compute capability, group per rank).
+        device: the training device.
+        build_groups: builds a layout's groups (:data:`BuildGroups`).
         grad_bytes: fp32 gradient bytes per rank (default: 100 MiB; only the ratio between modes
             matters once bandwidth dominates).
         probe_bytes: bytes per probe all-reduce.
@@ -45,11 +53,9 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
     Returns:
         ``(link model, predicted seconds per mode, chosen mode)``.
     """
-    topology = trainer.contract.topology
     places = places_of(topology)
-    device = trainer.device
-    node = trainer.build_groups("node")
-    flat = trainer.build_groups("flat")
+    node = build_groups("node")
+    flat = build_groups("flat")
     try:
         times = torch.zeros(6, dtype=torch.float64)
         if len(node.intra_ranks) > 1 and not node.layout.is_flat:  # inside every node at once
@@ -70,12 +76,14 @@ def measure_and_choose(trainer: Any, *, grad_bytes: float | None = None,
     link = _link_from_times(times.tolist(), probe_bytes, node.layout, dist.get_world_size())
     size = grad_bytes or float(100 << 20)
     costs = predict_modes(places, size, link)
-    return link, costs, _settle_close_calls(trainer, costs, size, record=trial_s)
+    return link, costs, _settle_close_calls(len(topology), device, build_groups, costs, size,
+                                            record=trial_s)
 FLAT_TRIAL_MARGIN = 0.15
 """A hierarchy must beat ``flat``'s trial sync by more than this share to be chosen over it."""
 
 
-def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float, *,
+def _settle_close_calls(world: int, device: torch.device, build_groups: BuildGroups,
+                        costs: dict[str, float], grad_bytes: float, *,
                         margin: float = 4.0, budget_s: float = 0.5, repeats: int = 5,
                         record: dict[str, float] | None = None) -> str:
     """The cost model's pick, or, when other modes are predicted within ``margin`` x of it and
@@ -108,13 +116,13 @@ def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float
     trials = []
     try:
         for mode in close:  # collective, same order on every rank
-            groups = trainer.build_groups(mode)
-            trials.append((groups, WeightedGradSync(groups, [1] * len(trainer.contract.topology))))
+            groups = build_groups(mode)
+            trials.append((groups, WeightedGradSync(groups, [1] * world)))
         samples: list[list[float]] = [[] for _ in close]
         for round_ in range(repeats + 1):  # round 0 opens the connections
             for i in [(round_ + k) % len(close) for k in range(len(close))]:
                 groups, sync = trials[i]
-                pieces = [torch.zeros(n, device=trainer.device) for n in sizes if n > 0]
+                pieces = [torch.zeros(n, device=device) for n in sizes if n > 0]
                 dist.barrier()
                 start = time.perf_counter()
                 if groups.layout.is_flat:  # DDP's own all-reduce per bucket, no Python thread
@@ -123,8 +131,8 @@ def _settle_close_calls(trainer: Any, costs: dict[str, float], grad_bytes: float
                 else:
                     for future in [sync.submit(piece) for piece in pieces]:
                         future.wait()
-                if trainer.device.type == "cuda":
-                    torch.cuda.synchronize(trainer.device)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 if round_:
                     samples[i].append(time.perf_counter() - start)
     finally:

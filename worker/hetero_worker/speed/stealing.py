@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -195,78 +195,49 @@ def codec_allreduce(reducer: Any) -> Callable[[list[torch.Tensor]], None]:
     return allreduce
 
 
-def trainer_steal_step(trainer: Any, optimizer: torch.optim.Optimizer,
+def check_stealable(sampler: Any, module: torch.nn.Module | None, sharding: str = "none") -> None:
+    """Refuse a work-stealing step before any collective.
+
+    Args:
+        sampler: the loader's position (None before ``Trainer.loader``).
+        module: the unwrapped model (None before ``Trainer.wrap``).
+        sharding: ``HTJ_SHARDING``.
+
+    Raises:
+        RuntimeError: no model or loader yet, a stream's loader (no indices to take), or
+            Group/Full sharding (their collectives need the same micro-batches on every rank of a
+            group, which stealing does not give).
+    """
+    if sampler is None or module is None:
+        raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
+    if not hasattr(sampler, "permutation"):  # a stream (hetero_worker.streaming)
+        raise RuntimeError(
+            "work stealing takes each step's samples by index from a map-style dataset's "
+            "order; this loader reads a stream (an IterableDataset): train it with "
+            "Trainer.step, or pass a map-style dataset to Trainer.loader")
+    if sharding != "none":
+        raise RuntimeError(
+            f"work stealing under {sharding.capitalize()} sharding is not built "
+            "(the sharded collectives need equal micro-batch counts on every rank, stealing "
+            "gives each rank what it takes): set spec.training.sharding None, or train with "
+            "Trainer.step")
+
+
+class StealingTrainer(Protocol):
+    """What :func:`trainer_steal_step` calls (:class:`hetero_worker.trainer.Trainer` has it)."""
+
+    def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: MicroBatchDispenser,
+                   loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]
+                   ) -> StealResult:
+        """One work-stealing optimizer step."""
+        ...
+
+
+def trainer_steal_step(trainer: StealingTrainer, optimizer: torch.optim.Optimizer,
                        dispenser: MicroBatchDispenser,
                        loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]
                        ) -> StealResult:
     """One work-stealing optimizer step of a trainer: ``trainer.steal_step(...)`` (see
-    :meth:`hetero_worker.trainer.Trainer.steal_step`)."""
+    :meth:`hetero_worker.trainer.Trainer.steal_step`, which runs
+    :meth:`hetero_worker.stepping.Stepper.steal_step`)."""
     return trainer.steal_step(optimizer, dispenser, loss_sum_fn)
-
-
-class WorkStealing:
-    """The Trainer's work-stealing step (a mixin of :class:`hetero_worker.trainer.Trainer`)."""
-
-    def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: Any,
-                   loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]) -> Any:
-        """One work-stealing optimizer step (:mod:`hetero_worker.speed.stealing`).
-
-        The step's samples are the next ``global_batch`` positions of the sampler's order (epochs
-        stay covered exactly as with the fixed split); micro-batches run on the unwrapped module
-        on this rank's device, under its autocast and loss scaler, and are reduced once with the
-        hierarchical groups. Call :meth:`wrap` and :meth:`loader` first.
-
-        Args:
-            optimizer: over the model's parameters.
-            dispenser: a :class:`~hetero_worker.speed.stealing.MicroBatchDispenser` whose
-                ``global_batch`` equals the trainer's global batch.
-            loss_sum_fn: ``loss_sum_fn(module, dataset_indices)`` returns the *summed* loss of
-                those samples (scalar tensor).
-
-        With inter-group compression the reduction goes through the job's codec (its own codec
-        state, slot ``CodecReducer.STEAL_KEY``); the sample count and loss sum stay exact.
-
-        Returns:
-            The :class:`~hetero_worker.speed.stealing.StealResult` (the optimizer step is taken, or
-            skipped on every rank when the fp16 scaler found inf/NaN).
-
-        Raises:
-            RuntimeError: no model or loader yet, a stream's loader (no indices to take), or
-                Group/Full sharding (refused before any collective: their collectives need the
-                same micro-batches on every rank of a group, which stealing does not give).
-        """
-        sampler, module = self.sampler, self.module
-        if sampler is None or module is None:
-            raise RuntimeError("call Trainer.wrap(model) and Trainer.loader(dataset) first")
-        if not hasattr(sampler, "permutation"):  # a stream (hetero_worker.streaming)
-            raise RuntimeError(
-                "work stealing takes each step's samples by index from a map-style dataset's "
-                "order; this loader reads a stream (an IterableDataset): train it with "
-                "Trainer.step, or pass a map-style dataset to Trainer.loader")
-        if self.contract.memory.sharding != "none":
-            raise RuntimeError(
-                f"work stealing under {self.contract.memory.sharding.capitalize()} sharding is not built "
-                "(the sharded collectives need equal micro-batch counts on every rank, stealing "
-                "gives each rank what it takes): set spec.training.sharding None, or train with "
-                "Trainer.step")
-        if sampler.num_samples - sampler.cursor < sampler.global_batch:
-            sampler.set_epoch(sampler.epoch + 1)
-        order = sampler.permutation(sampler.epoch)
-        base = sampler.cursor
-        optimizer.zero_grad(set_to_none=True)
-        reducer = getattr(self.sync, "reducer", None)
-        allreduce = (codec_allreduce(reducer) if reducer is not None and hasattr(reducer, "sum_")
-                     else hierarchical_allreduce(self.groups))
-
-        def compute(lo: int, hi: int) -> torch.Tensor:
-            return loss_sum_fn(module, order[base + lo:base + hi].tolist())
-
-        result = steal_step(step=self.global_step, dispenser=dispenser,
-                            params=[p for p in module.parameters() if p.requires_grad],
-                            compute=compute, allreduce=allreduce,
-                            autocast=self.precision.autocast,
-                            scale=self.scaler.scale if self.scaler is not None else None)
-        self._optimizer_step(optimizer)
-        sampler.cursor += sampler.global_batch
-        self.global_step += 1
-        return result
