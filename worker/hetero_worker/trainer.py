@@ -108,7 +108,6 @@ class Trainer:
         self.rank = contract.dist.rank
         self.seed = seed
         self.sync_mode = sync_mode
-        self.speed: Any = None  # hetero_worker.speed.controller.SpeedController when init() attached one
         use_cuda = torch.cuda.is_available() and not contract.device.simulated
         self.device = torch.device(f"cuda:{cuda_index(contract)}" if use_cuda else "cpu")
         self.delay_per_sample_s = (delay_per_sample_s if delay_per_sample_s is not None
@@ -228,6 +227,11 @@ class Trainer:
     def before_checkpoint_publish(self, hook: Any) -> None:
         self.checkpoints.before_publish = hook
 
+    @property
+    def speed(self) -> Any:
+        """The speed controller (:func:`hetero_worker.speed.controller.attach`), or None."""
+        return self.stepper.speed
+
     stop_requested = property(lambda self: self.stop.stop_requested,
                               doc="This rank received SIGTERM.")
     stopping = property(lambda self: self.stop.stopping,
@@ -265,7 +269,7 @@ class Trainer:
         :func:`hetero_worker.speed.controller.attach` calls this)."""
         if self.model is not None:
             raise RuntimeError("use_speed() must run before wrap()")
-        self.speed = self.stepper.speed = controller
+        self.stepper.speed = controller
 
     def epochs(self, default: int) -> int:
         """Epochs to train: ``HTJ_EPOCHS`` (``heterotrain run --epochs``) when set, else
