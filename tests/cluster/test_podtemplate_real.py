@@ -112,7 +112,7 @@ def test_what_pod_security_restricted_forbids_is_refused_by_the_real_api_server_
     """Issue 32, F2: the CRD's CEL rules (hetero_operator.api.podsecurity) on the real API server:
     hostPath /, group 0, Unconfined seccomp/AppArmor at container level, an SELinux type, sysctls,
     root, a hostPort are each refused naming the field and the fix; the parser refuses the same."""
-    ns = real.namespace("restricted")
+    ns = real.namespace("tmpl-refused")
     for template, message in RESTRICTED_REFUSED:
         body = _body("bad", template=template)
         proc = real.kubectl("apply", "--server-side", "--dry-run=server", "-n", ns, "-f", "-",
