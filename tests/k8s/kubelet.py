@@ -24,11 +24,12 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from hetero_operator.devcluster.kubelet import free_port_range as free_port
 
 from .fakeapi import FakeApiServer, now_iso
 
@@ -37,24 +38,6 @@ UNHEALTHY_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-re
                     "node.kubernetes.io/out-of-service")
 NODES = ("", "v1", "nodes")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port(count: int = 1) -> int:
-    """A port ``p`` with ``p .. p+count-1`` free right now (bind to port 0, then probe)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count > 65535:
-            continue
-        try:
-            for p in range(base, base + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range")
 
 
 class LocalKubelet:

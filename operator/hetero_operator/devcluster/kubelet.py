@@ -282,7 +282,7 @@ class LocalKubelet:
                     self.master_ports[job_key] = free_ports(1)[0]
                 port = self.master_ports[job_key]
             else:
-                port = _free_range(count)
+                port = free_port_range(count)
             for i in range(count):
                 ports[str(original + i)] = port + i
             return port
@@ -415,8 +415,13 @@ def _env_value(c: Mapping[str, Any], name: str) -> str | None:
     return next((str(e.get("value")) for e in c.get("env") or () if e.get("name") == name), None)
 
 
-def _free_range(count: int) -> int:
-    """A port ``p`` with ``p .. p+count-1`` free right now."""
+def free_port_range(count: int = 1) -> int:
+    """A port ``p`` with ``p .. p+count-1`` free on 127.0.0.1 right now (a free port from the
+    system, then each of the range probed by binding it; 50 tries).
+
+    Raises:
+        RuntimeError: no such range found in 50 tries.
+    """
     import socket
     for _ in range(50):
         base = free_ports(1)[0]
