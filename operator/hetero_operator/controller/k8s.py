@@ -146,46 +146,54 @@ class Api:
                 await asyncio.sleep(delay)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The job, or ``None`` when it is gone."""
+    async def _read(self, fn: Callable[..., Any], *args: Any) -> dict[str, Any] | None:
+        """``fn(*args)``'s object, ``None`` when it does not exist (404)."""
         try:
-            return await self._call(self.custom.get_namespaced_custom_object, API_GROUP, VERSION,
-                                    namespace, PLURAL, name)
+            return await self._call(fn, *args)
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
-    async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Merge-patch the ``status`` subresource (404 ignored: the job was deleted)."""
+    async def _create(self, fn: Callable[..., Any], namespace: str, body: Mapping[str, Any]) -> bool:
+        """Create ``body`` in ``namespace``; ``False`` when one of its name exists (409)."""
         try:
-            await self._call(self.custom.patch_namespaced_custom_object_status, API_GROUP, VERSION,
-                             namespace, PLURAL, name, {"status": dict(status)})
+            await self._call(fn, namespace, dict(body))
+            return True
+        except kubernetes.client.ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    async def _unless_gone(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """``fn(*args, **kwargs)`` (a patch or delete); a 404 (the object is gone) is ignored."""
+        try:
+            await self._call(fn, *args, **kwargs)
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
                 raise
 
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The job, or ``None`` when it is gone."""
+        return await self._read(self.custom.get_namespaced_custom_object, API_GROUP, VERSION,
+                                namespace, PLURAL, name)
+
+    async def patch_job_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch the ``status`` subresource (404 ignored: the job was deleted)."""
+        await self._unless_gone(self.custom.patch_namespaced_custom_object_status, API_GROUP, VERSION,
+                                namespace, PLURAL, name, {"status": dict(status)})
+
     async def delete_job(self, namespace: str, name: str) -> None:
         """Delete the job; its pods and Service go by owner references (404 ignored)."""
-        try:
-            await self._call(self.custom.delete_namespaced_custom_object, API_GROUP, VERSION,
-                             namespace, PLURAL, name, propagation_policy="Background")
-        except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self._unless_gone(self.custom.delete_namespaced_custom_object, API_GROUP, VERSION,
+                                namespace, PLURAL, name, propagation_policy="Background")
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
         """Create a Pod, Service or NetworkPolicy; ``False`` when it already exists (409)."""
         fn = {"Pod": self.core.create_namespaced_pod,
               "Service": self.core.create_namespaced_service,
               "NetworkPolicy": self.networking.create_namespaced_network_policy}[obj["kind"]]
-        try:
-            await self._call(fn, obj["metadata"]["namespace"], dict(obj))
-            return True
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
+        return await self._create(fn, obj["metadata"]["namespace"], obj)
 
     async def read(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
         """The Pod, Service or NetworkPolicy of ``obj``'s kind, namespace and name, ``None`` when
@@ -194,12 +202,7 @@ class Api:
               "Service": self.core.read_namespaced_service,
               "NetworkPolicy": self.networking.read_namespaced_network_policy}[obj["kind"]]
         meta = obj["metadata"]
-        try:
-            return await self._call(fn, meta["name"], meta["namespace"])
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._read(fn, meta["name"], meta["namespace"])
 
     async def patch_network_policy(self, obj: Mapping[str, Any]) -> None:
         """Bring the job's existing NetworkPolicy's ``spec`` to ``obj``'s (a restart may need
@@ -223,12 +226,7 @@ class Api:
 
     async def get_pvc(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The PersistentVolumeClaim ``namespace/name`` (its access modes), None when absent."""
-        try:
-            return await self._call(self.core.read_namespaced_persistent_volume_claim, name, namespace)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._read(self.core.read_namespaced_persistent_volume_claim, name, namespace)
 
     async def list_pod_events(self, namespace: str, *, reason: str) -> list[dict[str, Any]]:
         """Events about pods of ``namespace`` with ``reason`` (a field selector: the server filters)."""
@@ -246,30 +244,15 @@ class Api:
                 kubelet confirmation: only for pods on a lost node); ``None`` = the pod's own.
         """
         kwargs = {} if grace_s is None else {"grace_period_seconds": grace_s}
-        try:
-            await self._call(self.core.delete_namespaced_pod, name, namespace, **kwargs)
-        except kubernetes.client.ApiException as exc:
-            if exc.status != 404:
-                raise
+        await self._unless_gone(self.core.delete_namespaced_pod, name, namespace, **kwargs)
 
     async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The ConfigMap ``namespace/name``, or ``None`` when it does not exist."""
-        try:
-            return await self._call(self.core.read_namespaced_config_map, name, namespace)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._read(self.core.read_namespaced_config_map, name, namespace)
 
     async def create_configmap(self, namespace: str, body: Mapping[str, Any]) -> bool:
         """Create a ConfigMap; ``False`` when one of that name exists (409)."""
-        try:
-            await self._call(self.core.create_namespaced_config_map, namespace, dict(body))
-            return True
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
+        return await self._create(self.core.create_namespaced_config_map, namespace, body)
 
     async def patch_configmap(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
         """JSON merge patch (RFC 7386) of a ConfigMap; ``False`` on 409 (the patch's
@@ -285,44 +268,23 @@ class Api:
 
     async def get_crd(self, name: str) -> dict[str, Any] | None:
         """The CustomResourceDefinition ``name``, or ``None`` when it is not installed."""
-        try:
-            return await self._call(self.apiextensions.read_custom_resource_definition, name)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._read(self.apiextensions.read_custom_resource_definition, name)
 
     async def get_peering(self, name: str, namespace: str | None) -> dict[str, Any] | None:
         """The kopf peering object (``ClusterKopfPeering`` when ``namespace`` is None)."""
-        try:
-            if namespace is None:
-                return await self._call(self.custom.get_cluster_custom_object, "kopf.dev", "v1",
-                                        "clusterkopfpeerings", name)
-            return await self._call(self.custom.get_namespaced_custom_object, "kopf.dev", "v1",
-                                    namespace, "kopfpeerings", name)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        if namespace is None:
+            return await self._read(self.custom.get_cluster_custom_object, "kopf.dev", "v1",
+                                    "clusterkopfpeerings", name)
+        return await self._read(self.custom.get_namespaced_custom_object, "kopf.dev", "v1",
+                                namespace, "kopfpeerings", name)
 
     async def create_event(self, namespace: str, event: Mapping[str, Any]) -> bool:
         """Create a ``v1/Event``; ``False`` when one of that name exists (409)."""
-        try:
-            await self._call(self.core.create_namespaced_event, namespace, dict(event))
-            return True
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
+        return await self._create(self.core.create_namespaced_event, namespace, event)
 
     async def get_event(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A ``v1/Event``, ``None`` when gone (events expire, by default after one hour)."""
-        try:
-            return await self._call(self.core.read_namespaced_event, name, namespace)
-        except kubernetes.client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return await self._read(self.core.read_namespaced_event, name, namespace)
 
     async def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
         """Patch a ``v1/Event`` (its count and lastTimestamp when it repeats)."""

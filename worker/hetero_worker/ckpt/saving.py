@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero_worker.ckpt.ownership import SUPERSEDED
+from hetero_worker.runtime.checks import at_least
 from hetero_worker.runtime.ranklog import log
 
 __all__ = ["CheckpointSaveError", "PeriodicSaves", "discard_tmp"]
@@ -63,9 +64,7 @@ class PeriodicSaves:
     """
 
     def __init__(self, *, max_failures: int, rank: int = 0, metrics: Any = None) -> None:
-        if max_failures < 1:
-            raise ValueError(f"max_failures must be >= 1 (HTJ_CHECKPOINT_MAX_FAILURES), got {max_failures}")
-        self.max_failures = max_failures
+        self.max_failures = at_least(max_failures, 1, "max_failures", source="HTJ_CHECKPOINT_MAX_FAILURES")
         self.rank = rank
         self.metrics = metrics
         self.failures_in_row = 0

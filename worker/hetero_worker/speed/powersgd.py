@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from hetero_worker.comm.collectives import copy_back_, flatten
+from hetero_worker.runtime.checks import at_least
 from hetero_worker.speed.codec import log_state_reset, order_permutation, ring_allreduce_bytes
 
 
@@ -91,9 +92,7 @@ class PowerSGDCompression:
     """
 
     def __init__(self, *, rank: int = 4, seed: int = 0, start_iter: int = 0) -> None:
-        if rank < 1:
-            raise ValueError(f"rank must be >= 1, got {rank}")
-        self.rank = rank
+        self.rank = at_least(rank, 1, "rank")
         self.seed = seed
         self.start_iter = start_iter
         self.iteration = 0
