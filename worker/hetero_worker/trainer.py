@@ -36,6 +36,7 @@ plan's DDP group. Speed features compose through :meth:`Trainer.use_speed` (the 
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -82,6 +83,25 @@ def _make_metrics(contract: Contract) -> Any:
     except ImportError:
         return _NullMetrics()
     return WorkerMetrics(contract)
+
+
+def _part_attr(path: str, doc: str, *,
+              convert: Callable[[Any], Any] | None = None) -> property:
+    """A :class:`Trainer` attribute that is one of its parts' (``"sync.groups"`` reads
+    ``self.sync.groups``): the part owns the state, the Trainer shows it.
+
+    Args:
+        path: dotted attribute path from the Trainer.
+        doc: the property's docstring.
+        convert: given, the attribute is settable and a set value passes through ``convert``
+            first (e.g. ``int``); None: read-only.
+    """
+    owner_path, _, name = path.rpartition(".")
+    setter = None
+    if convert is not None:
+        def setter(self: Any, value: Any) -> None:
+            setattr(operator.attrgetter(owner_path)(self), name, convert(value))
+    return property(operator.attrgetter(path), setter, doc=doc)
 
 
 class Trainer:
@@ -172,74 +192,42 @@ class Trainer:
             rebalancer.split = list(local_batches)
         self.metrics.set_local_batch(local_batches[self.rank])
 
-    # --- the parts' state, as the Trainer's attributes ------------------------------------------
-    groups = property(lambda self: self.sync.groups,
-                      doc="The process groups in use (the gradient sync's).")
-    layout = property(lambda self: self.sync.groups.layout, doc="The hierarchy layout in use.")
-    local_batches = property(lambda self: self.data.local_batches,
-                             doc="The current split (the data part's).")
-    local_batch = property(lambda self: self.data.local_batch,
-                           doc="This rank's samples per step.")
-    sampler = property(lambda self: self.data.sampler,
-                       doc="The loader's sampler or stream position (None before :meth:`loader`).")
-    epoch = property(lambda self: self.data.epoch,
-                     doc="Current epoch of the loader's sampler (0 before :meth:`loader`).")
-
-    @property
-    def global_step(self) -> int:
-        """Optimizer steps taken (skipped ones included)."""
-        return self.steps.global_step
-
-    @global_step.setter
-    def global_step(self, value: int) -> None:
-        self.steps.global_step = int(value)
-
-    @property
-    def max_steps(self) -> int | None:
-        """``HTJ_MAX_STEPS`` (``heterotrain run --max-steps``): the loader yields no batch once
-        :attr:`global_step` reaches it; None: no limit."""
-        return self.steps.max_steps
-
-    @property
-    def done(self) -> bool:
-        """True once :attr:`max_steps` steps are taken."""
-        return self.steps.done
-
-    model = property(lambda self: self.parts_model.model,
-                     doc="What :meth:`wrap` returned (None before).")
-    module = property(lambda self: self.parts_model.module,
-                      doc="The unwrapped model on the device (None before :meth:`wrap`).")
-    shard_sync = property(lambda self: self.parts_model.shard_sync,
-                          doc="The Group or Full sharding sync (None unsharded).")
-    totals = property(lambda self: self.stepper.totals,
-                      doc="Steps, samples, step/compute/wait seconds and skipped steps so far.")
-    efficiency_ratio = property(lambda self: self.window.ratio,
-                                doc="Rank 0: the last ``htj_job_efficiency_ratio`` (None before).")
-    tracked = property(lambda self: self.checkpoints.tracked,
-                       doc="What :meth:`track` registered, by name.")
-
-    @property
-    def before_checkpoint_publish(self) -> Any:
-        """Test hook of the sharded save (called on rank 0 before publishing), or None."""
-        return self.checkpoints.before_publish
-
-    @before_checkpoint_publish.setter
-    def before_checkpoint_publish(self, hook: Any) -> None:
-        self.checkpoints.before_publish = hook
-
-    @property
-    def speed(self) -> Any:
-        """The speed controller (:func:`hetero_worker.speed.controller.attach`), or None."""
-        return self.stepper.speed
-
-    stop_requested = property(lambda self: self.stop.stop_requested,
-                              doc="This rank received SIGTERM.")
-    stopping = property(lambda self: self.stop.stopping,
-                        doc="Every rank agreed to stop after :attr:`stop_step`.")
-    stop_step = property(lambda self: self.stop.stop_step,
-                         doc="The step every rank agreed to stop after (None before).")
-    stop_agreements = property(lambda self: self.stop.agreements,
-                               doc="Stop agreements started so far.")
+    # --- the parts' state, as the Trainer's attributes (each part owns it; read-only unless
+    # settable) ----------------------------------------------------------------------------------
+    groups = _part_attr("sync.groups", "The process groups in use (the gradient sync's).")
+    layout = _part_attr("sync.groups.layout", "The hierarchy layout in use.")
+    local_batches = _part_attr("data.local_batches", "The current split (the data part's).")
+    local_batch = _part_attr("data.local_batch", "This rank's samples per step.")
+    sampler = _part_attr("data.sampler",
+                        "The loader's sampler or stream position (None before :meth:`loader`).")
+    epoch = _part_attr("data.epoch", "Current epoch of the loader's sampler (0 before :meth:`loader`).")
+    global_step = _part_attr("steps.global_step", "Optimizer steps taken (skipped ones included).",
+                            convert=int)
+    max_steps = _part_attr("steps.max_steps", "``HTJ_MAX_STEPS`` (``heterotrain run --max-steps``): "
+                          "the loader yields no batch once :attr:`global_step` reaches it; None: "
+                          "no limit.")
+    done = _part_attr("steps.done", "True once :attr:`max_steps` steps are taken.")
+    model = _part_attr("parts_model.model", "What :meth:`wrap` returned (None before).")
+    module = _part_attr("parts_model.module",
+                       "The unwrapped model on the device (None before :meth:`wrap`).")
+    shard_sync = _part_attr("parts_model.shard_sync",
+                           "The Group or Full sharding sync (None unsharded).")
+    totals = _part_attr("stepper.totals",
+                       "Steps, samples, step/compute/wait seconds and skipped steps so far.")
+    speed = _part_attr("stepper.speed", "The speed controller "
+                      "(:func:`hetero_worker.speed.controller.attach`), or None.")
+    efficiency_ratio = _part_attr("window.ratio",
+                                 "Rank 0: the last ``htj_job_efficiency_ratio`` (None before).")
+    tracked = _part_attr("checkpoints.tracked", "What :meth:`track` registered, by name.")
+    before_checkpoint_publish = _part_attr(
+        "checkpoints.before_publish",
+        "Test hook of the sharded save (called on rank 0 before publishing), or None.",
+        convert=lambda hook: hook)
+    stop_requested = _part_attr("stop.stop_requested", "This rank received SIGTERM.")
+    stopping = _part_attr("stop.stopping", "Every rank agreed to stop after :attr:`stop_step`.")
+    stop_step = _part_attr("stop.stop_step",
+                          "The step every rank agreed to stop after (None before).")
+    stop_agreements = _part_attr("stop.agreements", "Stop agreements started so far.")
 
     # --- setup ------------------------------------------------------------------------------
     def build_groups(self, mode: str) -> ProcessGroups:
