@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("hetero_operator.controller.serve", "run the Kubernetes operator (kopf)"),
     "launch": ("hetero_worker.runtime.launch", "in a pod: start one process per local rank, like torchrun"),
     "cluster": ("hetero_operator.devcluster.cluster_cli", "a real local Kubernetes control plane: cluster up / down"),
+    "convert": ("hetero_operator.convert.command", "write a HeteroTrainingJob from a Kubeflow PyTorchJob"),
 }
 
 

@@ -36,9 +36,10 @@ PACKAGES = {
     "hetero_worker": REPO / "worker" / "hetero_worker",
 }
 LEVELS = {"api": 0, "cluster": 1, "planning": 2, "render": 3, "lifecycle": 4,
-          "controller": 5, "local": 5, "devcluster": 5, "cli": 6}
-"""The operator's floors by level, lowest first; ``controller``, ``local`` and ``devcluster`` share
-a level (siblings import none of each other), ``cli`` is the face on top."""
+          "controller": 5, "local": 5, "devcluster": 5, "convert": 5, "cli": 6}
+"""The operator's floors by level, lowest first; ``controller``, ``local``, ``devcluster`` and
+``convert`` (``heterotrain convert``) share a level (siblings import none of each other), ``cli``
+is the face on top."""
 FLOORS = tuple(LEVELS)
 PURE_BELOW = LEVELS["controller"]
 """Floors under this level import no kopf and no API client."""
@@ -50,7 +51,7 @@ DISPATCHES: dict[str, set[str]] = {
     # heterotrain <subcommand>: cli.SUBCOMMANDS, imported by name once the subcommand is chosen
     "hetero_operator.cli": {"hetero_operator.local.run", "hetero_operator.local.plan",
                             "hetero_operator.controller.serve", "hetero_worker.runtime.launch",
-                            "hetero_operator.devcluster.cluster_cli"},
+                            "hetero_operator.devcluster.cluster_cli", "hetero_operator.convert.command"},
     # heterotrain cluster up: python -m hetero_operator.devcluster.kubelet, a detached process
     "hetero_operator.devcluster.cluster_cli": {"hetero_operator.devcluster.kubelet"},
 }
