@@ -35,6 +35,10 @@ CEL_RULES: dict[str, Callable[[Any, Any], bool]] = {
         lambda s, old: re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", s["metadata"]["name"]) is not None,
     **{podtemplate.cel_text(r): (lambda rule: lambda s, old: rule.check(s) is None)(r)
        for r in podtemplate.RULES},
+    ("self.all(p, p.matches('^(linux|windows)/(386|amd64|arm|arm64|loong64|mips64le|ppc64le|riscv64|"
+     "s390x)(/[a-z0-9]{1,8})?$'))"):  # spec.images[].platforms (the parser's twin: test_case53)
+        lambda s, old: all(re.search(r"^(linux|windows)/(386|amd64|arm|arm64|loong64|mips64le|ppc64le|"
+                                     r"riscv64|s390x)(/[a-z0-9]{1,8})?$", p) for p in s),
 }
 """CEL rule text -> Python twin ``(self, oldSelf_or_None) -> bool``.  Transition rules
 (``oldSelf``) pass on create, as in Kubernetes."""

@@ -41,6 +41,8 @@ SHARDINGS = ("Auto", "None", "Group", "Full")
 OPTIMIZERS = ("AdamW", "Adam", "Momentum", "SGD")
 _CUDA_RE = re.compile(r"^\d{1,2}\.\d{1,2}$")
 _CC_RE = re.compile(r"^\d{1,2}\.\d$")
+_RESUME_FROM_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$|^AnyJob$")
+"""``resumeFrom``: a job's ``metadata.name`` (DNS subdomain) or ``metadata.uid``, or ``AnyJob``."""
 _TORCH_RE = re.compile(r"^\d{1,2}\.\d{1,3}(\.\d{1,3})?([+.-][0-9A-Za-z.]{1,24})?$")
 
 
@@ -116,6 +118,9 @@ class TrainingSpec:
         checkpoint_interval_steps: steps between checkpoints.
         checkpoint_keep: verified checkpoints kept on disk (``spec.training.checkpoint.keep``).
         checkpoint_timeout_s: timeout of the checkpoint process group (save and agreement).
+        checkpoint_resume_from: ``spec.training.checkpoint.resumeFrom``: another job's name or
+            UID whose checkpoints in ``checkpoint_path`` this job may resume, ``"AnyJob"`` for any,
+            ``""`` for its own only (a checkpoint belongs to its job, issue 33).
         collective_timeout_s: timeout of the training collectives.
         rebalance_interval_steps: steps between split re-solves; 0 disables rebalancing.
         compression: inter-group gradient compression (see ``COMPRESSIONS``).
@@ -148,6 +153,7 @@ class TrainingSpec:
     checkpoint_interval_steps: int = defaults.CHECKPOINT_INTERVAL_STEPS
     checkpoint_keep: int = defaults.CHECKPOINT_KEEP
     checkpoint_timeout_s: int = defaults.CHECKPOINT_TIMEOUT_S
+    checkpoint_resume_from: str = ""
     collective_timeout_s: int = int(defaults.COLLECTIVE_TIMEOUT_S)
     rebalance_interval_steps: int = defaults.REBALANCE_INTERVAL_STEPS
     compression: str = "None"
@@ -235,13 +241,23 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
                         "same LocalQueue")
     if label_queue and not run_policy.queue:
         run_policy = replace(run_policy, queue=label_queue)
+    name = job_name(meta)
+    worker = parse_worker(mapping(spec, "worker", "spec.worker"))
+    images = _images(spec.get("images", []), "spec.images")
+    gpus = _gpus(mapping(spec, "gpus", "spec.gpus"))
+    training = _training(mapping(spec, "training", "spec.training"))
+    if training.global_batch_size < gpus.min_ranks:  # no cluster can ever run it: not a wait
+        raise SpecError("spec.training.globalBatchSize", f"{training.global_batch_size} is below "
+                        f"spec.gpus.minRanks {gpus.min_ranks}: every rank needs at least one "
+                        "sample, so no cluster can ever start this job; raise globalBatchSize to "
+                        f"{gpus.min_ranks} or more, or lower spec.gpus.minRanks (and ranks)")
     return JobSpec(
-        name=job_name(meta),
+        name=name,
         namespace=str(meta.get("namespace") or "default"),
-        worker=parse_worker(mapping(spec, "worker", "spec.worker")),
-        images=_images(spec.get("images", []), "spec.images"),
-        gpus=_gpus(mapping(spec, "gpus", "spec.gpus")),
-        training=_training(mapping(spec, "training", "spec.training")),
+        worker=worker,
+        images=images,
+        gpus=gpus,
+        training=training,
         run_policy=run_policy,
         profile_steps=_profile_steps(mapping(meta, "annotations", "metadata.annotations", required=False)),
     )
@@ -355,6 +371,7 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         checkpoint_keep=integer(ckpt, "keep", f"{p}.checkpoint.keep", defaults.CHECKPOINT_KEEP, 1, 100),
         checkpoint_timeout_s=integer(ckpt, "timeoutSeconds", f"{p}.checkpoint.timeoutSeconds",
                                      defaults.CHECKPOINT_TIMEOUT_S, 1, 86400),
+        checkpoint_resume_from=_resume_from(ckpt, f"{p}.checkpoint"),
         collective_timeout_s=integer(t, "collectiveTimeoutSeconds", f"{p}.collectiveTimeoutSeconds",
                                      int(defaults.COLLECTIVE_TIMEOUT_S), 1, 86400),
         rebalance_interval_steps=integer(rebalance, "intervalSteps", f"{p}.rebalance.intervalSteps",
@@ -371,6 +388,23 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         checkpointed_activation_bytes_per_sample=checkpointed,
         sharding=enum(t, "sharding", f"{p}.sharding", SHARDINGS),
     )
+
+
+def _resume_from(ckpt: Mapping[str, Any], p: str) -> str:
+    """``spec.training.checkpoint.resumeFrom``: a job name or UID, or ``AnyJob``; only with a path.
+
+    Raises:
+        SpecError: not a name/UID, or set without ``spec.training.checkpoint.path``.
+    """
+    value = optional_string(ckpt, "resumeFrom", f"{p}.resumeFrom")
+    if value and not _RESUME_FROM_RE.match(value):
+        raise SpecError(f"{p}.resumeFrom", f"must name a job (its metadata.name or metadata.uid) "
+                        f"or be AnyJob, got {value!r}")
+    if value and not optional_string(ckpt, "path", f"{p}.path"):
+        raise SpecError(f"{p}.resumeFrom", f"{value!r} resumes checkpoints found in "
+                        "spec.training.checkpoint.path: set the path (and the claim that keeps "
+                        "the other job's checkpoints), or leave resumeFrom out")
+    return value
 
 
 def profile_key(job: JobSpec) -> str:

@@ -8,6 +8,12 @@ is available for execution on the device" (a V100 needs ``7.0``), and a runtime 
 driver fails with "CUDA driver version is insufficient" (``shared/docs/gpu-facts.md``).  When the
 node's CUDA is unknown (no driver/runtime labels) only the compute capability is checked.
 
+Before any of that, a variant must be built for the node's platform (``spec.images[].platforms``,
+default linux/amd64, against ``kubernetes.io/os``/``kubernetes.io/arch``;
+:mod:`hetero_operator.api.platforms`): an amd64-only image on a Grace Hopper (arm64) node fails
+with ``exec format error`` or no matching manifest (shared case 53).  A node without the arch label
+takes any variant.
+
 CUDA minor-version compatibility is opt-in per variant (``cudaMinorVersionCompatible``): when no
 variant fits natively, a declaring variant whose CUDA major family the driver supports
 (:func:`~hetero_operator.cluster.cudatable.minor_version_compatible`; NVIDIA's "CUDA Compatibility" guide)
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hetero_operator.api.platforms import ARCH_LABEL, DEFAULT_PLATFORMS, OS_LABEL, runs_on
 from hetero_operator.api.spec import ImageVariant
 from hetero_operator.cluster.cudatable import (MINOR_VERSION_COMPAT_MIN_DRIVER, format_cuda,
                                                min_driver_for, minor_version_compatible,
@@ -49,7 +56,8 @@ class ImageChoice:
 
 
 def choose_image(catalog: tuple[ImageVariant, ...], *, compute_capability: str,
-                 max_cuda: tuple[int, int] | None, driver_version: str = "") -> ImageChoice:
+                 max_cuda: tuple[int, int] | None, driver_version: str = "",
+                 platform: str | None = None) -> ImageChoice:
     """Pick the newest fitting variant.
 
     Args:
@@ -57,10 +65,16 @@ def choose_image(catalog: tuple[ImageVariant, ...], *, compute_capability: str,
         compute_capability: the GPU's, ``"7.0"``.
         max_cuda: highest CUDA the node runs, ``(12, 4)``; None when unknown.
         driver_version: for the message, e.g. ``"470.129.06"``.
+        platform: the node's ``os/arch`` (``"linux/arm64"``,
+            :func:`hetero_operator.api.platforms.node_platform`); None when unknown (any variant).
 
     Returns:
         :class:`ImageChoice`; ``image == ""`` with a message when nothing fits.
     """
+    built = tuple(v for v in catalog if runs_on(v.platforms, platform))
+    if not built:
+        return ImageChoice(image="", message=_no_platform_message(catalog, platform or ""))
+    catalog = built
     with_cc = [v for v in catalog if compute_capability in v.compute_capabilities]
     fitting = [v for v in with_cc if max_cuda is None or v.cuda_version <= max_cuda]
     if fitting:
@@ -79,6 +93,18 @@ def choose_image(catalog: tuple[ImageVariant, ...], *, compute_capability: str,
             "natively"))
     return ImageChoice(image="", message=_no_fit_message(catalog, compute_capability, max_cuda,
                                                          driver_version))
+
+
+def _no_platform_message(catalog: tuple[ImageVariant, ...], platform: str) -> str:
+    """No variant is built for the node's platform: name it, the labels, what the catalog has."""
+    have = sorted({p for v in catalog for p in v.platforms})
+    defaulted = any(v.platforms == DEFAULT_PLATFORMS for v in catalog)
+    return (f"no image variant is built for {platform}, this node's platform (labels {OS_LABEL}, "
+            f"{ARCH_LABEL}); spec.images has {', '.join(have)}"
+            f"{' (an entry without platforms is linux/amd64)' if defaulted else ''}: add a variant "
+            f"built for {platform} listing it in spec.images[].platforms (a multi-arch image lists "
+            "every platform it has), or keep the job off such nodes (a nodeSelector on "
+            f"{ARCH_LABEL} in spec.worker.template)")
 
 
 def _needed_driver(variant: ImageVariant) -> tuple[int, int, int]:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hetero_operator.api import types as model
+from hetero_operator.api.platforms import node_platform
 from hetero_operator.api.spec import ImageVariant, JobSpec
 from hetero_operator.api.types import Device, ExcludedNode, Inventory, NodeInventory
 from hetero_operator.cluster.driverupgrade import upgrade_pending
@@ -116,8 +117,10 @@ def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list
     for node in inventory.nodes:
         first_rejection: tuple[str, str] | None = None
         found = False
-        deferred = upgrade_pending(inventory.labels.get(node.name) or {})
-        node_key = (node.max_cuda, node.driver_version)
+        labels = inventory.labels.get(node.name) or {}
+        deferred = upgrade_pending(labels)
+        platform = node_platform(labels)  # the image must be built for it (case 53)
+        node_key = (node.max_cuda, node.driver_version, platform)
         cache = caches.get(node_key)
         if cache is None:
             cache = caches[node_key] = {}
@@ -126,7 +129,7 @@ def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list
                    dev.relative_speed, dev.compute_slices)
             facts = cache.get(key)
             if facts is None:
-                facts = cache[key] = _class_facts(job, node, dev)
+                facts = cache[key] = _class_facts(job, node, dev, platform)
                 if len(facts) != 2:
                     facts = cache[key] = (*facts, dev.gpu_type)
             if len(facts) == 2:  # (reason, message)
@@ -144,8 +147,9 @@ def eligible_pools(job: JobSpec, inventory: Inventory) -> tuple[list[Pool], list
     return pools, excluded
 
 
-def _class_facts(job: JobSpec, node: NodeInventory, dev: Device) -> tuple:
-    """``(reason, message)`` when the job cannot use the device class on such a node, else
+def _class_facts(job: JobSpec, node: NodeInventory, dev: Device, platform: str | None = None) -> tuple:
+    """``(reason, message)`` when the job cannot use the device class on such a node (of
+    ``os/arch`` ``platform``, None when unlabelled), else
     ``(speed after overrides, precision, memory cap, image, variant, image warning)``."""
     rejection = device_rejection(job, dev)
     if rejection is not None:
@@ -153,7 +157,8 @@ def _class_facts(job: JobSpec, node: NodeInventory, dev: Device) -> tuple:
     image, variant, warning = "", None, ""
     if job.images:
         choice = choose_image(job.images, compute_capability=dev.compute_capability,
-                              max_cuda=node.max_cuda, driver_version=node.driver_version)
+                              max_cuda=node.max_cuda, driver_version=node.driver_version,
+                              platform=platform)
         if not choice.ok:
             return model.NO_COMPATIBLE_IMAGE, choice.message
         image, variant, warning = choice.image, choice.variant, choice.minor_compat_warning

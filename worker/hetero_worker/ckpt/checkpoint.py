@@ -173,7 +173,7 @@ def read_checkpoint(directory: str | Path | None) -> tuple[dict[str, Any] | None
 def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scaler: Any = None, sampler: Any = None,
                     plan: Mapping[str, Any] | None = None, seed: int = 0,
-                    group: Any = None) -> dict[str, Any] | None:
+                    group: Any = None, accept: Any = None) -> dict[str, Any] | None:
     """Agree on and restore a checkpoint of ``directory``; collective: call on every rank.
 
     The ranks agree on the newest checkpoint every one of them verifies against its manifest
@@ -190,6 +190,9 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
         plan: the resuming plan (see :func:`save_checkpoint`); None compares world sizes only.
         seed: the job seed, for fresh RNG under a new plan.
         group: the process group of the agreement (None: the default group).
+        accept: which checkpoints this job may resume (a predicate on a
+            :class:`hetero_worker.ckpt.store.Candidate`; None: every one;
+            :class:`hetero_worker.ckpt.ownership.ResumeFilter.accepts`).
 
     Returns:
         The checkpoint dict (``step``, ``plan``, ``split``, ``ranks``, ...) with
@@ -200,7 +203,7 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
             than rank 0, none, or could not read it (every rank raises the same message).
         ValueError: the data position is for another dataset (sampler).
     """
-    chosen, _, note = agree_on_newest(directory, group)
+    chosen, _, note = agree_on_newest(directory, group, accept)
     if chosen is None:
         LAST_RESUME.clear()
         return None

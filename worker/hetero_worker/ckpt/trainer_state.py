@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from hetero_worker.ckpt import checkpoint, saving, tracked
-from hetero_worker.ckpt.ownership import Owner
+from hetero_worker.ckpt import checkpoint, saving, store, tracked
+from hetero_worker.ckpt.ownership import Owner, ResumeFilter
 from hetero_worker.ckpt.resume import CodecStates, plan_of, restore_compression
 from hetero_worker.comm.sync import WeightedGradSync
 from hetero_worker.loading import TrainData
@@ -76,7 +76,8 @@ class Checkpointing:
         """The job UID and restart generation the manifest records
         (:mod:`hetero_worker.ckpt.ownership`)."""
         return Owner(job_uid=self.contract.dist.job_uid,
-                     generation=self.contract.dist.restart_generation)
+                     generation=self.contract.dist.restart_generation,
+                     job_name=self.contract.dist.job_name)
 
     def track(self, name: str, obj: Any) -> Any:
         """Save ``obj``'s state in every checkpoint and restore it in :meth:`resume`.
@@ -195,10 +196,16 @@ class Checkpointing:
                                "spec.training.checkpoint out or use spec.training.sharding Group "
                                "(docs/memory.md)")
         current = self.plan()
+        mine = ResumeFilter(mine=self.owner(), resume_from=self.contract.checkpoint.resume_from)
         state = checkpoint.load_checkpoint(
             directory, model=self.module, optimizer=optimizer, scaler=self.scaler,
-            sampler=self.data.sampler, plan=current, seed=self.seed, group=self.group)
+            sampler=self.data.sampler, plan=current, seed=self.seed, group=self.group,
+            accept=mine.accepts)
         if state is None:
+            note = mine.passed_over(str(directory), store.candidates(directory)) if (
+                directory and self.rank == 0) else ""
+            if note:  # another job's checkpoints are there: say whose, and the field (issue 33)
+                log(note, rank=self.rank)
             return False
         self._apply(state, current, directory)
         return True
