@@ -20,8 +20,8 @@ the codecs ``none`` (fp32) and PowerSGD at each rank of ``--ranks``:
 The issue's row: the rank with the highest median speed-up among those whose median loss gap is
 within 2 % must reach >= 10x (met iff some rank reaches >= 10x with its loss within 2 %).
 ``--repeats`` (3) repeats, fresh processes each; medians, spread and every run in
-``bench/results/speed-powersgd.json`` (:mod:`benchlib`; ``bench/report.py`` makes the README
-table). Out of time (``--timeout-s``): exit status 3, nothing written.
+``bench/results/speed-powersgd.json`` (:mod:`benchlib`; ``bench/report.py`` makes its table
+in docs/benchmarks.md). Out of time (``--timeout-s``): exit status 3, nothing written.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ Setups (4 real gloo rank processes each, via :class:`hetero_worker.trainer.Train
 Every setup runs ``--repeats`` (3) times within one invocation, each repeat in fresh rank
 processes with its own seed (model initialisation and data of the link setups), so the spread of
 the codec losses is real.  Writes ``bench/results/speed.json`` (median, range and every run per
-target, date, load, met/missed: :mod:`benchlib`; ``bench/report.py`` makes the README table),
+target, date, load, met/missed: :mod:`benchlib`; ``bench/report.py`` makes its docs/benchmarks.md table),
 ``speed.png`` (plot of the last repeat) and the per-step data to ``$TMPDIR/bench-speed-raw.json``.  A setup that runs
 out of time (``--timeout-s``) ends the benchmark with exit status 3 and nothing written.
 

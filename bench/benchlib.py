@@ -2,7 +2,7 @@
 the machine's date and load, and a results writer that refuses NaN and timed-out runs.
 
 A results file (``bench/results/<name>.json``) has this shape (``bench/report.py`` turns it
-into the README's tables)::
+into the tables of docs/benchmarks.md)::
 
     {"benchmark": "balance", "status": "finished",
      "meta": {"date_utc": ..., "load_average": {"start": [1m, 5m, 15m], "end": [...]},

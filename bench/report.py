@@ -5,7 +5,7 @@ the median met it.  Each table is headed by the run's date, the machine's load a
 start and end, and how long it took.  Run from the repository root::
 
     .venv/bin/python bench/report.py                  # print the tables
-    .venv/bin/python bench/report.py --readme README.md
+    .venv/bin/python bench/report.py --readme docs/benchmarks.md
         # replace the text between <!-- bench-report:begin --> and <!-- bench-report:end -->
 
 Only results files written by :func:`benchlib.write_results` (``"status": "finished"``) are read;
@@ -119,7 +119,8 @@ def replace_between_markers(text: str, new: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=HERE / "results")
-    parser.add_argument("--readme", type=Path, help="rewrite this file between the markers")
+    parser.add_argument("--readme", type=Path,
+                        help="rewrite this file between the markers (docs/benchmarks.md)")
     args = parser.parse_args()
     text = report(args.results)
     if args.readme:
