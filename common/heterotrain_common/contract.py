@@ -47,6 +47,7 @@ from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DI
                                          PREDICTED_SAMPLES_PER_S, PROFILE_STEPS, RANK,
                                          RANK_ONLY_VARS, REBALANCE_INTERVAL_STEPS,
                                          RENDEZVOUS_TIMEOUT_S, REQUIRED_VARS, RESTART_GENERATION,
+                                         RESUME_FROM,
                                          RUN_DIR, SHARD_PPM, SHARDING, SHARDINGS,
                                          SIM_DELAY_PER_SAMPLE_S, TERMINATION_GRACE_S, TOPOLOGY,
                                          TORCHELASTIC_RESTART_COUNT, WORLD_SIZE)
@@ -259,6 +260,8 @@ class CheckpointSettings:
         timeout_s: timeout of the checkpoint process group, s > 0 (``HTJ_CHECKPOINT_TIMEOUT_S``).
         max_failures: periodic saves that may fail in a row before the job fails, >= 1
             (``HTJ_CHECKPOINT_MAX_FAILURES``).
+        resume_from: whose checkpoints besides the job's own it resumes: a job name or UID, or
+            ``AnyJob``; ``""``: its own only (``HTJ_RESUME_FROM``, ``hetero_worker.ckpt.ownership``).
     """
 
     dir: str = var(CHECKPOINT_DIR, text, default="")
@@ -269,6 +272,7 @@ class CheckpointSettings:
                            default=float(defaults.CHECKPOINT_TIMEOUT_S), write=short_float)
     max_failures: int = var(CHECKPOINT_MAX_FAILURES, count(1),
                             default=defaults.CHECKPOINT_MAX_FAILURES)
+    resume_from: str = var(RESUME_FROM, text, default="")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -78,8 +78,12 @@ JOB_UID = "HTJ_JOB_UID"
 """The HeteroTrainingJob's ``metadata.uid``: checkpoint manifests record it beside the restart
 generation, so a stale gang never publishes into or prunes a directory a newer generation of the
 same job owns (``hetero_worker.ckpt.ownership``); unset outside the operator."""
+RESUME_FROM = "HTJ_RESUME_FROM"
+"""Whose checkpoints besides its own the job may resume (``spec.training.checkpoint.resumeFrom``):
+a job name or UID, or ``AnyJob``; unset: only checkpoints whose manifest records this job's
+``HTJ_JOB_UID`` (``hetero_worker.ckpt.ownership``, issue 33)."""
 RESILIENCE_VARS = (CHECKPOINT_KEEP, CHECKPOINT_TIMEOUT_S, COLLECTIVE_TIMEOUT_S, TERMINATION_GRACE_S,
-                   CHECKPOINT_MAX_FAILURES, JOB_UID)
+                   CHECKPOINT_MAX_FAILURES, JOB_UID, RESUME_FROM)
 """Rendered only when not at their defaults (:func:`heterotrain_common.contract.render_rank_env`)."""
 PREEMPTED_EXIT_CODE = 75
 """Exit code of a rank that stopped at an agreed step after SIGTERM (its own or a peer's) and

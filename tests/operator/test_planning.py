@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from builders import make_job, make_node, make_pod
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetero_operator.api import types as model
+from hetero_operator.api.errors import SpecError
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.planning.eligibility import precision_for
 from hetero_operator.planning.plan import plan_job
@@ -100,7 +102,13 @@ def test_unschedulable_over_several_types_counts_used_devices() -> None:
 
 
 def test_global_batch_below_min_ranks_is_unschedulable_and_above_ranks_caps_them() -> None:
-    small = plan_job(make_job(ranks=4, global_batch=3), build_inventory([t4("t4", 4)]))
+    # parse_job refuses it as invalid (issue 33: it could never fit); the planner's own guard
+    # stays for a JobSpec built otherwise
+    with pytest.raises(SpecError, match=r"^spec.training.globalBatchSize: 3 is below spec.gpus.minRanks 4"):
+        make_job(ranks=4, global_batch=3)
+    job = make_job(ranks=4, global_batch=4)
+    job = replace(job, training=replace(job.training, global_batch_size=3))
+    small = plan_job(job, build_inventory([t4("t4", 4)]))
     assert isinstance(small, model.Unschedulable) and small.reason == "GlobalBatchTooSmall"
     capped = plan(make_job(ranks=4, min_ranks=2, global_batch=3), [t4("t4", 4)])
     assert [r.local_batch for r in capped.ranks] == [1, 1, 1]

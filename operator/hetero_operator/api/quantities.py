@@ -78,6 +78,27 @@ def check_quantity(value: object) -> None:
         raise QuantityError(f"must be a quantity such as \"500m\", \"2\" or \"16Gi\", got {value!r}")
 
 
+_SCALE_RE = re.compile(r"^\+?(?P<num>[0-9]+(\.[0-9]*)?|\.[0-9]+)(?P<suffix>[A-Za-z]*|[eE][+-]?[0-9]+)$")
+
+
+def scale_quantity(value: object, factor: int) -> int | str:
+    """``value`` (a quantity :func:`check_quantity` accepts) times a whole ``factor``, exactly, in
+    the same unit: ``("4", 2)`` -> ``"8"``, ``("8Gi", 2)`` -> ``"16Gi"``, ``("500m", 3)`` ->
+    ``"1500m"``, ``("1.5", 2)`` -> ``"3"``; an integer stays an integer.
+
+    Raises:
+        QuantityError: not a quantity (as :func:`check_quantity`).
+    """
+    check_quantity(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value * factor
+    m = _SCALE_RE.match(str(value).strip())
+    if not m:  # pragma: no cover - check_quantity admitted it
+        raise QuantityError(f"must be a quantity such as \"500m\", \"2\" or \"16Gi\", got {value!r}")
+    scaled = (Decimal(m.group("num")) * factor).normalize()
+    return f"{scaled:f}{m.group('suffix')}"
+
+
 def gib(n_bytes: float) -> str:
     """Bytes in the largest binary unit that keeps the figure >= 1, one decimal: ``"18.4 GiB"``,
     ``"7.2 MiB"``, ``"879.0 KiB"``."""

@@ -14,7 +14,8 @@ from typing import Any
 from hetero_operator.api import podtemplate
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.fields import integer, mapping, quantity, string_list
-from hetero_operator.api.quantities import QuantityError, check_quantity, parse_quantity
+from hetero_operator.api.quantities import (QuantityError, check_quantity, parse_quantity,
+                                             scale_quantity)
 from heterotrain_common import defaults
 
 
@@ -25,7 +26,10 @@ class WorkerTemplate:
     Attributes:
         command / args: argv of one rank process (the launcher starts one per GPU).
         env: extra environment, as Kubernetes ``EnvVar`` dicts.
-        resources: Kubernetes ``ResourceRequirements`` for CPU/memory (GPUs are added by us).
+        resources: Kubernetes ``ResourceRequirements`` for CPU/memory of each pod (GPUs are
+            added by us).
+        resources_per_rank: the same per rank (``spec.worker.resourcesPerRank``, Kubeflow's
+            per-replica sizing): a pod of n ranks gets n times them (:func:`pod_resources`).
         metrics_port: Prometheus port of local rank 0; local rank i uses ``metrics_port + i``.
         template: the pod template (``spec.worker.template``, a ``PodTemplateSpec`` dict, ``{}``
             for none), checked by :func:`hetero_operator.api.podtemplate.check_template`.
@@ -37,6 +41,7 @@ class WorkerTemplate:
     args: tuple[str, ...] = ()
     env: tuple[Mapping[str, Any], ...] = ()
     resources: Mapping[str, Any] = field(default_factory=dict)
+    resources_per_rank: Mapping[str, Any] = field(default_factory=dict)
     metrics_port: int = 9480
     template: Mapping[str, Any] = field(default_factory=dict)
     shared_memory_bytes: int | None = None
@@ -54,11 +59,25 @@ class WorkerTemplate:
         return int(value) if value is not None else defaults.TERMINATION_GRACE_S
 
 
-def merged_resources(worker: WorkerTemplate) -> dict[str, Any]:
-    """``spec.worker.resources`` with the template's container ``worker``'s over it, per resource
-    name (``requests`` and ``limits``; other keys of the template's, such as ``claims``, are refused
-    there)."""
-    out = {k: dict(v) for k, v in worker.resources.items() if k in ("requests", "limits") and v}
+RESOURCE_KINDS = ("requests", "limits")
+
+
+def pod_resources(worker: WorkerTemplate, ranks: int = 1) -> dict[str, Any]:
+    """A pod's CPU and memory from the spec: ``spec.worker.resources`` (per pod) and
+    ``spec.worker.resourcesPerRank`` times ``ranks`` (the pod's ranks), by ``requests`` and
+    ``limits`` (a name is in one of the two: :func:`parse_worker` refuses both)."""
+    out = {k: dict(v) for k, v in worker.resources.items() if k in RESOURCE_KINDS and v}
+    for kind in RESOURCE_KINDS:
+        for name, amount in (worker.resources_per_rank.get(kind) or {}).items():
+            out.setdefault(kind, {})[name] = scale_quantity(amount, max(1, ranks))
+    return out
+
+
+def merged_resources(worker: WorkerTemplate, ranks: int = 1) -> dict[str, Any]:
+    """:func:`pod_resources` of a pod of ``ranks`` ranks with the template's container
+    ``worker``'s over it, per resource name (``requests`` and ``limits``; other keys of the
+    template's, such as ``claims``, are refused there)."""
+    out = pod_resources(worker, ranks)
     extra = podtemplate.worker_container(worker.template).get("resources") or {}
     for key in ("requests", "limits"):
         if extra.get(key):
@@ -84,7 +103,7 @@ def shared_memory_bytes(worker: WorkerTemplate, local_ranks: int) -> int:
     if worker.shared_memory_bytes is not None:
         return worker.shared_memory_bytes
     size = defaults.SHM_PER_LOCAL_RANK_BYTES * max(1, local_ranks)
-    limit = worker.memory_limit_bytes
+    limit = memory_limit_bytes(merged_resources(worker, local_ranks))
     return min(size, limit // 2) if limit else size
 
 
@@ -129,6 +148,26 @@ def resource_requirements(value: Any, path: str) -> dict[str, Any]:
     return dict(value)
 
 
+def per_rank_resources(w: Mapping[str, Any]) -> dict[str, Any]:
+    """``spec.worker.resourcesPerRank``: requests and limits per rank.
+
+    Raises:
+        SpecError: no quantities, or a resource also set per pod in ``spec.worker.resources``
+            (which would win is unclear), naming both and the fix.
+    """
+    path = "spec.worker.resourcesPerRank"
+    per_rank = resource_requirements(w.get("resourcesPerRank"), path)
+    per_pod = w.get("resources") if isinstance(w.get("resources"), Mapping) else {}
+    for kind in RESOURCE_KINDS:
+        both = sorted(set(per_rank.get(kind) or {}) & set((per_pod or {}).get(kind) or {}))
+        if both:
+            raise SpecError(f"{path}.{kind}.{both[0]}", f"is also set per pod in "
+                            f"spec.worker.resources.{kind}.{both[0]}: set it per rank "
+                            "(resourcesPerRank: the pod gets it times its ranks) or per pod "
+                            "(resources), not both")
+    return {k: dict(v) for k, v in per_rank.items() if k in RESOURCE_KINDS and v}
+
+
 def parse_worker(w: Mapping[str, Any]) -> WorkerTemplate:
     """Parse ``spec.worker``.
 
@@ -147,6 +186,7 @@ def parse_worker(w: Mapping[str, Any]) -> WorkerTemplate:
         command=command, args=string_list(w, "args", "spec.worker.args"),
         env=env_list(w.get("env"), "spec.worker.env"),
         resources=resource_requirements(w.get("resources"), "spec.worker.resources"),
+        resources_per_rank=per_rank_resources(w),
         metrics_port=integer(w, "metricsPort", "spec.worker.metricsPort", 9480, 0, 65535),
         template=dict(template),
         shared_memory_bytes=None if shm is None else quantity(w, "sharedMemorySize",

@@ -318,7 +318,7 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str], launcher: Se
     given = {e.get("name"): e for e in job.worker.env}  # the template's win over spec.worker.env
     given.update({e.get("name"): e for e in user.get("env") or ()})
     user_env = [copy.deepcopy(dict(e)) for name, e in given.items() if name not in ours]
-    resources = _resources(merged_resources(job.worker), g.resource_name, len(unit.ranks),
+    resources = _resources(merged_resources(job.worker, len(unit.ranks)), g.resource_name, len(unit.ranks),
                            claimed=bool(claim_template))
     container: dict[str, Any] = {k: copy.deepcopy(v) for k, v in user.items()
                                  if k not in _MERGED_CONTAINER_FIELDS}

@@ -44,6 +44,7 @@ from hetero_operator.api.labels import ANNOTATION_GPU_TYPE, LABEL_JOB
 from hetero_operator.api.spec import API_GROUP, JobSpec
 from hetero_operator.api.spec import VERSION as API_VERSION_NAME
 from hetero_operator.api.types import Device, GroupPlan, Inventory, NodeInventory, Plan
+from hetero_operator.api.workerspec import pod_resources
 from hetero_operator.cluster import gfd
 from hetero_operator.render import kueuestatus as kstatus
 from hetero_operator.render.pods import GroupInputs, PodInputs
@@ -181,7 +182,7 @@ def render_workload(job: Mapping[str, Any], spec: JobSpec, plan: Plan, *,
         A ``kueue.x-k8s.io/<version>`` Workload with a controller owner reference to the job.
     """
     meta = job["metadata"]
-    requests = dict((spec.worker.resources or {}).get("requests") or {})
+    requests = dict(pod_resources(spec.worker, 1).get("requests") or {})  # a pod set is 1 GPU
     pod_sets = []
     for shape in pod_set_shapes(plan):
         pod_spec: dict[str, Any] = {

@@ -135,13 +135,18 @@ def gather_findings(mine: Finding, group: Any = None) -> list[Finding]:
     return [decode_finding(r) for r in gather_records(encode_finding(mine), FINDING_BYTES, group)]
 
 
-def agree_on_newest(directory: str | Path | None, group: Any = None) -> tuple[Any, list[Finding], str]:
+def agree_on_newest(directory: str | Path | None, group: Any = None,
+                    accept: Any = None) -> tuple[Any, list[Finding], str]:
     """Agree on the newest checkpoint every rank can read (collective over ``group``).
 
     Every rank verifies its candidates newest first (sizes of every file, its share of the
     checksums) and proposes the newest that passed; while the proposals differ, every rank
     proposes again its newest at or below the oldest proposal.  A rank that verified a candidate
     keeps the verdict, so each file is read at most once per rank.
+
+    ``accept`` (a predicate on a :class:`hetero_worker.ckpt.store.Candidate`, None: all) leaves
+    out the checkpoints this job may not resume (another job's:
+    :class:`hetero_worker.ckpt.ownership.ResumeFilter`).
 
     Returns:
         ``(candidate or None, findings, note)``: the chosen :class:`hetero_worker.ckpt.store.Candidate`
@@ -156,7 +161,7 @@ def agree_on_newest(directory: str | Path | None, group: Any = None) -> tuple[An
 
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     world = dist.get_world_size(group) if dist.is_initialized() else 1
-    cands = store.candidates(directory)
+    cands = [c for c in store.candidates(directory) if accept is None or accept(c)]
     verdicts: dict[tuple[int, int, str], str] = {}
 
     def verdict(c: Any) -> str:

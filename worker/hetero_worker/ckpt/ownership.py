@@ -11,8 +11,14 @@ removed) nor prunes; every rank raises :class:`SupersededError`'s message naming
 (:class:`hetero_worker.ckpt.saving.CheckpointSaveError` with ``superseded`` set), which a periodic
 save never retries.
 
-Checkpoints of another job UID (a job deleted and created again under its name, resuming from the
-old job's directory) are not ordered by generation: a new job may take an old job's directory over.
+Checkpoints of another job UID are not ordered by generation: a new job may write into an old
+job's directory.  A checkpoint belongs to its job (issue 33): on resume, a job with a UID takes only
+the checkpoints its own UID wrote, plus those of ``HTJ_RESUME_FROM``
+(``spec.training.checkpoint.resumeFrom``: another job's name or UID, or :data:`ANY_JOB`)
+(:class:`ResumeFilter`).  A job re-applied under its name is a new job (a new UID): it starts at
+step 0 beside the old job's checkpoints, and rank 0 says whose they are and which field to set
+(:meth:`ResumeFilter.passed_over`).  Without a UID (``heterotrain run``, whose run directory is
+its own and which resumes with ``--resume RUNDIR``; a plain script) every checkpoint is its own.
 """
 
 from __future__ import annotations
@@ -23,11 +29,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from heterotrain_common import contract
-from heterotrain_common.envnames import JOB_UID, RESTART_GENERATION
+from heterotrain_common.envnames import JOB_NAME, JOB_UID, RESTART_GENERATION, RESUME_FROM
 
 SUPERSEDED = "superseded by a newer restart generation"
 """Fixed phrase of :class:`SupersededError`'s message: the agreed save error carries it to every
 rank as text, and :class:`hetero_worker.ckpt.saving.CheckpointSaveError` tells the case by it."""
+
+ANY_JOB = "AnyJob"
+"""``spec.training.checkpoint.resumeFrom`` value: resume the newest checkpoint in the path whichever
+job wrote it (the behaviour before checkpoints belonged to their job)."""
+RESUME_FROM_FIELD = "spec.training.checkpoint.resumeFrom"
+"""The field a user sets to resume another job's checkpoints (named in the fresh-start line)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,31 +51,45 @@ class Owner:
             (``heterotrain run``, a plain script): such checkpoints are ordered among themselves.
         generation: the gang's restart generation, 0 for the first start
             (``HTJ_RESTART_GENERATION``).
+        job_name: the job's name (``HTJ_JOB_NAME``), so that ``resumeFrom`` may name a job;
+            ``""`` when unknown (a manifest written before this field).
     """
 
     job_uid: str = ""
     generation: int = 0
+    job_name: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Owner:
-        """Read ``HTJ_JOB_UID`` and ``HTJ_RESTART_GENERATION`` (unset: ``""`` and 0).
+        """Read ``HTJ_JOB_UID``, ``HTJ_RESTART_GENERATION`` and ``HTJ_JOB_NAME`` (unset: ``""``,
+        0 and ``""``).
 
         Raises:
             heterotrain_common.envread.ContractError: a malformed generation, naming the variable.
         """
         env = os.environ if environ is None else environ
         return cls(job_uid=contract.read_var(env, JOB_UID),
-                   generation=contract.read_var(env, RESTART_GENERATION))
+                   generation=contract.read_var(env, RESTART_GENERATION),
+                   job_name=str(env.get(JOB_NAME) or ""))
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> Owner:
         """The owner a manifest records (a manifest written before this field: ``""``, 0)."""
         return cls(job_uid=str(manifest.get("job_uid") or ""),
-                   generation=int(manifest.get("restart_generation") or 0))
+                   generation=int(manifest.get("restart_generation") or 0),
+                   job_name=str(manifest.get("job_name") or ""))
 
     def fields(self) -> dict[str, Any]:
-        """The manifest fields: ``job_uid`` and ``restart_generation``."""
-        return {"job_uid": self.job_uid, "restart_generation": self.generation}
+        """The manifest fields: ``job_uid``, ``restart_generation`` and ``job_name``."""
+        return {"job_uid": self.job_uid, "restart_generation": self.generation,
+                "job_name": self.job_name}
+
+    def text(self) -> str:
+        """``job "digits" (UID 0b6d...)`` for messages; ``an unknown job`` without either."""
+        if not self.job_uid and not self.job_name:
+            return "an unknown job (a checkpoint written without HTJ_JOB_UID)"
+        name = f'job "{self.job_name}"' if self.job_name else "a job"
+        return f"{name} (UID {self.job_uid})" if self.job_uid else name
 
 
 class SupersededError(OSError):
@@ -102,3 +128,66 @@ def check_owner(directory: str, mine: Owner, owners: Iterable[tuple[Owner, str]]
     newest = newest_owner(owners, mine.job_uid)
     if newest is not None and newest[0].generation > mine.generation:
         raise SupersededError(directory, mine, newest[0], newest[1])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResumeFilter:
+    """Which checkpoints of a directory a job may resume: its own, and ``resume_from``'s.
+
+    Attributes:
+        mine: this job (``job_uid`` ``""``: no identity, every checkpoint is its own).
+        resume_from: ``spec.training.checkpoint.resumeFrom`` (``HTJ_RESUME_FROM``): a job name or
+            UID whose checkpoints it may also resume, :data:`ANY_JOB` for any, ``""`` for none.
+    """
+
+    mine: Owner
+    resume_from: str = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ResumeFilter:
+        """From ``HTJ_JOB_UID``, ``HTJ_JOB_NAME``, ``HTJ_RESTART_GENERATION`` and ``HTJ_RESUME_FROM``."""
+        env = os.environ if environ is None else environ
+        return cls(mine=Owner.from_env(env), resume_from=str(env.get(RESUME_FROM) or ""))
+
+    def accepts_owner(self, owner: Owner | None) -> bool:
+        """True when a checkpoint written by ``owner`` (None: unknown, a legacy file without a
+        manifest) may be resumed."""
+        if not self.mine.job_uid or self.resume_from == ANY_JOB:
+            return True
+        if owner is None:
+            return False
+        if owner.job_uid == self.mine.job_uid:
+            return True
+        return bool(self.resume_from) and self.resume_from in (owner.job_uid, owner.job_name)
+
+    def accepts(self, candidate: Any) -> bool:
+        """:meth:`accepts_owner` of a :class:`hetero_worker.ckpt.store.Candidate`; a checkpoint
+        directory whose manifest cannot be read is kept (its owner is unknown; the resume
+        agreement reports it as unreadable and falls back, as before)."""
+        if getattr(candidate, "manifest", None) is not None:
+            return self.accepts_owner(Owner.from_manifest(candidate.manifest))
+        if getattr(candidate, "legacy", False):
+            return self.accepts_owner(None)
+        return True
+
+    def passed_over(self, directory: str, candidates: Iterable[Any]) -> str:
+        """The line rank 0 logs when the job starts at step 0 (or from an older checkpoint)
+        although ``candidates`` hold newer checkpoints of another job; ``""`` when none was
+        passed over.  Names the other job, its newest step, and the field to set."""
+        others = [c for c in candidates if not self.accepts(c)]
+        if not others:
+            return ""
+        newest = others[0]
+        owner = (Owner.from_manifest(newest.manifest) if getattr(newest, "manifest", None)
+                 is not None else None)
+        whose = owner.text() if owner is not None else "an unknown job (a legacy checkpoint.pt)"
+        value = ANY_JOB  # the name, unless it is this job's own name too: then the UID
+        if owner is not None and (owner.job_name or owner.job_uid):
+            value = (owner.job_name if owner.job_name and owner.job_name != self.mine.job_name
+                     else owner.job_uid or owner.job_name)
+        step = f"step {newest.step}" if getattr(newest, "step", None) is not None else "legacy"
+        return (f"checkpoint_not_resumed: {directory} holds {len(others)} checkpoint(s) of other "
+                f"jobs, the newest ({step}) by {whose}; this is {self.mine.text()}, a new job (a "
+                "job re-applied under the same name gets a new UID), so it starts at step 0. To "
+                f"continue from them, set {RESUME_FROM_FIELD}: {value}; to keep jobs apart, give "
+                "each its own spec.training.checkpoint.path")
