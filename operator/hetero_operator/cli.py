@@ -37,6 +37,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("hetero_worker.runtime.launch", "in a pod: start one process per local rank, like torchrun"),
     "cluster": ("hetero_operator.devcluster.cluster_cli", "a real local Kubernetes control plane: cluster up / down"),
     "convert": ("hetero_operator.convert.command", "write a HeteroTrainingJob from a Kubeflow PyTorchJob"),
+    "status": ("hetero_operator.jobview.status", "a job's plan, state, progress and result (a local run or a cluster job)"),
+    "logs": ("hetero_operator.jobview.logs", "a rank's log (a local run or a cluster job, as kubectl logs)"),
 }
 
 

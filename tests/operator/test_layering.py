@@ -5,10 +5,11 @@ run: the string dispatches), so it needs no extra tool.
 * ``heterotrain_common`` imports nothing of ours and neither torch nor kopf nor kubernetes;
 * ``hetero_worker`` imports only ``heterotrain_common`` (and itself), never kopf or kubernetes;
 * ``hetero_operator``'s floors import only downwards:
-  ``api < cluster < planning < render < lifecycle < {controller, local, devcluster} < cli``;
-  ``controller``, ``local`` (the embedded run) and ``devcluster`` (the dev control plane) stand
-  side by side and import none of each other; ``cli`` (the ``heterotrain`` command) is the face
-  above them all;
+  ``api < cluster < planning < render < lifecycle < {controller, local, devcluster, convert}
+  < jobview < cli``; ``controller``, ``local`` (the embedded run), ``devcluster`` (the dev control
+  plane) and ``convert`` (``heterotrain convert``) stand side by side and import none of each
+  other; ``jobview`` (``heterotrain status`` and ``logs``) reads local runs and cluster jobs;
+  ``cli`` (the ``heterotrain`` command) is the face above them all;
 * the operator never imports ``hetero_worker`` (what both sides share is in
   ``heterotrain_common``); only ``cli`` reaches the worker, by module name (``heterotrain launch``);
 * a module named in a string (``importlib.import_module(name)``, ``python -m name``) is an arrow
@@ -36,10 +37,11 @@ PACKAGES = {
     "hetero_worker": REPO / "worker" / "hetero_worker",
 }
 LEVELS = {"api": 0, "cluster": 1, "planning": 2, "render": 3, "lifecycle": 4,
-          "controller": 5, "local": 5, "devcluster": 5, "convert": 5, "cli": 6}
+          "controller": 5, "local": 5, "devcluster": 5, "convert": 5, "jobview": 6, "cli": 7}
 """The operator's floors by level, lowest first; ``controller``, ``local``, ``devcluster`` and
-``convert`` (``heterotrain convert``) share a level (siblings import none of each other), ``cli``
-is the face on top."""
+``convert`` (``heterotrain convert``) share a level (siblings import none of each other);
+``jobview`` (``heterotrain status`` and ``logs``: a local run or a cluster job) stands on them,
+``cli`` is the face on top."""
 FLOORS = tuple(LEVELS)
 PURE_BELOW = LEVELS["controller"]
 """Floors under this level import no kopf and no API client."""
@@ -51,7 +53,8 @@ DISPATCHES: dict[str, set[str]] = {
     # heterotrain <subcommand>: cli.SUBCOMMANDS, imported by name once the subcommand is chosen
     "hetero_operator.cli": {"hetero_operator.local.run", "hetero_operator.local.plan",
                             "hetero_operator.controller.serve", "hetero_worker.runtime.launch",
-                            "hetero_operator.devcluster.cluster_cli", "hetero_operator.convert.command"},
+                            "hetero_operator.devcluster.cluster_cli", "hetero_operator.convert.command",
+                            "hetero_operator.jobview.status", "hetero_operator.jobview.logs"},
     # heterotrain cluster up: python -m hetero_operator.devcluster.kubelet, a detached process
     "hetero_operator.devcluster.cluster_cli": {"hetero_operator.devcluster.kubelet"},
 }

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from hetero_operator.api import labels, prices
-from hetero_operator.api.types import Plan
+from hetero_operator.api.types import Plan, to_dict
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local import nodes as localnodes
-from hetero_operator.local import report, rundirs, valueview
+from hetero_operator.local import report, rundirs, runstate, valueview
 from hetero_operator.local.invocation import EXIT_USAGE, invoked_as
 from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file,
                                         embedded_template_notes, load_job, load_objects,
@@ -305,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
     rundirs.clear_finished(workdir)
     _announce(console, planned, workdir, port_base, argv)
     _write_targets(workdir, port_base, world, job.name)
+    runstate.write_started(workdir, to_dict(planned.plan))  # heterotrain status / logs -f
     start = time.monotonic()
     output = RankOutput(log_dir=Path(args.log_dir) if args.log_dir else workdir,
                         shown_ranks=args.local_ranks_filter, tee=args.tee)
@@ -317,6 +318,9 @@ def run(args: argparse.Namespace) -> int:
                       f"{workdir / 'checkpoints'}", highlight=False)
     if exit_code(ended) == 0:
         rundirs.mark_finished(workdir, final_step=job_step)
+    runstate.write_ended(workdir, exit_code=exit_code(ended), interrupted=outcome.signal_received is not None,
+                         deadline=outcome.deadline_exceeded,
+                         reason=ended.failure.sentence() if ended.failure is not None else "")
     verdict = report.print_report(console, rows=report.read_rows(workdir, world),
                         result=report.read_result(workdir),
                         planned_speedup=planned.plan.expected_speedup_over_equal,
