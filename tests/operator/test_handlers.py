@@ -142,7 +142,8 @@ def test_no_handler_puts_a_finalizer_on_the_job() -> None:
     changing = registry._changing.get_all_handlers()
     assert all(h.requires_finalizer is False or h.requires_finalizer is None for h in changing)
     watched = {h.fn.__name__ for h in registry._watching.get_all_handlers()}
-    assert watched == {"job_event", "pod_event", "node_event", "workload_event"}
+    assert watched == {"job_event", "workload_event"}  # Nodes and Pods: controller/informer.py
+    assert registry._indexing.get_all_handlers() == []  # no kopf index paces the node inventory
 
 
 async def test_new_job_is_planned_then_pods_and_service_created() -> None:

@@ -18,6 +18,7 @@ import kopf
 
 from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.controller import schemacheck
+from hetero_operator.controller.clustercache import ClusterCache
 from hetero_operator.controller.k8s import Api, CallLimits, load_configuration
 from hetero_operator.controller.metrics import OperatorMetrics
 from hetero_operator.controller.progress import MetricsUrlFn, default_metrics_url
@@ -90,8 +91,15 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo) -> None:
         retries=config.api.retries))
     await check_crd(api)
     memo.metrics.serve(config.ports.metrics)
+    # Every Node and GPU pod first, then jobs: kopf starts watching jobs only after this handler
+    # returns, so no job is planned on a partial inventory (the synced gate, issue 32 item 9).
+    cache = ClusterCache(api.core, config, reconciler=lambda: memo.state.get("reconciler"))
+    memo.state["cache"] = cache
+    cache.start()
+    await cache.wait_synced()
     memo.state["reconciler"] = Reconciler(
-        config=config, api=api, metrics=memo.metrics, nodes=list, gpu_pods=list,
+        config=config, api=api, metrics=memo.metrics, nodes=cache.node_values,
+        gpu_pods=cache.gpu_pod_values,
         identity=memo.identity if config.peering.name else None,
         peering_namespace=None if not config.watch.namespaces else config.watch.namespaces[0],
         namespaced_peering=bool(config.watch.namespaces),
@@ -120,7 +128,10 @@ async def check_crd(api: Api) -> None:
 
 
 async def on_cleanup(memo: kopf.Memo) -> None:
-    """Stop the reconciler and close the API client."""
+    """Stop the informers and the reconciler and close the API client."""
+    cache: ClusterCache | None = memo.state.get("cache")
+    if cache is not None:
+        await asyncio.to_thread(cache.stop)
     reconciler: Reconciler | None = memo.state.get("reconciler")
     if reconciler is not None:
         await reconciler.stop()
@@ -140,12 +151,7 @@ def login() -> kopf.ConnectionInfo:
                                certificate_path=config.cert_file, private_key_path=config.key_file)
 
 
-def reconciler(memo: kopf.Memo, nodes_idx: kopf.Index[str, Any],
-               gpu_pods_idx: kopf.Index[str, Any]) -> Reconciler:
-    """The reconciler, bound to the live node and GPU-pod indices."""
+def reconciler(memo: kopf.Memo) -> Reconciler:
+    """The reconciler (created by :func:`on_startup` once the Node and Pod informers are synced)."""
     rec: Reconciler = memo.state["reconciler"]
-    if not memo.state.get("bound"):
-        rec.nodes = lambda: [v for store in nodes_idx.values() for v in store]
-        rec.gpu_pods = lambda: [v for store in gpu_pods_idx.values() for v in store]
-        memo.state["bound"] = True
     return rec
