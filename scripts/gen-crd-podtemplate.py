@@ -62,14 +62,14 @@ TEMPLATE_DESCRIPTION = (
     "with restartPolicy Always), labels and annotations. Give at most one container, named "
     "worker: it is merged into every rank's container. The operator owns the GPU resources, the "
     "env contract, the image per node, the hardened securityContext, hostname and subdomain, and "
-    "refuses those fields naming the field and why (docs/operator.md, \"The pod template\").")
+    "refuses those fields naming the field and why (docs/cluster-jobs.md, \"The pod template\").")
 OVERRIDES = {
     ("spec", "terminationGracePeriodSeconds"): (
         "terminationGracePeriodSeconds is how long a rank may take after SIGTERM (preemption, "
         "node drain, eviction): the ranks agree on the next step, write one checkpoint and exit. "
         "Default 300 (heterotrain_common.defaults.TERMINATION_GRACE_S), set by the operator when "
         "this is unset; size it as one step plus one checkpoint save on your storage, with room "
-        "(docs/operator.md, \"Preemption\")."),
+        "(docs/cluster-jobs.md, \"Preemption\")."),
 }
 """Descriptions that say what the operator does instead of what Kubernetes does."""
 

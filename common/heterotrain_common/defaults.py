@@ -48,7 +48,7 @@ CHECKPOINT_TIMEOUT_S = 1800
 ``HTJ_CHECKPOINT_TIMEOUT_S``): a save to slow storage may take this long before the ranks give up."""
 TERMINATION_GRACE_S = 300
 """``terminationGracePeriodSeconds`` of worker pods when the template sets none: long enough for
-the ranks to reach the next step, agree and write one checkpoint (docs/operator.md, "Preemption")."""
+the ranks to reach the next step, agree and write one checkpoint (docs/cluster-jobs.md, "Preemption")."""
 STOP_AGREEMENT_PERIOD_S = 1.0
 """How often, at most, the ranks agree on a SIGTERM: every step once a step takes this long, else
 every ``floor(period / step time)`` steps (at most :data:`STOP_AGREEMENT_MAX_STEPS`), so a fast

@@ -402,6 +402,12 @@ def test_notes_tell_the_user_what_to_do_next(tmp_path: Path) -> None:
     assert "kubectl apply -f examples/digits.yaml" in notes
     assert "port-forward" in notes and f"helm test {RELEASE}" in notes
     assert "all namespaces" in notes
+    # the image tags it names are the example's catalog, and every file it names exists (issue 33)
+    digits = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
+    named = set(re.findall(r"ghcr\.io/heterotrain/worker:[\w.-]+[\w]", notes))
+    assert named == {variant["image"] for variant in digits["spec"]["images"]}
+    paths = re.findall(r"(?:examples|charts)/[\w./*-]+[\w/*]", notes)
+    assert "examples/digits.yaml" in paths and all(list(REPO.glob(p)) for p in paths), paths
 
 
 # --- values.yaml and its schema ----------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 One pod per (node, GPU type) group runs ``heterotrain launch -- <command> <args>``, which starts
 one process per GPU (``LOCAL_WORLD_SIZE``), like ``torchrun --nproc-per-node``.  A MIG group gets
-one pod per MIG device (one CUDA process can use one MIG device; docs/gpu-facts.md, "MIG").
+one pod per MIG device (one CUDA process can use one MIG device; shared/docs/gpu-facts.md, "MIG").
 Names are deterministic (``<job>-g<group>``; ``<job>-g<group>-m<k>`` for the k-th MIG pod) so a
 retry after an operator crash hits a 409, never a duplicate.  Every pod has ``hostname`` and
 ``subdomain: <job>``, so ``MASTER_ADDR = <rank-0 pod>.<job>.<namespace>.svc`` resolves the same
