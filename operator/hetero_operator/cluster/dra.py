@@ -40,7 +40,9 @@ GPU a counter set (memory slices, compute, ...), and each device that can be car
 ``consumesCounters``; the scheduler allocates any devices whose consumption fits.  Per counter
 set, what allocated devices consume is subtracted, and the rest is offered once: the whole GPU
 when nothing of it is allocated (the fastest use of a card for training), else the largest
-partitions that still fit, packed greedily without overlap, so no counter is offered twice.
+partitions that still fit, packed greedily without overlap, so no counter is offered twice
+(:mod:`hetero_operator.cluster.dracounters`).  The claims of such classes are pinned to the GPUs
+that offered them (:attr:`DraInventory.gpu_uuids`).
 
 Devices marked taken by the driver (a ``NoSchedule``/``NoExecute`` device taint, e.g. an
 unhealthy GPU) and devices allocated to ResourceClaims are not free; the unschedulable message
@@ -57,7 +59,7 @@ from typing import Any
 from hetero_operator.api import types as model
 from hetero_operator.api.types import (Device, ExcludedNode, Inventory, InventoryWarning,
                                        NodeInventory)
-from hetero_operator.cluster import gfd
+from hetero_operator.cluster import dracounters, gfd
 from hetero_operator.cluster.cudatable import cuda_for_driver
 from hetero_operator.cluster.driverupgrade import DRIVER_UPGRADE
 from hetero_operator.cluster.gputable import base_speed, mig_speed
@@ -66,6 +68,11 @@ from hetero_operator.cluster.inventory import DEFAULT_TOLERATED_TAINT_KEYS, buil
 API_VERSION = "resource.k8s.io/v1"
 DRIVER = "gpu.nvidia.com"
 """Driver name of NVIDIA's DRA driver for GPUs, also the attribute domain of its devices."""
+COUNTERS_MISSING = "DraCountersMissing"
+"""Warning: partitionable devices draw on a counter set no slice of their pool publishes (a pool
+being re-published, or a driver fault): they are not offered."""
+POOL_INCOMPLETE = "DraPoolIncomplete"
+"""Warning: fewer slices of a pool's newest generation are listed than its ``resourceSliceCount``."""
 HEALTH_REASONS = (model.UNSCHEDULABLE, model.NOT_READY, model.TAINTED, model.MIG_PENDING,
                   model.MIG_FAILED, DRIVER_UPGRADE)
 """Exclusions of a node that hold whatever publishes its GPUs (GFD labels or DRA)."""
@@ -128,11 +135,16 @@ class DraInventory:
         inventory: the full inventory (GFD nodes, with DRA nodes read from their slices).
         dra_nodes: names of the nodes read from DRA.
         product_names: ``{(node, gpu_type): productName}`` for the CEL selectors.
+        gpu_uuids: ``{(node, gpu_type): GPU uuids}`` of partitionable classes: the physical GPUs
+            their free devices come from (whole GPUs: their ``uuid``; partitions: the
+            ``parentUUID``), which the claims pin so that a partition is not carved from the GPU
+            the plan takes whole.  Classes not listed are not pinned.
     """
 
     inventory: Inventory
     dra_nodes: frozenset[str] = frozenset()
     product_names: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    gpu_uuids: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
 
 def gfd_product(product_name: str) -> str:
@@ -166,33 +178,44 @@ def read_slices(slices: Iterable[Mapping[str, Any]]) -> list[DraDevice | tuple[s
     return out
 
 
-def _newest_slices(slices: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
-    """``(pool, spec)`` of the driver's node slices of each pool's newest generation, by node."""
+def _newest_slices(slices: Iterable[Mapping[str, Any]], *,
+                   node_only: bool = True) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(pool, spec)`` of the driver's slices of each pool's newest generation, by node: only
+    slices with ``nodeName`` unless ``node_only`` is false (a pool's counter sets count whatever
+    node selection their slice states)."""
     newest: dict[str, int] = {}
     ours = []
     for s in slices:
         spec = s.get("spec") or {}
-        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
+        if spec.get("driver") != DRIVER or (node_only and not spec.get("nodeName")):
             continue
         pool = spec.get("pool") or {}
         gen = int(pool.get("generation") or 0)
-        name = str(pool.get("name") or spec["nodeName"])
+        name = str(pool.get("name") or spec.get("nodeName") or "")
         newest[name] = max(newest.get(name, gen), gen)
         ours.append((name, gen, spec))
-    return [(pool, spec) for pool, gen, spec in sorted(ours, key=lambda t: (str(t[2]["nodeName"]), t[0]))
+    return [(pool, spec) for pool, gen, spec in sorted(ours, key=lambda t: (str(t[2].get("nodeName") or ""), t[0]))
             if gen == newest[pool]]
 
 
 def counter_sets(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, int]]:
     """``{(pool, counter set): {counter: capacity}}`` from the pools' ``sharedCounters`` (newest
     generation; a counter set may sit in a slice of its own, as Kubernetes 1.35 asks)."""
-    out: dict[tuple[str, str], dict[str, int]] = {}
-    for pool, spec in _newest_slices(slices):
-        for cs in spec.get("sharedCounters") or ():
-            name = str(cs.get("name"))
-            out[(pool, name)] = {str(k): _quantity({"c": v}, "c", f"counter set {name}")
-                                 for k, v in (cs.get("counters") or {}).items()}
-    return out
+    return dracounters.counter_sets(_newest_slices(slices, node_only=False),
+                                    lambda value, what: _quantity({"c": {"value": value}}, "c", what))
+
+
+def incomplete_pools(slices: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
+    """``{pool: (listed, resourceSliceCount)}`` of the driver's pools whose newest generation has
+    fewer slices listed than it says it has (the driver is publishing; per the ResourceSlice API
+    a consumer's view of such a pool is not complete yet)."""
+    newest = _newest_slices(slices, node_only=False)
+    listed: dict[str, int] = {}
+    expected: dict[str, int] = {}
+    for pool, spec in newest:
+        listed[pool] = listed.get(pool, 0) + 1
+        expected[pool] = max(expected.get(pool, 0), int((spec.get("pool") or {}).get("resourceSliceCount") or 1))
+    return {p: (listed[p], expected[p]) for p in listed if listed[p] < expected[p]}
 
 
 def _consumes(body: Mapping[str, Any], device: str) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
@@ -325,8 +348,10 @@ def merge_dra(base: Inventory, slices: Iterable[Mapping[str, Any]] = (),
     read = read_slices(slices)
     if not read:
         return DraInventory(inventory=base)
+    slices = list(slices)
     taken = allocated_devices(claims)
     counters = counter_sets(slices)
+    incomplete = incomplete_pools(slices)
     devices: dict[str, list[DraDevice]] = {}
     errors: dict[str, str] = {}
     for entry in read:
@@ -338,6 +363,7 @@ def merge_dra(base: Inventory, slices: Iterable[Mapping[str, Any]] = (),
     excluded = {e.node: e for e in base.excluded}
     warnings = [w for w in base.warnings if w.node not in devices and w.node not in errors]
     product_names: dict[tuple[str, str], str] = {}
+    gpu_uuids: dict[tuple[str, str], tuple[str, ...]] = {}
     dra_nodes = set()
     for name in sorted(devices.keys() | errors.keys()):
         if name not in base.labels:  # a slice of a node that is gone (or not yet listed)
@@ -356,17 +382,25 @@ def merge_dra(base: Inventory, slices: Iterable[Mapping[str, Any]] = (),
                                           message=f"ResourceSlice of {DRIVER}: {errors[name]}; "
                                                   "check the DRA driver's kubelet plugin")
             continue
-        inv, node_warnings = _node_inventory(name, devices[name], taken, counters)
+        inv, node_warnings, pinned = _node_inventory(name, devices[name], taken, counters)
         usable[name] = inv
         warnings.extend(node_warnings)
+        for pool in sorted({d.pool for d in devices[name]} & incomplete.keys()):
+            listed, count = incomplete[pool]
+            warnings.append(InventoryWarning(node=name, reason=POOL_INCOMPLETE, message=(
+                f"{name}: {listed} of the {count} ResourceSlices of pool {pool} ({DRIVER}) are "
+                "listed: the driver is publishing a new generation, so its devices may be "
+                "incomplete until it finishes (the next plan reads them again)")))
         dra_nodes.add(name)
         for dev in devices[name]:
             product_names[(name, dev.gpu_type)] = dev.product_name
+        for (product_name, profile), uuids in pinned.items():
+            gpu_uuids[(name, model.gpu_type_name(gfd_product(product_name), profile))] = uuids
     inventory = Inventory(nodes=tuple(usable[k] for k in sorted(usable)),
                           excluded=tuple(excluded[k] for k in sorted(excluded)),
                           warnings=tuple(warnings), labels=base.labels)
     return DraInventory(inventory=inventory, dra_nodes=frozenset(dra_nodes),
-                        product_names=product_names)
+                        product_names=product_names, gpu_uuids=gpu_uuids)
 
 
 def _without_mig_parents(name: str, devices: Sequence[DraDevice],
@@ -385,59 +419,25 @@ def _without_mig_parents(name: str, devices: Sequence[DraDevice],
     return [d for d in devices if d not in dropped]
 
 
-def _fits(need: Mapping[str, int], left: Mapping[str, int]) -> bool:
-    return all(left.get(k, 0) >= v for k, v in need.items())
-
-
-def _offered_from_counters(devices: Sequence[DraDevice], taken: set[tuple[str, str]],
-                           counters: Mapping[tuple[str, str], Mapping[str, int]],
-                           ) -> tuple[list[DraDevice], set[tuple[str, str]]]:
-    """Partitionable devices as capacity: ``(devices counted, the free ones' keys)``.
-
-    Per counter set: what the allocated devices consume is subtracted; the rest is offered as the
-    whole GPU when nothing is allocated, else as the largest partitions that fit, greedily (a
-    device that consumes several sets must fit in every one)."""
-    counted: list[DraDevice] = []
-    free: set[tuple[str, str]] = set()
-    by_set: dict[tuple[str, str], list[DraDevice]] = {}
-    for d in devices:
-        by_set.setdefault((d.pool, d.consumes[0][0]), []).append(d)
-    left = {k: dict(v) for k, v in counters.items()}
-    for members in by_set.values():
-        for d in members:
-            if (d.pool, d.name) in taken:
-                counted.append(d)
-                for cs, use in d.consumes:
-                    for k, v in use:
-                        left.setdefault((d.pool, cs), {})[k] = left.get((d.pool, cs), {}).get(k, 0) - v
-    for members in by_set.values():
-        candidates = [d for d in members if (d.pool, d.name) not in taken and not d.taint]
-        whole = [d for d in candidates if not d.mig_profile]
-        order = whole[:1] + sorted((d for d in candidates if d.mig_profile),
-                                   key=lambda d: (-d.multiprocessors, -d.memory_mib, d.name))
-        for d in order:
-            if all(_fits(dict(use), left.get((d.pool, cs), {})) for cs, use in d.consumes):
-                counted.append(d)
-                free.add((d.pool, d.name))
-                for cs, use in d.consumes:
-                    for k, v in use:
-                        left[(d.pool, cs)][k] -= v
-                if not d.mig_profile:
-                    break  # the whole GPU took the counter set
-    return counted, free
-
-
 def _node_inventory(name: str, devices: Sequence[DraDevice], taken: set[tuple[str, str]],
                     counters: Mapping[tuple[str, str], Mapping[str, int]] | None = None,
-                    ) -> tuple[NodeInventory, list[InventoryWarning]]:
-    """One node's device classes: devices of equal (product, profile) are one class."""
+                    ) -> tuple[NodeInventory, list[InventoryWarning], dict[tuple[str, str], tuple[str, ...]]]:
+    """One node's device classes (devices of equal (product, profile) are one class), its
+    warnings, and the GPUs its partitionable classes come from (``{(productName, profile): uuids}``,
+    :attr:`DraInventory.gpu_uuids`)."""
     warnings: list[InventoryWarning] = []
     devices = _without_mig_parents(name, devices, warnings)
     static = [d for d in devices if not d.consumes]
     free_keys = {(d.pool, d.name) for d in static if (d.pool, d.name) not in taken and not d.taint}
-    partitioned, partition_free = _offered_from_counters(
-        [d for d in devices if d.consumes], taken, counters or {})
-    free_keys |= partition_free
+    offer = dracounters.offered([d for d in devices if d.consumes], taken, counters or {})
+    partitioned = offer.counted
+    free_keys |= offer.free
+    if offer.missing_sets:
+        sets = ", ".join(offer.missing_sets)
+        warnings.append(InventoryWarning(node=name, reason=COUNTERS_MISSING, message=(
+            f"{name}: devices draw on counter set(s) {sets} that no ResourceSlice of the pool "
+            "publishes: they are not offered (the driver may be re-publishing its slices; if it "
+            "stays, check the DRA driver's kubelet plugin)")))
     classes: dict[tuple[str, str], list[DraDevice]] = {}
     for dev in [*static, *partitioned]:
         classes.setdefault((gfd_product(dev.product_name), dev.mig_profile), []).append(dev)
@@ -472,7 +472,7 @@ def _node_inventory(name: str, devices: Sequence[DraDevice], taken: set[tuple[st
     runtime = min(d.cuda_driver for d in devices)
     return NodeInventory(name=name, driver_version=driver, max_cuda=min(runtime, driver_cuda),
                          devices=tuple(sorted(out, key=lambda d: d.resource_name)),
-                         driver_cuda=driver_cuda), warnings
+                         driver_cuda=driver_cuda), warnings, offer.gpu_uuids
 
 
 # --- requests ----------------------------------------------------------------------------------

@@ -44,23 +44,28 @@ def stale_template_names(job_name: str, previous_plan: Mapping[str, Any] | None,
         [f"{job_name}-g{i}" for i in groups]
 
 
-def selector_expression(product_name: str, mig_profile: str) -> str:
+def selector_expression(product_name: str, mig_profile: str, gpu_uuids: tuple[str, ...] = ()) -> str:
     """CEL that matches exactly the planned GPU type among the driver's devices.
 
     Args:
         product_name: ``productName`` as the driver publishes it (``"NVIDIA A100-SXM4-40GB"``).
         mig_profile: MIG profile, ``""`` for a whole GPU.
+        gpu_uuids: the physical GPUs the planned devices come from (partitionable devices,
+            :attr:`hetero_operator.cluster.dra.DraInventory.gpu_uuids`): a whole GPU's ``uuid``
+            or a partition's ``parentUUID`` must be one of them; ``()`` pins none.
     """
     attrs = f'device.attributes["{DRIVER}"]'
     expr = f"{attrs}.productName == {json.dumps(product_name)}"
     if mig_profile:
         expr += f" && {attrs}.profile == {json.dumps(mig_profile)}"
+    if gpu_uuids:
+        expr += f" && {attrs}.{'parentUUID' if mig_profile else 'uuid'} in {json.dumps(list(gpu_uuids))}"
     return expr
 
 
 def render_claim_template(job_name: str, namespace: str, group: GroupPlan, *, product_name: str,
                           devices_per_pod: int, labels: Mapping[str, str],
-                          attempt: int = 1) -> dict[str, Any]:
+                          attempt: int = 1, gpu_uuids: tuple[str, ...] = ()) -> dict[str, Any]:
     """The ``resource.k8s.io/v1`` ResourceClaimTemplate of one group of one attempt.
 
     Args:
@@ -70,6 +75,7 @@ def render_claim_template(job_name: str, namespace: str, group: GroupPlan, *, pr
         devices_per_pod: devices each pod of the group needs (its ranks; 1 for MIG pods).
         labels: labels of the template (the job's selector labels).
         attempt: the attempt the template belongs to (``status.attempt``).
+        gpu_uuids: the GPUs a partitionable group's devices come from (:func:`selector_expression`).
     """
     device_class = MIG_DEVICE_CLASS if group.mig_profile else GPU_DEVICE_CLASS
     return {
@@ -82,7 +88,7 @@ def render_claim_template(job_name: str, namespace: str, group: GroupPlan, *, pr
                 "deviceClassName": device_class, "allocationMode": "ExactCount",
                 "count": devices_per_pod,
                 "selectors": [{"cel": {"expression": selector_expression(
-                    product_name, group.mig_profile)}}]}}]}}},
+                    product_name, group.mig_profile, gpu_uuids)}}]}}]}}},
     }
 
 
@@ -114,6 +120,7 @@ def add_claims(inputs: PodInputs, job_name: str, namespace: str, plan: Plan, dra
     for g in sorted((g for g in plan.groups if g.node in dra.dra_nodes), key=lambda g: g.index):
         templates.append(render_claim_template(
             job_name, namespace, g, product_name=dra.product_names[(g.node, g.gpu_type)],
-            devices_per_pod=ranks_per_pod(g), labels=labels, attempt=attempt))
+            devices_per_pod=ranks_per_pod(g), labels=labels, attempt=attempt,
+            gpu_uuids=dra.gpu_uuids.get((g.node, g.gpu_type), ())))
         inputs = inputs.add(g.index, GroupInputs(claim_template=template_name(job_name, g, attempt)))
     return inputs, templates
