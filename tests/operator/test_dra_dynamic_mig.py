@@ -179,3 +179,23 @@ def test_a_job_on_the_node_takes_gpu_1_whole_and_gpu_0s_partitions_and_its_claim
                                                   f'{attrs}.parentUUID in ["{GPU0}"]')}
     for t in templates:
         kubernetes_validate.validate(json.loads(json.dumps(t)), "1.35.0", strict=True)
+
+
+def test_heterotrain_plan_reads_the_slices_and_claims_given_with_dra(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hetero_operator.cli import main
+
+    body = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "digits.yaml").read_text())
+    body["spec"]["gpus"] = {"ranks": 4, "minRanks": 1, "selection": "All"}
+    body["spec"]["images"] = IMAGES
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(body))
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "NodeList", "items": [node()]}))
+    assert main(["plan", str(tmp_path / "job.yaml"), "--nodes", str(tmp_path / "nodes.yaml"),
+                 "--dra", str(FIXTURE), "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted((r["product"], r["mig_profile"]) for r in out["ranks"]) == [
+        (A100, ""), (A100, "1g.10gb"), (A100, "1g.20gb")]  # 4 asked, 3 free: gpu-1 whole, gpu-0's two
+    (tmp_path / "empty.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": []}))
+    assert main(["plan", str(tmp_path / "job.yaml"), "--nodes", str(tmp_path / "nodes.yaml"),
+                 "--dra", str(tmp_path / "empty.yaml")]) == 1
+    assert "no ResourceSlice or ResourceClaim objects" in capsys.readouterr().err

@@ -25,6 +25,7 @@ from hetero_operator.api.quantities import gib
 from hetero_operator.api.settings import DEFAULT_IMAGES
 from hetero_operator.api.spec import KIND, JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Plan, Unschedulable, to_dict
+from hetero_operator.cluster.dra import merge_dra
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.planning.placement import pod_tolerations, restrict_to_template
 from hetero_operator.local import valueview
@@ -50,6 +51,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pods", metavar="PODS.yaml", default=None,
                         help="pods already bound to nodes (kubectl get pods -A -o yaml); their GPUs "
                              "count as used")
+    parser.add_argument("--dra", metavar="DRA.yaml", action="append", default=[],
+                        help="ResourceSlices and ResourceClaims (kubectl get resourceslices,"
+                             "resourceclaims -A -o yaml; repeatable): nodes whose GPUs NVIDIA's DRA "
+                             "driver publishes are read from their slices, claimed devices are in use")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table",
                         help="table (default) or json")
     valueview.add_arguments(parser, learn_help="`heterotrain run` writes it, `plan` reads it")
@@ -61,13 +66,17 @@ def run(args: argparse.Namespace) -> int:
         job = load_job(Path(args.job))
         nodes = load_objects(Path(args.nodes) if args.nodes else default_nodes_file(), "Node")
         pods = load_objects(Path(args.pods), "Pod") if args.pods else []
+        dra_objects = [o for path in args.dra for o in load_dra_objects(Path(path))]
         inputs = valueview.plan_inputs(args, job)
     except (InputError, prices.PriceError) as exc:
         print(f"heterotrain plan: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     job, notes = with_default_images(job)
-    inventory = restrict_to_template(build_inventory(
-        nodes, pods, tolerations=pod_tolerations(job.worker.template)), job.worker.template)
+    inventory = build_inventory(nodes, pods, tolerations=pod_tolerations(job.worker.template))
+    if dra_objects:  # as the operator merges them (controller/planner.py)
+        inventory = merge_dra(inventory, [o for o in dra_objects if o.get("kind") == "ResourceSlice"],
+                              [o for o in dra_objects if o.get("kind") == "ResourceClaim"]).inventory
+    inventory = restrict_to_template(inventory, job.worker.template)
     result = plan_job(job, inventory, inputs=inputs)
     notes = [*notes, *plan_notes(result, job)]
     if args.output == "json":
@@ -159,6 +168,20 @@ def read_text(path: Path) -> str:
         line = data[:exc.start].count(b"\n") + 1
         raise InputError(f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
                          "save it as UTF-8") from None
+
+
+def load_dra_objects(path: Path) -> list[dict[str, Any]]:
+    """The ResourceSlices and ResourceClaims of ``path``: every document, the ``items`` of Lists.
+
+    Raises:
+        InputError: unreadable, not YAML, or neither kind in it.
+    """
+    objs = [i for d in _documents(path) for i in (d["items"] if isinstance(d.get("items"), list) else [d])]
+    found = [o for o in objs if isinstance(o, Mapping) and o.get("kind") in ("ResourceSlice", "ResourceClaim")]
+    if not found:
+        raise InputError(f"{path}: no ResourceSlice or ResourceClaim objects (expected `kubectl get "
+                         "resourceslices,resourceclaims -A -o yaml` output)")
+    return found
 
 
 def _documents(path: Path) -> list[Any]:
