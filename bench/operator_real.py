@@ -8,14 +8,25 @@ the pods (they stay Pending: nobody runs them), the garbage collector deletes a 
 pods.  Observed over the API (lists from the watch cache, ``resourceVersion=0``), so the numbers
 include what the stand-in does not: admission, etcd writes, the scheduler's binds.
 
+A new Node gets ``node.kubernetes.io/not-ready:NoSchedule`` from admission; the node lifecycle
+controller removes it once the node is Ready, but only about 4-5 nodes a second with
+kube-controller-manager's default client rate (tests/cluster/test_informer_real.py measured 200
+nodes in about 40 s; it was last round's "about 90 more usable nodes every 20 s").  The harness
+removes that taint itself once every node is Ready (what the controller would do, at the
+harness's rate), so the operator starts on a settled cluster, as when it restarts on a real one.
+
 Reported: the same rows as the stand-in, plus the CPU seconds of kube-apiserver, etcd,
-kube-scheduler and kube-controller-manager in the scale run.
+kube-scheduler and kube-controller-manager in the scale run, and from the operator's log
+(issue 32, item 9): operator start -> every registered node usable (its informer's "nodes synced"
+line, or the first plan over all of them), and plans per job (its "planned over" lines).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
+import re
 import statistics
 import sys
 import time
@@ -34,6 +45,9 @@ from hetero_operator.devcluster.kubelet import LocalKubelet  # noqa: E402
 
 HTJ_PATH = "/apis/heterotrain.io/v1alpha1"
 LABEL_JOB = "heterotrain.io/job-name"
+NOT_READY = "node.kubernetes.io/not-ready"
+SYNCED = re.compile(r"nodes synced: (\d+) node\(s\) listed, (\d+) usable")
+PLANNED = re.compile(r"([\w.-]+)/([\w.-]+): planned over (\d+) usable node")
 
 
 def _cpu_s(pid: int) -> float:
@@ -61,6 +75,9 @@ class Real:
             t0 = time.perf_counter()
             await asyncio.wait_for(self.kubelet.registered.wait(), 900)
             self.register_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            await self.untaint()
+            self.untaint_s = time.perf_counter() - t0
         except BaseException:
             await asyncio.to_thread(controlplane.stop, self.dir)  # nothing keeps running
             raise
@@ -71,6 +88,32 @@ class Real:
         await asyncio.gather(self.kubelet_task, return_exceptions=True)
         await self.api.__aexit__()
         await asyncio.to_thread(controlplane.stop, self.dir)
+
+    async def untaint(self) -> None:
+        """Remove the not-ready taint of every Ready node (see the module doc); return once the
+        API server lists no node with it."""
+        sem = asyncio.Semaphore(16)
+
+        async def one(n: dict[str, Any]) -> None:
+            taints = (n.get("spec") or {}).get("taints") or []
+            kept = [t for t in taints if t.get("key") != NOT_READY]
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in (n.get("status") or {}).get("conditions") or ())
+            if ready and len(kept) != len(taints):
+                async with sem:
+                    await self.api.patch(f"/api/v1/nodes/{n['metadata']['name']}", {"spec": {"taints": kept}})
+
+        async def tainted() -> list[dict[str, Any]]:
+            listed = await self.api.get("/api/v1/nodes", params={"resourceVersion": "0"})
+            return [n for n in listed["items"] if any(t.get("key") == NOT_READY
+                                                       for t in (n.get("spec") or {}).get("taints") or ())]
+
+        async def none_left() -> bool:
+            left = await tainted()
+            await asyncio.gather(*(one(n) for n in left))
+            return not left
+
+        await wait(none_left, 600, 1.0, "every node Ready without the not-ready taint")
 
     def pids(self) -> dict[str, int]:
         return {n: int(p["pid"]) for n, p in controlplane.read_state(self.dir)["processes"].items()}
@@ -163,7 +206,9 @@ async def scale(workdir: Path, n_jobs: int, n_nodes: int, settle_timeout_s: floa
         for t in range(20):
             await real.namespace(f"team-{t}")
         await real.namespace("warmup")
-        proc = start_operator(Path(real.state["kubeconfig"]), workdir / "operator-real-scale.log")
+        log_path = workdir / "operator-real-scale.log"
+        started_unix = time.time()
+        proc = start_operator(Path(real.state["kubeconfig"]), log_path)
         try:
             t_start = time.perf_counter()
             await real.create_job("warmup", job("warmup", 8))
@@ -196,8 +241,9 @@ async def scale(workdir: Path, n_jobs: int, n_nodes: int, settle_timeout_s: floa
             cpu = {n: _cpu_s(p) - cpu0[n] for n, p in pids.items() if n in cpu0}
             cpu_op = _cpu_s(proc.pid) - cpu_op0
             per_job = sorted(complete[k] - created[k] for k in created)
-            return {"jobs": n_jobs, "nodes": n_nodes, "pods": sum((await real.pods_by_job()).values()),
-                    "nodes_registered_s": real.register_s, "lease_renewals": real.kubelet.renewals,
+            result = {"jobs": n_jobs, "nodes": n_nodes, "pods": sum((await real.pods_by_job()).values()),
+                    "nodes_registered_s": real.register_s, "nodes_untainted_s": real.untaint_s,
+                    "lease_renewals": real.kubelet.renewals,
                     "operator_start_to_first_job_pods_s": start_to_ready_s,
                     "last_job_create_to_all_pods_s": complete[last] - created[last],
                     "first_create_to_all_pods_s": wall_s,
@@ -212,3 +258,46 @@ async def scale(workdir: Path, n_jobs: int, n_nodes: int, settle_timeout_s: floa
                     "bench_process_cpu_s": time.process_time() - cpu_self0}
         finally:
             await stop(proc)
+    return {**result, **from_log(log_path, started_unix, n_nodes, [k for k in created])}
+
+
+def _unix(line: str) -> float:
+    """The unix time of an operator log line (``%Y-%m-%d %H:%M:%S,%f``, its local time = UTC here)."""
+    when = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return when.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def from_log(log: Path, started_unix: float, n_nodes: int, jobs: list[tuple[str, str]]) -> dict[str, Any]:
+    """What the operator's log says (issue 32, item 9).
+
+    ``operator_start_to_every_node_usable_s``: from the operator's process start to the earliest
+    line saying all ``n_nodes`` nodes are usable: its informer's "nodes synced" line or a plan "over
+    N usable node(s)"; ``inf`` when none does.  ``plans_per_job``: the "planned over" lines of the
+    scale jobs (placements and unschedulable answers alike) per job; ``max_plans_of_a_job``.
+    """
+    every: list[float] = []
+    synced: dict[str, Any] = {}
+    plans: dict[tuple[str, str], int] = {}
+    fewest = None
+    wanted = set(jobs)
+    for line in log.read_text(errors="replace").splitlines():
+        m = SYNCED.search(line)
+        if m:
+            synced = {"listed": int(m.group(1)), "usable": int(m.group(2)), "after_start_s": _unix(line) - started_unix}
+            if int(m.group(2)) >= n_nodes:
+                every.append(_unix(line))
+            continue
+        m = PLANNED.search(line)
+        if m:
+            usable = int(m.group(3))
+            if usable >= n_nodes:
+                every.append(_unix(line))
+            key = (m.group(1), m.group(2))
+            if key in wanted:
+                plans[key] = plans.get(key, 0) + 1
+                fewest = usable if fewest is None else min(fewest, usable)
+    counts = [plans.get(k, 0) for k in jobs]
+    return {"operator_start_to_every_node_usable_s": (min(every) - started_unix) if every else float("inf"),
+            "operator_synced_line": synced,
+            "plans_per_job": sum(counts) / len(jobs), "max_plans_of_a_job": max(counts),
+            "fewest_usable_nodes_in_a_plan": fewest}

@@ -1,8 +1,8 @@
 """Nodes as the operator's node index holds them, each remembering its own parse.
 
-The operator keeps every Node in a kopf index (``nodes_idx``; the value is
-:func:`hetero_operator.cluster.nodeindex.trim_node`'s :class:`IndexedNode`).  kopf replaces an index value
-only when the node's trimmed content changes, so a parse stored *on the value* is valid for exactly
+The operator keeps every Node in its Node informer (``hetero_operator.controller.informer``; the
+value is :func:`hetero_operator.cluster.nodeindex.trim_node`'s :class:`IndexedNode`).  The informer
+replaces a value only when the node's trimmed content changes, so a parse stored *on the value* is valid for exactly
 as long as the value lives: a start re-reads only the nodes that changed since the last start (and
 the nodes whose GPU pods changed), instead of all of them; GPU pods in the pod index likewise
 remember their device requests (:class:`IndexedPod`).  At 10,000 nodes that turns about
@@ -30,8 +30,8 @@ class IndexedNode(dict):  # type: ignore[type-arg]
     The memo is keyed by what the parse depends on besides the node itself: the GPU devices used
     on it by other pods, the tolerated taint keys, and which of its taints the job's tolerations
     tolerate (none for an untainted node, so jobs with different tolerations share its parse).
-    Equality is the dict's, so kopf keeps an unchanged node's value (and its memo) when the node
-    is re-listed.
+    Equality is the dict's, so the informer keeps an unchanged node's value (and its memo) when
+    the node is re-listed or only its heartbeat changed.
     """
 
     __slots__ = ("_memo", "name", "labels")
@@ -41,7 +41,7 @@ class IndexedNode(dict):  # type: ignore[type-arg]
         self._memo: tuple[tuple[Any, ...], _Parsed] | None = None
         self.name: str = _name(self)
         self.labels: Mapping[str, str] = node_labels(self)
-        """The node's labels as strings (read once, when kopf stores the value)."""
+        """The node's labels as strings (read once, when the value is made)."""
 
     def parsed(self, used: Mapping[str, int], tolerated_taint_keys: tuple[str, ...],
                tolerations: Sequence[Mapping[str, Any]] = ()) -> _Parsed:
@@ -163,7 +163,7 @@ def _toleration_key(tolerations: Sequence[Mapping[str, Any]]) -> tuple[tuple[tup
 
 class _Last:
     """The last inventory built from index values only, with what it was built from.  Index values
-    are never changed in place (kopf stores a new value for a changed object), so a value that is
+    are never changed in place (the informer stores a new value for a changed object), so a value that is
     the same object as last time has the same parse; holding the values also keeps their ids from
     being reused.  About 0.4 KiB per node is kept."""
 
@@ -249,7 +249,7 @@ def trim_node(body: Mapping[str, Any]) -> IndexedNode:
     An :class:`~hetero_operator.cluster.nodeindex.IndexedNode`: the index value also keeps the node's
     parse, so a start re-reads only nodes that changed (issue 11).  Conditions lose
     ``lastHeartbeatTime`` (nothing reads it): a kubelet's heartbeat then leaves the value equal,
-    kopf keeps the old one, and its parse survives.
+    the informer keeps the old one, and its parse survives.
     """
     meta, spec, status = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
     trimmed = {k: status[k] for k in ("capacity", "allocatable") if k in status}

@@ -1,4 +1,4 @@
-"""Plan a job over the operator's indexes: the Nodes and GPU pods kopf keeps, the GPUs that starts
+"""Plan a job over the operator's indexes: the Nodes and GPU pods its informers keep, the GPUs that starts
 in flight hold (:mod:`~hetero_operator.controller.reservations`), DRA's slices and claims, the
 pod template's placement, Kueue's admission, and the planning inputs (prices and links from the
 settings, learned speeds from the namespace's ``heterotrain-profiles`` ConfigMap).
