@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from heterotrain_common import envnames
+from heterotrain_common import envnames, termination
 
 RUN_DIR = envnames.RUN_DIR
 """Environment variable: directory for the files of this module; unset disables them (defined and
@@ -70,12 +70,17 @@ def write_result(values: Mapping[str, Any], environ: Mapping[str, str] | None = 
             checked by the embedded default's tests, other keys are listed as they are.
         environ: defaults to ``os.environ``.
 
+    In a pod (no ``HTJ_RUN_DIR``) the values go into the container's termination message as the
+    result's ``metrics``, which the operator writes into ``status.result``
+    (:func:`heterotrain_common.termination.record`; issue 33).
+
     Returns:
-        The file written, or None when ``HTJ_RUN_DIR`` is not set (e.g. in a pod).
+        The file written, or None when ``HTJ_RUN_DIR`` is not set and there is no
+        termination-message file (outside a pod).
     """
     directory = run_dir(environ)
     if directory is None:
-        return None
+        return termination.record({"metrics": dict(values)}, environ)
     path = directory / RESULT_FILE
     write_json_atomic(path, dict(values))
     return path

@@ -64,6 +64,7 @@ from hetero_worker.speed.stealing import check_stealable
 from hetero_worker.stepping import StepResult, Stepper
 from hetero_worker.steps import StepCount
 from hetero_worker.stop import GracefulStop
+from heterotrain_common import termination
 from heterotrain_common.contract import Contract
 from heterotrain_common.topology import build_layout
 
@@ -431,11 +432,19 @@ class Trainer:
         self.stop.exit(self.global_step, save=save, close=self.close)
 
     def close(self) -> None:
-        """Flush metrics, write a profiler trace still open, and leave the process group."""
+        """Flush metrics, write a profiler trace still open, and leave the process group.
+
+        Rank 0 records the job's last step, planned steps and loss in its termination message
+        (in a pod: the operator's ``status.result`` and final ``status.progress``;
+        :mod:`heterotrain_common.termination`)."""
         if self.profiler is not None:
             self.profiler.close()
         self.metrics.update_device()
         self.metrics.flush()
+        if self.rank == 0:
+            stats = self.metrics.stats()
+            termination.record({"step": self.global_step, "totalSteps": stats.get("total_steps"),
+                                "loss": stats.get("loss")})
         self.metrics.stop_server()
         self.sync.close()
         if dist.is_initialized():

@@ -42,6 +42,7 @@ from hetero_operator.api.settings import RestartSettings
 from hetero_operator.api.spec import RunPolicy
 from hetero_operator.cluster.nodehealth import NodeHealth
 from hetero_operator.lifecycle import restart
+from hetero_operator.lifecycle.startup import STARTUP_ERROR, result_text
 from hetero_operator.lifecycle.stuck import stuck_decision
 from hetero_operator.lifecycle.disruptions import (STOPPED_AT_CHECKPOINT, NodeView, disrupted,
                                                    next_unstick_s, removal, stuck)
@@ -148,7 +149,7 @@ def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
     rank0 = next((p for p in pods if p.first_rank == 0), None)
     if rank0 is not None and rank0.phase == "Succeeded":
         return Decision(action=SUCCEED, phase=c.SUCCEEDED, reason="JobSucceeded",
-                        message="Rank 0 completed successfully.",
+                        message=f"Rank 0 completed successfully{result_text(rank0.result)}.",
                         delete_pods=_to_clean(policy, pods))
     missing = sorted(set(job.planned_pods) - {p.name for p in pods})
     if missing:
@@ -168,8 +169,11 @@ def _with_pods(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
                         message=f"All {len(pods)} pod(s) are running.")
     pending = [p for p in pods if p.phase not in ("Running", "Succeeded")]
     oldest = min((p.created_s for p in pending if p.created_s is not None), default=now_s)
+    unplaced = next((p for p in pending if p.unschedulable), None)  # FailedScheduling's word
+    why = (f" The scheduler cannot place {unplaced.name}: {unplaced.unschedulable}"
+           f"{'' if unplaced.unschedulable.endswith('.') else '.'}" if unplaced else "")
     return Decision(action=WAIT, phase=c.CREATED, reason="PodsPending",
-                    message=f"{len(pending)} of {len(pods)} pod(s) are not running yet.",
+                    message=f"{len(pending)} of {len(pods)} pod(s) are not running yet.{why}",
                     requeue_s=max(oldest + timing.pending_timeout_s - now_s, 0.0) + 0.5)
 
 
@@ -177,16 +181,28 @@ def _on_failure(job: JobState, policy: RunPolicy, pods: Sequence[PodState],
                 failed: Sequence[PodState], now_s: float, timing: RestartSettings,
                 checkpointing: bool, restart_from: str = "") -> Decision:
     first = min(failed, key=lambda p: p.first_rank)
+    fatal = next((p for p in sorted(failed, key=lambda p: p.first_rank) if p.startup_error), None)
+    if fatal is not None:  # the same command in the same image fails again: keep the restarts
+        return Decision(
+            action=FAIL, phase=c.FAILED, reason=STARTUP_ERROR,
+            message=(f"{fatal.name} ({fatal.gpu_type or 'unknown GPU'}) failed at start-up: "
+                     f"{fatal.startup_error}; a restart would run the same command in the same "
+                     "image, so the job fails without using its restarts "
+                     f"(spec.runPolicy.backoffLimit {policy.backoff_limit}): fix "
+                     "spec.worker.command/args or the image, then re-create the job."
+                     + (f" Last log lines: {fatal.log_tail}" if fatal.log_tail else "")),
+            delete_pods=_to_clean(policy, pods))
     what = f"{first.name} ({first.gpu_type or 'unknown GPU'}) failed" + (
         f": {first.failure}" if first.failure else "")
+    tail = f" Last log lines of {first.name}: {first.log_tail}" if first.log_tail else ""
     verdict = restart.after_failure(restarts=job.restarts, backoff_limit=policy.backoff_limit,
                                     checkpointing=checkpointing, base_s=timing.backoff_base_s,
                                     max_s=timing.backoff_max_s, source=restart_from)
     if not verdict.restart:
         return Decision(action=FAIL, phase=c.FAILED, reason=verdict.reason,
-                        message=f"{what}; {verdict.message}.", delete_pods=_to_clean(policy, pods))
+                        message=f"{what}; {verdict.message}.{tail}", delete_pods=_to_clean(policy, pods))
     return Decision(action=RESTART, phase=c.RESTARTING, reason=verdict.reason,
-                    message=f"{what}; {verdict.message}.",
+                    message=f"{what}; {verdict.message}.{tail}",
                     delete_pods=pod_names(pods), count_restart=True,
                     restart_not_before_s=now_s + verdict.delay_s, requeue_s=POLL_DELETING_S)
 

@@ -20,6 +20,7 @@ from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import ExcludedNode, Plan
 from hetero_operator.lifecycle.disruptions import SHUTDOWN_REASONS, STOPPED_AT_CHECKPOINT
 from hetero_operator.lifecycle.restart import BACKOFF_LIMIT_EXCEEDED
+from hetero_operator.lifecycle import startup
 from hetero_operator.lifecycle.stuck import stuck_of
 from hetero_operator.lifecycle.values import FAIL, REPLAN, Decision, JobState, NodeLoss, PodState
 from hetero_operator.planning.marginal import VALUE_STATUS_KEYS, value_status
@@ -31,7 +32,7 @@ STATUS_KEYS = frozenset({
     "infrastructureRestarts", "lastDisruption", "lastNodeLoss",
     "ranksWanted", "ranksRunning", "ranksSummary", "gpuTypes", "startTime", "lastStartTime",
     "completionTime", "restartNotBefore", "lastFailure", "plan", "progress",
-    "createRefusals", "createRetryTime",
+    "createRefusals", "createRetryTime", "result",
 })
 PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
                        "groups", "excluded", "excludedCount", "excludedReasons", "pods",
@@ -67,6 +68,7 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "",
     st = pod.get("status") or {}
     annotations = meta.get("annotations") or {}
     stuck, stuck_message = stuck_of(pod, events)
+    done = startup.worker_terminated(st)
     return PodState(
         name=meta.get("name", ""), first_rank=int(labels.get(LABEL_RANK, "0")),
         phase=st.get("phase") or "Pending",
@@ -80,6 +82,8 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "",
         failure=_failure(st),
         disruption=disruption(st),
         stuck=stuck, stuck_message=stuck_message,
+        log_tail=startup.log_tail(done), startup_error=startup.startup_error(done),
+        result=startup.result(done), unschedulable=startup.unschedulable(st),
     )
 
 
@@ -254,6 +258,8 @@ def decided_status(status: Mapping[str, Any], d: Decision, states: Iterable[PodS
         new["lastFailure"] = d.message.split(";")[0]
     if d.phase in c.FINISHED_PHASES and not status.get("completionTime"):
         new["completionTime"] = c.now_iso(now_s)
+    if d.phase == c.SUCCEEDED:  # the result and the final progress, from rank 0's message
+        new.update(final_status(status, states, now_s))
     plan = status.get("plan") or {}
     wanted = int(plan.get("worldSize") or status.get("ranksWanted") or 0)
     running = ranks_running(states)
@@ -261,6 +267,23 @@ def decided_status(status: Mapping[str, Any], d: Decision, states: Iterable[PodS
     if wanted:
         new["ranksWanted"] = wanted
     return new
+
+
+def final_status(status: Mapping[str, Any], states: Iterable[PodState], now_s: float) -> dict[str, Any]:
+    """``status.result`` and the final ``status.progress`` of a succeeded job, from the result
+    rank 0 left in its termination message (:mod:`hetero_operator.lifecycle.startup`): the last
+    step, total steps and loss replace the mid-run reading and the ``eta`` goes; ``{}`` when rank
+    0 left none (a script that reports nothing: the last reading stays)."""
+    rank0 = next((p for p in states if p.first_rank == 0 and p.result), None)
+    result = startup.result_status(rank0.result if rank0 is not None else None)
+    if not result:
+        return {}
+    progress = {k: v for k, v in (status.get("progress") or {}).items() if k != "eta"}
+    progress.update({k: result[k] for k in ("step", "totalSteps", "loss") if k in result},
+                    updateTime=c.now_iso(now_s))
+    if "step" not in progress:
+        return {"result": result}
+    return {"result": result, "progress": progress}
 
 
 def planned_nodes(status: Mapping[str, Any]) -> dict[str, str]:

@@ -5,8 +5,9 @@ it decides (:class:`Decision` and the action names) (pure).  It decides with the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 
 # Actions
@@ -52,6 +53,15 @@ class PodState:
             :data:`hetero_operator.lifecycle.stuck.JOB_REASONS` (``ImagePullFailed``, ...); ``""``
             when it is not stuck.
         stuck_message: what the pod shows (``container worker is ImagePullBackOff: ...``).
+        log_tail: a failed worker container's last log lines (its termination message under
+            ``FallbackToLogsOnError``), ``""`` otherwise.
+        startup_error: why its failure is deterministic (the script or module is not there, an
+            import fails: :func:`hetero_operator.lifecycle.startup.startup_error`), ``""`` when a
+            restart may help.
+        result: the job's result a succeeded rank 0 left in its termination message (final
+            ``step``, ``totalSteps``, ``loss``, the script's ``metrics``), None otherwise.
+        unschedulable: the scheduler's message for a pod it cannot place (``FailedScheduling``),
+            ``""`` otherwise.
     """
 
     name: str
@@ -68,6 +78,10 @@ class PodState:
     disruption: str = ""
     stuck: str = ""
     stuck_message: str = ""
+    log_tail: str = ""
+    startup_error: str = ""
+    result: Mapping[str, Any] | None = field(default=None, hash=False)
+    unschedulable: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -201,6 +201,9 @@ def render_pods(job: JobSpec, plan: Plan, rank_envs: Sequence[Mapping[str, str]]
 _MERGED_POD_FIELDS = ("containers", "initContainers", "volumes", "tolerations", "affinity",
                       "securityContext")
 """Template pod fields merged field by field; every other allowed one is copied as given."""
+TERMINATION_MESSAGE_POLICY = "FallbackToLogsOnError"
+"""The worker container's ``terminationMessagePolicy`` (unless the template's container sets one)."""
+
 _MERGED_CONTAINER_FIELDS = ("name", "env", "resources", "securityContext", "ports", "volumeMounts")
 
 
@@ -330,6 +333,9 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str], launcher: Se
         "securityContext": {**(user.get("securityContext") or {}),
                             **copy.deepcopy(CONTAINER_SECURITY_CONTEXT)},
     })
+    # a failed rank's log tail lands in its status (the job's condition and Event quote it),
+    # and rank 0's result file when it succeeded (hetero_operator.lifecycle.startup)
+    container.setdefault("terminationMessagePolicy", TERMINATION_MESSAGE_POLICY)
     ports = []
     if unit.ranks[0] == 0:
         ports.append({"name": "rendezvous", "containerPort": int(env[envnames.MASTER_PORT]),
