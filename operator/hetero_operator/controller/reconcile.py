@@ -74,8 +74,9 @@ class Reconciler:
         config: operator settings.
         api: API wrapper.
         metrics: operator metrics.
-        nodes: returns the Node objects (the kopf index).
-        gpu_pods: returns pods bound to nodes that hold GPUs (the kopf index).
+        nodes: returns the Node objects (the Node informer's trimmed values:
+            :mod:`hetero_operator.controller.clustercache`).
+        gpu_pods: returns pods bound to nodes that hold GPUs (the Pod informer's).
         identity / peering_namespace: this replica's kopf peering identity; ``identity=None``
             means standalone (always acts).
         namespaced_peering: read the ``KopfPeering`` of each job's namespace (kopf's namespaced
@@ -430,7 +431,7 @@ class Reconciler:
               dra_source: tuple[list[Any], list[Any]] = ([], []),
               inputs: PlanInputs | None = None, only: str = "") -> tuple[Plan | Unschedulable, DraInventory]:
         """:func:`hetero_operator.controller.planner.plan_on_indexes` over the node and pod
-        indexes (each read once per plan: a read lists every Store of the kopf index) and the
+        indexes (each read once per plan: a read copies the informer's values) and the
         GPUs other starts hold; ``only``: onto that node alone."""
         nodes, indexed = self.nodes(), self.gpu_pods()
         if only:
