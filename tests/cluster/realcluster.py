@@ -25,6 +25,7 @@ from inprocess import OperatorThread
 from hetero_operator.devcluster import controlplane
 from hetero_operator.devcluster.controlplane import Options
 from hetero_operator.devcluster.kubeapi import Api
+from hetero_operator.devcluster import kubeletlogs
 from hetero_operator.devcluster.kubelet import LocalKubelet
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +87,7 @@ class RealCluster:
         async def main() -> None:
             async with Api.from_kubeconfig(Path(self.state["kubeconfig"])) as api:
                 self.kubelet = LocalKubelet(api, test_nodes(), pod_dir=self.dir / "pods", lease_s=GRACE_S,
-                                            renew_s=1.0)
+                                            renew_s=1.0, tls=kubeletlogs.tls_of(self.dir))
                 task = asyncio.ensure_future(self.kubelet.run())
                 ready.set()
                 try:

@@ -62,6 +62,10 @@ def test_cluster_up_helm_install_kubectl_apply_wait_describe_and_cluster_down(tm
         pods = json.loads(run("kubectl", "get", "pods", "-n", "heterotrain-system", "-o", "json", env=env).stdout)
         (operator_pod,) = pods["items"]
         assert operator_pod["status"]["phase"] == "Running"
+        # the chart NOTES' logs command (without -f): the API server reads the local kubelet's log endpoint
+        noted = run("kubectl", "-n", "heterotrain-system", "logs", "deployment/heterotrain", env=env).stdout
+        pod_log = cluster_dir / "pods" / f"heterotrain-system_{operator_pod['metadata']['name']}.log"
+        assert noted and pod_log.read_text().startswith(noted[:200]), (noted[:500], pod_log)
         run("kubectl", "apply", "-f", str(REPO / "examples" / "digits.yaml"), env=env)
         waited = subprocess.run(["kubectl", "wait", "--for=condition=Succeeded", "htj/digits", "--timeout=420s"],
                                 capture_output=True, text=True, env=env, timeout=450, check=False)
@@ -71,6 +75,8 @@ def test_cluster_up_helm_install_kubectl_apply_wait_describe_and_cluster_down(tm
         assert "Events:" in described and "Planned" in described and "JobSucceeded" in described, described
         got = run("kubectl", "get", "htj", "digits", env=env).stdout
         assert "Succeeded" in got, got
+        rank0 = run("kubectl", "logs", "digits-g0", "-c", "worker", env=env).stdout
+        assert rank0 == (cluster_dir / "pods" / "default_digits-g0.log").read_text(), rank0[-2000:]
     finally:
         ports = [int(p) for p in state.get("ports", {}).values()]
         down = subprocess.run([HETEROTRAIN, "cluster", "down", "--dir", str(cluster_dir)], capture_output=True,

@@ -91,6 +91,14 @@ def up(cluster_dir: Path, nodes: Path, *, kueue: bool = False, grace_s: int = 40
     return state
 
 
+def _tls_flags(cluster_dir: Path) -> list[str]:
+    """The kubelet's log endpoint flags (``kubectl logs``), none for a cluster without its files."""
+    from .kubeletlogs import tls_of
+    tls = tls_of(cluster_dir)
+    return [] if tls is None else ["--tls-cert-file", str(tls.cert), "--tls-private-key-file", str(tls.key),
+                                   "--client-ca-file", str(tls.client_ca)]
+
+
 def start_kubelet(cluster_dir: Path, nodes: Path, *, renew_s: float, lease_s: int) -> int:
     """Start ``python -m hetero_operator.devcluster.kubelet`` detached; returns its pid."""
     state = controlplane.read_state(cluster_dir)
@@ -99,7 +107,8 @@ def start_kubelet(cluster_dir: Path, nodes: Path, *, renew_s: float, lease_s: in
     proc = controlplane.spawn("kubelet", [sys.executable, "-m", "hetero_operator.devcluster.kubelet",
                                           "--kubeconfig", state["kubeconfig"], "--nodes", str(nodes.resolve()),
                                           "--dir", str(cluster_dir / "pods"), "--renew-s", str(renew_s),
-                                          "--lease-s", str(lease_s)], cluster_dir, env=env, cwd=REPO)
+                                          "--lease-s", str(lease_s), *_tls_flags(cluster_dir)],
+                                cluster_dir, env=env, cwd=REPO)
     controlplane.record_process(cluster_dir, "kubelet", proc.pid)
     return proc.pid
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cpflags, pki
+from . import cpflags, kubeletlogs, pki
 from .private import private_dir, write_secret
 
 REPO = Path(__file__).resolve().parents[3]
@@ -285,6 +285,7 @@ def start(cluster_dir: Path, bins: Path, options: Options = Options()) -> dict[s
     crt, key = pki.ensure_serving_cert(pdir, "kube-apiserver", ips=("127.0.0.1", cpflags.SERVICE_IP),
                                        dns=cpflags.APISERVER_DNS)
     sa_key, sa_pub = pki.ensure_service_account_key(pdir)
+    _, (kubelet_client_crt, kubelet_client_key) = kubeletlogs.kubelet_pki(pdir)
     etcd = etcd_pki(pdir / "etcd")
     tokens = cluster_dir / "tokens.csv"
     if not tokens.exists():
@@ -299,7 +300,8 @@ def start(cluster_dir: Path, bins: Path, options: Options = Options()) -> dict[s
                              "kubeconfig": str(kubeconfig), "ports": ports, "processes": {}}
     write_state(cluster_dir, state)
     paths = cpflags.Paths(dir=cluster_dir, ca=ca, ca_key=pdir / "ca.key", tls_crt=crt, tls_key=key,
-                          sa_key=sa_key, sa_pub=sa_pub, tokens=tokens, kubeconfig=kubeconfig, **etcd)
+                          sa_key=sa_key, sa_pub=sa_pub, tokens=tokens, kubeconfig=kubeconfig, **etcd,
+                          kubelet_client_crt=kubelet_client_crt, kubelet_client_key=kubelet_client_key)
     timeout = options.ready_timeout_s
     try:
         proc = spawn("etcd", [str(bins / "etcd"), *cpflags.etcd_args(paths, ports)], cluster_dir)

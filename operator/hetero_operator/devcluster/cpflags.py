@@ -46,6 +46,10 @@ class Paths:
     etcd_client_crt: Path
     """kube-apiserver's client certificate for etcd (``CN=kube-apiserver-etcd-client``)."""
     etcd_client_key: Path
+    kubelet_client_crt: Path | None = None
+    """kube-apiserver's client certificate for the kubelet's log endpoint
+    (``CN=kube-apiserver-kubelet-client``, :mod:`.kubeletlogs`); None: no kubelet is verified."""
+    kubelet_client_key: Path | None = None
 
 
 def kubeconfig_text(server: str, ca: Path, token: str, *, user: str = "admin") -> str:
@@ -97,7 +101,19 @@ def apiserver_args(p: Paths, ports: Mapping[str, int], verbosity: int = 0) -> li
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
             f"--enable-admission-plugins={','.join(ADMISSION_PLUGINS)}",
             "--enable-aggregator-routing=true", "--profiling=false", "--event-ttl=2h",
-            "--max-requests-inflight=800", "--max-mutating-requests-inflight=400", f"-v={verbosity}"]
+            "--max-requests-inflight=800", "--max-mutating-requests-inflight=400", f"-v={verbosity}",
+            *kubelet_args(p)]
+
+
+def kubelet_args(p: Paths) -> list[str]:
+    """How kube-apiserver reaches the local kubelet (``pods/log``, ``kubectl logs``): at the
+    Node's InternalIP (127.0.0.1; a Hostname such as ``node-a100`` resolves nowhere), verifying
+    the kubelet's certificate with the cluster CA and showing its own client certificate."""
+    if p.kubelet_client_crt is None or p.kubelet_client_key is None:
+        return ["--kubelet-preferred-address-types=InternalIP"]
+    return ["--kubelet-preferred-address-types=InternalIP", f"--kubelet-certificate-authority={p.ca}",
+            f"--kubelet-client-certificate={p.kubelet_client_crt}",
+            f"--kubelet-client-key={p.kubelet_client_key}"]
 
 
 def controller_manager_args(p: Paths, ports: Mapping[str, int], *, grace_s: int, period_s: int,

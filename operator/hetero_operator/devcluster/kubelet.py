@@ -16,11 +16,15 @@ with a TokenRequest token of their service account in ``$KUBECONFIG`` (no projec
 docs/cluster.md lists every difference from a real kubelet).  The real ports behind remapped
 ones are written to the pod annotation :data:`~hetero_operator.api.labels.ANNOTATION_LOCAL_PORTS` (JSON).
 
+With ``tls`` it serves the kubelet's log endpoint (``kubectl logs``: :mod:`.kubeletlogs`) and
+posts its port in each Node's ``daemonEndpoints``.
+
 With ``run_pods=False`` it only registers and heartbeats (2,000 nodes from one process for the
 benchmark).  :meth:`LocalKubelet.stop_heartbeat` is a dead kubelet (its processes die, nothing
 is reported any more: the node lifecycle controller turns the node ``Ready=Unknown``).
 
-Run it: ``python -m hetero_operator.devcluster.kubelet --kubeconfig K --nodes FILE --dir DIR``.
+Run it: ``python -m hetero_operator.devcluster.kubelet --kubeconfig K --nodes FILE --dir DIR
+[--tls-cert-file C --tls-private-key-file K --client-ca-file CA]``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS, LABEL_ATTEMPT, LA
 from . import podenv
 from .controlplane import free_ports
 from .kubeapi import Api, ApiError
+from .kubeletlogs import KubeletTls, LogServer, LogSource
 from .private import write_secret
 
 REPO = Path(__file__).resolve().parents[3]
@@ -79,10 +84,13 @@ class LocalKubelet:
         renew_s: seconds between renewals of every lease (spread over the interval).
         run_pods: watch and run pods (False: nodes and leases only).
         python_bin: the dir put first on the pods' ``PATH`` (default: this interpreter's).
+        tls: serve the kubelet's log endpoint with it (``kubectl logs``, :mod:`.kubeletlogs`),
+            its port in every Node's ``daemonEndpoints``; None serves nothing.
     """
 
     def __init__(self, api: Api, nodes: list[Mapping[str, Any]], *, pod_dir: Path, lease_s: int = 40,
-                 renew_s: float = 10.0, run_pods: bool = True, python_bin: Path | None = None) -> None:
+                 renew_s: float = 10.0, run_pods: bool = True, python_bin: Path | None = None,
+                 tls: KubeletTls | None = None) -> None:
         self.api, self.nodes = api, {n["metadata"]["name"]: n for n in nodes}
         self.pod_dir, self.lease_s, self.renew_s, self.run_pods = pod_dir, lease_s, renew_s, run_pods
         self.python_bin = python_bin or Path(sys.executable).parent
@@ -93,12 +101,16 @@ class LocalKubelet:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.registered = asyncio.Event()
+        self.log_server = LogServer(tls, LogSource(log_path=self._log_path, has_container=self._has_container,
+                                                   running=self._running)) if tls and run_pods else None
 
     # --- lifecycle ------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Register every node, then heartbeat and run pods until cancelled."""
         self.pod_dir.mkdir(parents=True, exist_ok=True)
+        if self.log_server is not None:
+            await self.log_server.start()
         sem = asyncio.Semaphore(16)
 
         async def one(name: str) -> None:
@@ -127,6 +139,8 @@ class LocalKubelet:
                 _killpg(proc.pid, signal.SIGKILL)
         for task in list(self._tasks):
             task.cancel()
+        if self.log_server is not None:
+            await self.log_server.stop()
 
     async def register(self, name: str) -> None:
         """Create (or update) the Node, post its status, create its Lease."""
@@ -142,7 +156,7 @@ class LocalKubelet:
             if exc.status != 409:
                 raise
             node = await self.api.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": meta["labels"]}})
-        await self.api.patch(f"/api/v1/nodes/{name}/status", {"status": podenv.node_status(src)})
+        await self.api.patch(f"/api/v1/nodes/{name}/status", {"status": self._node_status(name)})
         lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                  "metadata": {"name": name, "namespace": LEASE_NS, "ownerReferences": [
                      {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}]},
@@ -154,6 +168,11 @@ class LocalKubelet:
             if exc.status != 409:
                 raise
             await self._renew(name)
+
+    def _node_status(self, name: str) -> dict[str, Any]:
+        """The Node's status, with the log endpoint's port where the API server looks for it."""
+        port = self.log_server.port if self.log_server is not None else 0
+        return {**podenv.node_status(self.nodes[name]), "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}
 
     async def _renew(self, name: str) -> None:
         await self.api.patch(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{name}",
@@ -196,7 +215,7 @@ class LocalKubelet:
     async def revive(self, name: str) -> None:
         """A new kubelet on the node: it posts Ready again and renews the lease."""
         self.dead.discard(name)
-        await self.api.patch(f"/api/v1/nodes/{name}/status", {"status": podenv.node_status(self.nodes[name])})
+        await self.api.patch(f"/api/v1/nodes/{name}/status", {"status": self._node_status(name)})
         await self._renew(name)
 
     async def revive_registered(self, name: str) -> None:
@@ -398,6 +417,21 @@ class LocalKubelet:
         path = self.pod_dir / f"{namespace}_{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    # --- the log endpoint's questions (kubeletlogs.LogSource) -------------------------------
+
+    def _log_path(self, namespace: str, name: str) -> Path | None:
+        path = self.pod_dir / f"{namespace}_{name}.log"
+        return path if (namespace, name) in self.pods or path.exists() else None
+
+    def _has_container(self, namespace: str, name: str, container: str) -> bool:
+        state = self.pods.get((namespace, name))
+        return state is None or container in {c["name"] for c in state.pod["spec"]["containers"]}
+
+    def _running(self, namespace: str, name: str, container: str) -> bool:
+        state = self.pods.get((namespace, name))
+        proc = state.procs.get(container) if state is not None and not state.done else None
+        return proc is not None and proc.returncode is None
+
     def metrics_url(self, pod: Mapping[str, Any], port: int) -> str | None:
         """Where the pod's container port ``port`` really is (the operator's metrics reader)."""
         ann = (pod.get("metadata") or {}).get("annotations") or {}
@@ -451,8 +485,10 @@ def _killpg(pid: int, sig: int) -> None:
 async def _main(args: argparse.Namespace) -> int:
     nodes = load_nodes(Path(args.nodes))
     async with Api.from_kubeconfig(Path(args.kubeconfig)) as api:
+        tls = KubeletTls(cert=Path(args.tls_cert_file), key=Path(args.tls_private_key_file),
+                         client_ca=Path(args.client_ca_file)) if args.tls_cert_file else None
         kubelet = LocalKubelet(api, nodes, pod_dir=Path(args.dir), lease_s=args.lease_s, renew_s=args.renew_s,
-                               run_pods=not args.no_pods)
+                               run_pods=not args.no_pods, tls=tls)
         task = asyncio.ensure_future(kubelet.run())
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -472,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-s", type=int, default=40, help="leaseDurationSeconds (default 40)")
     p.add_argument("--renew-s", type=float, default=10.0, help="seconds between lease renewals (default 10)")
     p.add_argument("--no-pods", action="store_true", help="register and heartbeat only")
+    p.add_argument("--tls-cert-file", help="serve the log endpoint (kubectl logs) with this certificate")
+    p.add_argument("--tls-private-key-file", help="... and this key")
+    p.add_argument("--client-ca-file", help="... taking client certificates of this CA only")
     return asyncio.run(_main(p.parse_args(argv)))
 
 
