@@ -180,3 +180,16 @@ def script_job(name: str, code: str, **spec: Any) -> dict[str, Any]:
     for section, values in spec.items():
         body["spec"].setdefault(section, {}).update(values)
     return body
+
+
+def local_job(path: Path, name: str, command: list[str], *, env: Mapping[str, str] | None = None) -> Path:
+    """A job for ``heterotrain run`` written to ``path``: examples/digits.yaml renamed ``name``, its
+    worker ``command`` with ``env``, FP32, no checkpoints, no restart (``backoffLimit: 0``)."""
+    doc = yaml.safe_load((REPO / "examples" / "digits.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["worker"] = {"command": command, "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
+    doc["spec"]["training"]["precision"] = "FP32"
+    del doc["spec"]["training"]["checkpoint"]
+    doc["spec"]["runPolicy"]["backoffLimit"] = 0
+    path.write_text(yaml.safe_dump(doc))
+    return path

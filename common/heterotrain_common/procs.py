@@ -227,6 +227,24 @@ def tail(path: os.PathLike[str] | str, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is no zombie (a process of another user counts as
+    alive); False for ``pid <= 0``."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie child of ours counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def cpu_count() -> int:
     """CPUs this process may run on (its affinity set, e.g. a container's cpuset), at least 1."""
     try:

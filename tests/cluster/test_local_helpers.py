@@ -86,3 +86,17 @@ def test_kueue_webhooks_call_loopback_urls_with_the_cluster_ca() -> None:
                      and d["metadata"]["name"] == "workloads.kueue.x-k8s.io")
     assert workloads["spec"]["conversion"]["webhook"]["clientConfig"]["url"] == "https://127.0.0.1:9443/convert"
     assert "v1beta2" in {v["name"] for v in workloads["spec"]["versions"] if v["served"]}
+
+
+def test_the_api_server_reaches_kubelets_at_their_internal_ip_with_certificates(tmp_path: Path) -> None:
+    base = dict(dir=tmp_path, ca=tmp_path / "ca.crt", ca_key=tmp_path / "ca.key", tls_crt=tmp_path / "s.crt",
+                tls_key=tmp_path / "s.key", sa_key=tmp_path / "sa.key", sa_pub=tmp_path / "sa.pub",
+                tokens=tmp_path / "t.csv", kubeconfig=tmp_path / "kubeconfig", etcd_ca=tmp_path / "e-ca.crt",
+                etcd_crt=tmp_path / "e.crt", etcd_key=tmp_path / "e.key", etcd_client_crt=tmp_path / "ec.crt",
+                etcd_client_key=tmp_path / "ec.key")
+    assert cpflags.kubelet_args(cpflags.Paths(**base)) == ["--kubelet-preferred-address-types=InternalIP"]
+    paths = cpflags.Paths(**base, kubelet_client_crt=tmp_path / "kc.crt", kubelet_client_key=tmp_path / "kc.key")
+    ports = {"etcd_client": 1, "etcd_peer": 2, "apiserver": 3, "controller_manager": 4, "scheduler": 5}
+    assert [a for a in cpflags.apiserver_args(paths, ports) if a.startswith("--kubelet-")] == [
+        "--kubelet-preferred-address-types=InternalIP", f"--kubelet-certificate-authority={tmp_path / 'ca.crt'}",
+        f"--kubelet-client-certificate={tmp_path / 'kc.crt'}", f"--kubelet-client-key={tmp_path / 'kc.key'}"]

@@ -12,11 +12,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
+from builders import local_job
 
 from heterotrain_common import listen
 
-ROOT = Path(__file__).parents[2]
 RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
 
 # A rank joins the job and starts its metrics server as the Trainer does (rendezvous, then
@@ -62,17 +61,8 @@ RANK = textwrap.dedent("""
 
 
 def _job(tmp_path: Path) -> Path:
-    doc = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
-    doc["metadata"]["name"] = "listen"
     (tmp_path / "out").mkdir()
-    doc["spec"]["worker"] = {"command": ["python", "-c", RANK], "args": [],
-                             "env": [{"name": "OUT", "value": str(tmp_path / "out")}]}
-    doc["spec"]["training"]["precision"] = "FP32"
-    del doc["spec"]["training"]["checkpoint"]
-    doc["spec"]["runPolicy"]["backoffLimit"] = 0
-    path = tmp_path / "listen.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return local_job(tmp_path / "listen.yaml", "listen", ["python", "-c", RANK], env={"OUT": str(tmp_path / "out")})
 
 
 @pytest.mark.slow

@@ -10,13 +10,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
+from builders import local_job
 from waiting import wait_until
 
 from hetero_operator.jobview import cluster
 from hetero_operator.local import runstate, runview
 
-ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "hetero_operator.cli"]
 
 # Rank program: 3 steps (WorkerMetrics, total 3, loss 0.25), a line per step; waits for $GO when
@@ -46,17 +45,8 @@ PROGRAM = textwrap.dedent("""
 
 
 def _job(tmp_path: Path, *, env: dict[str, str] | None = None) -> Path:
-    doc = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
-    doc["metadata"]["name"] = "tiny"
     (tmp_path / "prog.py").write_text(PROGRAM)
-    doc["spec"]["worker"] = {"command": ["python", str(tmp_path / "prog.py")],
-                             "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
-    doc["spec"]["training"]["precision"] = "FP32"
-    del doc["spec"]["training"]["checkpoint"]
-    doc["spec"]["runPolicy"]["backoffLimit"] = 0
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return local_job(tmp_path / "job.yaml", "tiny", ["python", str(tmp_path / "prog.py")], env=env)
 
 
 def _cli(tmp_path: Path, *argv: str, timeout_s: float = 100) -> subprocess.CompletedProcess[str]:

@@ -137,7 +137,7 @@ def wait_nodes_ready(cluster_dir: Path, nodes: Path, timeout_s: float = 120) -> 
     pid = controlplane.read_state(cluster_dir)["processes"]["kubelet"]["pid"]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not controlplane._alive(pid):
+        if not controlplane.pid_alive(pid):
             raise ControlPlaneError(f"kubelet exited:\n{controlplane.log_tail(cluster_dir, 'kubelet')}")
         items = _get(cluster_dir, "/api/v1/nodes").get("items", [])
         ready = {n["metadata"]["name"] for n in items

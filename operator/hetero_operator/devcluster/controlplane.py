@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heterotrain_common.procs import pid_alive
+
 from . import cpflags, kubeletlogs, pki
 from .private import private_dir, write_secret
 
@@ -200,21 +202,6 @@ def wait_ready(name: str, url: str, proc: subprocess.Popen[bytes] | None, cluste
                             f"{log_tail(cluster_dir, name)}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as gone
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _ours(pid: int, cluster_dir: Path) -> bool:
     """Is ``pid`` still a process of this cluster (its command line or environment names the dir
     or a cluster binary)? Guards against a recycled pid."""
@@ -232,19 +219,19 @@ def stop_pids(pids: Mapping[str, int], cluster_dir: Path, *, timeout_s: float = 
     stopped = []
     for name in order:
         pid = pids[name]
-        if not (_alive(pid) and _ours(pid, cluster_dir)):
+        if not (pid_alive(pid) and _ours(pid, cluster_dir)):
             continue
         stopped.append(name)
         with _suppress():
             os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             _reap(pid)
             time.sleep(0.05)
-        if _alive(pid):
+        if pid_alive(pid):
             with _suppress():
                 os.killpg(pid, signal.SIGKILL)
-        while _alive(pid):
+        while pid_alive(pid):
             _reap(pid)
             time.sleep(0.02)
     return stopped
@@ -275,7 +262,7 @@ def start(cluster_dir: Path, bins: Path, options: Options = Options()) -> dict[s
         ControlPlaneError: a cluster of this dir is still running, or a process failed to start.
     """
     cluster_dir = cluster_dir.resolve()
-    if any(_alive(p["pid"]) and _ours(p["pid"], cluster_dir)
+    if any(pid_alive(p["pid"]) and _ours(p["pid"], cluster_dir)
            for p in read_state(cluster_dir).get("processes", {}).values()):
         raise ControlPlaneError(f"a cluster is already running in {cluster_dir} "
                                 "(heterotrain cluster down first)")
@@ -359,7 +346,7 @@ def stop(cluster_dir: Path, *, timeout_s: float = 20.0) -> list[str]:
             pid = int(pidfile.read_text().strip() or 0)
         except (OSError, ValueError):
             pid = 0
-        if pid and _alive(pid):
+        if pid and pid_alive(pid):
             with _suppress():
                 os.killpg(pid, signal.SIGKILL)
             stopped.append(f"pod {pidfile.stem}")

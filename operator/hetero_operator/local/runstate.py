@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from heterotrain_common import rundir
+from heterotrain_common.procs import pid_alive
 
 PLAN_FILE = "plan.json"
 STATE_FILE = "state.json"
@@ -88,7 +89,7 @@ def read_state(workdir: Path, finished: bool = False) -> RunState:
     state = RunState(state=str(data.get("state") or "Unknown"), pid=int(data.get("pid") or 0),
                      exit_code=data.get("exit_code"), reason=str(data.get("reason") or ""),
                      started_unix_s=data.get("started_unix_s"), ended_unix_s=data.get("ended_unix_s"))
-    if state.state == RUNNING and not _alive(state.pid):
+    if state.state == RUNNING and not pid_alive(state.pid):
         return RunState(state=GONE, pid=state.pid, started_unix_s=state.started_unix_s,
                         reason=f"its process {state.pid} is gone without recording how it ended "
                                "(killed, or the machine restarted)")
@@ -98,15 +99,3 @@ def read_state(workdir: Path, finished: bool = False) -> RunState:
 def read_plan(workdir: Path) -> dict[str, Any] | None:
     """The plan the run started with, None when not recorded."""
     return rundir.read_json(workdir / PLAN_FILE)
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
