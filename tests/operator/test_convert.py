@@ -29,7 +29,8 @@ EXPECTED_JOB = {
             "command": ["python", "/workspace/train.py"],
             "args": ["--epochs", "10", "--data", "/data"],
             "env": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "WANDB_MODE", "value": "offline"}],
-            "resources": {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "16Gi"}},
+            "resourcesPerRank": {"requests": {"cpu": "2", "memory": "8Gi"},
+                                 "limits": {"cpu": "4", "memory": "16Gi"}},
             "sharedMemorySize": "4Gi",
             "template": {"spec": {
                 "nodeSelector": {"nvidia.com/gpu.present": "true"},
@@ -102,7 +103,12 @@ def test_torchrun_is_taken_off_and_its_processes_per_node_count_as_ranks() -> No
     doc = _load()
     for r in ("Master", "Worker"):
         doc["spec"]["pytorchReplicaSpecs"][r]["template"]["spec"]["containers"][0]["command"][1] = "--nproc-per-node=2"
-    assert convert_pytorchjob(doc).job["spec"]["gpus"] == {"ranks": 8, "minRanks": 4}
+    two = convert_pytorchjob(doc).job["spec"]
+    assert two["gpus"] == {"ranks": 8, "minRanks": 4}
+    # a replica's CPU and memory are for its 2 ranks: per rank, half (3 CPUs -> 1500m)
+    doc["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] = "3"
+    assert convert_pytorchjob(doc).job["spec"]["worker"]["resourcesPerRank"] == {
+        "requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"cpu": "1500m", "memory": "8Gi"}}
 
 
 def test_what_cannot_be_mapped_is_listed_with_the_rule_that_refuses_it() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import re
+from decimal import Decimal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -182,8 +183,9 @@ def convert_pytorchjob(doc: Mapping[str, Any], *, global_batch_size: int | None 
     cbase = f"{base}.template.spec.containers[{index}]"
     container = dict(containers[index])
 
-    worker, procs = _worker(container, cbase, spec, led)
-    ranks, min_ranks = _ranks(replicas, present, spec, procs, container, led)
+    worker, launcher_procs = _worker(container, cbase, spec, led)
+    ranks, min_ranks, procs = _ranks(replicas, present, spec, launcher_procs, container, led)
+    _resources(worker, procs, led)
     pod_priority = pod.get("priorityClassName")
     worker["template"] = _template(template, pod, containers, index, base, cbase, container,
                                    worker, spec, led)
@@ -267,8 +269,9 @@ def _gpus_of(c: Mapping[str, Any]) -> int:
 
 
 def _ranks(replicas: Mapping[str, Any], present: list[str], spec: Mapping[str, Any],
-           launcher_procs: int | None, c: Mapping[str, Any], led: _Ledger) -> tuple[int, int]:
-    """(spec.gpus.ranks, spec.gpus.minRanks) from replicas x processes per replica."""
+           launcher_procs: int | None, c: Mapping[str, Any], led: _Ledger) -> tuple[int, int, int]:
+    """(spec.gpus.ranks, spec.gpus.minRanks, processes per replica) from replicas x processes
+    per replica."""
     elastic = dict(spec.get("elasticPolicy") or {})
     nproc = str(spec.get("nprocPerNode") or elastic.get("nProcPerNode") or "")
     gpus = _gpus_of(c)
@@ -305,7 +308,48 @@ def _ranks(replicas: Mapping[str, Any], present: list[str], spec: Mapping[str, A
     led.skip("spec.elasticPolicy.metrics", "HeteroTrain does not resize a running job from "
              "metrics: the planner places up to spec.gpus.ranks at each start (delete and "
              "re-create the job to resize; it resumes from its checkpoint)")
-    return ranks, max(1, min(min_ranks, ranks))
+    return ranks, max(1, min(min_ranks, ranks)), procs
+
+
+def _resources(worker: dict[str, Any], procs: int, led: _Ledger) -> None:
+    """A replica's CPU and memory (Kubeflow's are per replica, i.e. per ``procs`` ranks) as
+    ``spec.worker.resourcesPerRank`` (a pod of the plan gets them times its ranks); kept per pod
+    (``spec.worker.resources``) where a quantity does not divide by ``procs``."""
+    per_replica = worker.pop("resources", None)
+    if not per_replica:
+        return
+    per_rank: dict[str, dict[str, Any]] = {}
+    per_pod: dict[str, dict[str, Any]] = {}
+    for kind, amounts in per_replica.items():
+        for name, amount in amounts.items():
+            share = _divided(amount, procs)
+            if share is None:
+                per_pod.setdefault(kind, {})[name] = amount
+                led.notes.append(f"spec.worker.resources.{kind}.{name}: {amount} per replica does not "
+                                 f"divide by its {procs} ranks: kept per pod (resourcesPerRank for a "
+                                 "per-rank amount)")
+            else:
+                per_rank.setdefault(kind, {})[name] = share
+    if per_rank:
+        worker["resourcesPerRank"] = per_rank
+    if per_pod:
+        worker["resources"] = per_pod
+
+
+def _divided(amount: Any, procs: int) -> Any:
+    """``amount`` (a quantity) / ``procs`` as a quantity of the same suffix (CPU in millicores
+    when needed); ``amount`` itself for one; None when it does not divide exactly."""
+    if procs == 1:
+        return amount
+    m = re.match(r"^(\d+(?:\.\d+)?)([A-Za-z]*)$", str(amount).strip())
+    if m is None:
+        return None
+    share = Decimal(m.group(1)) / procs
+    if share == share.to_integral_value():
+        return f"{int(share)}{m.group(2)}"
+    if not m.group(2) and share * 1000 == (share * 1000).to_integral_value():
+        return f"{int(share * 1000)}m"
+    return None
 
 
 def _template(template: dict[str, Any], pod: dict[str, Any], containers: list[dict[str, Any]],
