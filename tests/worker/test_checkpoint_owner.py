@@ -4,8 +4,8 @@
 
 Job A (UID uid-a, name ``digits``) saves steps 2 and 4.  The same manifest re-applied (a new UID,
 the same name) starts at step 0 and says whose checkpoints it passed over and which field to set;
-its own restart resumes its own step 2, not A's newer step 4; a renamed copy starts at step 0 too;
-a job that sets ``HTJ_RESUME_FROM`` (``spec.training.checkpoint.resumeFrom``) to A's UID resumes
+its own restart resumes its own step 2, not A's newer step 4; a renamed copy starts at step 0 too,
+and its retention keeps its own newest two without deleting the other jobs' checkpoints; a job that sets ``HTJ_RESUME_FROM`` (``spec.training.checkpoint.resumeFrom``) to A's UID resumes
 A's step 4.
 """
 
@@ -70,8 +70,10 @@ def test_a_reapplied_or_renamed_job_never_resumes_another_jobs_checkpoint(tmp_pa
     assert [(r["resumed_step"], r["step"]) for r in restarted] == [(2, 3), (2, 3)]  # its own
     assert "checkpoint_not_resumed" not in said
 
-    renamed, said = phase(tmp_path, "c", uid="uid-c", job="digits-copy", steps=1, every=0)
-    assert [(r["resumed"], r["step"]) for r in renamed] == [(False, 1), (False, 1)]
+    renamed, said = phase(tmp_path, "c", uid="uid-c", job="digits-copy", steps=6, every=2)
+    assert [(r["resumed"], r["step"]) for r in renamed] == [(False, 6), (False, 6)]
+    # its retention (keep 2) removed its own step 2 and none of the other jobs' checkpoints
+    assert owners(tmp_path) == [(6, "uid-c"), (4, "uid-c"), (4, "uid-a"), (2, "uid-b"), (2, "uid-a")]
     assert ('holds 3 checkpoint(s) of other jobs, the newest (step 4) by job "digits" (UID '
             'uid-a); this is job "digits-copy" (UID uid-c)') in said
     assert "set spec.training.checkpoint.resumeFrom: digits;" in said  # another name: the name

@@ -191,3 +191,13 @@ class ResumeFilter:
                 "job re-applied under the same name gets a new UID), so it starts at step 0. To "
                 f"continue from them, set {RESUME_FROM_FIELD}: {value}; to keep jobs apart, give "
                 "each its own spec.training.checkpoint.path")
+
+
+def of_another_job(candidate: Any, owner: Owner) -> bool:
+    """True when ``candidate`` (a :class:`hetero_worker.ckpt.store.Candidate`) is another job's:
+    its manifest records a job UID other than ``owner``'s.  Retention neither counts nor removes
+    such checkpoints (a new job writing beside an old job's must not delete them); ``owner``
+    without a UID, a legacy file or an unreadable manifest: False (retention as before)."""
+    manifest = getattr(candidate, "manifest", None)
+    return bool(owner.job_uid) and manifest is not None and (
+        Owner.from_manifest(manifest).job_uid != owner.job_uid)

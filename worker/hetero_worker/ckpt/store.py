@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from hetero_worker.ckpt.files import CHECKPOINT_FILE, FORMATS, load_file
-from hetero_worker.ckpt.ownership import Owner, check_owner
+from hetero_worker.ckpt.ownership import Owner, check_owner, of_another_job
 from hetero_worker.runtime.ranklog import log
 
 STEP_PREFIX = "step-"
@@ -201,7 +201,7 @@ def publish_verified(directory: Path, tmp: Path, *, step: int, checkpoint_id: st
         raise OSError(f"checkpoint of step {step} did not verify after writing: {problem}")
     _VERIFIED.add(_verified_key(found))
     check_owner(str(directory), owner, owners(directory))
-    prune(directory, keep, current=final)
+    prune(directory, keep, current=final, owner=owner)
     return final / CHECKPOINT_FILE
 
 
@@ -325,7 +325,7 @@ def candidates(directory: str | Path | None) -> list[Candidate]:
     return found
 
 
-def prune(directory: Path, keep: int, *, current: Path) -> list[Path]:
+def prune(directory: Path, keep: int, *, current: Path, owner: Owner | None = None) -> list[Path]:
     """Keep the newest ``keep`` good checkpoints (``current`` always counts), quarantine those
     that fail verification (:func:`quarantine`), delete the older good ones, stale ``.tmp``
     directories, and the legacy layout's files once ``keep`` new checkpoints exist.  A good
@@ -333,9 +333,11 @@ def prune(directory: Path, keep: int, *, current: Path) -> list[Path]:
     verified. Returns what was removed (quarantined ones are not).
 
     A checkpoint is verified here (sizes and SHA-256 of every file) only while it could be one of
-    the ``keep``, and only once per process."""
+    the ``keep``, and only once per process.  With ``owner``, another job's checkpoints (their
+    manifest's job UID) are neither counted nor removed (:func:`of_another_job`, issue 33)."""
     removed: list[Path] = []
-    found = [c for c in candidates(directory) if not c.legacy]
+    found = [c for c in candidates(directory) if not c.legacy
+             and not (owner is not None and of_another_job(c, owner))]
     mine = next((c for c in found if c.path == current), None)
     good: list[Candidate] = []
     for c in found:
