@@ -169,3 +169,18 @@ def test_a_name_that_cannot_name_a_service_is_fixed_and_said(capsys: pytest.Capt
     assert (job["metadata"]["name"], job["spec"]["training"]) == ("llama-3-1-8b", {"globalBatchSize": 256})
     assert "check: metadata.name: 'llama-3.1-8b' is not a DNS-1035 label" in captured.err
     assert main(["convert", str(tmp_path / "missing.yaml")]) == 1
+
+
+@pytest.mark.parametrize(("image", "cuda", "torch", "newest_cc"), [
+    ("pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime", "12.4", "2.5.1", "9.0"),
+    ("registry:5000/team/train:2.3.0-cu121", "12.1", "2.3.0", "9.0"),
+    ("nvcr.io/x/pytorch:cu118-py310", "11.8", None, "9.0"),
+    ("ghcr.io/x/trainer:2.7.0-cuda12.8", "12.8", "2.7.0", "12.0")])
+def test_an_image_tagged_with_its_cuda_version_becomes_an_image_entry(image: str, cuda: str, torch: str | None,
+                                                                      newest_cc: str) -> None:
+    from hetero_operator.convert.images import image_entry
+    entry = image_entry(image)
+    assert entry is not None
+    assert (entry["image"], entry["cudaVersion"], entry.get("torchVersion"), entry["computeCapabilities"][-1]) == (
+        image, cuda, torch, newest_cc)
+    assert image_entry("registry:5000/team/train") is None and image_entry("team/train:v7") is None

@@ -19,6 +19,7 @@ from hetero_operator.api.errors import SpecError
 from hetero_operator.api.jobnames import dns_1035_name
 from hetero_operator.api.podtemplate import OWNED_ENV, SHM_PATH, RESERVED_VOLUMES, WORKER_CONTAINER
 from hetero_operator.api.spec import API_VERSION, KIND, parse_job
+from hetero_operator.convert.images import image_entry
 from hetero_operator.convert.launchers import split_launcher
 from hetero_operator.convert.templatefit import fit_template
 
@@ -41,19 +42,6 @@ GANG_RESTART = ("HeteroTrain restarts the whole gang when a rank fails (every ra
 RENDEZVOUS = ("the operator runs the rendezvous itself (MASTER_ADDR is the job's rank-0 pod, "
               "heterotrain launch starts one process per planned GPU): no c10d/etcd rendezvous "
               "to configure")
-_CUDA_TAG = re.compile(r"(?:cuda|cu)[-_]?(\d{2})\.?(\d)(?![\d])")
-_TORCH_TAG = re.compile(r"^(\d\.\d{1,2}\.\d{1,2})")
-PYTORCH_ARCHS: tuple[tuple[tuple[int, int], tuple[str, ...]], ...] = (
-    ((11, 0), ("3.7", "5.0", "6.0", "7.0", "7.5", "8.0", "8.6")),
-    ((11, 8), ("3.7", "5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0")),
-    ((12, 0), ("5.0", "6.0", "7.0", "7.5", "8.0", "8.6", "9.0")),
-    ((12, 8), ("7.5", "8.0", "8.6", "9.0", "10.0", "12.0")),
-)
-"""(lowest CUDA version, compute capabilities of PyTorch's release builds for it), ascending: what
-an image tagged with a CUDA version (``pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime``, ``-cu121``)
-is assumed to have kernels for."""
-
-
 class ConvertError(ValueError):
     """The input is no convertible PyTorchJob; names the field and the fix.
 
@@ -498,20 +486,12 @@ def _images(image: Any, path: str, led: _Ledger) -> list[dict[str, Any]]:
     (the default images) with the field listed."""
     if not image:
         return []
-    tag = str(image).rsplit(":", 1)[1] if ":" in str(image).rsplit("/", 1)[-1] else ""
-    found = _CUDA_TAG.search(tag)
-    if not found:
+    entry = image_entry(str(image))
+    if entry is None:
         led.skip(path, f"its tag names no CUDA version, and each entry of spec.images needs one "
                  f"(cudaVersion, computeCapabilities): add {image} there; meanwhile the job runs "
                  "the default images, which do not hold your script")
         return []
-    cuda = (int(found.group(1)), int(found.group(2)))
-    archs = next((a for low, a in reversed(PYTORCH_ARCHS) if cuda >= low), PYTORCH_ARCHS[0][1])
-    entry: dict[str, Any] = {"image": str(image), "cudaVersion": f"{cuda[0]}.{cuda[1]}",
-                             "computeCapabilities": list(archs)}
-    torch = _TORCH_TAG.match(tag)
-    if torch:
-        entry["torchVersion"] = torch.group(1)
     led.use(path)
     led.notes.append(f"spec.images[0]: cudaVersion {entry['cudaVersion']} read from the tag; "
                      f"computeCapabilities are PyTorch's release builds for it: check your image")
