@@ -163,6 +163,7 @@ JOB = {
                                             {"gpuType": "Tesla-V100-SXM2-16GB", "ranks": 1}]},
         "progress": {"step": 120, "totalSteps": 120, "loss": "0.0412", "samplesPerSecond": "812.5"},
         "lastFailure": "digits-g1 (Tesla-T4) Error exit 2",
+        "result": {"step": 120, "totalSteps": 120, "loss": "0.0412", "metrics": {"accuracy": "0.972"}},
     },
 }
 
@@ -173,10 +174,14 @@ def test_cluster_status_names_state_plan_progress_and_last_failure() -> None:
         "State     Succeeded: all 4 ranks exited 0",
         "Plan      4 ranks in 3 pods: 2x Tesla-T4, 1x NVIDIA-A100-SXM4-40GB, 1x Tesla-V100-SXM2-16GB",
         "Progress  step 120 of 120, loss 0.0412, samples/s 812.5",
+        "Result    accuracy 0.972, final loss 0.0412 at step 120",
         "Failure   digits-g1 (Tesla-T4) Error exit 2",
         "Logs      heterotrain logs digits -n ml --rank R",
     ]
     assert cluster.state_of({"status": {}}) == ("Unknown", "")
+    assert cluster.result_text({"step": 7}) == "step 7"
+    assert cluster.result_text({"loss": "1.5", "step": 7}) == "final loss 1.5 at step 7"
+    assert cluster.result_text({}) == "none reported"
 
 
 @pytest.mark.parametrize(("annotation", "rank", "hosts"), [

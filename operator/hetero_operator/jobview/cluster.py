@@ -105,14 +105,22 @@ def status_lines(job: Mapping[str, Any]) -> list[str]:
             if progress.get(key) is not None:
                 text += f", {label} {progress[key]}"
         out.append(("Progress", text))
-    if status.get("result"):
-        result = status["result"]
-        out.append(("Result", ", ".join(f"{k} {v}" for k, v in sorted(result.items()))
-                    if isinstance(result, Mapping) else str(result)))
+    if isinstance(status.get("result"), Mapping):
+        out.append(("Result", result_text(status["result"])))
     if status.get("lastFailure"):
         out.append(("Failure", str(status["lastFailure"])))
     out.append(("Logs", f"heterotrain logs {meta.get('name')} -n {meta.get('namespace')} --rank R"))
     return [f"{k:<9} {v}" for k, v in out]
+
+
+def result_text(result: Mapping[str, Any]) -> str:
+    """``status.result`` in words: the metrics the script reported, then the final loss and step
+    (``accuracy 0.972, final loss 0.0412 at step 120``)."""
+    parts = [f"{k} {v}" for k, v in sorted((result.get("metrics") or {}).items())]
+    final = f"final loss {result['loss']}" if result.get("loss") is not None else ""
+    if result.get("step") is not None:
+        final = f"{final} at step {result['step']}" if final else f"step {result['step']}"
+    return ", ".join([*parts, *([final] if final else [])]) or "none reported"
 
 
 def hosts_rank(annotation: str, rank: int) -> bool:
