@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 from builders import local_job
 from waiting import wait_until
 
@@ -204,3 +205,16 @@ def test_the_rank_pod_of_the_newest_attempt_is_chosen() -> None:
     assert cluster.rank_pod(Core(), "ml", "digits", 2)["metadata"]["name"] == "digits-g1-a1"
     with pytest.raises(cluster.ClusterError, match="no pod of ml/digits hosts rank 3"):
         cluster.rank_pod(Core(), "ml", "digits", 3)
+
+
+def test_a_cluster_job_without_a_namespace_is_looked_up_in_the_contexts(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "team",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "team", "context": {"cluster": "c", "user": "u", "namespace": "vision"}},
+                     {"name": "other", "context": {"cluster": "c", "user": "u"}}]}))
+    assert cluster.context_namespace(str(config)) == "vision"
+    config.write_text(config.read_text().replace("current-context: team", "current-context: other"))
+    assert cluster.context_namespace(str(config)) == "default"

@@ -51,6 +51,18 @@ def clients(kubeconfig: str | None) -> tuple[Any, Any]:
     return kubernetes.client.CustomObjectsApi(api), kubernetes.client.CoreV1Api(api)
 
 
+def context_namespace(kubeconfig: str | None) -> str:
+    """The namespace of the kubeconfig's current context, as kubectl takes it (``default``
+    without one, or in a pod: its service account's namespace)."""
+    import kubernetes
+    try:
+        _, current = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
+        return str((current.get("context") or {}).get("namespace") or "default")
+    except (kubernetes.config.ConfigException, OSError, TypeError):
+        pod_ns = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        return pod_ns.read_text().strip() if pod_ns.is_file() else "default"
+
+
 def _call(what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
     import kubernetes
     import urllib3

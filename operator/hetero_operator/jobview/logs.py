@@ -65,10 +65,11 @@ def _local(args: argparse.Namespace, workdir) -> int:
 
 def _cluster(args: argparse.Namespace, where: target.Target) -> int:
     _, core = cluster.clients(args.kubeconfig)
-    pod = cluster.rank_pod(core, where.namespace, where.name, args.rank)
+    namespace = where.namespace or cluster.context_namespace(args.kubeconfig)
+    pod = cluster.rank_pod(core, namespace, where.name, args.rank)
     print(f"==> {cluster.pod_header(pod)}", file=sys.stderr)
     out = sys.stdout.buffer
-    for chunk in cluster.pod_log(core, where.namespace, pod["metadata"]["name"], follow=args.follow,
+    for chunk in cluster.pod_log(core, namespace, pod["metadata"]["name"], follow=args.follow,
                                  previous=args.previous):
         out.write(chunk)
         out.flush()

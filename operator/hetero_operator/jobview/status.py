@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
             lines = runview.view(where.workdir).lines()
         else:
             custom, _ = cluster.clients(args.kubeconfig)
-            lines = cluster.status_lines(cluster.read_job(custom, where.namespace, where.name))
+            namespace = where.namespace or cluster.context_namespace(args.kubeconfig)
+            lines = cluster.status_lines(cluster.read_job(custom, namespace, where.name))
     except (runview.RunNotFound, cluster.ClusterError) as exc:
         print(f"heterotrain status: error: {exc}", file=sys.stderr)
         return EXIT_NOT_FOUND

@@ -4,7 +4,7 @@
 * no argument: the latest run under ``runs/``;
 * a name with ``--namespace`` or ``--kubeconfig``: the job of that name on the cluster;
 * a name without them: its latest run under ``runs/`` when there is one, else the cluster's job
-  in the current context's namespace (``default``).
+  in the kubeconfig context's namespace (as kubectl takes it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from hetero_operator.local.rundirs import RUNS_DIR
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Target:
-    """A local run (``workdir``) or a cluster job (``namespace``/``name``)."""
+    """A local run (``workdir``) or a cluster job (``name`` in ``namespace``; ``""``: the
+    kubeconfig context's namespace)."""
 
     workdir: Path | None = None
     namespace: str = ""
@@ -55,4 +56,4 @@ def resolve(args: argparse.Namespace) -> Target:
             return Target(workdir=runview.find_run_dir(args.target, Path(args.runs)))
         except runview.RunNotFound:
             pass
-    return Target(namespace=args.namespace or "default", name=args.target)
+    return Target(namespace=args.namespace or "", name=args.target)
