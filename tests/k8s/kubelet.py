@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hetero_operator.devcluster.kubelet import free_port_range as free_port
+from hetero_operator.devcluster.controlplane import free_port_range as free_port
 
 from .fakeapi import FakeApiServer, now_iso
 

@@ -46,7 +46,7 @@ import yaml
 from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS, LABEL_ATTEMPT, LABEL_JOB
 
 from . import podenv
-from .controlplane import free_ports
+from .controlplane import free_port_range, free_ports
 from .kubeapi import Api, ApiError
 from .kubeletlogs import KubeletTls, LogServer, LogSource
 from .private import write_secret
@@ -447,28 +447,6 @@ class LocalKubelet:
 
 def _env_value(c: Mapping[str, Any], name: str) -> str | None:
     return next((str(e.get("value")) for e in c.get("env") or () if e.get("name") == name), None)
-
-
-def free_port_range(count: int = 1) -> int:
-    """A port ``p`` with ``p .. p+count-1`` free on 127.0.0.1 right now (a free port from the
-    system, then each of the range probed by binding it; 50 tries).
-
-    Raises:
-        RuntimeError: no such range found in 50 tries.
-    """
-    import socket
-    for _ in range(50):
-        base = free_ports(1)[0]
-        if base + count > 65535:
-            continue
-        try:
-            for p in range(base, base + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range")
 
 
 def _micro_now() -> str:
