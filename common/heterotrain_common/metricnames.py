@@ -8,6 +8,7 @@ from __future__ import annotations
 
 CHECKPOINT_FALLBACKS_TOTAL = "htj_checkpoint_fallbacks_total"
 CHECKPOINT_SAVE_FAILURES_TOTAL = "htj_checkpoint_save_failures_total"
+CHECKPOINTS_NOT_RESUMED = "htj_checkpoints_not_resumed"
 COMMUNICATION_WAIT_SECONDS_TOTAL = "htj_communication_wait_seconds_total"
 COMPUTE_SECONDS_TOTAL = "htj_compute_seconds_total"
 COMPUTE_THROUGHPUT_SAMPLES_PER_SECOND = "htj_compute_throughput_samples_per_second"

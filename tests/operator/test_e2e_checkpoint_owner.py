@@ -35,13 +35,15 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield cl
 
 
-async def run_job(cluster: Cluster, tmp: Path, name: str, **checkpoint: Any) -> tuple[dict[str, Any], str]:
-    """Apply the digits job ``name`` (30 steps, checkpoints every 10 in ``tmp/shared``), wait for
-    it to finish; returns the job and rank 0's log."""
+async def run_job(cluster: Cluster, tmp: Path, name: str, delay_s: str = "0",
+                  **checkpoint: Any) -> tuple[dict[str, Any], str]:
+    """Apply the digits job ``name`` (30 steps, checkpoints every 10 in ``tmp/shared``, simulated
+    ``delay_s`` per sample), wait for it to finish; returns the job and rank 0's log."""
     body = digits_job(name, tmp, args=["--max-steps", "30", "--checkpoint-every", "10"],
                       gpus={"ranks": 4, "minRanks": 4},
                       training={"checkpoint": {"path": str(tmp / "shared"), "intervalSteps": 10,
                                                **checkpoint}})
+    body["spec"]["worker"]["env"] = [{"name": "HTJ_SIM_DELAY_PER_SAMPLE_S", "value": delay_s}]
     await cluster.idle()
     await cluster.apply(body, namespace="owner")
     await cluster.wait_for(lambda: cluster.phase(name, "owner") in ("Succeeded", "Failed"),
@@ -68,7 +70,8 @@ async def test_reapplied_and_renamed_jobs_start_fresh_and_resume_from_resumes(
     assert "resumed at step" not in log
 
     await delete_job(cluster, "digits")
-    again, log = await run_job(cluster, tmp, "digits")  # the same manifest: a new job
+    # the same manifest: a new job (running a few seconds, so that rank 0's metrics are read)
+    again, log = await run_job(cluster, tmp, "digits", delay_s="0.004")
     assert again["status"]["phase"] == "Succeeded", log[-3000:]
     assert again["metadata"]["uid"] != first_uid
     said = log.rsplit("checkpoint_not_resumed: ", 1)[-1].splitlines()[0]
@@ -78,6 +81,16 @@ async def test_reapplied_and_renamed_jobs_start_fresh_and_resume_from_resumes(
     assert said.endswith(f"set spec.training.checkpoint.resumeFrom: {first_uid}; to keep jobs "
                          "apart, give each its own spec.training.checkpoint.path")
     assert "resumed at step" not in log.rsplit("checkpoint_not_resumed", 1)[-1]
+    await cluster.wait_for(lambda: any(e["reason"] == "CheckpointNotResumed"
+                                       for e in cluster.events("digits", "owner")),
+                           30, "the CheckpointNotResumed Event")
+    event = next(e for e in cluster.events("digits", "owner") if e["reason"] == "CheckpointNotResumed")
+    assert (event["type"], event["message"]) == ("Warning", (
+        f"Started at step 0 beside 2 checkpoint(s) of another job in {tmp / 'shared'}: a job "
+        "re-applied under its name or renamed is a new job and does not resume them. To continue "
+        "from them, set spec.training.checkpoint.resumeFrom to that job's name or UID (rank 0's "
+        "checkpoint_not_resumed log line names it); to keep jobs apart, give each its own "
+        "spec.training.checkpoint.path."))
 
     renamed, log = await run_job(cluster, tmp, "digits-copy")
     assert renamed["status"]["phase"] == "Succeeded", log[-3000:]

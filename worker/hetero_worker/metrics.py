@@ -69,6 +69,9 @@ _DOCS: dict[str, tuple[type, str]] = {
     mn.PLANNED_STEPS: (Gauge, "Optimizer steps the job takes in all, resumed ones included "
                               "(absent while the script has not said)."),
     mn.RESUMED_STEP: (Gauge, "The job step this process resumed at; 0 when it started fresh."),
+    mn.CHECKPOINTS_NOT_RESUMED: (Gauge, "Rank 0 only: checkpoints of other jobs in the checkpoint "
+                                        "path this process started beside without resuming them "
+                                        "(spec.training.checkpoint.resumeFrom); 0 when none."),
     mn.CHECKPOINT_FALLBACKS_TOTAL: (Counter, "Resumes from an older checkpoint because a newer "
                                         "one was unreadable on some rank (truncated, corrupt)."),
     mn.CHECKPOINT_SAVE_FAILURES_TOTAL: (Counter, "Periodic checkpoint saves that failed (a full "
@@ -278,6 +281,11 @@ class WorkerMetrics:
         self._child(mn.RESUMED_STEP).set(int(step))
         with self._lock:
             self._last["resumed_step"] = int(step)
+
+    def set_checkpoints_not_resumed(self, n: int) -> None:
+        """Other jobs' checkpoints rank 0 passed over at its start (``htj_checkpoints_not_resumed``;
+        the operator posts a ``CheckpointNotResumed`` Warning Event; issue 33)."""
+        self._child(mn.CHECKPOINTS_NOT_RESUMED).set(int(n))
 
     def record_checkpoint_fallback(self) -> None:
         """Count one resume that passed over an unreadable newer checkpoint

@@ -192,6 +192,8 @@ class Progress:
     resumed_step: int = 0
     checkpoint_fallbacks: int = 0
     """``htj_checkpoint_fallbacks_total``: rank 0 resumed past an unreadable newer checkpoint."""
+    checkpoints_not_resumed: int = 0
+    """``htj_checkpoints_not_resumed``: other jobs' checkpoints rank 0 started beside (issue 33)."""
 
 
 def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
@@ -202,7 +204,7 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
             if sample.name in (mn.STEPS_TOTAL, mn.THROUGHPUT_SAMPLES_PER_SECOND,
                                mn.LOCAL_BATCH_SIZE, mn.LOSS, mn.JOB_EFFICIENCY_RATIO,
                                mn.JOB_PREDICTION_RATIO, mn.PLANNED_STEPS, mn.RESUMED_STEP,
-                               mn.CHECKPOINT_FALLBACKS_TOTAL):
+                               mn.CHECKPOINT_FALLBACKS_TOTAL, mn.CHECKPOINTS_NOT_RESUMED):
                 values[sample.name] = sample.value
     if mn.STEPS_TOTAL not in values:
         return None
@@ -215,7 +217,8 @@ def parse_progress(metrics_text: str, global_batch: int) -> Progress | None:
                     loss=values.get(mn.LOSS), efficiency=values.get(mn.JOB_EFFICIENCY_RATIO),
                     prediction_ratio=values.get(mn.JOB_PREDICTION_RATIO),
                     resumed_step=int(values.get(mn.RESUMED_STEP, 0)),
-                    checkpoint_fallbacks=int(values.get(mn.CHECKPOINT_FALLBACKS_TOTAL, 0)))
+                    checkpoint_fallbacks=int(values.get(mn.CHECKPOINT_FALLBACKS_TOTAL, 0)),
+                    checkpoints_not_resumed=int(values.get(mn.CHECKPOINTS_NOT_RESUMED, 0)))
 
 
 def progress_status(progress: Progress, now_s: float, global_batch: int = 0) -> dict[str, Any]:

@@ -53,6 +53,7 @@ from hetero_operator.controller.reservations import Reservations, planned_gpu_po
 from hetero_operator.lifecycle import decisions as lc
 from hetero_operator.lifecycle import status as st
 from hetero_operator.lifecycle import ckptplace, rwoclaims, stuck
+from hetero_operator.lifecycle.ckptplace import CHECKPOINT_NOT_RESUMED
 from hetero_operator.planning.marginal import PlanInputs
 from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
@@ -109,6 +110,7 @@ class Reconciler:
         self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
         self.reservations = Reservations()  # planned pods the pod index has not seen yet
         self._fallbacks_told: set[tuple[str, str, int]] = set()
+        self._not_resumed_told: set[tuple[str, str, int]] = set()
         self.node_first_seen = FirstSeen()  # time-less NotReady marks, dated at first sight
 
     # --- kicks -----------------------------------------------------------------------------
@@ -137,6 +139,7 @@ class Reconciler:
         self.events.forget(namespace, name)
         self.kueue.forget(namespace, name)
         self._fallbacks_told = {k for k in self._fallbacks_told if k[:2] != key}
+        self._not_resumed_told = {k for k in self._not_resumed_told if k[:2] != key}
         self.progress.forget(namespace, name)
         self.learner.forget(namespace, name)
         self._phases.pop(key, None)
@@ -215,6 +218,7 @@ class Reconciler:
             extra = await self.progress.read(namespace, name, pods, metrics_port=spec.worker.metrics_port,
                                              global_batch=spec.training.global_batch_size, now_s=now)
             await self._checkpoint_fallback(job, status, now)
+            await self._not_resumed(job, spec, status, now)
             await self.learner.observe(namespace, name, pods, status.get("plan"),
                                        metrics_port=spec.worker.metrics_port, now_s=now)
             await self._metrics_warnings(job, now)
@@ -377,6 +381,19 @@ class Reconciler:
                                f"Attempt {attempt} resumed from the checkpoint of step "
                                f"{read.resumed_step}: a newer one was unreadable on some rank "
                                "(truncated or corrupt; rank 0's log names it and why).", now)
+
+    async def _not_resumed(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any],
+                           now: float) -> None:
+        """Rank 0 started beside other jobs' checkpoints without resuming them
+        (``htj_checkpoints_not_resumed``, issue 33): say so on the job, once per attempt."""
+        meta = job["metadata"]
+        read = self.progress.last.get((meta["namespace"], meta["name"]))
+        key = (meta["namespace"], meta["name"], st.job_state(status).attempt)
+        if read is None or not read.checkpoints_not_resumed or key in self._not_resumed_told:
+            return
+        self._not_resumed_told.add(key)
+        await self.events.post(job, "Warning", CHECKPOINT_NOT_RESUMED, ckptplace.not_resumed_message(
+            spec, read.checkpoints_not_resumed), now)
 
     async def _egress(self, spec: JobSpec, pods: list[dict[str, Any]]) -> bool:
         """Whether the job's NetworkPolicy restricts egress too (``HTJ_NETWORK_POLICY_EGRESS``):

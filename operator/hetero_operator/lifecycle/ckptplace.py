@@ -16,6 +16,8 @@ from hetero_operator.api import podtemplate
 from hetero_operator.api.spec import JobSpec
 
 WARNING_REASON = "CheckpointNotPersistent"
+CHECKPOINT_NOT_RESUMED = "CheckpointNotResumed"
+"""Reason of the Warning Event when rank 0 started beside other jobs' checkpoints (issue 33)."""
 KEEPING_TYPES = ("persistentVolumeClaim", "csi")
 """Volume types whose data outlives the pod (``emptyDir`` and ``ephemeral`` go with it)."""
 
@@ -73,3 +75,16 @@ def restart_source(spec: JobSpec) -> str:
         return (f"step 0 unless a checkpoint in {path} survived: it is on no volume, so the pods' "
                 "deletion removes it (mount a PersistentVolumeClaim there)")
     return f"the last checkpoint in {path} on {where}"
+
+
+def not_resumed_message(spec: JobSpec, count: int) -> str:
+    """The ``CheckpointNotResumed`` Event: rank 0 found ``count`` checkpoints of other jobs in the
+    job's checkpoint path and started at step 0 (a checkpoint belongs to its job); the field that
+    continues from them, and rank 0's log line that names the job."""
+    where = spec.training.checkpoint_path + (
+        f" on PersistentVolumeClaim {spec.training.checkpoint_pvc}" if spec.training.checkpoint_pvc else "")
+    return (f"Started at step 0 beside {count} checkpoint(s) of another job in {where}: a job "
+            "re-applied under its name or renamed is a new job and does not resume them. To "
+            "continue from them, set spec.training.checkpoint.resumeFrom to that job's name or "
+            "UID (rank 0's checkpoint_not_resumed log line names it); to keep jobs apart, give "
+            "each its own spec.training.checkpoint.path.")

@@ -170,11 +170,15 @@ class ResumeFilter:
             return self.accepts_owner(None)
         return True
 
+    def others(self, candidates: Iterable[Any]) -> list[Any]:
+        """The candidates this job may not resume (other jobs'), in the given order."""
+        return [c for c in candidates if not self.accepts(c)]
+
     def passed_over(self, directory: str, candidates: Iterable[Any]) -> str:
         """The line rank 0 logs when the job starts at step 0 (or from an older checkpoint)
         although ``candidates`` hold newer checkpoints of another job; ``""`` when none was
         passed over.  Names the other job, its newest step, and the field to set."""
-        others = [c for c in candidates if not self.accepts(c)]
+        others = self.others(candidates)
         if not others:
             return ""
         newest = others[0]

@@ -202,10 +202,11 @@ class Checkpointing:
             sampler=self.data.sampler, plan=current, seed=self.seed, group=self.group,
             accept=mine.accepts)
         if state is None:
-            note = mine.passed_over(str(directory), store.candidates(directory)) if (
-                directory and self.rank == 0) else ""
+            found = store.candidates(directory) if directory and self.rank == 0 else []
+            note = mine.passed_over(str(directory), found)
             if note:  # another job's checkpoints are there: say whose, and the field (issue 33)
                 log(note, rank=self.rank)
+                self.metrics.set_checkpoints_not_resumed(len(mine.others(found)))
             return False
         self._apply(state, current, directory)
         return True
