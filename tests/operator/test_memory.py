@@ -205,9 +205,14 @@ def test_full_sharding_env_carries_every_ranks_share() -> None:
     assert c.parse_contract(envs[1]).memory.shard_ppm == (585937, 103516, 103516, 103516, 103515)
 
 
+FULL_COMPRESSION_REFUSAL = (
+    "Full sharding is not built with compression (Full sharding reduce-scatters each block's "
+    "gradients over all ranks inside backward, so there is no one cross-group exchange for Int8 or "
+    "PowerSGD to compress; spec.training.sharding Group compresses its cross-group exchange) yet: "
+    "it plans if spec.training.compression is left out")
+
+
 @pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"precision": "Auto"}, "Full sharding is not built with fp16 (Tesla-T4 would run fp16 under "
-                            "precision Auto; they have no bf16) yet: it plans if spec.training.precision is FP32"),
     ({"checkpoint": {"path": "/ckpt"}}, "Full sharding is not built with checkpoints yet: it plans "
                                         "if spec.training.checkpoint is left out"),
 ])
@@ -218,27 +223,45 @@ def test_full_sharding_refused_where_the_worker_lacks_it(kwargs, reason) -> None
                               'Full) (docs/memory.md, "What is built")')
 
 
-def test_group_sharding_refused_where_the_worker_lacks_fp16_or_rebalancing() -> None:
+def _training_job(parameters: str, sharding: str, **training) -> object:
+    return parse_job(job_manifest(ranks=5, global_batch=64, gpus={"selection": "All"}, training={
+        "model": {"parameters": parameters}, "sharding": sharding, **training}))
+
+
+def test_full_sharding_plans_fp16_ranks_and_rebalancing_and_refuses_compression_naming_why() -> None:
+    """fp16 ranks (T4s under precision Auto) and rebalancing plan under Full (issue 29, items 1
+    and 3); compression is refused at plan time with the reason and both fixes (item 4)."""
+    fp16 = plan(job("6G", precision="Auto", sharding="Full"))
+    assert isinstance(fp16, model.Plan) and fp16.memory.mode == "Full"
+    assert {r.precision for r in fp16.ranks if r.gpu_type == "Tesla-T4"} == {"fp16"}
+    rebalancing = plan(_training_job("6G", "Full", precision="Auto", rebalance={"intervalSteps": 10}))
+    assert isinstance(rebalancing, model.Plan) and rebalancing.memory.mode == "Full"
+    for mode in ("Int8", "PowerSGD"):
+        result = plan(_training_job("6G", "Full", precision="Auto", compression={"mode": mode}))
+        assert isinstance(result, model.Unschedulable) and result.reason == "ModelDoesNotFit"
+        assert result.message == (f"spec.training.sharding Full: {FULL_COMPRESSION_REFUSAL} "
+                                  '(checked: 5 ranks, sharding Full) (docs/memory.md, "What is built")')
+
+
+def test_group_sharding_plans_fp16_ranks_rebalancing_and_compression() -> None:
+    """What Group refused before issue 29 (items 1, 3, 4) now plans: the T4s run fp16 under
+    precision Auto, rebalancing and Int8 / PowerSGD compression of the cross-group exchange."""
     result = plan(job("1.15G", precision="Auto"))  # the T4s run fp16
-    assert isinstance(result, model.Unschedulable)
-    assert ("Group: fits, but Group sharding is not built with fp16 (Tesla-T4 would run fp16 "
-            "under precision Auto; they have no bf16) yet: it plans if spec.training.precision is "
-            "FP32 (checked: 5 ranks, sharding Group); Full: fits, but Full sharding is not built "
-            "with fp16 (Tesla-T4 would run fp16 under precision Auto; they have no bf16) yet: set "
-            "spec.training.precision to FP32; lower") in result.message
+    assert isinstance(result, model.Plan) and result.memory.mode == "Group"
+    assert {r.precision for r in result.ranks if r.gpu_type == "Tesla-T4"} == {"fp16"}
+    assert {r.precision for r in result.ranks if r.gpu_type != "Tesla-T4"} == {"bf16"}  # the A100
     # Group checkpoints are sharded (hetero_worker.ckpt.sharded, torch.distributed.checkpoint).
     result = plan(job("1.15G", precision="FP32", checkpoint={"path": "/ckpt"}, sharding="Group"))
     assert isinstance(result, model.Plan) and result.memory.mode == "Group"
     j = job("1.15G", sharding="Group")
-    rebalancing = parse_job(job_manifest(ranks=5, global_batch=64, gpus={"selection": "All"}, training={
-        "model": {"parameters": "1.15G"}, "sharding": "Group", "precision": "FP32",
-        "rebalance": {"intervalSteps": 10}}))
     assert j.training.rebalance_interval_steps == 0
-    result = plan(rebalancing)
-    assert result.message == (
-        "spec.training.sharding Group: Group sharding is not built with rebalancing or compression "
-        "yet: it plans if spec.training.rebalance and spec.training.compression are left out "
-        '(checked: 5 ranks, sharding Group) (docs/memory.md, "What is built")')
+    for training in ({"rebalance": {"intervalSteps": 10}}, {"compression": {"mode": "Int8"}},
+                     {"compression": {"mode": "PowerSGD"}, "rebalance": {"intervalSteps": 10}}):
+        result = plan(_training_job("1.15G", "Group", precision="Auto", **training))
+        assert isinstance(result, model.Plan) and result.memory.mode == "Group", training
+    # Auto with compression: Group fits and compresses; Full is left out for it, not chosen
+    result = plan(_training_job("1.15G", "Auto", precision="Auto", compression={"mode": "Int8"}))
+    assert isinstance(result, model.Plan) and result.memory.mode == "Group"
 
 
 def test_pure_choice_prefers_the_cheaper_mode_by_the_link_model() -> None:

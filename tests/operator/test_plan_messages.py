@@ -153,8 +153,8 @@ def test_30g_parameters_name_full_shardings_rank_count_with_what_full_needs_for_
     result = _unschedulable(_digits(model={"parameters": "30G"}))  # precision Auto, checkpoints
     assert result.message.endswith(
         "(the largest, NVIDIA-B200, has 169.1 GiB usable), or spec.training.sharding Full over at "
-        "least 13 NVIDIA-A100-SXM4-40GB ranks (37.0 GiB usable each; Full also needs: set "
-        "spec.training.precision to FP32 and leave spec.training.checkpoint out)")
+        "least 13 NVIDIA-A100-SXM4-40GB ranks (37.0 GiB usable each; Full also needs: leave "
+        "spec.training.checkpoint out)")  # fp16 ranks: built under Full (issue 29, item 1)
 
 
 def test_every_gpu_table_row_is_named_by_a_product_label_that_reads_back_as_that_row():
@@ -176,16 +176,14 @@ def test_a_fitting_mode_not_built_for_the_job_names_every_change_that_plans_it_c
         "(13.2 GiB usable); Tesla-V100-SXM2-16GB short by 30.5 GiB (14.2 GiB usable); Group: "
         "NVIDIA-A100-SXM4-40GB short by 7.7 GiB (37.0 GiB usable); Tesla-T4 short by 9.1 GiB "
         "(13.2 GiB usable); Tesla-V100-SXM2-16GB short by 30.5 GiB (14.2 GiB usable); Full: fits, "
-        "but Full sharding is not built with fp16 (Tesla-T4, Tesla-V100-SXM2-16GB would run fp16 "
-        "under precision Auto; they have no bf16) or with checkpoints yet: it plans if "
-        "spec.training.precision is FP32 and spec.training.checkpoint is left out (checked: 4 ranks, sharding Full); lower "
+        "but Full sharding is not built with checkpoints yet: it plans if "
+        "spec.training.checkpoint is left out (checked: 4 ranks, sharding Full); lower "
         "spec.training.model.parameters, give "
         "spec.training.model.checkpointedActivationBytesPerSample, use an optimizer with less "
         "state (SGD), or add GPUs with more memory: at least an NVIDIA-H100-80GB-HBM3 (79.6 GiB) "
         "per rank holds the whole state (the smallest such GPU in the built-in table)")
     assert "BF16" not in result.message  # the T4 and the V100 have no bf16
-    doc["spec"]["training"]["precision"] = "FP32"  # what it says plans, plans
-    del doc["spec"]["training"]["checkpoint"]
+    del doc["spec"]["training"]["checkpoint"]  # what it says plans, plans (fp16 ranks included)
     planned = plan_job(parse_job(doc), build_inventory(NODES))
     assert isinstance(planned, Plan) and planned.world_size == 4 and planned.memory.mode == "Full"
 
@@ -202,7 +200,7 @@ def test_a_precision_some_types_lack_is_one_hint_naming_them_all_checked():
         "with the rest of the spec as it stands; planning with it names what else to change)")
     del doc["spec"]["training"]["checkpoint"]  # what Full sharding also needs
     assert _unschedulable(doc).message.endswith(
-        "BF16 needs cc >= 8.0) (checked: FP32 plans 4 ranks, sharding Full)")
+        "BF16 needs cc >= 8.0) (checked: Auto plans 4 ranks, sharding Full)")  # fp16 under Full: issue 29
 
 
 def test_a_short_name_no_node_has_gets_did_you_mean_from_the_gpu_table():

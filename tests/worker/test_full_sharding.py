@@ -150,15 +150,14 @@ def test_a_parameter_shared_between_units_is_refused(world_of_one: None) -> None
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"precision_has_scaler": True}, "Full sharding with fp16 and a loss scaler is not built yet"),
-    ({"compression": "powersgd"}, "Full sharding with rebalancing or compression is not built"),
+    ({"compression": "powersgd"}, "Full sharding with compression is not built: Full reduce-scatters"),
     ({"checkpoint_dir": "/ckpt"}, "Full sharding does not checkpoint yet"),
 ])
 def test_full_refuses_what_it_does_not_build_naming_the_fix(kwargs: dict, message: str) -> None:
-    args = {"precision_has_scaler": False, "checkpoint_dir": "", "sharding": "full", **kwargs}
+    args = {"checkpoint_dir": "", "sharding": "full", **kwargs}
     with pytest.raises(RuntimeError, match=message):
         sharding.check_supported(**args)
-    sharding.check_supported(precision_has_scaler=False, checkpoint_dir="", sharding="full")
+    sharding.check_supported(checkpoint_dir="", sharding="full")  # fp16, rebalancing: built
 
 
 @pytest.mark.gpu

@@ -54,6 +54,12 @@ GRAD_BYTES = 4
 FRAGMENTATION_PERCENT = 5
 """Share of a device's memory kept for the caching allocator's fragmentation (the worker measures
 the real figure as ``htj_torch_memory_fragmentation_ratio``; docs/memory.md)."""
+FULL_COMPRESSION_WHY = (
+    "Full sharding reduce-scatters each block's gradients over all ranks inside backward, so there "
+    "is no one cross-group exchange for Int8 or PowerSGD to compress; spec.training.sharding Group "
+    "compresses its cross-group exchange")
+"""Why the worker refuses ``spec.training.compression`` under ``Full`` sharding (issue 29, item 4;
+``hetero_worker.memory.group.check_supported`` refuses it too): the reason and the other fix."""
 FULL_GATHERS_PER_STEP = 3
 """Parameter-sized transfers per step under Full: all-gather for forward, all-gather for backward,
 reduce-scatter of the gradients (FSDP/ZeRO-3 with resharding after forward)."""

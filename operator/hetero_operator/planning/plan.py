@@ -27,7 +27,7 @@ Deterministic: the same job and inventory give the same plan (every order has a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hetero_operator.api import memoryplan
@@ -163,8 +163,7 @@ def _unbuilt_fixes(job: JobSpec, ranks: Sequence[RankPlacement],
                    refusal: memoryplan.MemoryRefusal, replan: remedies.Replan) -> dict[str, str]:
     """Per mode that fits every rank but is not built for this job: the checked change that plans
     it (:func:`hetero_operator.planning.remedies.unbuilt_mode`); modes without one left out."""
-    fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
-    fixes = {o.mode: remedies.unbuilt_mode(job, o.mode, fp16, replan)
+    fixes = {o.mode: remedies.unbuilt_mode(job, o.mode, replan)
              for o in refusal.options if o.fits and not o.available and o.mode in WORKER_SHARDINGS}
     return {mode: fix for mode, fix in fixes.items() if fix}
 
@@ -202,22 +201,14 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
         checkpointed_activation_bytes_per_sample=t.checkpointed_activation_bytes_per_sample)
     why = {m: f"the worker does not run {m} sharding yet" for m in memoryplan.MODES
            if m not in WORKER_SHARDINGS}
-    if "Group" in WORKER_SHARDINGS:  # what the worker's Group sharding does not cover yet
-        fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
-        if fp16:
-            why["Group"] = (f"Group sharding with fp16 is not built yet ({', '.join(fp16)} would "
-                            "run fp16 under precision Auto; they have no bf16): set "
-                            "spec.training.precision to FP32")
-        elif t.rebalance_interval_steps or t.compression != "None":
-            why["Group"] = ("Group sharding with rebalancing or compression is not built yet: leave "
-                            "spec.training.rebalance and spec.training.compression out")
-        elif shared_gpu_groups:
+    if "Group" in WORKER_SHARDINGS:  # fp16, rebalancing and compression: built (issue 29)
+        if shared_gpu_groups:
             why["Group"] = (f"Group sharding would run FSDP2 over a Gloo group on CUDA "
                             f"({', '.join(shared_gpu_groups)}: time-sliced replicas may share a "
                             "physical GPU, where NCCL refuses two ranks; Gloo has no CUDA "
                             "reduce-scatter/all-gather, pytorch/pytorch#132471): set "
                             "spec.training.sharding Full (it stages through the CPU) or None")
-    gap, full_after = _full_sharding_gap(job, ranks) if "Full" in WORKER_SHARDINGS else ("", "")
+    gap, full_after = _full_sharding_gap(job) if "Full" in WORKER_SHARDINGS else ("", "")
     if gap:
         why["Full"] = f"Full sharding is not built {gap} yet: {full_after}"
     available = tuple(m for m in WORKER_SHARDINGS if m not in why)
@@ -228,29 +219,24 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
                               full_after=full_after)
 
 
-def _full_sharding_gap(job: JobSpec, ranks: Iterable[RankPlacement]) -> tuple[str, str]:
+def _full_sharding_gap(job: JobSpec) -> tuple[str, str]:
     """What the worker's Full sharding (``hetero_worker.memory.full``) does not cover yet for this
     job, every gap at once, and the changes that close them all; ``("", "")`` when nothing.
 
     Returns:
-        e.g. ``("with fp16 (Tesla-T4 would run fp16 under precision Auto; they have no bf16) or
-        with checkpoints", "set spec.training.precision to FP32 and leave spec.training.checkpoint
-        out")``.
+        e.g. ``("with checkpoints or with compression (...)", "leave spec.training.checkpoint
+        out and leave spec.training.compression out")``; fp16 ranks and rebalancing are built
+        under Full (issue 29), compression is not (:data:`memory.FULL_COMPRESSION_WHY`).
     """
     t = job.training
     gaps: list[str] = []
     changes: list[str] = []
-    fp16 = sorted({r.gpu_type for r in ranks if r.precision == "fp16"})
-    if fp16:
-        gaps.append(f"with fp16 ({', '.join(fp16)} would run fp16 under precision {t.precision}; "
-                    "they have no bf16)")
-        changes.append("set spec.training.precision to FP32")
     if t.checkpoint_path:
         gaps.append("with checkpoints")
         changes.append("leave spec.training.checkpoint out")
-    if t.rebalance_interval_steps or t.compression != "None":
-        gaps.append("with rebalancing or compression")
-        changes.append("leave spec.training.rebalance and spec.training.compression out")
+    if t.compression != "None":  # fp16 and rebalancing are built under Full (issue 29)
+        gaps.append(f"with compression ({memory.FULL_COMPRESSION_WHY})")
+        changes.append("leave spec.training.compression out")
     return " or ".join(gaps), " and ".join(changes)
 
 

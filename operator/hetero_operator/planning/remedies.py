@@ -97,35 +97,29 @@ def min_memory(job: JobSpec, excluded: Sequence[ExcludedNode], replan: Replan) -
     return ""
 
 
-def unbuilt_mode(job: JobSpec, mode: str, fp16_types: Sequence[str], replan: Replan) -> str:
+def unbuilt_mode(job: JobSpec, mode: str, replan: Replan) -> str:
     """For a sharding ``mode`` that fits every rank but that the worker does not run for this job
-    yet: all the spec changes it needs at once (``precision`` FP32 when ranks would run fp16 --
-    never BF16, which those GPUs lack; ``checkpoint`` left out for Full; ``rebalance`` and
-    ``compression`` left out), named only when planning the changed job works.
+    yet: all the spec changes it needs at once (``checkpoint`` left out for Full; ``compression``
+    left out for Full; fp16 ranks and rebalancing are built under Group and Full, issue 29), named
+    only when planning the changed job works.
 
     Returns:
-        e.g. ``"Full sharding is not built with fp16 (Tesla-V100-SXM2-16GB would run fp16 under
-        precision Auto; they have no bf16) or with checkpoints yet: it plans if spec.training.precision is FP32 and
-        spec.training.checkpoint is left out (checked: 4 ranks, sharding Full)"``; ``""``
-        when nothing here would change or the changed job does not plan with ``mode``.
+        e.g. ``"Full sharding is not built with checkpoints yet: it plans if
+        spec.training.checkpoint is left out (checked: 4 ranks, sharding Full)"``; ``""`` when
+        nothing here would change or the changed job does not plan with ``mode``.
     """
     t = job.training
     changes: list[str] = []
     gaps: list[str] = []
     training = t
-    if fp16_types and t.precision != "FP32":
-        training = replace(training, precision="FP32")
-        gaps.append(f"with fp16 ({', '.join(fp16_types)} would run fp16 under precision "
-                    f"{t.precision}; they have no bf16)")
-        changes.append("spec.training.precision is FP32")
     if mode == "Full" and t.checkpoint_path:
         training = replace(training, checkpoint_path="", checkpoint_pvc="")
         gaps.append("with checkpoints")
         changes.append("spec.training.checkpoint is left out")
-    if t.rebalance_interval_steps or t.compression != "None":
-        training = replace(training, rebalance_interval_steps=0, compression="None")
-        gaps.append("with rebalancing or compression")
-        changes.append("spec.training.rebalance and spec.training.compression are left out")
+    if mode == "Full" and t.compression != "None":  # rebalancing is built (issue 29, item 3)
+        training = replace(training, compression="None")
+        gaps.append(f"with compression ({memory.FULL_COMPRESSION_WHY})")
+        changes.append("spec.training.compression is left out")
     if not changes:
         return ""
     result = replan(replace(job, training=training))

@@ -381,6 +381,8 @@ class FullShardSync:
         local_batches: the split, ``len == world_size``.
         micro_batch_sizes: each rank's ``HTJ_MICRO_BATCH_SIZE`` (0 = whole local batch).
         rank: this rank.
+        sync: the trainer's gradient sync; when the speed features gave it a codec reducer
+            (``sync.reducer``: rebalancing), :meth:`reduce` merges the rebalancer's stats.
 
     Attributes:
         inter_group_bytes: bytes across groups since the trainer last read them.
@@ -389,8 +391,9 @@ class FullShardSync:
     """
 
     def __init__(self, *, units: Sequence[FlatUnit], local_batches: Sequence[int],
-                 micro_batch_sizes: Sequence[int], rank: int) -> None:
+                 micro_batch_sizes: Sequence[int], rank: int, sync: Any = None) -> None:
         self.units = list(units)
+        self.sync = sync
         self.local_batches = list(local_batches)
         self.micro_batch_sizes = list(micro_batch_sizes)
         self.rank = rank
@@ -421,7 +424,19 @@ class FullShardSync:
 
     def reduce(self, params: Sequence[torch.nn.Parameter]) -> None:  # noqa: ARG002
         """Nothing left to reduce (done in backward); moves the cross-group bytes to
-        :attr:`inter_group_bytes`."""
+        :attr:`inter_group_bytes`, and merges the rebalancer's pending stats (one slot per rank)
+        with one small all-reduce over the Gloo world when the speed features asked for them
+        (issue 29: rebalancing under Full; there is no step-wide exchange to carry them)."""
+        reducer = getattr(self.sync, "reducer", None)
+        stats = reducer.pending if reducer is not None else None
+        if stats is not None:
+            start = time.perf_counter()
+            reducer.pending = None
+            merged = stats.float().cpu().clone()
+            dist.all_reduce(merged, group=self.units[0].group if self.units else None)
+            reducer.merged = merged
+            if self.units:
+                self.units[0].stats.comm_s += time.perf_counter() - start
         if self.units:
             stats = self.units[0].stats
             self.inter_group_bytes += stats.cross_group_bytes

@@ -16,10 +16,18 @@ Weighting: rank r's loss is multiplied by ``n_g * b_r / B`` (``n_g`` its group's
 local batch, ``B`` the global batch), so FSDP2's average over the group (divide by ``n_g``) leaves
 ``sum_r b_r / B * grad_r``, summed over groups: the single-process full-batch gradient.
 
-Not built: rebalancing and compression under Group sharding (they ride in the DDP reduction
-this replaces), fp16 with a loss scaler under Group sharding (FSDP2 needs ``ShardedGradScaler``-style
-unscaling of DTensor gradients), checkpoints under ``Full`` sharding (uneven shards across types,
-:mod:`hetero_worker.memory.full`). :func:`check_supported` refuses those with the fix. Checkpoints under Group sharding are sharded
+With the speed features (issue 29) the cross-group exchange is the speed controller's
+(:meth:`GroupShardSync.reduce` hands it to the sync's codec reducer): each rank puts its own chunks
+of the group sum into a zero buffer, the reducer's hierarchical sum (reduce in the group, the
+leaders' codec: Int8 or PowerSGD with error feedback, broadcast in the group) gives every rank the
+total, and the rebalancer's per-rank stats ride along exactly.  fp16 with a loss scaler needs
+nothing more: every rank scales its loss by the one agreed scale, the summed gradients are
+unscaled per shard by ``AgreeingGradScaler.unscale_`` (``torch.amp.GradScaler`` handles DTensor
+gradients; the found-inf flag is OR-ed over every rank), and the optimizer keeps fp32 state for
+the fp32 shards (autocast leaves parameters in their dtype).
+
+Not built: compression and checkpoints under ``Full`` sharding (:mod:`hetero_worker.memory.full`);
+:func:`check_supported` refuses those with the fix. Checkpoints under Group sharding are sharded
 with ``torch.distributed.checkpoint`` (:mod:`hetero_worker.ckpt.sharded`).
 """
 
@@ -37,22 +45,28 @@ from torch.distributed.fsdp import fully_shard
 __all__ = ["GroupShardSync", "check_supported", "shard_group"]
 
 
-def check_supported(*, precision_has_scaler: bool, checkpoint_dir: str, sharding: str,
-                    rebalance_interval_steps: int = 0, compression: str = "none") -> None:
-    """Refuse what the worker does not build yet under sharding (the error names the fix).
+FULL_COMPRESSION_REFUSAL = (
+    "Full sharding with compression is not built: Full reduce-scatters each block's gradients over "
+    "all ranks inside backward, so there is no one cross-group exchange for Int8 or PowerSGD to "
+    "compress; leave spec.training.compression out, or use spec.training.sharding Group (its "
+    "cross-group exchange is compressed) (docs/memory.md)")
+"""The worker's refusal of compression under ``Full`` (the planner refuses it first, with the same
+reason: ``hetero_operator.planning.memory.FULL_COMPRESSION_WHY``)."""
+
+
+def check_supported(*, checkpoint_dir: str, sharding: str, compression: str = "none") -> None:
+    """Refuse what the worker does not build under sharding (the error names the reason and the fix).
+
+    fp16 with a loss scaler and rebalancing are built under Group and Full, compression under
+    Group (:meth:`GroupShardSync.reduce`; issue 29).
 
     Raises:
-        RuntimeError: a checkpoint directory under ``full`` sharding, fp16 with a loss
-            scaler, or rebalancing / compression (both ride in the DDP reduction that Group
-            sharding replaces). Group sharding checkpoints with :mod:`hetero_worker.ckpt.sharded`.
+        RuntimeError: compression under ``full`` sharding (:data:`FULL_COMPRESSION_REFUSAL`), or a
+            checkpoint directory under ``full`` sharding. Group sharding checkpoints with
+            :mod:`hetero_worker.ckpt.sharded`.
     """
-    mode = sharding.capitalize()  # Group or Full (hetero_worker.memory.full)
-    if precision_has_scaler:
-        raise RuntimeError(f"{mode} sharding with fp16 and a loss scaler is not built yet: set "
-                           "spec.training.precision to BF16 or FP32 (docs/memory.md)")
-    if rebalance_interval_steps or compression != "none":
-        raise RuntimeError(f"{mode} sharding with rebalancing or compression is not built yet: leave "
-                           "spec.training.rebalance and spec.training.compression out (docs/memory.md)")
+    if compression != "none" and sharding == "full":
+        raise RuntimeError(FULL_COMPRESSION_REFUSAL)
     if checkpoint_dir and sharding == "full":  # Group checkpoints: hetero_worker.ckpt.sharded (DCP)
         raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
                            "out or use spec.training.sharding Group (docs/memory.md)")
@@ -119,16 +133,21 @@ class GroupShardSync:
         leaders: the leaders' Gloo group (None on non-leaders or with one group).
         local_batches: the split, ``len == world_size``.
         rank: this rank's global rank.
+        sync: the trainer's gradient sync; when the speed features gave it a codec reducer
+            (``sync.reducer``: rebalancing or compression), the cross-group exchange is the
+            reducer's (:meth:`reduce`). None: the plain exchange only.
 
     Attributes:
-        inter_group_bytes: bytes this rank sent across groups (leaders only).
+        inter_group_bytes: bytes this rank sent across groups (leaders only; the reducer's
+            exchange counts its own, through the sync).
         comm_s: seconds in the cross-group reduction since :meth:`take_comm_s`.
     """
 
     def __init__(self, *, intra: Any, intra_ranks: Sequence[int], leaders: Any | None,
-                 local_batches: Sequence[int], rank: int) -> None:
+                 local_batches: Sequence[int], rank: int, sync: Any = None) -> None:
         self.intra, self.intra_ranks, self.leaders, self.rank = intra, tuple(intra_ranks), leaders, rank
         self.local_batches = list(local_batches)
+        self.sync = sync
         self.inter_group_bytes = 0
         self.comm_s = 0.0
 
@@ -154,10 +173,18 @@ class GroupShardSync:
 
     def reduce(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Sum the groups' gradients into every rank's shard: gather in the group, one flat
-        all-reduce among leaders (Gloo), broadcast in the group, keep the own chunk."""
+        all-reduce among leaders (Gloo), broadcast in the group, keep the own chunk.
+
+        With the speed features' codec reducer on the sync (rebalancing or compression):
+        :meth:`_reduce_through` instead (the leaders' codec, the rebalancer's stats along)."""
         start = time.perf_counter()
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
+            return
+        reducer = getattr(self.sync, "reducer", None)
+        if reducer is not None:
+            self._reduce_through(reducer, grads)
+            self.comm_s += time.perf_counter() - start
             return
         fulls = [g.full_tensor() for g in grads]
         flat = torch.cat([f.reshape(-1) for f in fulls])
@@ -180,3 +207,42 @@ class GroupShardSync:
             if index < len(chunks) and local.numel():
                 local.copy_(chunks[index])
         self.comm_s += time.perf_counter() - start
+
+    def _reduce_through(self, reducer: Any, grads: Sequence[Any]) -> None:
+        """The cross-group exchange by the speed controller's codec reducer (issue 29).
+
+        Each rank writes its own chunks of the group's gradient sum (FSDP2's reduce-scatter left
+        them in its ``DTensor`` shards) into a zero buffer of the full gradients, so the
+        reducer's hierarchical sum (``CodecReducer.sum_``: reduce in the group, the leaders' codec
+        on the cross-group link, broadcast in the group) gives every rank the total; the pending
+        rebalancer stats (one slot per rank) ride along exactly and come back as the merged stats.
+        The codec keeps its error feedback in the reducer (checkpointed, and held back on a
+        skipped fp16 step by ``end_step``).
+
+        Args:
+            reducer: ``hetero_worker.speed.controller.CodecReducer`` (``sum_``, ``pending``,
+                ``merged``).
+            grads: the parameters' gradients, ``DTensor`` shards, in parameter order.
+        """
+        index = self.intra_ranks.index(self.rank)
+        n_g = len(self.intra_ranks)
+        locals_ = [g.to_local() for g in grads]
+        shapes = [torch.Size(g.shape) for g in grads]  # global shapes (PowerSGD's matrices)
+        flat = torch.zeros(sum(s.numel() for s in shapes), dtype=locals_[0].dtype,
+                           device=locals_[0].device)
+        views, offset = [], 0
+        for shape, local in zip(shapes, locals_, strict=True):
+            total = flat[offset:offset + shape.numel()].view(shape)
+            offset += shape.numel()
+            chunks = torch.chunk(total, n_g, dim=0)
+            mine = chunks[index] if index < len(chunks) else None
+            if mine is not None and local.numel():
+                mine.copy_(local)
+            views.append((mine, local))
+        stats, reducer.pending = reducer.pending, None
+        reducer.sum_(flat, shapes, exact=stats)
+        if stats is not None:
+            reducer.merged = stats.float().cpu()
+        for mine, local in views:
+            if mine is not None and local.numel():
+                local.copy_(mine)

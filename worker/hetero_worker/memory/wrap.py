@@ -58,7 +58,8 @@ class ModelPart:
             model: the user's model.
             block: the model's repeated block class (activation checkpointing, sharding unit).
             local_batches: the current split (the sharded syncs' weights).
-            has_scaler: the job scales its loss (Group sharding refuses it).
+            has_scaler: the job scales its loss (every wrapping runs with it: Group and Full
+                sharding unscale their sharded gradients through the same agreed scaler).
             use_layout: switches the trainer's hierarchy (Group sharding uses ``"group"``).
             before_wrap: the speed controller's hook, called before any wrapping (e.g. the
                 ``auto`` hierarchy: measure, then ``use_layout``).
@@ -81,7 +82,7 @@ class ModelPart:
         if before_wrap is not None:
             before_wrap(model)
         if memory.sharding != "none":
-            return self._wrap_sharded(model, block, local_batches, has_scaler, use_layout)
+            return self._wrap_sharded(model, block, local_batches, use_layout)
         self.module = model.to(self.device)
         self._count_parameters()
         if self.sync_mode == "manual":
@@ -115,15 +116,13 @@ class ModelPart:
         return {k: v.detach() for k, v in self.module.named_parameters()}
 
     def _wrap_sharded(self, model: torch.nn.Module, block: type[torch.nn.Module] | None,
-                      local_batches: list[int], has_scaler: bool,
+                      local_batches: list[int],
                       use_layout: Callable[[str], None]) -> torch.nn.Module:
         """``HTJ_SHARDING=group``: FSDP2 inside the rank's GPU-type group (:mod:`hetero_worker.memory.group`);
         ``full``: :meth:`_wrap_full`."""
         contract = self.contract
-        sharding.check_supported(precision_has_scaler=has_scaler,
-                                 checkpoint_dir=contract.checkpoint.dir,
+        sharding.check_supported(checkpoint_dir=contract.checkpoint.dir,
                                  sharding=contract.memory.sharding,
-                                 rebalance_interval_steps=contract.comm.rebalance_interval_steps,
                                  compression=contract.comm.compression)
         if contract.memory.sharding == "full":
             return self._wrap_full(model, block, local_batches)
@@ -136,7 +135,7 @@ class ModelPart:
         sharding.shard_group(self.module, groups.intra, self.device, block)
         self.shard_sync = sharding.GroupShardSync(
             intra=groups.intra, intra_ranks=groups.intra_ranks, leaders=groups.leaders,
-            local_batches=local_batches, rank=self.rank)
+            local_batches=local_batches, rank=self.rank, sync=self.sync)
         self._count_parameters()
         self.model = self.module
         return self.model
@@ -157,7 +156,8 @@ class ModelPart:
         micro[self.rank] = self.contract.memory.micro_batch_size
         dist.all_reduce(micro)
         self.shard_sync = fullshard.FullShardSync(units=units, local_batches=local_batches,
-                                                  micro_batch_sizes=micro.tolist(), rank=self.rank)
+                                                  micro_batch_sizes=micro.tolist(), rank=self.rank,
+                                                  sync=self.sync)
         self._count_parameters()
         self.model = self.module
         return self.model
