@@ -44,6 +44,7 @@ from typing import Any
 import yaml
 
 from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS, LABEL_ATTEMPT, LABEL_JOB
+from heterotrain_common.termination import TERMINATION_LOG_ENV
 
 from . import podenv
 from .controlplane import free_port_range, free_ports
@@ -69,6 +70,7 @@ class _Pod:
         self.started: dict[str, str] = {}
         self.restarts: dict[str, int] = {}
         self.exits: dict[str, int] = {}
+        self.log_start: dict[str, int] = {}
         self.terminating = False
         self.done = False
 
@@ -321,10 +323,14 @@ class LocalKubelet:
         argv = [*(c.get("command") or []), *(c.get("args") or [])]
         if not argv:
             argv = ["sleep", "infinity"]  # an image's entrypoint cannot be known here
+        term = self._termination_file(key, c["name"])  # the container's terminationMessagePath
+        term.write_text("")
+        env[TERMINATION_LOG_ENV] = str(term)
         log_path = self.pod_dir / f"{key[0]}_{key[1]}.log"
         with open(log_path, "ab") as log:
             log.write(f"--- {key[1]}/{c['name']} on {pod['spec']['nodeName']} ---\n".encode())
             log.flush()
+            state.log_start[c["name"]] = log.tell()  # this run's part of the log starts here
             proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=str(c.get("workingDir") or REPO),
                                                         stdout=log, stderr=asyncio.subprocess.STDOUT,
                                                         stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
@@ -375,7 +381,8 @@ class LocalKubelet:
         state.exits[c["name"]] = exit_code
         if not state.procs:
             state.done = True
-            await self._status(key, podenv.terminated_status(state.pod, state.exits, state.started, state.restarts))
+            await self._status(key, podenv.terminated_status(state.pod, state.exits, state.started, state.restarts,
+                                                             self._messages(key, state)))
 
     async def _terminate(self, key: tuple[str, str], state: _Pod, pod: Mapping[str, Any]) -> None:
         """Graceful deletion: SIGTERM, SIGKILL after the grace, terminal status, then the final
@@ -418,6 +425,29 @@ class LocalKubelet:
         return path.read_text(errors="replace") if path.exists() else ""
 
     # --- the log endpoint's questions (kubeletlogs.LogSource) -------------------------------
+
+    def _termination_file(self, key: tuple[str, str], container: str) -> Path:
+        """The file a container's termination message is written to (``HTJ_TERMINATION_LOG``:
+        the process runs on the host, where ``/dev/termination-log`` cannot be its own)."""
+        return self.pod_dir / f"{key[0]}_{key[1]}_{container}.termination-log"
+
+    def _messages(self, key: tuple[str, str], state: _Pod) -> dict[str, str]:
+        """Every ended container's termination message (:func:`podenv.termination_message`; the
+        log tail is this run's part of the pod's log)."""
+        log_path = self.pod_dir / f"{key[0]}_{key[1]}.log"
+        out = {}
+        for c in state.pod["spec"]["containers"]:
+            if c["name"] not in state.exits:
+                continue
+            term = self._termination_file(key, c["name"])
+            file_text = term.read_text(errors="replace") if term.exists() else ""
+            log_text = ""
+            if log_path.exists():
+                with open(log_path, "rb") as f:
+                    f.seek(state.log_start.get(c["name"], 0))
+                    log_text = f.read().decode(errors="replace")
+            out[c["name"]] = podenv.termination_message(c, state.exits[c["name"]], file_text, log_text)
+        return out
 
     def _log_path(self, namespace: str, name: str) -> Path | None:
         path = self.pod_dir / f"{namespace}_{name}.log"

@@ -128,9 +128,11 @@ def running_status(pod: Mapping[str, Any], started: Mapping[str, str], restarts:
 
 
 def terminated_status(pod: Mapping[str, Any], exits: Mapping[str, int], started: Mapping[str, str],
-                      restarts: Mapping[str, int]) -> dict[str, Any]:
+                      restarts: Mapping[str, int],
+                      messages: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``status`` of a pod whose containers all ended: ``Succeeded`` when every exit code is 0,
-    else ``Failed``; ``exits`` maps container name -> exit code (128 + signal when killed)."""
+    else ``Failed``; ``exits`` maps container name -> exit code (128 + signal when killed);
+    ``messages`` maps container name -> its termination message (:func:`termination_message`)."""
     t = now()
     ok = all(code == 0 for code in exits.values())
     reason = "PodCompleted" if ok else "PodFailed"
@@ -141,12 +143,35 @@ def terminated_status(pod: Mapping[str, Any], exits: Mapping[str, int], started:
             "name": c["name"], "image": c.get("image", ""), "imageID": "", "containerID": f"local://{c['name']}",
             "ready": False, "started": False, "restartCount": restarts.get(c["name"], 0),
             "state": {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
-                                     "startedAt": started.get(c["name"], t), "finishedAt": t}}})
+                                     "startedAt": started.get(c["name"], t), "finishedAt": t,
+                                     **({"message": (messages or {})[c["name"]]}
+                                        if (messages or {}).get(c["name"]) else {})}}})
     conds = [_cond("PodReadyToStartContainers", "False", t), _cond("Initialized", "True", t),
              _cond("Ready", "False", t, reason), _cond("ContainersReady", "False", t, reason),
              _cond("PodScheduled", "True", t)]
     return {"phase": "Succeeded" if ok else "Failed", "podIP": POD_IP, "podIPs": [{"ip": POD_IP}],
             "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}], "conditions": conds, "containerStatuses": statuses}
+
+
+MESSAGE_MAX_BYTES = 4096
+"""A termination message is cut to this many bytes (the kubelet's limit per container)."""
+FALLBACK_LOG_LINES = 80
+FALLBACK_LOG_BYTES = 2048
+"""``FallbackToLogsOnError``: the last 80 lines or 2048 bytes of the log, whichever is smaller."""
+
+
+def termination_message(container: Mapping[str, Any], exit_code: int, file_text: str,
+                        log_text: str) -> str:
+    """What the kubelet puts in ``state.terminated.message``: the file at
+    ``terminationMessagePath`` (cut to 4096 bytes); when it is empty, the container failed and its
+    ``terminationMessagePolicy`` is ``FallbackToLogsOnError``, the tail of its log
+    (https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/)."""
+    if file_text:
+        return file_text.encode()[:MESSAGE_MAX_BYTES].decode(errors="ignore")
+    if exit_code == 0 or container.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        return ""
+    tail = "\n".join(log_text.splitlines()[-FALLBACK_LOG_LINES:])
+    return tail.encode()[-FALLBACK_LOG_BYTES:].decode(errors="ignore")
 
 
 def _cond(type_: str, value: str, t: str, reason: str | None = None) -> dict[str, Any]:
