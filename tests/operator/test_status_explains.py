@@ -137,3 +137,21 @@ def test_nothing_is_written_outside_a_pod_and_a_log_tail_is_no_result(tmp_path) 
     assert termination.record({"step": 1}, env) is None and not (tmp_path / "absent").exists()
     assert rundir.write_result({"accuracy": 1.0}, env) is None
     assert termination.parse_result(CRASH) is None and startup.result({"exitCode": 0}) is None
+
+
+def test_a_job_where_no_rank_steps_shows_no_rate_and_a_finished_one_no_eta() -> None:
+    """A queued, evicted or restarting job showed its last rate as if it ran (``kubectl get htj``:
+    SAMPLES/S); a finished one its last eta."""
+    progress = {"step": 37, "totalSteps": 132, "eta": "1m10s", "loss": "0.4100",
+                "samplesPerSecond": "812.0", "updateTime": "2027-01-15T08:01:00Z"}
+    shown = {}
+    for phase, action in (("Suspended", lc.SUSPEND), ("Restarting", lc.RESTART), ("Pending", lc.WAIT),
+                          ("Failed", lc.FAIL), ("Succeeded", lc.SUCCEED), ("Running", lc.RUNNING)):
+        d = lc.Decision(action=action, phase=phase, reason="R", message="m.")
+        shown[phase] = sorted(st.decided_status({"progress": dict(progress)}, d, [], generation=1,
+                                                now_s=NOW)["progress"])
+    kept = ["loss", "step", "totalSteps", "updateTime"]
+    assert shown == {"Suspended": kept, "Restarting": kept, "Pending": kept,
+                     "Failed": sorted([*kept, "samplesPerSecond"]),
+                     "Succeeded": sorted([*kept, "samplesPerSecond"]),
+                     "Running": sorted([*kept, "samplesPerSecond", "eta"])}

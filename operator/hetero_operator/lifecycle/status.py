@@ -46,6 +46,16 @@ PROGRESS_KEYS = frozenset({"step", "samplesPerSecond", "loss", "efficiency", "pr
                            "updateTime", "totalSteps", "eta"})
 
 
+STALE_PROGRESS_KEYS: dict[str, tuple[str, ...]] = {
+    c.SUCCEEDED: ("eta",), c.FAILED: ("eta",),
+    c.SUSPENDED: ("eta", "samplesPerSecond"), c.RESTARTING: ("eta", "samplesPerSecond"),
+    c.PENDING: ("eta", "samplesPerSecond"),
+}
+"""``status.progress`` keys dropped in a phase where no rank steps (a queued, evicted or
+restarting job showed its last rate, a finished one its last eta; issue 33): the step, total and
+loss stay."""
+
+
 def job_state(status: Mapping[str, Any]) -> JobState:
     """The persisted lifecycle state from ``status`` (missing keys take their defaults)."""
     plan = status.get("plan") or {}
@@ -260,6 +270,9 @@ def decided_status(status: Mapping[str, Any], d: Decision, states: Iterable[PodS
         new["completionTime"] = c.now_iso(now_s)
     if d.phase == c.SUCCEEDED:  # the result and the final progress, from rank 0's message
         new.update(final_status(status, states, now_s))
+    stale = STALE_PROGRESS_KEYS.get(d.phase, ())
+    if new.get("progress") and any(k in new["progress"] for k in stale):  # no rank steps now
+        new["progress"] = {k: v for k, v in new["progress"].items() if k not in stale}
     plan = status.get("plan") or {}
     wanted = int(plan.get("worldSize") or status.get("ranksWanted") or 0)
     running = ranks_running(states)
