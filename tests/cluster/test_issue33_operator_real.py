@@ -65,3 +65,19 @@ def test_a_succeeded_job_has_rank_0s_result_and_final_progress(cluster: RealClus
     assert "eta" not in status["progress"]
     assert cond(job, "Succeeded")["message"].startswith(
         f"Rank 0 completed successfully at step 12 (loss {result['loss']}, accuracy ")
+
+
+def test_the_schedulers_reason_is_in_the_waiting_jobs_message(cluster: RealCluster, tmp_path: Path) -> None:
+    """The issue's missing PVC: the real scheduler's FailedScheduling word was only on the pods'
+    Events; the job said "3 of 3 pods are not running yet"."""
+    ns = cluster.namespace("nopvc")
+    body = digits_job("nopvc", tmp_path, args=[])
+    body["spec"]["training"]["checkpoint"] = {"path": "/checkpoints", "persistentVolumeClaim": "digits-ckpt"}
+    cluster.apply(body, ns)
+    job = cluster.wait_for(lambda: (cluster.job("nopvc", ns) or {}).get("status", {}).get("message", "")
+                           .count("The scheduler cannot place") and cluster.job("nopvc", ns), 90,
+                           "the scheduler's reason in the job's message")
+    message = job["status"]["message"]
+    assert job["status"]["phase"] == "Created" and cond(job, "Created")["reason"] == "PodsPending"
+    assert 'persistentvolumeclaim "digits-ckpt" not found' in message, message
+    cluster.custom.delete_namespaced_custom_object("heterotrain.io", "v1alpha1", ns, "heterotrainingjobs", "nopvc")
