@@ -61,7 +61,7 @@ def run(t: ht.Trainer, steps: int, inject: int, dtype: torch.dtype) -> dict[str,
     x, y = (d.to(dtype) for d in make_data(big * steps))
     facts: dict[str, Any] = {"skipped": [], "splits": [], "scales": [], "micro_counts": [],
                              "codec_same_after_skip": None, "codec_finite": True,
-                             "codec_numel": 0}
+                             "codec_numel": 0, "activation_peaks": []}
     before_skip: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     losses: list[float] = []
     for s in range(steps):
@@ -78,7 +78,10 @@ def run(t: ht.Trainer, steps: int, inject: int, dtype: torch.dtype) -> dict[str,
             before_skip = codec_state(t)
             scale_before = t.scaler.get_scale() if t.scaler is not None else 1.0
         facts["micro_counts"].append(t.shard_sync.micro_count(t.contract.memory.micro_batch_size))
+        if t.memory is not None:  # this step's largest micro-batch activations
+            t.memory.peak_activation_bytes = 0
         result = t.step(opt, loss_fn, batch=(xb, yb))
+        facts["activation_peaks"].append(t.memory.peak_activation_bytes if t.memory else None)
         if s == inject and before_skip[0]:
             # the skipped step left the error feedback as it was, rescaled to the new loss scale
             # (it holds residuals of scaled gradients; a power of two: exact), and Q unchanged
