@@ -38,6 +38,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 _EXIT_CODES = {127: "the command is not found in the image (exit 127)",
                126: "the command is not executable (exit 126)"}
 _RUNTIME_REASONS = ("StartError", "ContainerCannotRun")
+TELLING_LINES = 6
+"""Only the last lines of the message are read for a start-up error: a traceback's exception line
+and the launcher's line after it (an ``ImportError`` a library printed as a warning early in a
+long log is no reason to skip the restarts)."""
 RESULT_METRICS_MAX = 32
 """``status.result.metrics``: at most this many (the CRD's ``maxProperties``)."""
 
@@ -59,7 +63,8 @@ def startup_error(terminated: Mapping[str, Any]) -> str:
     code = terminated.get("exitCode")
     if not code:
         return ""
-    message = str(terminated.get("message") or "")
+    lines = [line for line in str(terminated.get("message") or "").splitlines() if line.strip()]
+    message = "\n".join(lines[-TELLING_LINES:])  # the error that ended it, not a warning before
     for pattern, text in _PATTERNS:
         found = pattern.search(message)
         if found:
