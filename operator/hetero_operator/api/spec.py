@@ -20,6 +20,7 @@ from hetero_operator.api.fields import (boolean, claim_name, enum, integer, mapp
                                         optional_string, quantity, string, string_list)
 from hetero_operator.api.jobnames import default_profile_key, job_name, parse_profile_key
 from hetero_operator.api.labels import ANNOTATION_PROFILE_STEPS
+from hetero_operator.api.platforms import DEFAULT_PLATFORMS, parse_platform
 from hetero_operator.api.strictfields import unknown_fields
 from hetero_operator.api.workerspec import WorkerTemplate, parse_worker
 from heterotrain_common import defaults
@@ -60,6 +61,9 @@ class ImageVariant:
         cuda_minor_version_compatible: the image relies on CUDA minor-version compatibility, so a
             driver of the same CUDA major family (>= 450 for 11.x, >= 525 for 12.x, >= 580 for
             13.x) may run it even below the release's own minimum driver.
+        platforms: ``os/arch[/variant]`` the image is built for (``spec.images[].platforms``,
+            default :data:`~hetero_operator.api.platforms.DEFAULT_PLATFORMS`, linux/amd64): a
+            node gets only a variant built for its ``kubernetes.io/os``/``kubernetes.io/arch``.
     """
 
     image: str
@@ -67,6 +71,7 @@ class ImageVariant:
     compute_capabilities: tuple[str, ...]
     torch_version: str = ""
     cuda_minor_version_compatible: bool = False
+    platforms: tuple[str, ...] = DEFAULT_PLATFORMS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -310,7 +315,27 @@ def _images(items: Any, path: str) -> tuple[ImageVariant, ...]:
                                 torch_version=torch_version,
                                 cuda_minor_version_compatible=boolean(
                                     item, "cudaMinorVersionCompatible",
-                                    f"{p}.cudaMinorVersionCompatible", False)))
+                                    f"{p}.cudaMinorVersionCompatible", False),
+                                platforms=_platforms(item, f"{p}.platforms")))
+    return tuple(out)
+
+
+def _platforms(item: Mapping[str, Any], path: str) -> tuple[str, ...]:
+    """``spec.images[i].platforms``: ``os/arch[/variant]`` entries, default linux/amd64
+    (:mod:`hetero_operator.api.platforms`)."""
+    if "platforms" not in item or item["platforms"] is None:
+        return DEFAULT_PLATFORMS
+    raw = item["platforms"]
+    if not isinstance(raw, list) or not raw:
+        raise SpecError(path, "must be a non-empty list such as [\"linux/amd64\", \"linux/arm64\"] "
+                        "(the platforms the image is built for); leave it out for linux/amd64 only")
+    out: dict[str, None] = {}
+    for i, entry in enumerate(raw):
+        try:
+            out[parse_platform(entry, f"{path}[{i}]")] = None
+        except ValueError as exc:
+            where, _, msg = str(exc).partition(": ")
+            raise SpecError(where, msg) from None
     return tuple(out)
 
 
