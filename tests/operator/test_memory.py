@@ -212,15 +212,12 @@ FULL_COMPRESSION_REFUSAL = (
     "it plans if spec.training.compression is left out")
 
 
-@pytest.mark.parametrize(("kwargs", "reason"), [
-    ({"checkpoint": {"path": "/ckpt"}}, "Full sharding is not built with checkpoints yet: it plans "
-                                        "if spec.training.checkpoint is left out"),
-])
-def test_full_sharding_refused_where_the_worker_lacks_it(kwargs, reason) -> None:
-    result = plan(job("6G", **{"precision": "FP32", **kwargs}, sharding="Full"))
-    assert isinstance(result, model.Unschedulable)
-    assert result.message == (f"spec.training.sharding Full: {reason} (checked: 5 ranks, sharding "
-                              'Full) (docs/memory.md, "What is built")')
+@pytest.mark.parametrize("precision", ["FP32", "Auto"])
+def test_full_sharding_plans_with_checkpoints(precision: str) -> None:
+    """Checkpoints are built under Full (issue 29, item 2: every rank writes its slices with
+    torch.distributed.checkpoint, hetero_worker.ckpt.flatdcp): no longer refused."""
+    result = plan(job("6G", precision=precision, checkpoint={"path": "/ckpt"}, sharding="Full"))
+    assert isinstance(result, model.Plan) and result.memory.mode == "Full"
 
 
 def _training_job(parameters: str, sharding: str, **training) -> object:

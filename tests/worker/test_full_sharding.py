@@ -151,13 +151,19 @@ def test_a_parameter_shared_between_units_is_refused(world_of_one: None) -> None
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"compression": "powersgd"}, "Full sharding with compression is not built: Full reduce-scatters"),
-    ({"checkpoint_dir": "/ckpt"}, "Full sharding does not checkpoint yet"),
 ])
 def test_full_refuses_what_it_does_not_build_naming_the_fix(kwargs: dict, message: str) -> None:
     args = {"checkpoint_dir": "", "sharding": "full", **kwargs}
     with pytest.raises(RuntimeError, match=message):
         sharding.check_supported(**args)
     sharding.check_supported(checkpoint_dir="", sharding="full")  # fp16, rebalancing: built
+
+
+def test_full_checkpoints_are_built_and_not_refused() -> None:
+    """Checkpoints under Full: every rank writes its slices with DCP (issue 29, item 2;
+    hetero_worker.ckpt.flatdcp, tests/worker/test_checkpoint_layouts.py)."""
+    sharding.check_supported(checkpoint_dir="/ckpt", sharding="full")
+    sharding.check_supported(checkpoint_dir="/ckpt", sharding="group")
 
 
 @pytest.mark.gpu

@@ -309,24 +309,45 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, world_of_one
                for s in opt.state.values())
 
 
-def test_replicated_checkpoint_is_not_loaded_into_a_sharded_model(tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                                   world_of_one) -> None:
+def test_replicated_checkpoint_loads_into_a_sharded_model(tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                          world_of_one) -> None:
+    """Case 62 in one process: a format-2 checkpoint (one full state dict) goes into an FSDP2
+    model: parameters and SGD momentum by name (the optimizer's ids mapped through the recorded
+    names), in place (it was refused before: "taken without sharding")."""
     plain = torch.nn.Sequential(torch.nn.Linear(4, 3)).double()
-    checkpoint.save_checkpoint(tmp_path, step=3, model=plain,
-                               optimizer=torch.optim.SGD(plain.parameters(), lr=0.1))
+    opt_plain = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    plain(torch.ones(2, 4, dtype=torch.float64)).square().sum().backward()
+    opt_plain.step()
+    checkpoint.save_checkpoint(tmp_path, step=3, model=plain, optimizer=opt_plain)
+    assert files.load_file(store.newest_file(tmp_path))["optimizer_fqns"] == ["0.weight", "0.bias"]
     model, opt = _sharded_model(world_of_one)
-    with pytest.raises(ValueError, match=r"taken without sharding \(format 2.*resume it with "
-                                         r"spec.training.sharding None"):
-        checkpoint.load_checkpoint(tmp_path, model=model, optimizer=opt)
+    state = checkpoint.load_checkpoint(tmp_path, model=model, optimizer=opt)
+    assert state is not None and state["step"] == 3
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p.full_tensor(), q)
+        assert torch.equal(opt.state[p]["momentum_buffer"].full_tensor(),
+                           opt_plain.state[q]["momentum_buffer"])
 
 
-def test_resume_under_full_sharding_is_refused_naming_the_fix(tmp_path) -> None:
-    from types import SimpleNamespace
-
-    from hetero_worker.ckpt import trainer_state as resume_mod
-    trainer = SimpleNamespace(module=torch.nn.Linear(2, 1),
-                              contract=SimpleNamespace(memory=SimpleNamespace(sharding="full")))
-    with pytest.raises(RuntimeError, match="Full sharding does not resume from checkpoints yet: "
-                                           "leave spec.training.checkpoint out"):
-        resume_mod.resume_trainer(trainer, torch.optim.SGD(trainer.module.parameters(), lr=0.1),
-                                  str(tmp_path))
+def test_resume_under_full_sharding_takes_the_flat_pieces(tmp_path, world_of_one) -> None:  # type: ignore[no-untyped-def]
+    """Under Full sharding (one rank here: one slice per unit) a format-2 checkpoint is cut into
+    the unit's flat slice by parameter name (it was refused before: "does not resume")."""
+    from hetero_worker.memory import full as fullshard
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).double()
+    opt_plain = torch.optim.AdamW(plain.parameters(), lr=0.1)
+    plain(torch.ones(2, 4, dtype=torch.float64)).square().sum().backward()
+    opt_plain.step()
+    checkpoint.save_checkpoint(tmp_path, step=1, model=plain, optimizer=opt_plain)
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).double()
+    units = fullshard.shard_full(model, block=None, shares_ppm=[10**6], rank=0,
+                                 groups_of_ranks=[0], device=torch.device("cpu"))
+    sync = fullshard.FullShardSync(units=units, local_batches=[2], micro_batch_sizes=[0], rank=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    state = checkpoint.load_checkpoint(tmp_path, model=model, optimizer=opt, shard_sync=sync)
+    assert state is not None and state["step"] == 1
+    flat = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
+    assert torch.equal(units[0].shard.detach(), flat)
+    moments = torch.cat([opt_plain.state[p]["exp_avg"].reshape(-1) for p in plain.parameters()])
+    assert torch.equal(opt.state[units[0].shard]["exp_avg"], moments)
+    assert float(opt.state[units[0].shard]["step"]) == 1.0

@@ -224,17 +224,14 @@ def _full_sharding_gap(job: JobSpec) -> tuple[str, str]:
     job, every gap at once, and the changes that close them all; ``("", "")`` when nothing.
 
     Returns:
-        e.g. ``("with checkpoints or with compression (...)", "leave spec.training.checkpoint
-        out and leave spec.training.compression out")``; fp16 ranks and rebalancing are built
-        under Full (issue 29), compression is not (:data:`memory.FULL_COMPRESSION_WHY`).
+        e.g. ``("with compression (...)", "leave spec.training.compression out")``; fp16 ranks,
+        rebalancing and checkpoints (``hetero_worker.ckpt.flatdcp``) are built under Full
+        (issue 29), compression is not (:data:`memory.FULL_COMPRESSION_WHY`).
     """
     t = job.training
     gaps: list[str] = []
     changes: list[str] = []
-    if t.checkpoint_path:
-        gaps.append("with checkpoints")
-        changes.append("leave spec.training.checkpoint out")
-    if t.compression != "None":  # fp16 and rebalancing are built under Full (issue 29)
+    if t.compression != "None":  # fp16, rebalancing, checkpoints are built under Full (issue 29)
         gaps.append(f"with compression ({memory.FULL_COMPRESSION_WHY})")
         changes.append("leave spec.training.compression out")
     return " or ".join(gaps), " and ".join(changes)

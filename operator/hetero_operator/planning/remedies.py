@@ -99,23 +99,19 @@ def min_memory(job: JobSpec, excluded: Sequence[ExcludedNode], replan: Replan) -
 
 def unbuilt_mode(job: JobSpec, mode: str, replan: Replan) -> str:
     """For a sharding ``mode`` that fits every rank but that the worker does not run for this job
-    yet: all the spec changes it needs at once (``checkpoint`` left out for Full; ``compression``
-    left out for Full; fp16 ranks and rebalancing are built under Group and Full, issue 29), named
-    only when planning the changed job works.
+    yet: all the spec changes it needs at once (``compression`` left out for Full; fp16 ranks,
+    rebalancing and checkpoints are built under Group and Full, issue 29), named only when
+    planning the changed job works.
 
     Returns:
-        e.g. ``"Full sharding is not built with checkpoints yet: it plans if
-        spec.training.checkpoint is left out (checked: 4 ranks, sharding Full)"``; ``""`` when
+        e.g. ``"Full sharding is not built with compression (...) yet: it plans if
+        spec.training.compression is left out (checked: 4 ranks, sharding Full)"``; ``""`` when
         nothing here would change or the changed job does not plan with ``mode``.
     """
     t = job.training
     changes: list[str] = []
     gaps: list[str] = []
     training = t
-    if mode == "Full" and t.checkpoint_path:
-        training = replace(training, checkpoint_path="", checkpoint_pvc="")
-        gaps.append("with checkpoints")
-        changes.append("spec.training.checkpoint is left out")
     if mode == "Full" and t.compression != "None":  # rebalancing is built (issue 29, item 3)
         training = replace(training, compression="None")
         gaps.append(f"with compression ({memory.FULL_COMPRESSION_WHY})")

@@ -46,6 +46,7 @@ from hetero_worker.ckpt import store
 from hetero_worker.ckpt.agreement import (Finding, ResumeDisagreement, agree_on_newest,
                                           agree_on_resume)
 from hetero_worker.ckpt.ownership import Owner
+from hetero_worker.ckpt.pieces import fill_from_full, held_pieces, optimizer_fqns, parameter_names
 from hetero_worker.ckpt.saving import CheckpointSaveError, discard_tmp
 from hetero_worker.ckpt.files import (CHECKPOINT_FILE, FORMAT, FORMATS, SHARDED_FORMAT, fresh_rng,
                                       gather_to_rank0, load_file, manifest, rng_state, same_plan,
@@ -114,9 +115,11 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
         tmp = store.tmp_dir(directory, step, checkpoint_id)
         try:
             tmp.mkdir(parents=True, exist_ok=True)
-            save_atomic(manifest(checkpoint_id=checkpoint_id, step=step, model=model,
-                                 optimizer=optimizer, scaler=scaler, sampler=sampler, plan=plan,
-                                 ranks=ranks, extra=extra), tmp / CHECKPOINT_FILE)
+            state = manifest(checkpoint_id=checkpoint_id, step=step, model=model,
+                             optimizer=optimizer, scaler=scaler, sampler=sampler, plan=plan,
+                             ranks=ranks, extra=extra)
+            state["optimizer_fqns"] = optimizer_fqns(model, optimizer)  # ids -> names (pieces)
+            save_atomic(state, tmp / CHECKPOINT_FILE)
             path = store.publish_verified(directory, tmp, step=step, checkpoint_id=checkpoint_id,
                                           fmt=FORMAT, keep=keep, owner=owner)
         except Exception as exc:  # noqa: BLE001 - any type (torch.save on a full disk: RuntimeError)
@@ -173,7 +176,8 @@ def read_checkpoint(directory: str | Path | None) -> tuple[dict[str, Any] | None
 def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, scaler: Any = None, sampler: Any = None,
                     plan: Mapping[str, Any] | None = None, seed: int = 0,
-                    group: Any = None, accept: Any = None) -> dict[str, Any] | None:
+                    group: Any = None, accept: Any = None,
+                    shard_sync: Any = None) -> dict[str, Any] | None:
     """Agree on and restore a checkpoint of ``directory``; collective: call on every rank.
 
     The ranks agree on the newest checkpoint every one of them verifies against its manifest
@@ -193,6 +197,14 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
         accept: which checkpoints this job may resume (a predicate on a
             :class:`hetero_worker.ckpt.store.Candidate`; None: every one;
             :class:`hetero_worker.ckpt.ownership.ResumeFilter.accepts`).
+        shard_sync: the model part's sharded sync (a Full sharding sync's ``units`` say what
+            this rank holds; None or a Group sync: the model's own parameters say it).
+
+    Any checkpoint resumes under any sharding mode (:mod:`hetero_worker.ckpt.pieces`): one full
+    state dict (format 2) is cut into the held pieces on every rank (case 62); a Group (FSDP2)
+    DCP directory is resharded by DCP into None or Group, or read by row boxes into Full; a Full
+    one (``layout: flat``) is read by element ranges into any mode
+    (:func:`hetero_worker.ckpt.flatdcp.load_pieces`).
 
     Returns:
         The checkpoint dict (``step``, ``plan``, ``split``, ``ranks``, ...) with
@@ -215,14 +227,20 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
     if note and (not dist.is_initialized() or dist.get_rank() == 0):
         log(f"checkpoint_fallback: resuming from step {state['step']} (checkpoint "
              f"{state['checkpoint_id']}); the newest is unreadable: {note}")
-    if not state.get("sharded") and _is_sharded(model):
-        raise ValueError("this checkpoint was taken without sharding (format 2: one full state "
-                         "dict) and this job shards its model (HTJ_SHARDING): resume it with "
-                         "spec.training.sharding None, or start a new checkpoint directory")
-    if state.get("sharded"):  # DCP: every rank loads its own chunks, resharded to its model
+    full = getattr(shard_sync, "units", None) is not None  # Full sharding: flat unit slices
+    sharded = state.get("sharded")
+    if sharded:  # DCP: every rank loads its own chunks, resharded to its model
         from hetero_worker.ckpt.sharded import check_sharded_dir, load_sharded  # noqa: PLC0415
-        load_sharded(check_sharded_dir(chosen.file.parent, state["sharded"]), model=model,
-                     optimizer=optimizer)
+        path = check_sharded_dir(chosen.file.parent, sharded)
+        if full or sharded.get("layout") == "flat":  # by name and element range
+            from hetero_worker.ckpt.flatdcp import load_pieces  # noqa: PLC0415
+            load_pieces(path, held_pieces(model, shard_sync), optimizer)
+        else:
+            load_sharded(path, model=model, optimizer=optimizer)
+    elif full or _is_sharded(model):  # one full state dict into shards (case 62)
+        fill_from_full(held_pieces(model, shard_sync), optimizer, state["model"],
+                       state["optimizer"], state.get("optimizer_fqns"),
+                       parameter_names(model, shard_sync))
     else:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

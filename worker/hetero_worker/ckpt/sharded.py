@@ -56,7 +56,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,8 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
                             extra: Mapping[str, Any] | None = None,
                             before_publish: Any = None, keep: int = defaults.CHECKPOINT_KEEP,
                             ckpt_group: Any = None, ckpt_timeout_s: float | None = None,
-                            owner: Owner | None = None) -> Path:
+                            owner: Owner | None = None,
+                            write_pieces: Callable[[Path, Any], None] | None = None) -> Path:
     """Write a sharded checkpoint; collective: every rank calls it at the same step.
 
     Args:
@@ -223,6 +224,10 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
             None: on ``group``.
         owner: the job UID and restart generation the manifest records (None: from the
             environment, :mod:`hetero_worker.ckpt.ownership`).
+        write_pieces: under Full sharding, ``(directory, process_group)`` -> writes this rank's
+            pieces there as 1-D chunks (:func:`hetero_worker.ckpt.flatdcp.save_pieces`); every
+            rank writes (``groups`` is then the one group of all ranks, ``group`` None) and the
+            manifest says ``"sharding": "full", "layout": "flat"``.
 
     Returns:
         The new checkpoint's ``checkpoint.pt``.
@@ -240,15 +245,19 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
     final = f"{DIR_PREFIX}{checkpoint_id}"
     tmp = step_tmp / final  # complete only once its parent is renamed into place
     error = ""
-    # Every rank: get_state_dict initialises an optimizer without state by a zero-lr step
-    # (torch's _init_optim_state); on the writers alone that would make the replicas differ.
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    if write_pieces is None:
+        # Every rank: get_state_dict initialises an optimizer without state by a zero-lr step
+        # (torch's _init_optim_state); on the writers alone that would make the replicas differ.
+        model_sd, optim_sd = get_state_dict(model, optimizer)
     save_group = group if ckpt_timeout_s is None else writers_group(writers, ckpt_timeout_s)
     if rank in writers:
         try:
-            dcp.save({"model": model_sd, "optim": optim_sd},
-                     storage_writer=FileSystemWriter(tmp, sync_files=True),
-                     process_group=save_group)
+            if write_pieces is not None:  # Full: every rank its uneven slices, by parameter name
+                write_pieces(tmp, save_group)
+            else:
+                dcp.save({"model": model_sd, "optim": optim_sd},
+                         storage_writer=FileSystemWriter(tmp, sync_files=True),
+                         process_group=save_group)
         except (Exception, CheckpointException) as exc:  # noqa: BLE001 - every rank learns it
             # (CheckpointException, DCP's error gathered from its ranks, is a BaseException)
             error = f"writing {tmp}: {type(exc).__name__}: {exc}"[:agree.ERROR_BYTES]
@@ -270,7 +279,9 @@ def save_sharded_checkpoint(directory: str | Path, *, step: int, model: torch.nn
             state = files.manifest(
                 checkpoint_id=checkpoint_id, step=step, model=None, optimizer=None, scaler=scaler,
                 sampler=sampler, plan=plan, ranks=ranks, extra=extra,
-                sharded={"dir": final, "writers": list(writers), "sharding": "group"})
+                sharded={"dir": final, "writers": list(writers),
+                         "sharding": "group" if write_pieces is None else "full",
+                         **({} if write_pieces is None else {"layout": "flat"})})
             files.save_atomic(state, step_tmp / files.CHECKPOINT_FILE)
             path = store.publish_verified(directory, step_tmp, step=step,
                                           checkpoint_id=checkpoint_id, fmt=files.SHARDED_FORMAT,

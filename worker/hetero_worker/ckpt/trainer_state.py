@@ -19,6 +19,7 @@ import torch
 
 from hetero_worker.ckpt import checkpoint, saving, store, tracked
 from hetero_worker.ckpt.ownership import Owner, ResumeFilter
+from hetero_worker.ckpt.pieces import held_pieces
 from hetero_worker.ckpt.resume import CodecStates, plan_of, restore_compression
 from hetero_worker.comm.sync import WeightedGradSync
 from hetero_worker.loading import TrainData
@@ -120,11 +121,12 @@ class Checkpointing:
 
         Under Group sharding the model and optimizer state go through
         :func:`hetero_worker.ckpt.sharded.save_sharded_checkpoint` (the largest group writes,
-        DCP; :attr:`before_publish` is its test hook). Full sharding is refused (not built).
+        DCP; :attr:`before_publish` is its test hook); under Full sharding every rank writes its
+        uneven slices there by parameter name and element range (:mod:`hetero_worker.ckpt.flatdcp`).
 
         Raises:
             ValueError: no directory (``HTJ_CHECKPOINT_DIR`` unset and none passed).
-            RuntimeError: no model wrapped yet, or Full sharding.
+            RuntimeError: no model wrapped yet.
             hetero_worker.ckpt.saving.CheckpointSaveError: the save failed (on every rank).
         """
         directory = self._directory(directory)
@@ -132,9 +134,6 @@ class Checkpointing:
         if module is None:
             raise RuntimeError("wrap a model before checkpointing")
         extra = {"tracked": tracked.states(self.tracked)}  # checked on every rank
-        if self.contract.memory.sharding == "full":
-            raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
-                               "out or use spec.training.sharding Group (docs/memory.md)")
         common = {"step": self.steps.global_step, "model": module, "optimizer": optimizer,
                   "scaler": self.scaler, "sampler": self.data.sampler, "plan": self.plan(),
                   "rank_state": {"compression": self.codecs.state_dict()}, "extra": extra,
@@ -143,13 +142,23 @@ class Checkpointing:
             from hetero_worker.ckpt import \
                 sharded as shardckpt  # noqa: PLC0415 (imports torch.distributed.checkpoint)
             groups = self.sync.groups
+            full = getattr(self.model.shard_sync, "units", None) is not None
             path = shardckpt.save_sharded_checkpoint(
-                directory, groups=groups.layout.groups, group=groups.intra, rank=self.rank,
+                directory, rank=self.rank,
+                groups=[list(range(self.contract.dist.world_size))] if full else groups.layout.groups,
+                group=None if full else groups.intra,
+                write_pieces=self._full_writer(optimizer) if full else None,
                 before_publish=self.before_publish, ckpt_group=self.group,
                 ckpt_timeout_s=self.contract.checkpoint.timeout_s if self.group is not None else None,
                 **common)
             return str(path)
         return str(checkpoint.save_checkpoint(directory, group=self.group, **common))
+
+    def _full_writer(self, optimizer: torch.optim.Optimizer) -> Any:
+        """Under Full sharding: writes this rank's pieces (:mod:`hetero_worker.ckpt.flatdcp`)."""
+        from hetero_worker.ckpt import flatdcp  # noqa: PLC0415 (imports torch.distributed.checkpoint)
+        pieces = held_pieces(self.model.module, self.model.shard_sync)
+        return lambda path, group: flatdcp.save_pieces(path, pieces, optimizer, process_group=group)
 
     def maybe_save(self, optimizer: torch.optim.Optimizer, every_steps: int | None = None) -> bool:
         """``Trainer.maybe_checkpoint`` (see there): save when the step count is a multiple of
@@ -185,21 +194,18 @@ class Checkpointing:
             True when the job resumed, False when no rank has a checkpoint.
 
         Raises:
-            RuntimeError: no model wrapped yet, or Full sharding with a directory.
+            RuntimeError: no model wrapped yet.
             hetero_worker.ckpt.agreement.ResumeDisagreement: a rank found another checkpoint than
                 rank 0, none, or could not read it.
         """
         if self.module is None:
             raise RuntimeError("wrap a model before resume()")
-        if self.contract.memory.sharding == "full" and directory:
-            raise RuntimeError("Full sharding does not resume from checkpoints yet: leave "
-                               "spec.training.checkpoint out or use spec.training.sharding Group "
-                               "(docs/memory.md)")
         current = self.plan()
         mine = ResumeFilter(mine=self.owner(), resume_from=self.contract.checkpoint.resume_from)
         state = checkpoint.load_checkpoint(
             directory, model=self.module, optimizer=optimizer, scaler=self.scaler,
             sampler=self.data.sampler, plan=current, seed=self.seed, group=self.group,
+            shard_sync=self.model.shard_sync,
             accept=mine.accepts)
         if state is None:
             found = store.candidates(directory) if directory and self.rank == 0 else []

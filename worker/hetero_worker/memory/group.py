@@ -26,9 +26,10 @@ unscaled per shard by ``AgreeingGradScaler.unscale_`` (``torch.amp.GradScaler`` 
 gradients; the found-inf flag is OR-ed over every rank), and the optimizer keeps fp32 state for
 the fp32 shards (autocast leaves parameters in their dtype).
 
-Not built: compression and checkpoints under ``Full`` sharding (:mod:`hetero_worker.memory.full`);
-:func:`check_supported` refuses those with the fix. Checkpoints under Group sharding are sharded
-with ``torch.distributed.checkpoint`` (:mod:`hetero_worker.ckpt.sharded`).
+Not built: compression under ``Full`` sharding (:mod:`hetero_worker.memory.full`);
+:func:`check_supported` refuses it with the fix. Checkpoints under Group and Full sharding are
+sharded with ``torch.distributed.checkpoint`` (:mod:`hetero_worker.ckpt.sharded`,
+:mod:`hetero_worker.ckpt.flatdcp`).
 """
 
 from __future__ import annotations
@@ -61,15 +62,13 @@ def check_supported(*, checkpoint_dir: str, sharding: str, compression: str = "n
     Group (:meth:`GroupShardSync.reduce`; issue 29).
 
     Raises:
-        RuntimeError: compression under ``full`` sharding (:data:`FULL_COMPRESSION_REFUSAL`), or a
-            checkpoint directory under ``full`` sharding. Group sharding checkpoints with
-            :mod:`hetero_worker.ckpt.sharded`.
+        RuntimeError: compression under ``full`` sharding (:data:`FULL_COMPRESSION_REFUSAL`).
+            ``checkpoint_dir`` is accepted under every mode (Group and Full checkpoint with
+            :mod:`hetero_worker.ckpt.sharded`; issue 29, item 2).
     """
     if compression != "none" and sharding == "full":
         raise RuntimeError(FULL_COMPRESSION_REFUSAL)
-    if checkpoint_dir and sharding == "full":  # Group checkpoints: hetero_worker.ckpt.sharded (DCP)
-        raise RuntimeError("Full sharding does not checkpoint yet: leave spec.training.checkpoint "
-                           "out or use spec.training.sharding Group (docs/memory.md)")
+    del checkpoint_dir  # every mode checkpoints (hetero_worker.ckpt.sharded, DCP)
 
 
 GLOO_CUDA_ISSUE = "pytorch/pytorch#132471"
