@@ -1,7 +1,8 @@
 """The Trainer's stepping part (:class:`Stepper`): one optimizer step on every rank (forward and
-loss under autocast, the weighted, scaled backward, micro-batches, the sharded or manual sync, the
-optimizer step with the cross-rank skip agreement), the work-stealing step, the step's accounting
-(:class:`StepResult`, totals, metrics, the efficiency window) and the per-rank summaries."""
+loss under autocast, the weighted, scaled backward, micro-batches, token weighting, the sharded or
+manual sync, global-norm clipping after the unscale, the optimizer step with the cross-rank skip
+agreement), the work-stealing step, the step's accounting (:class:`StepResult`, totals, metrics,
+the efficiency window) and the per-rank summaries."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hetero_worker.comm import clipping, tokens
 from hetero_worker.efficiency import EfficiencyWindow
 from hetero_worker.loading import TrainData
 from hetero_worker.memory import microbatch
@@ -36,6 +38,8 @@ class StepResult:
         step_s: wall seconds of the step; compute_s + comm_wait_s == step_s.
         compute_s: forward, backward, simulated delay and optimizer time.
         comm_wait_s: seconds inside collectives, including waiting for slower ranks.
+        grad_norm: the full gradient's 2-norm over every rank before clipping (the same on every
+            rank), when the step clipped (``max_grad_norm``); else None.
     """
 
     loss: float
@@ -43,6 +47,7 @@ class StepResult:
     step_s: float
     compute_s: float
     comm_wait_s: float
+    grad_norm: float | None = None
 
 
 class Stepper:
@@ -62,31 +67,46 @@ class Stepper:
         memory: the memory meter (None without a cap).
         profiler: the step profiler (None unless asked).
         delay_per_sample_s: simulated seconds per sample at speed 1.0.
+        max_grad_norm: clip every step's gradient to this global 2-norm (None: no clipping).
 
     Attributes:
         speed: the speed controller (``after_step``, ``end_step``; None without one).
         totals: steps, samples, step/compute/wait seconds and skipped steps so far.
+        last_grad_norm: the global gradient norm :meth:`clip_grad_norm_` last saw (None before).
+
+    Raises:
+        ValueError: ``max_grad_norm`` is given and not positive.
     """
 
     def __init__(self, contract: Contract, *, model: ModelPart, data: TrainData,
                  steps: StepCount, sync: Any, sync_mode: str, precision: PrecisionPolicy,
                  scaler: Any, metrics: Any, window: EfficiencyWindow,
-                 memory: MemoryMeter | None, profiler: Any, delay_per_sample_s: float) -> None:
+                 memory: MemoryMeter | None, profiler: Any, delay_per_sample_s: float,
+                 max_grad_norm: float | None = None) -> None:
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be a positive number (or None: no clipping), "
+                             f"got {max_grad_norm!r}")
         self.contract, self.model, self.data, self.steps = contract, model, data, steps
         self.sync, self.sync_mode, self.precision, self.scaler = sync, sync_mode, precision, scaler
         self.metrics, self.window, self.memory, self.profiler = metrics, window, memory, profiler
         self.delay_per_sample_s = delay_per_sample_s
         self.rank = contract.dist.rank
         self.speed: Any = None
+        self.max_grad_norm = max_grad_norm
+        self.last_grad_norm: float | None = None
+        self._token_factor = 1.0  # this step's token weight on top of the sync's (comm.tokens)
         self.totals = {"steps": 0, "samples": 0, "step_s": 0.0, "compute_s": 0.0,
                        "comm_wait_s": 0.0, "skipped": 0}
 
     def step(self, optimizer: torch.optim.Optimizer, loss_fn: Callable[..., torch.Tensor],
-             batch: Sequence[Any] | None) -> StepResult:
+             batch: Sequence[Any] | None, num_tokens: Any = None) -> StepResult:
         """:meth:`hetero_worker.trainer.Trainer.step` without the stop agreement (see there)."""
         model, module, shard_sync = self.model.model, self.model.module, self.model.shard_sync
         assert model is not None and module is not None
         local = self.data.local_batch  # a split change decided after this step applies to the next
+        self._token_factor = 1.0
+        if num_tokens is not None:
+            loss_fn, batch = self._weigh_tokens(num_tokens, loss_fn, batch)
         if self.profiler is not None:
             self.profiler.before_step(self.steps.global_step + 1)
         start = time.perf_counter()
@@ -120,23 +140,47 @@ class Stepper:
             shard_sync.inter_group_bytes = 0
         elif self.sync_mode == "manual":
             self.sync.sync_after_backward(model.parameters())
+        self.last_grad_norm = None
         skipped = self.optimizer_step(optimizer)
         if self.memory is not None:
             self.memory.set_state(module.parameters(), optimizer)
             self.metrics.set_memory_peak(self.memory.peak_bytes, self.memory.cap_bytes)
         step_s = time.perf_counter() - start
-        result = self._record(loss.detach().float().item(), skipped, step_s, local)
+        result = self._record(loss.detach().float().item(), skipped, step_s, local,
+                              self.last_grad_norm)
         if self.speed is not None:
             self.speed.after_step(result.compute_s, local)
         if self.profiler is not None:
             self.profiler.after_step(self.steps.global_step)
         return result
 
+    def _weigh_tokens(self, num_tokens: Any, loss_fn: Callable[..., torch.Tensor],
+                      batch: Sequence[Any] | None
+                      ) -> tuple[Callable[..., torch.Tensor], Sequence[Any] | None]:
+        """Token weighting of this step (:mod:`hetero_worker.comm.tokens`): agree on the job's
+        token count (one all-reduce) and set the rank's factor; with ``batch``, weigh each
+        micro-batch by its tokens. Returns the step's ``(loss_fn, batch)``."""
+        counts = None
+        if batch is not None:
+            counts = tokens.per_sample_counts(num_tokens, batch)
+            rank_tokens = counts.sum().item()
+        else:
+            rank_tokens = float(torch.as_tensor(num_tokens).detach().double().sum().item())
+        started = time.perf_counter()
+        weights = tokens.agree_tokens(rank_tokens, local_batches=self.data.local_batches,
+                                      rank=self.rank)
+        self.sync.add_comm_s(time.perf_counter() - started)
+        self._token_factor = weights.loss_factor
+        if counts is None:
+            return loss_fn, batch
+        return tokens.micro_token_weighted(loss_fn, batch, counts)
+
     def _backward(self, loss: torch.Tensor) -> None:
         """Backward of one (micro-)batch loss: the rank weight where the flat fast path moved it
-        into the loss (``loss_factor``, else 1) and the fp16 scaler."""
+        into the loss (``loss_factor``, else 1), the step's token weight and the fp16 scaler."""
         shard_sync = self.model.shard_sync
         factor = shard_sync.loss_factor if shard_sync is not None else self.sync.loss_factor
+        factor *= self._token_factor
         weighted = loss * factor if factor != 1.0 else loss
         root = self.scaler.scale(weighted) if self.scaler is not None else weighted
         if shard_sync is None and self.sync_mode == "hook":
@@ -149,12 +193,15 @@ class Stepper:
         The speed controller's codecs then keep the step's error feedback or, skipped, drop it
         (their state stays as it was), rescaled when the loss scale changed."""
         if self.scaler is None:  # no fp16 rank in the job: nothing to agree on
+            self._clip()
             optimizer.step()
             skipped, ratio = False, 1.0
         else:
             start = time.perf_counter()
             self.scaler.unscale_(optimizer)  # all-reduces the found-inf flag
             self.sync.add_comm_s(time.perf_counter() - start)
+            if not self.scaler.last_found_inf:  # agreed: every rank clips, or none does
+                self._clip()
             self.scaler.step(optimizer)
             before = self.scaler.get_scale()
             self.scaler.update()
@@ -163,10 +210,31 @@ class Stepper:
             self.speed.end_step(skipped=skipped, scale_ratio=ratio)
         return skipped
 
-    def _record(self, loss: float, skipped: bool, step_s: float, local: int) -> StepResult:
+    def _clip(self) -> None:
+        """Clip to :attr:`max_grad_norm` when set (after the sync and the unscale)."""
+        if self.max_grad_norm is not None:
+            self.clip_grad_norm_(self.max_grad_norm)
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Scale the gradients so that the *full* gradient's 2-norm over every rank is at most
+        ``max_norm`` (:func:`hetero_worker.comm.clipping.clip_grad_norm_`: every shard and group,
+        each element once; collective). Returns the norm before clipping, also kept as
+        :attr:`last_grad_norm`."""
+        module, shard_sync = self.model.module, self.model.shard_sync
+        if module is None:
+            raise RuntimeError("call Trainer.wrap(model) before clip_grad_norm_()")
+        shard_ranks = shard_sync.intra_ranks if shard_sync is not None else (self.rank,)
+        start = time.perf_counter()
+        self.last_grad_norm = clipping.clip_grad_norm_(module.parameters(), max_norm,
+                                                       shard_ranks=shard_ranks)
+        self.sync.add_comm_s(time.perf_counter() - start)
+        return self.last_grad_norm
+
+    def _record(self, loss: float, skipped: bool, step_s: float, local: int,
+                grad_norm: float | None = None) -> StepResult:
         comm_s = min(self.sync.take_comm_s(), step_s)
         result = StepResult(loss=loss, skipped=skipped, step_s=step_s,
-                            compute_s=step_s - comm_s, comm_wait_s=comm_s)
+                            compute_s=step_s - comm_s, comm_wait_s=comm_s, grad_norm=grad_norm)
         self.steps.global_step += 1
         for key, value in (("steps", 1), ("samples", local), ("step_s", step_s),
                            ("compute_s", result.compute_s), ("comm_wait_s", comm_s),

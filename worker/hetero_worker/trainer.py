@@ -114,6 +114,9 @@ class Trainer:
         seed: seed of model init (same on every rank) and of the sampler.
         sync_mode: ``"hook"`` (DDP comm hook) or ``"manual"`` (no DDP; one flattened reduction
             right after backward).
+        max_grad_norm: clip every step's gradient to this 2-norm, the norm of the full gradient
+            over every rank, shard and group, after the fp16 unscale (:meth:`clip_grad_norm_`);
+            None: no clipping.
 
     Attributes:
         global_step: optimizer steps taken (skipped ones included), restored by :meth:`resume`.
@@ -122,7 +125,8 @@ class Trainer:
     """
 
     def __init__(self, contract: Contract, *, delay_per_sample_s: float | None = None,
-                 seed: int = 0, sync_mode: str = "hook") -> None:
+                 seed: int = 0, sync_mode: str = "hook",
+                 max_grad_norm: float | None = None) -> None:
         if sync_mode not in ("hook", "manual"):
             raise ValueError(f"sync_mode must be 'hook' or 'manual', got {sync_mode!r}")
         self.contract = contract
@@ -175,7 +179,8 @@ class Trainer:
                                sync=self.sync, sync_mode=sync_mode, precision=self.precision,
                                scaler=self.scaler, metrics=self.metrics, window=self.window,
                                memory=self.memory, profiler=self.profiler,
-                               delay_per_sample_s=self.delay_per_sample_s)
+                               delay_per_sample_s=self.delay_per_sample_s,
+                               max_grad_norm=max_grad_norm)
         self.checkpoints = Checkpointing(contract, model=self.parts_model, sync=self.sync,
                                          data=self.data, steps=self.steps, scaler=self.scaler,
                                          group=self.ckpt_group, metrics=self.metrics, seed=seed)
@@ -329,7 +334,7 @@ class Trainer:
     # --- training ---------------------------------------------------------------------------
     def step(self, optimizer: torch.optim.Optimizer,
              loss_fn: Callable[..., torch.Tensor], *,
-             batch: Sequence[Any] | None = None) -> StepResult:
+             batch: Sequence[Any] | None = None, num_tokens: Any = None) -> StepResult:
         """One optimizer step on every rank.
 
         Args:
@@ -340,6 +345,10 @@ class Trainer:
             batch: the local batch's tensors (samples along dim 0); given, the step runs it in
                 micro-batches of at most ``HTJ_MICRO_BATCH_SIZE`` samples with gradient
                 accumulation and one synchronisation (:mod:`hetero_worker.memory.microbatch`).
+            num_tokens: the loss is a mean over valid tokens (e.g. ``ignore_index=-100``): this
+                rank's count (with ``batch``: each sample's, a 1-D tensor); the update is then the
+                mean over every valid token of the job's batch (:mod:`hetero_worker.comm.tokens`;
+                one all-reduce; give it on every rank or on none).
 
         Returns:
             The :class:`StepResult`.
@@ -352,11 +361,17 @@ class Trainer:
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
         self.stop.begin(self.global_step)  # overlaps the step; answered at its end
-        result = self.stepper.step(optimizer, loss_fn, batch)
+        result = self.stepper.step(optimizer, loss_fn, batch, num_tokens)
         self.stop.end(self.global_step)
         if self.stopping:  # SIGTERM somewhere: one checkpoint at this step, exit 75 on every rank
             self.stop_now(optimizer)
         return result
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clip the gradients to the global 2-norm ``max_norm`` (every shard and group, each
+        element once; collective): for an optimizer step pre-hook, which runs after the sync and
+        the fp16 unscale. Returns the norm before clipping (:mod:`hetero_worker.comm.clipping`)."""
+        return self.stepper.clip_grad_norm_(max_norm)
 
     def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: Any,
                    loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]) -> Any:
@@ -454,7 +469,8 @@ class Trainer:
 
 def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
          delay_per_sample_s: float | None = None, sync_mode: str = "hook",
-         rendezvous_timeout_s: float | None = None) -> Trainer:
+         rendezvous_timeout_s: float | None = None,
+         max_grad_norm: float | None = None) -> Trainer:
     """Parse the contract, join the job and build the :class:`Trainer`.
 
     Args:
@@ -463,6 +479,7 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
         delay_per_sample_s: simulated seconds per sample (None: ``HTJ_SIM_DELAY_PER_SAMPLE_S``).
         sync_mode: ``"hook"`` or ``"manual"``.
         rendezvous_timeout_s: None reads ``HTJ_RENDEZVOUS_TIMEOUT_S`` (default 600 s).
+        max_grad_norm: see :class:`Trainer` (None: no clipping).
 
     Raises:
         ContractError: a contract variable is missing, malformed or inconsistent.
@@ -484,7 +501,7 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
         collective_timeout_s=contract.comm.collective_timeout_s)
     seed_everything(seed)
     trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
-                      sync_mode=sync_mode)
+                      sync_mode=sync_mode, max_grad_norm=max_grad_norm)
     if wants_speed_features(contract) and sync_mode == "hook":
         attach(trainer)
     return trainer
