@@ -106,6 +106,9 @@ def run(t: ht.Trainer, steps: int, inject: int, dtype: torch.dtype) -> dict[str,
     facts["peak"] = t.memory.peak_bytes if t.memory else None
     facts["cap"] = t.contract.memory.cap_bytes
     facts["leader"] = t.groups.is_leader
+    reducer = getattr(t.sync, "reducer", None)
+    facts["codec_bytes"] = reducer.codec_bytes_sent if reducer is not None else None
+    facts["shapes"] = [list(p.shape) for p in make_net().parameters()]
     return facts
 
 

@@ -22,6 +22,9 @@ from rankproc import assert_ok, mixed_cluster_envs, read_rank_json, run_ranks
 from torch import nn
 
 from hetero_worker.memory import group as sharding
+from hetero_worker.speed.codec import ring_allreduce_bytes
+from hetero_worker.speed.codecs import CompressionConfig, theoretical_bytes
+from hetero_worker.speed.powersgd import powersgd_payload_elems
 from heterotrain_common import contract as c
 from heterotrain_common import envnames
 
@@ -150,13 +153,21 @@ def test_compression_under_group_keeps_error_feedback_through_an_fp16_skip(tmp_p
     feedback; every rank skips it, the leaders' error feedback after the skipped step is bit for
     bit the state before it times the new scale / the old (1/2: it holds residuals of scaled
     gradients), PowerSGD's Q factors are unchanged, the state stays finite, and training goes on: every rank ends with the same
-    parameters, near one process on the applied steps (compression is lossy)."""
+    parameters, near one process on the applied steps (compression is lossy); each leader's codec
+    puts exactly the closed-form payload on the link every step (PowerSGD: no ``Q`` after the
+    non-finite ``P`` of the skipped step)."""
     facts = run(tmp_path, envs_for("group", compression=codec), steps=6, inject=2)
     leaders = [f for f in facts if f["leader"]]
     assert len(leaders) == 3
+    shapes = [torch.Size(s) for s in facts[0]["shapes"]]
+    per_step = theoretical_bytes(CompressionConfig(mode=codec, powersgd_rank=2), shapes, leaders=3)
+    want_bytes = 6 * per_step  # every step's exchange, the skipped one included ...
+    if codec == "powersgd":  # ... but PowerSGD sends no Q after a non-finite P (step 2)
+        want_bytes -= ring_allreduce_bytes(4 * powersgd_payload_elems(shapes, 2)[1], 3)
     for f in leaders:
         assert f["codec_numel"] > 0 and f["codec_finite"]
         assert f["codec_same_after_skip"] is True
+        assert f["codec_bytes"] == want_bytes > 0  # the codec's payload on the cross-group link
     assert_exact_and_agreed(facts, inject=2, tol=0.05)
     exact = reference(facts[0]["splits"], [s == 2 for s in range(6)])
     got = facts[0]["params"]
