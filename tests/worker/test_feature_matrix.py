@@ -11,7 +11,7 @@ and one on node-c: Flat = one group, PerNode = {0,1},{2},{3}, PerArchitecture = 
 A row either
 
 * is refused when the plan is made, with the reason and the fix in the message (the planner's
-  ``ModelDoesNotFit``: what the worker does not build, e.g. Full sharding with a checkpoint), or
+  ``ModelDoesNotFit``: what the worker does not build, e.g. Full sharding with compression), or
 * trains on 4 real Gloo rank processes from the plan's rendered contract: the full-data loss goes
   down, every rank ends with the same parameters, an fp16 row skips the injected overflow on every
   rank and keeps learning (its codec state stays finite), an FP32 row without compression or
@@ -101,7 +101,7 @@ ROWS = [  # pairwise over FACTORS (greedy covering array; the test below checks 
     row("fp16-full-rebalance", "fp16", "none", "full", "node", rebalance=True),  # issue 29
     row("fp32-full-flat", "fp32", "none", "full", "flat"),
     row("fp32-powersgd-full", "fp32", "powersgd", "full", "arch", refused_by="plan"),
-    row("full-resume", "bf16", "none", "full", "flat", resume=True, refused_by="plan"),
+    row("full-resume", "bf16", "none", "full", "flat", resume=True),  # issue 29, item 2
     row("steal-group", "fp32", "none", "group", "arch", stealing=True, refused_by="trainer"),
     row("steal-full", "bf16", "none", "full", "node", stealing=True, refused_by="trainer"),
 ]
@@ -115,10 +115,10 @@ def needs_refusal(r: dict[str, Any]) -> bool:
     """What the planner and the trainer refuse (the model the rows are checked against)."""
     if r["sharding"] == "none":
         return False
-    # fp16, rebalancing and compression under Group: built (issue 29); compression under Full is
-    # refused at plan time with the reason (no one cross-group exchange to compress) and the fix
-    return (r["stealing"] or (r["sharding"] == "full" and (r["compression"] != "none"
-                                                           or r["resume"])))
+    # fp16, rebalancing and compression under Group, checkpoints under Full: built (issue 29);
+    # compression under Full is refused at plan time with the reason (no one cross-group
+    # exchange to compress) and the fix
+    return r["stealing"] or (r["sharding"] == "full" and r["compression"] != "none")
 
 
 def test_rows_cover_every_pair_of_feature_values() -> None:
