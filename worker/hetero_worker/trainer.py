@@ -86,17 +86,9 @@ def _make_metrics(contract: Contract) -> Any:
     return WorkerMetrics(contract)
 
 
-def _part_attr(path: str, doc: str, *,
-              convert: Callable[[Any], Any] | None = None) -> property:
-    """A :class:`Trainer` attribute that is one of its parts' (``"sync.groups"`` reads
-    ``self.sync.groups``): the part owns the state, the Trainer shows it.
-
-    Args:
-        path: dotted attribute path from the Trainer.
-        doc: the property's docstring.
-        convert: given, the attribute is settable and a set value passes through ``convert``
-            first (e.g. ``int``); None: read-only.
-    """
+def _part_attr(path: str, doc: str, *, convert: Callable[[Any], Any] | None = None) -> property:
+    """A :class:`Trainer` attribute that a part owns: ``"sync.groups"`` reads ``self.sync.groups``
+    (``doc``: its docstring); read-only, or settable through ``convert`` (e.g. ``int``) if given."""
     owner_path, _, name = path.rpartition(".")
     setter = None
     if convert is not None:
@@ -114,9 +106,8 @@ class Trainer:
         seed: seed of model init (same on every rank) and of the sampler.
         sync_mode: ``"hook"`` (DDP comm hook) or ``"manual"`` (no DDP; one flattened reduction
             right after backward).
-        max_grad_norm: clip every step's gradient to this 2-norm, the norm of the full gradient
-            over every rank, shard and group, after the fp16 unscale (:meth:`clip_grad_norm_`);
-            None: no clipping.
+        max_grad_norm: clip every step to this 2-norm of the full gradient (every rank, shard and
+            group; after the fp16 unscale; :meth:`clip_grad_norm_`); None: no clipping.
 
     Attributes:
         global_step: optimizer steps taken (skipped ones included), restored by :meth:`resume`.
