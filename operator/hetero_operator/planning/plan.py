@@ -152,15 +152,15 @@ def _memory_refusal(job: JobSpec, taken: list[tuple[Pool, int]],
         return refusal.message
     # another mode that fits every rank is the fix the message names already
     other_fits = any(o.fits and o.available for o in mem.options)
-    fixes = _unbuilt_fixes(job, ranks, mem, replan) if replan and not other_fits else {}
+    fixes = _unbuilt_fixes(job, mem, replan) if replan and not other_fits else {}
     if fixes:  # the same refusal, each fitting mode's clause naming the change that plans it
         mem = plan_memory(job, ranks, inputs, shared_gpu_groups=shared, sample_s=sample_s,
                           fixes=fixes)
     return mem.message if isinstance(mem, memoryplan.MemoryRefusal) else refusal.message
 
 
-def _unbuilt_fixes(job: JobSpec, ranks: Sequence[RankPlacement],
-                   refusal: memoryplan.MemoryRefusal, replan: remedies.Replan) -> dict[str, str]:
+def _unbuilt_fixes(job: JobSpec, refusal: memoryplan.MemoryRefusal,
+                   replan: remedies.Replan) -> dict[str, str]:
     """Per mode that fits every rank but is not built for this job: the checked change that plans
     it (:func:`hetero_operator.planning.remedies.unbuilt_mode`); modes without one left out."""
     fixes = {o.mode: remedies.unbuilt_mode(job, o.mode, replan)
