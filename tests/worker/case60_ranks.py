@@ -10,7 +10,7 @@ step s's 12 samples come from seed 6000+s and rank r takes its slice of the spli
   norm the stock ``torch.nn.utils.clip_grad_norm_`` would see on this rank (its own gradients).
 
 Writes ``OUT/rank<R>.json``: the global norm each step clipped with, the rank's own ("local")
-norms, the full parameters after the last step.
+norms, the full parameters after the last step, the loss scale (None without a scaler).
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ def main() -> None:
         else:
             assert step.grad_norm == result["norms"][-1]  # the step reports the hook's clip
     result["params"] = full_params(t)
+    result["loss_scale"] = t.scaler.get_scale() if t.scaler is not None else None
     finish(t.rank, out, result)
 
 

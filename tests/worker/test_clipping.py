@@ -23,6 +23,9 @@ from hetero_worker.comm import clipping
 
 RANKS = Path(case60_ranks.__file__)
 TOL = 1e-6
+MIXED = ["bf16", "fp16", "fp16"]
+"""The case's cards' precisions: every rank scales its loss (2**16), so a clip before the unscale
+would see a norm 65536 times too large (autocast leaves the float64 model's arithmetic exact)."""
 
 
 def case() -> dict:
@@ -61,9 +64,9 @@ def test_the_case_clips_every_step_and_clipping_changes_the_result() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize(("sharding", "api", "precisions"), [
-    ("none", "trainer", ["bf16", "fp16", "fp16"]),  # the fp16 loss scale (2**16) is unscaled first
-    ("group", "trainer", ["fp32"] * 3),
-    ("full", "trainer", ["fp32"] * 3),
+    ("none", "trainer", MIXED),
+    ("group", "trainer", MIXED),
+    ("full", "trainer", MIXED),
     ("full", "hook", ["fp32"] * 3),
 ])
 def test_clipped_steps_equal_one_process_in_every_mode(tmp_path: Path, sharding: str, api: str,
@@ -71,7 +74,8 @@ def test_clipped_steps_equal_one_process_in_every_mode(tmp_path: Path, sharding:
     """Case 60: 3 ranks, split [6, 3, 3], Full shares 50/25/25 %, clip 0.05, 3 SGD steps in float64:
     every rank clips with the reference's global norm (rel 1e-6) and the gathered parameters equal
     the one-process clipped reference (<= 1e-6), through ``max_grad_norm`` and through
-    ``t.clip_grad_norm_`` in an optimizer step pre-hook. Under Full the rank's own gradients
+    ``t.clip_grad_norm_`` in an optimizer step pre-hook, under the case's bf16/fp16 loss scaling
+    (the hook run: fp32). Under Full the rank's own gradients
     (what the stock function sees) have a smaller norm on every rank: the case's failure."""
     runs = run_ranks([sys.executable, str(RANKS), api, str(tmp_path)],
                      case_envs(case(), sharding=sharding, precisions=precisions), timeout_s=180)
@@ -81,6 +85,7 @@ def test_clipped_steps_equal_one_process_in_every_mode(tmp_path: Path, sharding:
     want, ref_norms = reference(case()["clip"]["max_norm"])
     for rank, f in enumerate(facts):
         assert f["sharding"] == sharding
+        assert f["loss_scale"] == (2.0 ** 16 if precisions == MIXED else None)
         assert f["norms"] == pytest.approx(ref_norms, rel=TOL), rank
         got = {k: torch.tensor(v, dtype=torch.float64) for k, v in f["params"].items()}
         assert sorted(got) == sorted(want)
