@@ -73,7 +73,8 @@ def main() -> None:
         result["tokens"].append(int(counts.sum()))
         weights = {"num_tokens": counts} if scenario == "tokens" else {}
         result["losses"].append(t.step(opt, loss_fn, batch=(xb, yb), **weights).loss)
-    full = t.full_state_dict()
+    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v  # Group: DTensor shards
+            for k, v in t.full_state_dict().items()}
     result["params"] = {k.removeprefix("module."): v.detach().cpu().tolist() for k, v in full.items()}
     finish(t.rank, out, result)
 

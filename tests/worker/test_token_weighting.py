@@ -85,6 +85,7 @@ def test_the_case_is_off_when_weighted_by_samples(micro_rank0: int) -> None:
 @pytest.mark.parametrize(("scenario", "sharding", "micro_rank0"), [
     ("tokens", "none", 0),     # the case's "ranks" scenario
     ("tokens", "none", 3),     # the case's "micro" scenario: rank 0 in pieces of 3, 2, 2
+    ("tokens", "group", 3),    # Group sharding (FSDP2 in the T4s' group), rank 0 in pieces
     ("tokens", "full", 3),     # Full sharding: every rank runs 3 pieces (rank 2 one empty)
     ("control", "none", 0),    # full-length sequences, sample-weighted step: already exact
 ])
