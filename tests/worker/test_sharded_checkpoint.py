@@ -331,23 +331,49 @@ def test_replicated_checkpoint_loads_into_a_sharded_model(tmp_path: Path,  # typ
 
 def test_resume_under_full_sharding_takes_the_flat_pieces(tmp_path, world_of_one) -> None:  # type: ignore[no-untyped-def]
     """Under Full sharding (one rank here: one slice per unit) a format-2 checkpoint is cut into
-    the unit's flat slice by parameter name (it was refused before: "does not resume")."""
+    the unit's flat slice by parameter name, buffers (BatchNorm's running statistics) included (it
+    was refused before: "does not resume"); the flat DCP layout of Full writes and reads it back."""
+    from hetero_worker.ckpt import flatdcp, pieces
     from hetero_worker.memory import full as fullshard
-    plain = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).double()
+
+    def net() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3),
+                                   torch.nn.Linear(3, 2)).double()
+
+    plain = net()
     opt_plain = torch.optim.AdamW(plain.parameters(), lr=0.1)
-    plain(torch.ones(2, 4, dtype=torch.float64)).square().sum().backward()
+    plain(torch.arange(8.0, dtype=torch.float64).view(2, 4)).square().sum().backward()
     opt_plain.step()
-    checkpoint.save_checkpoint(tmp_path, step=1, model=plain, optimizer=opt_plain)
+    checkpoint.save_checkpoint(tmp_path / "plain", step=1, model=plain, optimizer=opt_plain)
     torch.manual_seed(3)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).double()
+    model = net()
     units = fullshard.shard_full(model, block=None, shares_ppm=[10**6], rank=0,
                                  groups_of_ranks=[0], device=torch.device("cpu"))
     sync = fullshard.FullShardSync(units=units, local_batches=[2], micro_batch_sizes=[0], rank=0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    state = checkpoint.load_checkpoint(tmp_path, model=model, optimizer=opt, shard_sync=sync)
+    state = checkpoint.load_checkpoint(tmp_path / "plain", model=model, optimizer=opt,
+                                       shard_sync=sync)
     assert state is not None and state["step"] == 1
     flat = torch.cat([p.detach().reshape(-1) for p in plain.parameters()])
-    assert torch.equal(units[0].shard.detach(), flat)
     moments = torch.cat([opt_plain.state[p]["exp_avg"].reshape(-1) for p in plain.parameters()])
-    assert torch.equal(opt.state[units[0].shard]["exp_avg"], moments)
-    assert float(opt.state[units[0].shard]["step"]) == 1.0
+
+    def assert_restored() -> None:
+        assert torch.equal(units[0].shard.detach(), flat)
+        assert torch.equal(opt.state[units[0].shard]["exp_avg"], moments)
+        assert float(opt.state[units[0].shard]["step"]) == 1.0
+        assert torch.equal(model[1].running_mean, plain[1].running_mean)
+        assert int(model[1].num_batches_tracked) == 1
+
+    assert_restored()
+    held = pieces.held_pieces(model, sync)
+    assert [(p.name, p.lo, p.hi) for p in held] == [
+        ("0.weight", 0, 12), ("0.bias", 0, 3), ("1.weight", 0, 3), ("1.bias", 0, 3),
+        ("2.weight", 0, 6), ("2.bias", 0, 2)]
+    flatdcp.save_pieces(tmp_path / "flat", held, opt, buffers=pieces.persistent_buffers(model))
+    with torch.no_grad():
+        units[0].shard.zero_()
+        opt.state[units[0].shard]["exp_avg"].zero_()
+        model[1].running_mean.zero_()
+        model[1].num_batches_tracked.zero_()
+    flatdcp.load_pieces(tmp_path / "flat", held, opt, pieces.persistent_buffers(model))
+    assert_restored()

@@ -46,7 +46,8 @@ from hetero_worker.ckpt import store
 from hetero_worker.ckpt.agreement import (Finding, ResumeDisagreement, agree_on_newest,
                                           agree_on_resume)
 from hetero_worker.ckpt.ownership import Owner
-from hetero_worker.ckpt.pieces import fill_from_full, held_pieces, optimizer_fqns, parameter_names
+from hetero_worker.ckpt.pieces import (fill_from_full, held_pieces, optimizer_fqns,
+                                       parameter_names, persistent_buffers)
 from hetero_worker.ckpt.saving import CheckpointSaveError, discard_tmp
 from hetero_worker.ckpt.files import (CHECKPOINT_FILE, FORMAT, FORMATS, SHARDED_FORMAT, fresh_rng,
                                       gather_to_rank0, load_file, manifest, rng_state, same_plan,
@@ -234,13 +235,14 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
         path = check_sharded_dir(chosen.file.parent, sharded)
         if full or sharded.get("layout") == "flat":  # by name and element range
             from hetero_worker.ckpt.flatdcp import load_pieces  # noqa: PLC0415
-            load_pieces(path, held_pieces(model, shard_sync), optimizer)
+            load_pieces(path, held_pieces(model, shard_sync), optimizer,
+                        persistent_buffers(model))
         else:
             load_sharded(path, model=model, optimizer=optimizer)
     elif full or _is_sharded(model):  # one full state dict into shards (case 62)
         fill_from_full(held_pieces(model, shard_sync), optimizer, state["model"],
                        state["optimizer"], state.get("optimizer_fqns"),
-                       parameter_names(model, shard_sync))
+                       parameter_names(model, shard_sync), persistent_buffers(model))
     else:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])

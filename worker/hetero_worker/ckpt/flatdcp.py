@@ -89,16 +89,21 @@ class FlatSavePlanner(DefaultSavePlanner):
 
 
 def save_pieces(path: str | Path, pieces: Iterable[Piece], optimizer: torch.optim.Optimizer, *,
-                process_group: Any = None) -> None:
+                process_group: Any = None, buffers: Mapping[str, torch.Tensor] | None = None,
+                ) -> None:
     """Write this rank's pieces of the model and optimizer state into a DCP directory
     (collective over ``process_group``: every rank of it calls this).
+
+    ``buffers`` (:func:`hetero_worker.ckpt.pieces.persistent_buffers`) are written whole as
+    ``model.<name>`` by the rank that gives them (rank 0: DDP's and the sharded syncs' buffers are
+    rank 0's).
 
     Raises:
         torch.distributed.checkpoint.api.CheckpointException: a rank failed to write.
         ValueError: DCP's global plan refused the chunks (they do not cover a tensor once).
     """
     chunks: dict[str, _Chunk] = {}
-    plain: dict[str, Any] = {}
+    plain: dict[str, Any] = {f"model.{n}": b.detach().cpu() for n, b in (buffers or {}).items()}
     for piece in pieces:
         chunks[f"model.{piece.name}"] = _Chunk(piece.param, piece.lo, piece.numel)
         for key, value in optimizer.state.get(piece.owner, {}).items():
@@ -170,13 +175,15 @@ class FlatLoadPlanner(SafeLoadPlanner):
         return target.buffer if target is not None else super().lookup_tensor(index)
 
 
-def load_pieces(path: str | Path, pieces: Iterable[Piece], optimizer: torch.optim.Optimizer) -> None:
+def load_pieces(path: str | Path, pieces: Iterable[Piece], optimizer: torch.optim.Optimizer,
+                buffers: Mapping[str, torch.Tensor] | None = None) -> None:
     """Fill the held pieces of the model and optimizer state from a DCP directory written by
     :func:`save_pieces` or by FSDP2's layout (:func:`hetero_worker.ckpt.sharded.save_sharded_checkpoint`);
     collective over the default group (every rank calls it).
 
     The optimizer's state is created first (a learning-rate-0 step) and filled in place;
-    hyperparameters of group ``i`` are set on the current group ``i``.
+    hyperparameters of group ``i`` are set on the current group ``i``; ``buffers`` saved whole
+    (``model.<name>``) are copied back.
 
     Raises:
         pickle.UnpicklingError: the ``.metadata`` refers to anything but DCP's own types.
@@ -208,6 +215,11 @@ def load_pieces(path: str | Path, pieces: Iterable[Piece], optimizer: torch.opti
                     md = stored[key]
                     plain[key] = torch.empty(md.size, dtype=md.properties.dtype)
                     scalars.append((value, key))
+        for name, buffer in (buffers or {}).items():
+            key = f"model.{name}"
+            if key in stored and isinstance(stored[key], TensorStorageMetadata):
+                plain[key] = torch.empty(stored[key].size, dtype=stored[key].properties.dtype)
+                scalars.append((buffer, key))
         hyper = {f"optim.param_groups.{i}.{k}": (group, k)
                  for i, group in enumerate(optimizer.param_groups) for k in group if k != "params"}
         plain.update({key: None for key in hyper if key in stored})

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 __all__ = ["Piece", "apply_hyperparameters", "fill_from_full", "held_pieces", "init_optimizer_state",
-           "local_flat", "optimizer_fqns", "parameter_names", "state_slice"]
+           "local_flat", "optimizer_fqns", "parameter_names", "persistent_buffers", "state_slice"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,13 @@ class Piece:
     def param(self) -> torch.Tensor:
         """The held elements of the parameter (a 1-D view: writing it writes the model)."""
         return self.view(self.owner)
+
+
+def persistent_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The module's buffers that its ``state_dict`` holds (BatchNorm's running statistics), by
+    name; the same on every rank under every mode (no mode shards buffers)."""
+    names = {n for n, _ in module.named_buffers()}
+    return {n: b for n, b in module.state_dict(keep_vars=True).items() if n in names}
 
 
 def local_flat(tensor: torch.Tensor) -> torch.Tensor:
@@ -153,7 +160,8 @@ def optimizer_fqns(module: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 def fill_from_full(pieces: Iterable[Piece], optimizer: torch.optim.Optimizer | None,
                    model_state: Mapping[str, torch.Tensor],
                    optim_state: Mapping[str, Any] | None, fqns: Sequence[str] | None,
-                   names: Iterable[str] = ()) -> None:
+                   names: Iterable[str] = (),
+                   buffers: Mapping[str, torch.Tensor] | None = None) -> None:
     """Put one full (unsharded) state dict into the held pieces, in place (no collective).
 
     Args:
@@ -165,6 +173,7 @@ def fill_from_full(pieces: Iterable[Piece], optimizer: torch.optim.Optimizer | N
             None (a checkpoint written before they were recorded): the keys of ``model_state``
             that are parameters (``names``), in order: an optimizer over ``model.parameters()``.
         names: every parameter name of the model (:func:`parameter_names`), for ``fqns`` None.
+        buffers: the model's buffers (:func:`persistent_buffers`), set from ``model_state``.
 
     Raises:
         KeyError: a held parameter is missing from ``model_state`` (names the key).
@@ -172,6 +181,9 @@ def fill_from_full(pieces: Iterable[Piece], optimizer: torch.optim.Optimizer | N
     """
     pieces = list(pieces)
     with torch.no_grad():
+        for name, buffer in (buffers or {}).items():
+            if name in model_state:
+                buffer.copy_(model_state[name])
         for piece in pieces:
             full = model_state[piece.name]
             if full.numel() != piece.numel:

@@ -19,7 +19,7 @@ import torch
 
 from hetero_worker.ckpt import checkpoint, saving, store, tracked
 from hetero_worker.ckpt.ownership import Owner, ResumeFilter
-from hetero_worker.ckpt.pieces import held_pieces
+from hetero_worker.ckpt.pieces import held_pieces, persistent_buffers
 from hetero_worker.ckpt.resume import CodecStates, plan_of, restore_compression
 from hetero_worker.comm.sync import WeightedGradSync
 from hetero_worker.loading import TrainData
@@ -158,7 +158,9 @@ class Checkpointing:
         """Under Full sharding: writes this rank's pieces (:mod:`hetero_worker.ckpt.flatdcp`)."""
         from hetero_worker.ckpt import flatdcp  # noqa: PLC0415 (imports torch.distributed.checkpoint)
         pieces = held_pieces(self.model.module, self.model.shard_sync)
-        return lambda path, group: flatdcp.save_pieces(path, pieces, optimizer, process_group=group)
+        buffers = persistent_buffers(self.model.module) if self.rank == 0 else {}  # rank 0's, once
+        return lambda path, group: flatdcp.save_pieces(path, pieces, optimizer, process_group=group,
+                                                       buffers=buffers)
 
     def maybe_save(self, optimizer: torch.optim.Optimizer, every_steps: int | None = None) -> bool:
         """``Trainer.maybe_checkpoint`` (see there): save when the step count is a multiple of
