@@ -358,9 +358,9 @@ def main_real(args: argparse.Namespace) -> int:
           flush=True)
     n_jobs, n_nodes = (50, 200) if args.quick else (500, 2000)
     scale = []
-    for _ in range(args.repeats):
+    for run in range(args.repeats):
         s = asyncio.run(operator_real.scale(workdir, n_jobs, n_nodes, args.settle_timeout_s, node, job,
-                                            start_operator, stop, peak_rss_mib))
+                                            start_operator, stop, peak_rss_mib, run=run))
         scale.append(s)
         print(f"real: {n_jobs} jobs over {n_nodes} nodes settled: {s['pods']} pods; last job's create -> all pods "
               f"{s['last_job_create_to_all_pods_s']:.1f} s; first create -> last pod {s['first_create_to_all_pods_s']:.1f} s; "

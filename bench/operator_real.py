@@ -206,19 +206,22 @@ async def _none(real: Real) -> bool:
 
 
 async def scale(workdir: Path, n_jobs: int, n_nodes: int, settle_timeout_s: float, node: Any, job: Any,
-                start_operator: Any, stop: Any, peak_rss_mib: Any) -> dict[str, Any]:
-    """500 jobs x 8 ranks over 2,000 nodes (4 GPUs each), created back to back: time to settle."""
+                start_operator: Any, stop: Any, peak_rss_mib: Any, run: int = 0) -> dict[str, Any]:
+    """500 jobs x 8 ranks over 2,000 nodes (4 GPUs each), created back to back: time to settle.
+
+    Each ``run`` gets a control plane in a directory of its own: one reused would start on the
+    last run's etcd data (its 500 jobs and 1,000 pods)."""
     kinds = [("NVIDIA-A100-SXM4-80GB", "8.0", 81920, "ampere"), ("Tesla-T4", "7.5", 15360, "turing"),
              ("Tesla-V100-SXM2-16GB", "7.0", 16384, "volta"), ("NVIDIA-H100-80GB-HBM3", "9.0", 81559, "hopper")]
     nodes = []
     for i in range(n_nodes):
         product, cc, mem, family = kinds[i % len(kinds)]
         nodes.append(node(f"node-{i:04d}", product, cc, mem, 4, family))
-    async with Real(workdir, nodes, "real-scale") as real:
+    async with Real(workdir, nodes, f"real-scale-{run}") as real:
         for t in range(20):
             await real.namespace(f"team-{t}")
         await real.namespace("warmup")
-        log_path = workdir / "operator-real-scale.log"
+        log_path = workdir / f"operator-real-scale-{run}.log"
         started_unix = time.time()
         proc = start_operator(Path(real.state["kubeconfig"]), log_path)
         try:
