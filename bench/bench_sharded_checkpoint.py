@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Sharded checkpoint benchmark (issue 12): save and resume time and bytes on disk, Group
-sharding (``torch.distributed.checkpoint``, :mod:`hetero_worker.ckpt.sharded`) vs None (rank 0 writes
-one ``checkpoint.pt``).
+"""Sharded checkpoint benchmark (issues 12, 29): save and resume time and bytes on disk, Group
+sharding (``torch.distributed.checkpoint``, :mod:`hetero_worker.ckpt.sharded`: the largest group
+writes), Full sharding (:mod:`hetero_worker.ckpt.flatdcp`: every rank writes its uneven slices, shares
+50 / 25 / 12.5 / 12.5 %) vs None (rank 0 writes one ``checkpoint.pt``).
 
 Run from the repository root::
 
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 SPLIT = [8, 4, 2, 2]
+FULL_SHARES = "500000,250000,125000,125000"  # HTJ_SHARD_PPM under Full
 PRODUCTS = [("NVIDIA-A100-SXM4-40GB", "8.0", 1.0), ("Tesla-V100-SXM2-16GB", "7.0", 0.5),
             ("Tesla-T4", "7.5", 0.25), ("Tesla-T4", "7.5", 0.25)]
 
@@ -62,11 +64,10 @@ def rank_main(out: Path, ckpt: Path, repeats: int) -> int:
         assert t.resume(opt, str(ckpt))
         dist.barrier()
         loads.append(time.perf_counter() - start)
+    params = sum(p.numel() for p in t.full_state_dict().values())  # collective under Full
     if t.rank == 0:
         files = {str(p.relative_to(ckpt)): p.stat().st_size for p in sorted(ckpt.rglob("*"))
                  if p.is_file()}
-        params = sum(p.numel() for p in t.module.parameters()) if t.contract.memory.sharding == "none" \
-            else sum(p.full_tensor().numel() for p in t.module.parameters())
         out.write_text(json.dumps({"save_s": saves, "resume_s": loads, "files": files,
                                    "parameters": params}))
     t.close()
@@ -85,7 +86,7 @@ def run_mode(mode: str, repeats: int, workdir: Path, timeout_s: float) -> dict:
     procs = []
     for env in envs:
         env.update({"HTJ_SHARDING": mode, "OMP_NUM_THREADS": "1", "HTJ_SIM_DELAY_PER_SAMPLE_S": "0",
-                    "PYTHONPATH": str(ROOT / "worker")})
+                    "PYTHONPATH": str(ROOT / "worker"), "HTJ_SHARD_PPM": FULL_SHARES})
         procs.append(subprocess.Popen(
             [sys.executable, __file__, "--rank-mode", "--out", str(out), "--ckpt", str(ckpt),
              "--repeats", str(repeats)], env={**__import__("os").environ, **env}, cwd=ROOT))
@@ -110,9 +111,11 @@ def main() -> int:
 
     run_meta = benchlib.meta()
     with tempfile.TemporaryDirectory() as tmp:
-        figures = {mode: run_mode(mode, args.repeats, Path(tmp), 300) for mode in ("group", "none")}
+        figures = {mode: run_mode(mode, args.repeats, Path(tmp), 300)
+                   for mode in ("full", "group", "none")}
     targets = []
-    for mode, label in (("group", "Group (DCP, the T4 pair writes)"), ("none", "None (rank 0 writes)")):
+    for mode, label in (("full", "Full (DCP, every rank its slices)"),
+                        ("group", "Group (DCP, the T4 pair writes)"), ("none", "None (rank 0 writes)")):
         f = figures[mode]
         targets.append(benchlib.Target(f"save, {label}", "info", 0.0, " s", f["save_s"],
                                        "rank 0, between barriers"))
