@@ -3,10 +3,11 @@
 A control plane of its own (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) with
 :data:`N_NODES` nodes registered by a lease-only local kubelet (``run_pods=False``: the pods stay
 Pending, bound by the real scheduler), so this package's shared cluster keeps its own nodes.
-Last round kopf indexed nodes one worker task at a time while jobs were already planned: at 2,000
-nodes about 90 more became usable every 20 s and jobs were planned up to 11 times.  Here the
-operator must know every node the moment it is up (its informer's first LIST is done before kopf
-runs any job handler) and plan each job exactly once.
+Last round the operator's kopf indexes had no "complete" signal and jobs were planned while the
+usable nodes grew (about 90 more every 20 s at 2,000 nodes, as the control plane cleared their
+not-ready taints): up to 11 plans for one job.  Here the operator must know every node the moment
+it is up (its informer's first LIST is done before kopf runs any job handler; the reconciler does
+not exist before) and plan each job exactly once.
 """
 
 from __future__ import annotations
