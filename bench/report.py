@@ -38,6 +38,9 @@ BENCHMARKS = [  # (results file stem, title, command)
     ("operator", "Operator", "bench/bench_operator.py"),
     ("operator-real", "Operator against the real control plane, 2,000 lease-heartbeating nodes "
      "(issue 18)", "bench/bench_operator.py --real"),
+    ("operator-real-loaded", "Operator against the real control plane after its own informers: "
+     "2,000 nodes, 500 jobs, on the shared machine under load (issue 32, item 9)",
+     "bench/bench_operator.py --real --machine-state loaded"),
     ("memory", "Memory and sharding (issue 12)", "bench/bench_memory.py"),
     ("memory-steptime", "Sharding modes: measured / predicted throughput (issue 23)",
      "bench/bench_memory.py --only steptime --output bench/results/memory-steptime.json"),
