@@ -4,7 +4,9 @@ One process per rank runs *every* row of the feature matrix one after the other 
 then per row a fresh :class:`hetero_worker.trainer.Trainer` on the row's planner-rendered
 contract, its groups destroyed afterwards), so the matrix costs two process starts, not one per
 row.  Per row: the same MLP and data, ``STEPS`` steps, facts per step (loss, skipped, split) and
-the row's final full parameters.
+the row's final full parameters. A row with ``clip`` trains with ``Trainer(max_grad_norm=clip)``;
+one with ``tokens`` steps with ``t.step(..., batch=(x, y), num_tokens=token_counts(x))`` on the
+token mean :func:`token_loss`.
 
 Phase ``a`` trains every row; a row with kill-and-resume also trains an interrupted copy that
 checkpoints at step ``CHECKPOINT_EVERY`` and stops ``KILL_AFTER`` steps in (its later steps are
@@ -54,6 +56,20 @@ def make_data() -> torch.utils.data.TensorDataset:
     teacher = torch.randn(16, 4, generator=g)
     x = torch.randn(SAMPLES, 16, generator=g)
     return torch.utils.data.TensorDataset(x, (x @ teacher).argmax(dim=1))
+
+
+def token_counts(x: torch.Tensor) -> torch.Tensor:
+    """Valid tokens of each sample in token-weighted rows: 1..4, from the sample's features
+    (``[B, 16]`` -> ``[B]`` int64; deterministic, so the reference sees the same counts)."""
+    return 1 + (x[:, 0] > 0).long() + 2 * (x[:, 1] > 0).long()
+
+
+def token_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The batch's mean over its valid tokens: sample ``i`` stands for ``token_counts(x)[i]``
+    tokens of the same loss (a per-token loss summed and divided by the batch's token count)."""
+    per_sample = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+    counts = token_counts(x).to(per_sample.dtype)
+    return (per_sample * counts).sum() / counts.sum()
 
 
 def eval_loss(params: dict[str, torch.Tensor]) -> float:
@@ -110,7 +126,7 @@ def train(row: dict[str, Any], contract: c.Contract, *, tag: str, resume: bool =
           stop_after: int = STEPS) -> dict[str, Any]:
     print(f"matrix: row {row['id']} ({tag}) at {time.monotonic() - START_S:.1f} s", file=sys.stderr,
           flush=True)
-    t = Trainer(contract, seed=0)
+    t = Trainer(contract, seed=0, max_grad_norm=row.get("clip"))
     if wants_speed_features(contract):
         attach(t)
     facts: dict[str, Any] = {"losses": [], "skipped": [], "splits": [], "refused": None}
@@ -160,6 +176,15 @@ def train(row: dict[str, Any], contract: c.Contract, *, tag: str, resume: bool =
             facts["refused"] = str(exc)
     else:
         for x, y in loader:
+            if row.get("tokens"):  # token-weighted step: the batch and its tokens per sample
+                result = t.step(opt, token_loss, batch=(t.to_device(x), t.to_device(y)),
+                                num_tokens=token_counts(x))
+                facts["losses"].append(result.loss)
+                facts["skipped"].append(result.skipped)
+                if after_step():
+                    break
+                continue
+
             def loss_fn(m: torch.nn.Module, x: torch.Tensor = x, y: torch.Tensor = y) -> torch.Tensor:
                 loss = torch.nn.functional.cross_entropy(m(t.to_device(x)), t.to_device(y))
                 return overflow(loss) if t.rank == INJECT_RANK else loss

@@ -18,6 +18,10 @@ A row either
   stealing ends where one process on the same batches ends (the exact reference), and a
   kill-and-resume row resumes exactly at its checkpoint in new processes and finishes.
 
+Beside the pairwise rows, four rows train Group and Full sharding with global-norm clipping
+(``max_grad_norm``) and with token-weighted steps (``num_tokens``, uneven split): each ends equal
+to one float64 process with that feature, and far from the one without it (issue 29, item 7).
+
 Work stealing is a call in the training loop (``Trainer.steal_step``), not part of the spec, so
 the planner cannot see it: its refusal under Group/Full sharding comes from the trainer, before
 any collective, naming the fix (rows ``steal-group`` and ``steal-full``).
@@ -71,13 +75,17 @@ FACTORS: dict[str, tuple[Any, ...]] = {
 
 def row(id_: str, precision: str, compression: str, sharding: str, layout: str, *,
         stealing: bool = False, rebalance: bool = False, resume: bool = False,
-        refused_by: str = "") -> dict[str, Any]:
-    """One combination; ``refused_by`` is ``"plan"`` or ``"trainer"`` for a row that must not train."""
+        refused_by: str = "", clip: float | None = None, tokens: bool = False) -> dict[str, Any]:
+    """One combination; ``refused_by`` is ``"plan"`` or ``"trainer"`` for a row that must not train;
+    ``clip``: the trainer's ``max_grad_norm``; ``tokens``: token-weighted steps (``num_tokens``)."""
     return {"id": id_, "precision": precision, "compression": compression, "sharding": sharding,
             "layout": layout, "stealing": stealing, "rebalance": rebalance, "resume": resume,
-            "refused_by": refused_by}
+            "refused_by": refused_by, "clip": clip, "tokens": tokens}
 
 
+CLIP_NORM = 0.75
+"""Clipping rows' ``max_grad_norm``: the reference's global norm runs 0.61-0.94, so about half
+the steps clip."""
 ROWS = [  # pairwise over FACTORS (greedy covering array; the test below checks the coverage)
     row("fp16-int8", "fp16", "int8", "none", "node"),
     row("fp16-powersgd", "fp16", "powersgd", "none", "arch", rebalance=True, resume=True),
@@ -104,6 +112,11 @@ ROWS = [  # pairwise over FACTORS (greedy covering array; the test below checks 
     row("full-resume", "bf16", "none", "full", "flat", resume=True),  # issue 29, item 2
     row("steal-group", "fp32", "none", "group", "arch", stealing=True, refused_by="trainer"),
     row("steal-full", "bf16", "none", "full", "node", stealing=True, refused_by="trainer"),
+    # issue 29, item 7: sharding x global-norm clipping and x token weighting (exact references)
+    row("clip-group", "fp32", "none", "group", "arch", clip=CLIP_NORM),
+    row("clip-full", "fp32", "none", "full", "node", clip=CLIP_NORM),
+    row("tokens-group", "fp32", "none", "group", "node", tokens=True),
+    row("tokens-full", "fp32", "none", "full", "flat", tokens=True),
 ]
 TRAINED = [r for r in ROWS if not r["refused_by"]]
 SLOW_RANK = 3
@@ -302,7 +315,7 @@ def reference_params(split: list[int]) -> dict[str, torch.Tensor]:
 
 
 EXACT = [r for r in TRAINED if r["precision"] == "fp32" and r["compression"] == "none"
-         and not r["stealing"]]
+         and not r["stealing"] and r["clip"] is None and not r["tokens"]]
 
 
 @pytest.mark.parametrize("r", EXACT, ids=lambda r: r["id"])
@@ -312,6 +325,55 @@ def test_fp32_rows_without_compression_equal_one_process_on_the_same_batches(pla
     for name, tensor in want.items():
         diff = (torch.tensor(got[name]) - tensor).abs().max().item()
         assert diff <= 1e-5, (r["id"], name, diff)
+
+
+def reference_f64(split: list[int], *, clip: float | None = None, tokens: bool = False
+                  ) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """:func:`reference_params` in float64, clipping the whole gradient to ``clip`` (2-norm) and/or
+    taking each step's mean over all its tokens (:func:`matrix_ranks.token_loss` on the whole
+    global batch). Returns the parameters and each step's gradient norm before the clip."""
+    model_ = mr.make_model().double()
+    x, y = mr.make_data().tensors
+    x = x.double()
+    order = HeteroBatchSampler(mr.SAMPLES, split, 0, seed=0).permutation(0)
+    opt = torch.optim.SGD(model_.parameters(), lr=mr.LR)
+    norms = []
+    for s in range(mr.STEPS):
+        idx = order[s * mr.GLOBAL_BATCH:(s + 1) * mr.GLOBAL_BATCH]
+        opt.zero_grad()
+        if tokens:
+            mr.token_loss(model_, x[idx], y[idx]).backward()
+        else:
+            torch.nn.functional.cross_entropy(model_(x[idx]), y[idx]).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model_.parameters(), clip or float("inf"))))
+        opt.step()
+    return {k: v.detach() for k, v in model_.state_dict().items()}, norms
+
+
+def max_diff(got: dict[str, Any], want: dict[str, torch.Tensor]) -> float:
+    """The largest absolute difference over every parameter."""
+    return max((torch.tensor(got[k], dtype=torch.float64) - v).abs().max().item()
+               for k, v in want.items())
+
+
+@pytest.mark.parametrize("r", [r for r in TRAINED if r["clip"] is not None or r["tokens"]],
+                         ids=lambda r: r["id"])
+def test_sharded_clipping_and_token_rows_equal_a_float64_reference(planned, runs, r) -> None:
+    """Group/Full sharding x ``max_grad_norm`` (the norm over every shard and group) and x
+    ``num_tokens`` (the mean over every valid token of the uneven split): the rank's parameters
+    equal one float64 process's; the reference without the feature is far off, so the row shows
+    the feature worked (a per-shard norm or a sample-weighted mean fails here)."""
+    split = planned[r["id"]]["split"]
+    want, norms = reference_f64(split, clip=r["clip"], tokens=r["tokens"])
+    plain, _ = reference_f64(split)
+    if r["clip"] is not None:
+        assert sum(n > r["clip"] for n in norms) >= 3, norms  # the clip really acts
+    else:
+        assert len(set(split)) > 1, split  # uneven: token and sample weighting differ
+    for rank in runs[r["id"]]:
+        got = rank["run"]["params"]
+        assert max_diff(got, want) <= 1e-5, (r["id"], rank["run"]["step"], max_diff(got, want))
+    assert max_diff(runs[r["id"]][0]["run"]["params"], plain) > 1e-3, r["id"]
 
 
 RESUMED = [r for r in TRAINED if r["resume"]]
