@@ -43,8 +43,9 @@ def rank_envs(batches: list[int], *, precision: str = "fp32", hierarchy: str = "
 
 
 def spawn(name: str, out: Path, envs: list[dict[str, str]], *, kill_at: int | None = None,
-          timeout_s: float = 240) -> list[subprocess.CompletedProcess]:
-    cmd = [sys.executable, str(SCRIPT), name, str(out)]
+          timeout_s: float = 240, script: Path = SCRIPT) -> list[subprocess.CompletedProcess]:
+    """Start one process per env running ``script`` (default gpu_ranks.py) and wait for all."""
+    cmd = [sys.executable, str(script), name, str(out)]
     if kill_at is not None:
         cmd += ["--kill-at", str(kill_at)]
     base = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONUNBUFFERED": "1",
