@@ -7,12 +7,13 @@ Floors, lowest first (:data:`FLOORS`)::
     runtime  <  comm  <  speed, memory  <  data  <  ckpt  <  trainer  <  examples
 
 * ``runtime``: a rank's life outside training (launch, rendezvous, preflight, shutdown, simulated
-  devices, the rank log, the stop-agreement interval), the metrics exporter and the profiler;
+  devices, the rank log, the stop-agreement interval), the metrics exporter, the profiler and
+  experiment tracking;
 * ``comm``: process groups, the communicator plan, the gradient sync, collectives, agreement
   across ranks (:mod:`hetero_worker.comm.agree`), and the precision policy (its skip decision is
   an agreement);
-* ``speed`` and ``memory`` side by side (rebalancing, stealing, codecs, the measured hierarchy;
-  memory caps, micro-batches, sharding, the model part);
+* ``speed``, ``memory`` and ``stages`` side by side (rebalancing, stealing, codecs, the measured
+  hierarchy; memory caps, micro-batches, sharding, the model part; pipeline stages);
 * ``data``: the split and the data position (position, sampler, streaming, the data part in
   loading) and the step count;
 * ``ckpt``: checkpoints, resume, the checkpoint manager over the parts;
@@ -33,9 +34,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "worker" / "hetero_worker"
 FLOORS = {
-    "runtime": 0, "metrics": 0, "profiling": 0,
+    "runtime": 0, "metrics": 0, "profiling": 0, "tracking": 0,
     "comm": 1, "precision": 1,
-    "speed": 2, "memory": 2,
+    "speed": 2, "memory": 2, "stages": 2,
     "position": 3, "sampler": 3, "streaming": 3, "loading": 3, "steps": 3,
     "ckpt": 4,
     "efficiency": 5, "stepping": 5, "stop": 5, "trainer": 5,

@@ -1,0 +1,8 @@
+"""Pipeline stages across GPU types (issue 30, item 3; first slice): the user's model as a
+sequence of blocks cut into contiguous stages (:mod:`.split`), each rank running its stage under
+``torch.distributed.pipelining`` with activations and their gradients sent over a Gloo group
+(:mod:`.runner`; the communicator rule: no NCCL communicator spans GPU types).
+
+Not built yet: data parallelism inside a stage, CUDA tensors through the Gloo sends, checkpoints
+and metrics per stage, and the wiring into the Trainer, the rank env contract and ``heterotrain run``.
+"""

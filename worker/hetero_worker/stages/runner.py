@@ -1,0 +1,122 @@
+"""One rank's pipeline stage: its blocks, the Gloo group the activations travel on, and the
+schedule (``torch.distributed.pipelining``: ``PipelineStage`` with ``ScheduleGPipe`` or
+``Schedule1F1B``).
+
+A step splits the batch into ``micro_batches`` equal micro-batches along dimension 0; the first
+stage takes the inputs, the last the targets and the loss. The loss function is applied per
+micro-batch and the gradients are averaged over the micro-batches (``scale_grads``), so with a
+loss that is a mean over its micro-batch the gradients equal those of the mean over the whole
+batch, as one process training the whole model would get.
+
+Activations and their gradients cross stages over ``group``, which must be a Gloo group (stages
+run on different GPU types, and no NCCL communicator spans GPU types). One rank per stage in this
+slice; CPU tensors only (CUDA tensors through Gloo sends are not built yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from hetero_worker.stages.split import stage_module
+
+SCHEDULE_CLASSES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
+"""``spec.training.pipeline.schedule`` values and the schedules that run them."""
+
+
+class StageRunner:
+    """Runs this rank's stage of a pipelined model.
+
+    Attributes:
+        module: the stage's blocks (share parameters with the model given); give its
+            ``parameters()`` to the optimiser.
+        stage_index: this stage's place, 0 = first.
+        stage_count: stages in the pipeline.
+    """
+
+    def __init__(self, model: nn.Sequential, block_counts: Sequence[int], *, stage_index: int,
+                 group: dist.ProcessGroup, micro_batches: int,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 schedule: str = "GPipe", device: torch.device | None = None) -> None:
+        """Build the stage.
+
+        Args:
+            model: the whole model as an ``nn.Sequential`` of blocks (every rank builds it alike).
+            block_counts: blocks per stage, pipeline order (from the planner).
+            stage_index: this rank's stage; its rank in ``group`` must equal it.
+            group: the Gloo group of the stages' ranks, stage order.
+            micro_batches: micro-batches per step, >= 1.
+            loss_fn: ``loss_fn(output, target)`` per micro-batch (a mean over the micro-batch).
+            schedule: ``GPipe`` or ``1F1B``.
+            device: where the stage runs (CPU by default).
+
+        Raises:
+            ValueError: an unknown schedule, a non-Gloo group, counts that do not match the group
+                size, or a stage index other than the rank's place in the group.
+        """
+        if schedule not in SCHEDULE_CLASSES:
+            raise ValueError(f"spec.training.pipeline.schedule must be one of "
+                             f"{', '.join(SCHEDULE_CLASSES)}, got {schedule!r}")
+        if dist.get_backend(group) != "gloo":
+            raise ValueError(f"pipeline activations cross GPU types over Gloo, got a "
+                             f"{dist.get_backend(group)} group")
+        if len(block_counts) != dist.get_world_size(group):
+            raise ValueError(f"{len(block_counts)} stages but {dist.get_world_size(group)} ranks "
+                             f"in the pipeline group (one rank per stage)")
+        if dist.get_rank(group) != stage_index:
+            raise ValueError(f"stage {stage_index} runs on the group's rank {stage_index}, "
+                             f"this rank is {dist.get_rank(group)}")
+        self.stage_index = stage_index
+        self.stage_count = len(block_counts)
+        self.module = stage_module(model, block_counts, stage_index)
+        device = device or torch.device("cpu")
+        self._stage = PipelineStage(self.module, stage_index, self.stage_count, device, group=group)
+        self._schedule = SCHEDULE_CLASSES[schedule](self._stage, n_microbatches=micro_batches,
+                                                    loss_fn=loss_fn, scale_grads=True)
+
+    @property
+    def is_first(self) -> bool:
+        """This stage takes the inputs."""
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        """This stage takes the targets and computes the loss."""
+        return self.stage_index == self.stage_count - 1
+
+    def step(self, inputs: torch.Tensor | None = None,
+             target: torch.Tensor | None = None) -> list[torch.Tensor] | None:
+        """Forward and backward of one batch through the pipeline; gradients accumulate into
+        ``module``'s parameters (zero them and step the optimiser around this call).
+
+        Args:
+            inputs: the whole batch, first stage only.
+            target: the whole batch's targets, last stage only.
+
+        Returns:
+            The per-micro-batch losses on the last stage; None elsewhere.
+
+        Raises:
+            ValueError: inputs given to a later stage or missing on the first; target likewise.
+        """
+        if (inputs is not None) != self.is_first:
+            raise ValueError("the inputs go to the first stage only")
+        if (target is not None) != self.is_last:
+            raise ValueError("the target goes to the last stage only")
+        if self.is_first and self.is_last:
+            losses: list[torch.Tensor] = []
+            self._schedule.step(inputs, target=target, losses=losses)
+            return losses
+        if self.is_first:
+            self._schedule.step(inputs)
+            return None
+        if self.is_last:
+            losses = []
+            self._schedule.step(target=target, losses=losses)
+            return losses
+        self._schedule.step()
+        return None
