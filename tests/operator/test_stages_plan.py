@@ -121,7 +121,7 @@ def test_a_model_larger_than_all_stages_is_refused_naming_the_fix() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"schedule": "Interleaved"}, "spec.training.pipeline.schedule must be one of GPipe, 1F1B"),
+    ({"schedule": "Interleaved"}, "spec.training.pipeline.schedule must be one of 1F1B, GPipe"),
     ({"micro_batches": 5}, r"spec.training.pipeline.microBatches must be 1..4"),
     ({"micro_batches": 0}, r"spec.training.pipeline.microBatches must be 1..4"),
 ], ids=["unknown schedule", "more micro-batches than samples", "no micro-batch"])

@@ -66,9 +66,15 @@ def test_a_bad_cut_is_refused(model: nn.Module, counts: list[int], index: int,
         stage_module(model, counts, index)  # type: ignore[arg-type]
 
 
+def test_the_runner_runs_every_spec_schedule() -> None:
+    from hetero_worker.stages.runner import SCHEDULE_CLASSES
+    from heterotrain_common.pipelineschedules import SCHEDULES
+    assert [SCHEDULE_CLASSES[s].__name__ for s in SCHEDULES] == ["Schedule1F1B", "ScheduleGPipe"]
+
+
 def test_a_wrong_runner_is_refused_naming_the_fix(facts: list[dict]) -> None:
     for rank, f in enumerate(facts):
         assert f["refusals"] == [
-            "spec.training.pipeline.schedule must be one of GPipe, 1F1B, got 'Interleaved'",
+            "spec.training.pipeline.schedule must be one of 1F1B, GPipe, got 'Interleaved'",
             "2 stages but 3 ranks in the pipeline group (one rank per stage)",
             f"stage {(rank + 1) % 3} runs on the group's rank {(rank + 1) % 3}, this rank is {rank}"]

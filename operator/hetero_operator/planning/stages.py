@@ -46,12 +46,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from heterotrain_common.linkcost import LinkModel
+from heterotrain_common.pipelineschedules import SCHEDULES
 
 STATE_BYTES_PER_PARAM_BYTE = 4
 """Resident bytes per fp32 parameter byte in a stage: the parameter, its gradient and Adam's two
 moments."""
-SCHEDULES: tuple[str, ...] = ("GPipe", "1F1B")
-"""Pipeline schedules the planner models (``spec.training.pipeline.schedule``)."""
 MAX_ORDERED_TYPES = 6
 """Up to this many GPU types every order of them is tried (6! = 720 orders)."""
 
@@ -249,7 +248,7 @@ def _why_not(costs: _Costs, devices: Sequence[StageDevice]) -> str:
 
 
 def plan_stages(blocks: Sequence[BlockCost], devices: Sequence[StageDevice], *, global_batch: int,
-                micro_batches: int, link: LinkModel, schedule: str = "1F1B") -> StagePlan:
+                micro_batches: int, link: LinkModel, schedule: str = SCHEDULES[0]) -> StagePlan:
     """Stages for ``blocks`` on ``devices``, one stage per GPU type (see the module docstring).
 
     Args:

@@ -23,9 +23,10 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from hetero_worker.stages.split import stage_module
+from heterotrain_common.pipelineschedules import SCHEDULES
 
-SCHEDULE_CLASSES = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}
-"""``spec.training.pipeline.schedule`` values and the schedules that run them."""
+SCHEDULE_CLASSES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
+"""The schedule classes that run each ``spec.training.pipeline.schedule`` value."""
 
 
 class StageRunner:
@@ -41,7 +42,7 @@ class StageRunner:
     def __init__(self, model: nn.Sequential, block_counts: Sequence[int], *, stage_index: int,
                  group: dist.ProcessGroup, micro_batches: int,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 schedule: str = "GPipe", device: torch.device | None = None) -> None:
+                 schedule: str = SCHEDULES[0], device: torch.device | None = None) -> None:
         """Build the stage.
 
         Args:
@@ -51,7 +52,7 @@ class StageRunner:
             group: the Gloo group of the stages' ranks, stage order.
             micro_batches: micro-batches per step, >= 1.
             loss_fn: ``loss_fn(output, target)`` per micro-batch (a mean over the micro-batch).
-            schedule: ``GPipe`` or ``1F1B``.
+            schedule: ``1F1B`` (default) or ``GPipe``.
             device: where the stage runs (CPU by default).
 
         Raises:
@@ -60,7 +61,7 @@ class StageRunner:
         """
         if schedule not in SCHEDULE_CLASSES:
             raise ValueError(f"spec.training.pipeline.schedule must be one of "
-                             f"{', '.join(SCHEDULE_CLASSES)}, got {schedule!r}")
+                             f"{', '.join(SCHEDULES)}, got {schedule!r}")
         if dist.get_backend(group) != "gloo":
             raise ValueError(f"pipeline activations cross GPU types over Gloo, got a "
                              f"{dist.get_backend(group)} group")

@@ -1,0 +1,82 @@
+"""``spec.training.pipeline``: pipeline stages across GPU types (pure; issue 30, item 1).
+
+    pipeline:
+      stages: Auto        # or an integer 2..MAX_STAGES (one stage per placed GPU type today)
+      microBatches: 8     # micro-batches per step, >= stages
+      schedule: 1F1B      # or GPipe
+
+Parsed here into :class:`PipelineSpec`; the planner (:mod:`hetero_operator.planning.stages`)
+and the worker (:mod:`hetero_worker.stages`) take the same schedule names. Not yet read by
+:func:`hetero_operator.api.spec.parse_spec` nor declared in the CRD (see docs/pipeline.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hetero_operator.api.errors import SpecError
+from hetero_operator.api.strictfields import nearest
+from heterotrain_common.pipelineschedules import SCHEDULES
+MAX_STAGES = 16
+"""Most pipeline stages a job may ask for."""
+MAX_MICRO_BATCHES = 1024
+"""Most micro-batches per step."""
+DEFAULT_MICRO_BATCHES = 8
+"""``microBatches`` when absent: the bubble of 3 stages is then 2 / 10 of the step."""
+FIELDS: tuple[str, ...] = ("microBatches", "schedule", "stages")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineSpec:
+    """A parsed ``spec.training.pipeline``.
+
+    Attributes:
+        stages: stage count, or None for ``Auto`` (the planner picks).
+        micro_batches: micro-batches per step.
+        schedule: ``1F1B`` or ``GPipe``.
+    """
+
+    stages: int | None
+    micro_batches: int
+    schedule: str
+
+
+def parse_pipeline(raw: Any, path: str = "spec.training.pipeline") -> PipelineSpec | None:
+    """``spec.training.pipeline`` as a :class:`PipelineSpec`; None when absent (no pipeline).
+
+    Raises:
+        SpecError: naming the field and the fix (unknown field, bad ``stages``,
+            ``microBatches`` out of range or fewer than the stages, unknown ``schedule``).
+    """
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise SpecError(path, f"must be a mapping (stages, microBatches, schedule), got "
+                              f"{type(raw).__name__}")
+    for key in raw:
+        if key not in FIELDS:
+            hint = nearest(str(key), FIELDS)
+            raise SpecError(f"{path}.{key}", "is no pipeline field"
+                            + (f": did you mean {hint}?" if hint else f" (known: {', '.join(FIELDS)})"))
+    stages_raw = raw.get("stages", "Auto")
+    if stages_raw == "Auto":
+        stages = None
+    elif isinstance(stages_raw, int) and not isinstance(stages_raw, bool) and 2 <= stages_raw <= MAX_STAGES:
+        stages = stages_raw
+    else:
+        raise SpecError(f"{path}.stages", f"must be Auto or an integer in 2..{MAX_STAGES}, got "
+                                          f"{stages_raw!r}")
+    micro = raw.get("microBatches", DEFAULT_MICRO_BATCHES)
+    if isinstance(micro, bool) or not isinstance(micro, int) or not 1 <= micro <= MAX_MICRO_BATCHES:
+        raise SpecError(f"{path}.microBatches", f"must be an integer in 1..{MAX_MICRO_BATCHES}, got "
+                                                f"{micro!r}")
+    if stages is not None and micro < stages:
+        raise SpecError(f"{path}.microBatches", f"{micro} micro-batches cannot fill {stages} stages "
+                                                f"(every stage would idle most of the step): set "
+                                                f"microBatches to at least {stages}")
+    schedule = raw.get("schedule", SCHEDULES[0])
+    if schedule not in SCHEDULES:
+        raise SpecError(f"{path}.schedule", f"must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+    return PipelineSpec(stages=stages, micro_batches=micro, schedule=schedule)
