@@ -50,10 +50,11 @@ from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DI
                                          RESUME_FROM,
                                          RUN_DIR, SHARD_PPM, SHARDING, SHARDINGS,
                                          SIM_DELAY_PER_SAMPLE_S, TERMINATION_GRACE_S, TOPOLOGY,
-                                         TORCHELASTIC_RESTART_COUNT, WORLD_SIZE)
+                                         TORCHELASTIC_RESTART_COUNT, TRACKING, WORLD_SIZE)
 from heterotrain_common.envfields import (Var, count, group, non_negative_s, one_of, positive_s,
                                           read_fields, read_value, short_float, text, var, walk,
                                           write_fields)
+from heterotrain_common.tracking import read_tracking, tracking_to_json
 from heterotrain_common.envread import (ContractError, int_var, load_json, parse_compression,
                                         parse_flag, parse_rate, parse_shard_ppm, parse_step_range,
                                         required)
@@ -291,6 +292,8 @@ class RunSettings:
             (``HTJ_SIM_DELAY_PER_SAMPLE_S``).
         termination_grace_s: the pod's termination grace period, s >= 0
             (``HTJ_TERMINATION_GRACE_S``).
+        tracking: experiment tracking, the normal form of
+            :func:`heterotrain_common.tracking.parse_tracking`; None = none (``HTJ_TRACKING``).
     """
 
     dir: str = var(RUN_DIR, text, default="")
@@ -303,6 +306,8 @@ class RunSettings:
                                         default=defaults.SIM_DELAY_PER_SAMPLE_S, write=repr)
     termination_grace_s: float = var(TERMINATION_GRACE_S, non_negative_s,
                                      default=float(defaults.TERMINATION_GRACE_S), write=short_float)
+    tracking: Mapping[str, Any] | None = var(TRACKING, read_tracking, default=None,
+                                             write=tracking_to_json)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -110,6 +110,10 @@ Trainer's loader ends its epochs there; a plain script gets it only when its own
 EPOCHS = "HTJ_EPOCHS"
 """Epochs to train, overriding the script's own number (``Trainer.epochs``); unset or empty: the
 script's. Set by ``heterotrain run --epochs``."""
+TRACKING = "HTJ_TRACKING"
+"""Experiment tracking (``spec.training.tracking``): compact JSON of the normal form of
+:func:`heterotrain_common.tracking.parse_tracking`, e.g. ``{"tensorboard":{"logDir":""}}``;
+unset or empty: no tracking (docs/tracking.md)."""
 MAX_PROFILE_STEPS = 100
 """Most steps one trace may span (a Chrome trace grows with every step)."""
 SHARDING = "HTJ_SHARDING"
@@ -139,7 +143,7 @@ REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, PRECIS
 OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
                  COMPRESSION, POWERSGD_RANK, RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT)
 KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS,
-             PREDICTED_SAMPLES_PER_S, MAX_STEPS, EPOCHS)
+             PREDICTED_SAMPLES_PER_S, MAX_STEPS, EPOCHS, TRACKING)
 """Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
 MEMORY_VARS = (SHARDING, MICRO_BATCH_SIZE, ACTIVATION_CHECKPOINTING, MEMORY_CAP_BYTES, SHARD_PPM)
 """The memory model's variables (issue 12); rendered only when not at their defaults (a job

@@ -95,7 +95,8 @@ def test_malformed_variable_names_itself(variable, value, needle):
 
 def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     knobs = _contract(run={"sim_delay_per_sample_s": 0.0125, "dir": "/runs/x",
-                           "profile_steps": (20, 25), "predicted_samples_per_s": 812.5},
+                           "profile_steps": (20, 25), "predicted_samples_per_s": 812.5,
+                           "tracking": {"tensorboard": {"logDir": "/tb"}}},
                       comm={"rendezvous_timeout_s": 42.0, "compression": "int8", "powersgd_rank": 8,
                             "rebalance_interval_steps": 3},
                       batch={"max_steps": 10, "epochs": 3})
@@ -105,7 +106,8 @@ def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
                                                 "HTJ_RUN_DIR": "/runs/x",
                                                 "HTJ_PROFILE_STEPS": "20-25",
                                                 "HTJ_PREDICTED_SAMPLES_PER_S": "812.5",
-                                                "HTJ_MAX_STEPS": "10", "HTJ_EPOCHS": "3"}
+                                                "HTJ_MAX_STEPS": "10", "HTJ_EPOCHS": "3",
+                                                "HTJ_TRACKING": '{"tensorboard":{"logDir":"/tb"}}'}
     assert c.parse_contract(env) == knobs
     # defaults are not rendered (the operator's pods carry exactly the contract)
     assert not set(c.render_rank_env(_contract())) & set(envnames.KNOB_VARS)
@@ -123,6 +125,9 @@ def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     ("HTJ_PREDICTED_SAMPLES_PER_S", "fast", "must be a number of samples/s"),
     ("HTJ_MAX_STEPS", "0", "must be >= 1, got 0"),
     ("HTJ_EPOCHS", "three", "must be an integer, got 'three'"),
+    ("HTJ_TRACKING", "{tensorboard", "is not JSON"),
+    ("HTJ_TRACKING", '{"comet": {}}', "tracking.comet: unknown backend; use one of tensorboard, "
+                                      "wandb, mlflow"),
     ("HTJ_PREDICTED_SAMPLES_PER_S", "-3", "must be a finite number >= 0"),
 ])
 def test_malformed_knob_names_itself(variable, value, needle):

@@ -38,7 +38,7 @@ def test_groups_hold_the_variables_as_documented():
         "checkpoint": ["dir", "interval_steps", "keep", "timeout_s", "max_failures",
                        "resume_from"],
         "run": ["dir", "metrics_port", "profile_steps", "predicted_samples_per_s",
-                "sim_delay_per_sample_s", "termination_grace_s"],
+                "sim_delay_per_sample_s", "termination_grace_s", "tracking"],
     }
 
 
@@ -49,7 +49,7 @@ def test_table_agrees_with_the_names_and_their_categories():
     categories = {*envnames.REQUIRED_VARS, *envnames.OPTIONAL_VARS, *envnames.KNOB_VARS,
                   *envnames.MEMORY_VARS, *envnames.RESILIENCE_VARS}
     assert set(c.VARIABLES) == categories
-    assert len(c.VARIABLES) == len(set(c.VARIABLES)) == 41
+    assert len(c.VARIABLES) == len(set(c.VARIABLES)) == 42
 
 
 def test_the_docs_table_names_every_variable_and_its_field():

@@ -25,6 +25,7 @@ from hetero_worker.precision import PrecisionPolicy
 from hetero_worker.runtime.simulation import simulate_compute
 from hetero_worker.speed import stealing
 from hetero_worker.steps import StepCount
+from hetero_worker.tracking import from_contract as tracker_for
 from heterotrain_common.contract import Contract
 
 
@@ -72,6 +73,8 @@ class Stepper:
     Attributes:
         speed: the speed controller (``after_step``, ``end_step``; None without one).
         totals: steps, samples, step/compute/wait seconds and skipped steps so far.
+        tracker: experiment tracking (:mod:`hetero_worker.tracking`; None unless the contract
+            asks for it).
         last_grad_norm: the global gradient norm :meth:`clip_grad_norm_` last saw (None before).
 
     Raises:
@@ -97,6 +100,7 @@ class Stepper:
         self._token_factor = 1.0  # this step's token weight on top of the sync's (comm.tokens)
         self.totals = {"steps": 0, "samples": 0, "step_s": 0.0, "compute_s": 0.0,
                        "comm_wait_s": 0.0, "skipped": 0}
+        self.tracker = tracker_for(contract)
 
     def step(self, optimizer: torch.optim.Optimizer, loss_fn: Callable[..., torch.Tensor],
              batch: Sequence[Any] | None, num_tokens: Any = None) -> StepResult:
@@ -241,6 +245,11 @@ class Stepper:
                            ("skipped", int(skipped))):
             self.totals[key] += value
         self.metrics.observe_step(step_s, result.compute_s, comm_s, local, loss)
+        if self.tracker is not None:
+            self.tracker.observe_step(self.steps.global_step, step_s=step_s,
+                                      compute_s=result.compute_s, comm_wait_s=comm_s,
+                                      samples=local, loss=loss,
+                                      local_batches=self.data.local_batches)
         if skipped:
             self.metrics.record_skipped_step()
         self.window.end_step(self.steps.global_step, local, result.compute_s)

@@ -452,6 +452,8 @@ class Trainer:
             termination.record({"step": self.global_step, "totalSteps": stats.get("total_steps"),
                                 "loss": stats.get("loss")})
         self.metrics.stop_server()
+        if self.stepper.tracker is not None:
+            self.stepper.tracker.close()
         self.sync.close()
         if dist.is_initialized():
             self.window.finish(wait=True)

@@ -25,6 +25,7 @@ from hetero_operator.api.strictfields import unknown_fields
 from hetero_operator.api.workerspec import WorkerTemplate, parse_worker
 from heterotrain_common import defaults
 from heterotrain_common.envread import ContractError, parse_step_range
+from heterotrain_common.tracking import TrackingError, parse_tracking, tracking_to_json
 
 API_GROUP = "heterotrain.io"
 VERSION = "v1alpha1"
@@ -171,6 +172,9 @@ class TrainingSpec:
     activation_bytes_per_sample: int = 0
     checkpointed_activation_bytes_per_sample: int = 0
     sharding: str = "Auto"
+    tracking_json: str = ""
+    """``spec.training.tracking`` as ``HTJ_TRACKING``'s compact JSON (normal form of
+    :func:`heterotrain_common.tracking.parse_tracking`); ``""`` for no tracking."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -412,7 +416,21 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         activation_bytes_per_sample=activation,
         checkpointed_activation_bytes_per_sample=checkpointed,
         sharding=enum(t, "sharding", f"{p}.sharding", SHARDINGS),
+        tracking_json=_tracking(t.get("tracking"), f"{p}.tracking"),
     )
+
+
+def _tracking(raw: Any, path: str) -> str:
+    """``spec.training.tracking`` as compact JSON, ``""`` when absent or empty.
+
+    Raises:
+        SpecError: naming the invalid field (e.g. ``spec.training.tracking.wandb.project``).
+    """
+    try:
+        parsed = parse_tracking(raw, path)
+    except TrackingError as exc:
+        raise SpecError(exc.path, exc.message) from None
+    return tracking_to_json(parsed) if parsed else ""
 
 
 def _resume_from(ckpt: Mapping[str, Any], p: str) -> str:

@@ -9,6 +9,8 @@ rank's position in its group and the group's size.  The pod form carries local r
 
 from __future__ import annotations
 
+import json
+
 from hetero_operator.api.memoryplan import RankMemory
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import Plan
@@ -95,7 +97,9 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
                                           resume_from=training.checkpoint_resume_from),
             run=RunSettings(metrics_port=port, profile_steps=job.profile_steps,
                             predicted_samples_per_s=predicted,
-                            termination_grace_s=float(job.worker.termination_grace_s)),
+                            termination_grace_s=float(job.worker.termination_grace_s),
+                            tracking=json.loads(training.tracking_json) if training.tracking_json
+                            else None),
             extra=dict(group.extra_env))
         envs.append(render_rank_env(contract))
     return envs
