@@ -13,6 +13,7 @@ import pytest
 from torch import nn
 
 from hetero_worker.runtime.simulation import free_port
+from hetero_worker.stages.layout import StageLayout
 from hetero_worker.stages.split import stage_bounds, stage_module
 from rankproc import assert_ok, read_rank_json, run_ranks
 
@@ -21,15 +22,24 @@ WORLD = 3
 TOL = 1e-6
 
 
+def run_stage_ranks(out: Path, world: int, replicas: int) -> list[dict]:
+    port = str(free_port())
+    envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": port} for r in range(world)]
+    runs = run_ranks([sys.executable, str(SCRIPT), "--out", str(out), "--replicas", str(replicas)],
+                     envs, timeout_s=170)
+    assert_ok(runs)
+    return read_rank_json(out, world)
+
+
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    out = tmp_path_factory.mktemp("stages")
-    port = str(free_port())
-    envs = [{"RANK": str(r), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": port} for r in range(WORLD)]
-    runs = run_ranks([sys.executable, str(SCRIPT), "--out", str(out)], envs, timeout_s=170)
-    assert_ok(runs)
-    return read_rank_json(out, WORLD)
+    return run_stage_ranks(tmp_path_factory.mktemp("stages"), WORLD, 1)
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return run_stage_ranks(tmp_path_factory.mktemp("stages2"), 2 * WORLD, 2)
 
 
 @pytest.mark.timeout(200)
@@ -44,6 +54,36 @@ def test_three_uneven_stages_train_equal_to_one_process(facts: list[dict], sched
         assert run["moved"] > 1e-3, (schedule, rank)  # the steps really changed the stage
     assert runs[0]["loss_diffs"] == runs[1]["loss_diffs"] == []
     assert len(runs[2]["loss_diffs"]) == 2 and max(runs[2]["loss_diffs"]) < TOL
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_two_replicas_per_stage_train_equal_to_one_process(replicated: list[dict],
+                                                           schedule: str) -> None:
+    # stage i = ranks i and i + 3; each pipeline takes half the batch, replicas average gradients
+    assert [f["place"] for f in replicated] == [[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]]
+    for rank, f in enumerate(replicated):
+        run = f[schedule]
+        assert run["blocks"] == [8, 3, 1][rank % 3]
+        assert len(run["diffs"]) == 2 and max(run["diffs"]) < TOL, (schedule, rank, run["diffs"])
+        assert run["moved"] > 1e-3
+
+
+@pytest.mark.parametrize(("stage_ranks", "message"), [
+    (((0, 1), (2,)), r"same number of replicas in this version, got \[2, 1\]"),
+    (((0, 1), (1, 2)), r"ranks must be 0..3, each once, got \[0, 1, 1, 2\]"),
+    ((), "at least one rank"),
+], ids=["uneven replicas", "a rank twice", "no stage"])
+def test_a_bad_layout_is_refused(stage_ranks: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        StageLayout(stage_ranks=stage_ranks)
+
+
+def test_the_layout_places_ranks_and_pipelines() -> None:
+    layout = StageLayout(stage_ranks=((0, 3), (1, 4), (2, 5)))
+    assert layout.replicas == 2
+    assert layout.pipelines() == [[0, 1, 2], [3, 4, 5]]
+    assert [layout.place(r) for r in range(6)] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
 
 
 def test_the_cut_keeps_the_model_s_blocks() -> None:

@@ -1,8 +1,9 @@
 """Pipeline stages across GPU types (issue 30, item 3; first slice): the user's model as a
 sequence of blocks cut into contiguous stages (:mod:`.split`), each rank running its stage under
 ``torch.distributed.pipelining`` with activations and their gradients sent over a Gloo group
-(:mod:`.runner`; the communicator rule: no NCCL communicator spans GPU types).
+(:mod:`.runner`; the communicator rule: no NCCL communicator spans GPU types), and data
+parallelism inside every stage with the same replica count per stage (:mod:`.layout`).
 
-Not built yet: data parallelism inside a stage, CUDA tensors through the Gloo sends, checkpoints
+Not built yet: uneven replica counts per stage, CUDA tensors through the Gloo sends, checkpoints
 and metrics per stage, and the wiring into the Trainer, the rank env contract and ``heterotrain run``.
 """

@@ -9,8 +9,10 @@ loss that is a mean over its micro-batch the gradients equal those of the mean o
 batch, as one process training the whole model would get.
 
 Activations and their gradients cross stages over ``group``, which must be a Gloo group (stages
-run on different GPU types, and no NCCL communicator spans GPU types). One rank per stage in this
-slice; CPU tensors only (CUDA tensors through Gloo sends are not built yet).
+run on different GPU types, and no NCCL communicator spans GPU types). ``group`` holds one rank
+per stage (one pipeline); data parallelism inside a stage runs several pipelines side by side
+(:mod:`hetero_worker.stages.layout`). CPU tensors only (CUDA tensors through Gloo sends are not
+built yet).
 """
 
 from __future__ import annotations
