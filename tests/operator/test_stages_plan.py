@@ -54,6 +54,19 @@ def test_a_stage_s_replicas_add_their_speed() -> None:
     assert plan.slowest_slot_s == pytest.approx(6.25)
 
 
+def test_a_stage_s_replicas_all_reduce_their_gradients_in_the_step() -> None:
+    # As above, with 1 MiB of parameters per block: B's 5 blocks (5 MiB) are all-reduced between
+    # its 2 ranks once per step: 2 rounds of 2.5 MiB at 1e9 B/s inside the node, 0.00524288 s;
+    # A and C have one rank each and sync nothing. Step = 6 x 6.25 s + 0.00524288 s.
+    link = LinkModel(intra_bw_bytes_per_s=1e9, inter_bw_bytes_per_s=1e12, intra_latency_s=0.0,
+                     inter_latency_s=0.0)
+    plan = plan_stages(blocks(12, param_bytes=MIB), three_types(b_ranks=2), global_batch=4,
+                       micro_batches=4, link=link)
+    assert plan.block_counts == [6, 5, 1]
+    assert [s.sync_s for s in plan.stages] == pytest.approx([0.0, 0.00524288, 0.0])
+    assert plan.step_s == pytest.approx(6 * 6.25 + 0.00524288)
+
+
 def test_memory_caps_the_fast_stage() -> None:
     # 1 MiB of parameters per block = 4 MiB resident (parameter, gradient, two Adam moments); A
     # holds 24 MiB = 6 blocks. The rest, 6 blocks on B and C: k2 = 4 (10 s), k3 = 2 (10 s);

@@ -19,7 +19,10 @@ added, not overlapped (conservative, as :mod:`hetero_operator.planning.steptime`
 
 **Step** under GPipe or 1F1B with ``m`` micro-batches and ``s`` stages: ``(m + s - 1)`` slots of
 the slowest stage (the bubble is ``(s - 1) / (m + s - 1)`` of the step; Huang et al., "GPipe",
-2019; Narayanan et al., "PipeDream", 2019).
+2019; Narayanan et al., "PipeDream", 2019), then the slowest stage's gradient all-reduce among its
+replicas (a ring inside one node: :func:`heterotrain_common.linkcost.collective_s`, the stage's
+parameter bytes, ``intra_bw_bytes_per_s``), after the pipeline drains. The all-reduce enters the
+predicted step but not the choice of the split.
 
 **Memory of a rank** of stage ``i`` (bytes)::
 
@@ -34,8 +37,8 @@ aggregate first), and for each an exact dynamic programme over the contiguous sp
 minimising the slowest slot (``O(s L^2)``). Ties go to the order given (fastest aggregate first),
 then to the split with more blocks on earlier stages.
 
-Not modelled yet: the gradient all-reduce among a stage's replicas, stages that span GPU types,
-several stages of one type.
+Not modelled yet: a stage's replicas spread over several nodes, stages that span GPU types,
+several stages of one type, a stage count other than the number of types.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from heterotrain_common.linkcost import LinkModel
+from heterotrain_common.linkcost import LinkModel, collective_s
 from heterotrain_common.pipelineschedules import SCHEDULES
 
 STATE_BYTES_PER_PARAM_BYTE = 4
@@ -115,6 +118,7 @@ class Stage:
         compute_s: compute of one micro-batch, seconds.
         transfer_s: boundary sends and receives of one micro-batch, seconds.
         slot_s: ``compute_s + transfer_s``.
+        sync_s: the gradient all-reduce among the stage's replicas once per step, seconds.
         memory_bytes: a rank's need (parameters, optimiser state, activations in flight).
     """
 
@@ -125,6 +129,7 @@ class Stage:
     compute_s: float
     transfer_s: float
     slot_s: float
+    sync_s: float
     memory_bytes: int
 
     @property
@@ -142,7 +147,7 @@ class StagePlan:
         micro_batches: ``m``.
         schedule: ``GPipe`` or ``1F1B``.
         slowest_slot_s: the largest ``slot_s``.
-        step_s: ``(m + s - 1) x slowest_slot_s``.
+        step_s: ``(m + s - 1) x slowest_slot_s`` + the slowest stage's ``sync_s``.
         bubble_fraction: ``(s - 1) / (m + s - 1)``.
     """
 
@@ -294,11 +299,14 @@ def plan_stages(blocks: Sequence[BlockCost], devices: Sequence[StageDevice], *, 
     for i, (device, b) in enumerate(zip(order, ends)):
         compute = costs.compute_s(a, b, device)
         transfer = costs.boundary[a] + costs.boundary[b]
+        sync = collective_s([list(range(device.ranks))], ["one node"] * device.ranks,
+                            costs.params[b] - costs.params[a], link, kind="allreduce")
         stages.append(Stage(index=i, gpu_type=device.gpu_type, ranks=device.ranks, blocks=(a, b),
                             compute_s=compute, transfer_s=transfer, slot_s=compute + transfer,
-                            memory_bytes=costs.memory(a, b, device, i)))
+                            sync_s=sync, memory_bytes=costs.memory(a, b, device, i)))
         a = b
     s = len(stages)
     return StagePlan(stages=tuple(stages), micro_batches=micro_batches, schedule=schedule,
-                     slowest_slot_s=slowest, step_s=step_s(slowest, micro_batches, s),
+                     slowest_slot_s=slowest,
+                     step_s=step_s(slowest, micro_batches, s) + max(st.sync_s for st in stages),
                      bubble_fraction=(s - 1) / (micro_batches + s - 1))
