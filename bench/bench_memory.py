@@ -6,6 +6,7 @@ Run from the repository root::
 
     .venv/bin/python bench/bench_memory.py                 # all parts, about 15 minutes on 2 cores
     .venv/bin/python bench/bench_memory.py --only largest  # part 1 only (a second)
+    .venv/bin/python bench/bench_memory.py --only auto --output bench/results/memory-auto.json
 
 1. ``largest`` (planned, the planner's memory model, no run): binary search for the largest
    ``spec.training.model.parameters`` (AdamW, 16 B per parameter) for which a mode fits every rank,
@@ -23,6 +24,15 @@ Run from the repository root::
    Each mode first runs once to learn its speeds (its own learned-speeds store, as a user's
    second run of the same job); every repeat then reports measured / predicted throughput of the
    per-mode step-time model calibrated by them (``prediction.json``, issue 23).
+
+4. ``auto`` (measured, issue 29 item 8; not part of the default run): ``trains`` again with
+   ``precision: Auto`` (bf16 on the A100, fp16 with the agreed loss scale on the T4s) and a
+   checkpoint every 3 steps, 6 steps a run: per mode the largest block count the planner allows
+   that trains and writes its checkpoints (stepping down as ``trains`` does), then ``--repeats``
+   runs of that size (the first is the one that trained) for its step throughput (rank 0's
+   ``steps / step_seconds`` x the global batch, samples per second), alternating with as many FP32
+   runs of the same job. Beside it: the FP32 largest of ``bench/results/memory.json``
+   (``trains_measured``); the target is Auto's >= FP32's.
 
 Writes ``bench/results/memory.json`` in the shape of :mod:`benchlib` (targets met/missed from the
 median; nothing written when a run fails or time runs out).
@@ -231,6 +241,94 @@ def part_trains(deadline: benchlib.Deadline, max_layers: int = 24) -> dict:
     return out
 
 
+AUTO_STEPS = 6
+AUTO_CHECKPOINT_EVERY = 3
+"""``auto``: steps per run and the checkpoint interval (two checkpoints a run)."""
+
+
+def _auto_job(mode: str, layers: int, model_bytes: tuple[int, int, int], workdir: Path,
+              precision: str = "Auto") -> dict:
+    """:func:`_job` with ``precision`` and a checkpoint every :data:`AUTO_CHECKPOINT_EVERY` steps."""
+    doc = _job(mode, layers=layers, steps=AUTO_STEPS, model_bytes=model_bytes)
+    doc["spec"]["training"]["precision"] = precision
+    doc["spec"]["training"]["checkpoint"] = {"path": str(workdir / "ckpt-spec"),
+                                             "intervalSteps": AUTO_CHECKPOINT_EVERY}
+    return doc
+
+
+def _checkpoint_files(workdir: Path) -> int:
+    """Files ``heterotrain run`` wrote under ``<workdir>/checkpoints`` (0: none written)."""
+    return sum(1 for p in (workdir / "checkpoints").rglob("*") if p.is_file())
+
+
+def _samples_per_s(workdir: Path, global_batch: int) -> float:
+    """Rank 0's step throughput of a finished run, samples per second."""
+    stats = json.loads((workdir / "rank-0.json").read_text())
+    return global_batch * stats["steps"] / stats["step_seconds"]
+
+
+def part_auto(repeats: int, deadline: benchlib.Deadline, max_layers: int = 24) -> dict:
+    """Largest LM each mode trains with precision Auto and checkpoints on, and its throughput.
+
+    Per mode: the planner's largest block count (up to ``max_layers``) with Auto and a checkpoint;
+    run it for :data:`AUTO_STEPS` steps, stepping down while a run fails or writes no checkpoint;
+    then ``repeats - 1`` more runs of the size that trained. The FP32 figures beside it are
+    ``bench/results/memory.json``'s ``trains_measured`` (None where that file has none).
+    """
+    try:
+        fp32 = json.loads((benchlib.RESULTS / "memory.json").read_text())["details"]["trains_measured"]
+    except (OSError, ValueError, KeyError):
+        fp32 = {}
+    batch = int(yaml.safe_load(JOB.read_text())["spec"]["training"]["globalBatchSize"])
+    sizes: dict[int, tuple[int, int, int]] = {}
+    out: dict = {}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-memory-auto-"))
+    for mode in memoryplan.MODES:
+        layers = 0
+        for n in range(1, max_layers + 1):
+            sizes.setdefault(n, lm_bytes(n))
+            if not _plans(_auto_job(mode, n, sizes[n], tmp)):
+                break
+            layers = n
+        planned, tried, throughput = layers, [], []
+        while layers >= 1:
+            work = tmp / f"{mode}-{layers}"
+            path = tmp / f"{mode}-{layers}.yaml"
+            path.write_text(yaml.safe_dump(_auto_job(mode, layers, sizes[layers], work)))
+            done = _run(path, NODES, work, deadline, max_steps=None)
+            files = _checkpoint_files(work) if done.returncode == 0 else 0
+            tried.append({"layers": layers, "parameters": sizes[layers][0], "exit": done.returncode,
+                          "checkpoint_files": files})
+            print(f"auto {mode}: {layers} blocks, {sizes[layers][0]:,} parameters: "
+                  + (f"trains, {files} checkpoint files" if done.returncode == 0
+                     else f"failed (exit {done.returncode}): {done.stderr[-300:]}"), flush=True)
+            if done.returncode == 0 and files:
+                throughput.append(_samples_per_s(work, batch))
+                break
+            layers -= 1
+        fp32_throughput: list[float] = []
+        for r in range(repeats if layers else 0):  # Auto (beyond the first) and FP32, alternating
+            for precision, into in (("Auto", throughput), ("FP32", fp32_throughput)):
+                if precision == "Auto" and r == 0:
+                    continue  # the run that trained above
+                work = tmp / f"{mode}-{layers}-{precision}-repeat{r}"
+                path = tmp / f"{mode}-{layers}-{precision}-repeat{r}.yaml"
+                path.write_text(yaml.safe_dump(_auto_job(mode, layers, sizes[layers], work, precision)))
+                done = _run(path, NODES, work, deadline, max_steps=None)
+                if done.returncode != 0 or not _checkpoint_files(work):
+                    raise ValueError(f"auto {mode}, {layers} blocks, {precision}: repeat {r + 1} "
+                                     f"failed ({done.returncode}):\n{done.stderr[-2000:]}")
+                into.append(_samples_per_s(work, batch))
+        print(f"auto {mode}: {layers} blocks, throughput Auto {throughput}, FP32 {fp32_throughput} "
+              "samples/s", flush=True)
+        out[mode] = {"planned_layers": planned, "layers": layers,
+                     "parameters": sizes[layers][0] if layers else 0, "runs": tried,
+                     "samples_per_s": throughput, "fp32_samples_per_s": fp32_throughput,
+                     "fp32_parameters": (fp32.get(mode) or {}).get("parameters"),
+                     "fp32_layers": (fp32.get(mode) or {}).get("layers")}
+    return out
+
+
 def part_steptime(repeats: int, deadline: benchlib.Deadline) -> dict:
     """Rank 0's step time of examples/lm-large.yaml per mode (T4 label raised to 64 MiB so None
     fits too), ``repeats`` times, the modes alternating so load drift hits all."""
@@ -295,6 +393,30 @@ def targets_of(result: dict) -> list[benchlib.Target]:
             out.append(benchlib.Target(
                 f"... |measured / predicted - 1|, {name}", "<=", 0.15, "",
                 [abs(v - 1.0) for v in values], "within 0.85-1.15 when <= 0.15"))
+    auto = result.get("auto_measured")
+    if auto:
+        for mode in memoryplan.MODES:
+            row, fp32 = auto[mode], auto[mode]["fp32_parameters"]
+            if fp32:
+                out.append(benchlib.Target(
+                    f"largest LM that trains on scaled-memory.yaml with precision Auto and "
+                    f"checkpoints, {mode} / FP32's", ">=", 1.0, "x", [row["parameters"] / fp32],
+                    f"{row['parameters']:,} parameters ({row['layers']} blocks) vs FP32's {fp32:,} "
+                    f"({row['fp32_layers']} blocks, memory.json); {AUTO_STEPS} steps, a checkpoint "
+                    f"every {AUTO_CHECKPOINT_EVERY}; one run per size (pass/fail does not vary)"))
+            if row["samples_per_s"]:
+                out.append(benchlib.Target(
+                    f"step throughput at that size, {mode}, Auto + checkpoints", "info", 0.0,
+                    " samples/s", row["samples_per_s"],
+                    f"rank 0's steps / step_seconds x 32, {AUTO_STEPS} steps, CPU/Gloo, simulated caps"))
+            if row["samples_per_s"] and len(row["fp32_samples_per_s"]) == len(row["samples_per_s"]):
+                out.append(benchlib.Target(
+                    f"... the same size in FP32 with checkpoints, {mode}", "info", 0.0, " samples/s",
+                    row["fp32_samples_per_s"], "runs alternating with Auto's, same job otherwise"))
+                out.append(benchlib.Target(
+                    f"... Auto / FP32 throughput, {mode}", "info", 0.0, "x",
+                    [a / b for a, b in zip(row["samples_per_s"], row["fp32_samples_per_s"])],
+                    "per repeat; a CPU has no tensor cores: bf16/fp16 here is no GPU speed-up"))
     planned = result.get("largest_planned")
     if planned:
         row = planned["issue: 1x A100-80GB + 4x T4-16GB (reserve 1024 MiB); no activations"]
@@ -307,7 +429,7 @@ def targets_of(result: dict) -> list[benchlib.Target]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("largest", "trains", "steptime"), default=None)
+    parser.add_argument("--only", choices=("largest", "trains", "steptime", "auto"), default=None)
     parser.add_argument("--repeats", type=int, default=benchlib.REPEATS)
     parser.add_argument("--timeout-s", type=float, default=1800.0)
     parser.add_argument("--output", default=str(benchlib.RESULTS / "memory.json"))
@@ -322,6 +444,8 @@ def main() -> int:
         result["trains_measured"] = part_trains(deadline)
     if args.only in (None, "steptime"):
         result["steptime_measured"] = part_steptime(args.repeats, deadline)
+    if args.only == "auto":  # issue 29, item 8: its own results file (see the docstring)
+        result["auto_measured"] = part_auto(args.repeats, deadline)
     targets = targets_of(result)
     result["fewer_runs"] = {t.name: FEWER_RUNS_WHY for t in targets if t.name.startswith("largest")}
     run_meta["wall_s"] = round(time.monotonic() - started, 1)

@@ -44,6 +44,8 @@ BENCHMARKS = [  # (results file stem, title, command)
     ("memory", "Memory and sharding (issue 12)", "bench/bench_memory.py"),
     ("memory-steptime", "Sharding modes: measured / predicted throughput (issue 23)",
      "bench/bench_memory.py --only steptime --output bench/results/memory-steptime.json"),
+    ("memory-auto", "Largest model with precision Auto and checkpoints, beside FP32 (issue 29)",
+     "bench/bench_memory.py --only auto --output bench/results/memory-auto.json"),
     ("sharded-checkpoint", "Sharded checkpoints (issue 12)", "bench/bench_sharded_checkpoint.py"),
 ]
 
