@@ -1,12 +1,22 @@
 """``spec.training.pipeline`` (issue 30, item 1): parsed values and errors that name the field
-and the fix. (Not yet read by parse_spec nor declared in the CRD: docs/pipeline.md.)"""
+and the fix, read by ``parse_job`` and declared in the CRD (parsed only: not yet planned,
+rendered or run; docs/pipeline.md)."""
 
 from __future__ import annotations
 
-import pytest
+import copy
+import sys
+from pathlib import Path
 
-from hetero_operator.api.errors import SpecError
-from hetero_operator.api.pipelinespec import PipelineSpec, parse_pipeline
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from k8s import crdcheck  # noqa: E402
+
+from hetero_operator.api import spec as spec_mod  # noqa: E402
+from hetero_operator.api.errors import SpecError  # noqa: E402
+from hetero_operator.api.pipelinespec import PipelineSpec, parse_pipeline  # noqa: E402
 
 P = "spec.training.pipeline"
 
@@ -41,3 +51,37 @@ def test_a_bad_pipeline_names_the_field(raw: object, path: str, message: str) ->
         parse_pipeline(raw)
     assert err.value.path == path
     assert str(err.value) == f"{path}: {message}"
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _digits_with(pipeline: object) -> dict:
+    job = next(d for d in yaml.safe_load_all((REPO / "examples" / "digits.yaml").read_text())
+               if isinstance(d, dict) and d.get("kind") == "HeteroTrainingJob")
+    job["spec"]["training"]["pipeline"] = pipeline
+    return job
+
+
+def test_parse_job_reads_the_pipeline_and_the_crd_admits_it() -> None:
+    job = _digits_with({"stages": 3, "microBatches": 6, "schedule": "GPipe"})
+    crdcheck.validate(copy.deepcopy(job), crd=crdcheck.load_crd())
+    assert spec_mod.parse_job(job).training.pipeline == PipelineSpec(stages=3, micro_batches=6,
+                                                                     schedule="GPipe")
+    auto = _digits_with({"stages": "Auto"})
+    crdcheck.validate(copy.deepcopy(auto), crd=crdcheck.load_crd())
+    assert spec_mod.parse_job(auto).training.pipeline == PipelineSpec(stages=None, micro_batches=8,
+                                                                      schedule="1F1B")
+    plain = _digits_with(None)
+    del plain["spec"]["training"]["pipeline"]
+    assert spec_mod.parse_job(plain).training.pipeline is None
+
+
+def test_parse_job_names_a_bad_pipeline_field() -> None:
+    with pytest.raises(SpecError) as err:
+        spec_mod.parse_job(_digits_with({"stages": 4, "microBatches": 2}))
+    assert err.value.path == f"{P}.microBatches"
+    with pytest.raises(crdcheck.Invalid, match="microBatches"):
+        crdcheck.validate(_digits_with({"microBatches": 0}), crd=crdcheck.load_crd())
+    with pytest.raises(crdcheck.Invalid, match="schedule"):
+        crdcheck.validate(_digits_with({"schedule": "ZeroBubble"}), crd=crdcheck.load_crd())

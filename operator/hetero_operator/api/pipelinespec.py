@@ -6,8 +6,8 @@
       schedule: 1F1B      # or GPipe
 
 Parsed here into :class:`PipelineSpec`; the planner (:mod:`hetero_operator.planning.stages`)
-and the worker (:mod:`hetero_worker.stages`) take the same schedule names. Not yet read by
-:func:`hetero_operator.api.spec.parse_spec` nor declared in the CRD (see docs/pipeline.md).
+and the worker (:mod:`hetero_worker.stages`) take the same schedule names. Read by
+:mod:`hetero_operator.api.spec` and declared in the CRD; not yet acted on (docs/pipeline.md).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from hetero_operator.api.fields import (boolean, claim_name, enum, integer, mapp
 from hetero_operator.api.jobnames import default_profile_key, job_name, parse_profile_key
 from hetero_operator.api.labels import ANNOTATION_PROFILE_STEPS
 from hetero_operator.api.platforms import DEFAULT_PLATFORMS, parse_platform
+from hetero_operator.api.pipelinespec import PipelineSpec, parse_pipeline
 from hetero_operator.api.strictfields import unknown_fields
 from hetero_operator.api.workerspec import WorkerTemplate, parse_worker
 from heterotrain_common import defaults
@@ -175,6 +176,9 @@ class TrainingSpec:
     tracking_json: str = ""
     """``spec.training.tracking`` as ``HTJ_TRACKING``'s compact JSON (normal form of
     :func:`heterotrain_common.tracking.parse_tracking`); ``""`` for no tracking."""
+    pipeline: PipelineSpec | None = None
+    """``spec.training.pipeline`` (:mod:`hetero_operator.api.pipelinespec`); None for no pipeline.
+    Parsed only: not yet planned, rendered or run (docs/pipeline.md)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -417,6 +421,7 @@ def _training(t: Mapping[str, Any]) -> TrainingSpec:
         checkpointed_activation_bytes_per_sample=checkpointed,
         sharding=enum(t, "sharding", f"{p}.sharding", SHARDINGS),
         tracking_json=_tracking(t.get("tracking"), f"{p}.tracking"),
+        pipeline=parse_pipeline(t.get("pipeline"), f"{p}.pipeline"),
     )
 
 
