@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from heterotrain_common.envnames import CHECKPOINT_MAX_FAILURES
+
 from hetero_worker.ckpt.ownership import SUPERSEDED
 from hetero_worker.runtime.checks import at_least
 from hetero_worker.runtime.ranklog import log
@@ -64,7 +66,7 @@ class PeriodicSaves:
     """
 
     def __init__(self, *, max_failures: int, rank: int = 0, metrics: Any = None) -> None:
-        self.max_failures = at_least(max_failures, 1, "max_failures", source="HTJ_CHECKPOINT_MAX_FAILURES")
+        self.max_failures = at_least(max_failures, 1, "max_failures", source=CHECKPOINT_MAX_FAILURES)
         self.rank = rank
         self.metrics = metrics
         self.failures_in_row = 0

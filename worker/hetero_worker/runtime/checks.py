@@ -13,7 +13,7 @@ def at_least(value: int, minimum: int, name: str, *, source: str = "") -> int:
         value: the number given.
         minimum: the smallest value allowed.
         name: the argument's name, first in the message.
-        source: where the value comes from (e.g. ``"HTJ_CHECKPOINT_MAX_FAILURES"``), named in
+        source: where the value comes from (e.g. the variable HTJ_CHECKPOINT_MAX_FAILURES), named in
             parentheses after the bound; empty: none.
 
     Raises:
