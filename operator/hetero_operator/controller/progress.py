@@ -228,13 +228,14 @@ def progress_status(progress: Progress, now_s: float, global_batch: int = 0) -> 
         progress: rank 0's reading.
         now_s: epoch seconds of the reading.
         global_batch: samples per step; with ``totalSteps`` and a throughput it gives ``eta``
-            (the steps left at the last step's rate), else no ``eta``.
+            (the steps left at the last step's rate), else no ``eta``; none once every step is
+            done (a reading taken at the last step must not leave ``eta: 0s`` on a finished job).
     """
     out: dict[str, Any] = {"step": progress.step, "samplesPerSecond": f"{progress.samples_per_s:.1f}",
                            "updateTime": c.now_iso(now_s)}
     if progress.total_steps is not None:
         out["totalSteps"] = progress.total_steps
-        if global_batch > 0 and progress.samples_per_s > 0:
+        if global_batch > 0 and progress.samples_per_s > 0 and progress.step < progress.total_steps:
             left_s = max(0, progress.total_steps - progress.step) * global_batch / progress.samples_per_s
             out["eta"] = duration_text(left_s)
     if progress.loss is not None:
