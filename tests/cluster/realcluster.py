@@ -210,11 +210,22 @@ class RealCluster:
     def idle(self, timeout_s: float = 90) -> None:
         """No pod anywhere holds a GPU (all finished or gone, none terminating) and the
         operator's GPU-pod index agrees."""
+        def busy() -> list[str]:
+            return [f"{p['metadata']['namespace']}/{p['metadata']['name']} "
+                    f"({(p.get('status') or {}).get('phase')}"
+                    f"{', terminating' if p['metadata'].get('deletionTimestamp') else ''})"
+                    for p in self.pods() if p["metadata"]["namespace"] not in ("kube-system", "kueue-system")
+                    and ((p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+                         or p["metadata"].get("deletionTimestamp"))]
+        last: list[list[str]] = [[]]
+
         def quiet() -> bool:
-            return all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-                       and not p["metadata"].get("deletionTimestamp")
-                       for p in self.pods() if p["metadata"]["namespace"] not in ("kube-system", "kueue-system"))
-        self.wait_for(quiet, timeout_s, "an idle cluster")
+            last[0] = busy()
+            return not last[0]
+        try:
+            self.wait_for(quiet, timeout_s, "an idle cluster")
+        except AssertionError as exc:  # name what kept it busy
+            raise AssertionError(f"{exc}; pods still busy: {', '.join(last[0])}") from None
         rec = self.memo and self.memo.state.get("reconciler")
         if rec is not None:
             self.wait_for(lambda: rec.gpu_pods() == [], timeout_s, "the operator's pod index to empty")

@@ -81,3 +81,6 @@ def test_the_schedulers_reason_is_in_the_waiting_jobs_message(cluster: RealClust
     assert job["status"]["phase"] == "Created" and cond(job, "Created")["reason"] == "PodsPending"
     assert 'persistentvolumeclaim "digits-ckpt" not found' in message, message
     cluster.custom.delete_namespaced_custom_object("heterotrain.io", "v1alpha1", ns, "heterotrainingjobs", "nopvc")
+    # the pods never scheduled: take them with the job, so the next test finds an idle cluster
+    cluster.core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    cluster.wait_for(lambda: not cluster.core.list_namespaced_pod(ns).items, 60, f"the pods of {ns} gone")

@@ -527,7 +527,7 @@ class Reconciler:
         await self._record(job, status, d, [], now, event_type="Warning")
 
     async def _patch(self, job: Mapping[str, Any], old: Mapping[str, Any], new: dict[str, Any]) -> None:
-        changed = {k: v for k, v in new.items() if old.get(k) != v}
+        changed = {k: _merge_value(old.get(k), v) for k, v in new.items() if old.get(k) != v}
         removed = {k: None for k in old if k not in new}
         if changed or removed:
             meta = job["metadata"]
@@ -537,3 +537,12 @@ class Reconciler:
         meta = job["metadata"]
         self._phases[(meta["namespace"], meta["name"])] = phase
         self.metrics.set_phases(self._phases.values())
+
+
+def _merge_value(old: Any, new: Any) -> Any:
+    """``new`` for a JSON merge patch over ``old``: a key ``old`` had and ``new`` lacks is set to
+    ``None`` (a merge patch keeps what it does not name: a finished job kept its ``progress.eta``).
+    Nested mappings one level down, as ``status.progress``."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        return {**{k: None for k in old if k not in new}, **new}
+    return new
