@@ -55,6 +55,9 @@ def test_a_rendered_pod_keeps_fallback_to_logs_and_its_per_rank_resources(real: 
     pods = rendering.render_pods(job, plan, envs, launcher=("heterotrain", "launch", "--"), attempt=1)
     t4 = next(p for p in pods if p["metadata"]["name"] == "digits-g2")  # 2 ranks
     made = real.client.sanitize_for_serialization(real.core.create_namespaced_pod(ns, t4))
+    # the pod was made only to be read back: take it away so the next test finds an idle cluster
+    real.core.delete_namespaced_pod("digits-g2", ns, grace_period_seconds=0)
+    real.wait_for(lambda: not real.core.list_namespaced_pod(ns).items, 60, f"the pod of {ns} gone")
     worker = made["spec"]["containers"][0]
     assert worker["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert worker["resources"]["requests"]["cpu"] == "1"  # 2 x 500m, as the server writes it
