@@ -15,6 +15,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -208,6 +209,41 @@ def forwarding_signals(gang: Gang, *, as_sigterm: bool = False) -> Iterator[None
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+class LineMerger:
+    """Copy several processes' pipes into one stream a whole line at a time.
+
+    Processes that share one stdout (a container's log pipe) cut each other's lines: an
+    unbuffered ``print`` writes the text and the ``\\n`` in two ``write`` calls, so two ranks
+    of one pod left ``rank 3 of 4 says hellorank 2 of 4 says hello`` in ``kubectl logs``.
+    Here each pipe is read by its own thread with ``readline`` and every line is written to
+    ``out`` (a binary stream) under one lock, then flushed.
+
+    Args:
+        pipes: the processes' readable binary pipes (None entries are skipped).
+        out: where the lines go, e.g. ``sys.stdout.buffer``.
+    """
+
+    def __init__(self, pipes: Sequence[IO[bytes] | None], out: IO[bytes]) -> None:
+        self._out, self._lock = out, threading.Lock()
+        self._threads = [threading.Thread(target=self._copy, args=(p,), daemon=True)
+                         for p in pipes if p is not None]
+        for t in self._threads:
+            t.start()
+
+    def _copy(self, pipe: IO[bytes]) -> None:
+        for line in iter(pipe.readline, b""):
+            with self._lock:
+                self._out.write(line)
+                self._out.flush()
+        pipe.close()
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        """Wait up to ``timeout_s`` per pipe for its last line (a pipe a grandchild still holds
+        open would otherwise keep us waiting for ever)."""
+        for t in self._threads:
+            t.join(timeout=timeout_s)
 
 
 def open_log(path: os.PathLike[str] | str) -> IO[bytes]:

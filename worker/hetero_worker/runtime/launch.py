@@ -12,7 +12,8 @@ order). Without one, the GPUs come from NVML as UUIDs, which mean the same devic
 ``CUDA_DEVICE_ORDER``, so the launcher never sets that variable. A MIG slice is never remapped: one process
 can use only one MIG device, and the device plugin already exposes exactly that one
 (pytorch/pytorch#130181). Signals are forwarded; when one rank fails, the others are stopped and
-the launcher exits with that rank's code.  After a SIGTERM (preemption, drain, eviction) the ranks
+the launcher exits with that rank's code. With more than one local rank, each rank's
+stdout and stderr reach the pod's log a whole line at a time (:class:`procs.LineMerger`). After a SIGTERM (preemption, drain, eviction) the ranks
 get the pod's ``terminationGracePeriodSeconds`` to stop at an agreed step and write one checkpoint
 (:mod:`hetero_worker.runtime.preemption`) before anything is killed.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping
 
@@ -136,9 +138,15 @@ def run(args: argparse.Namespace) -> int:
     except (envread.ContractError, LaunchError) as exc:
         print(f"heterotrain launch: {exc}", file=sys.stderr)
         return 1
-    gang = procs.Gang(cmd, envs)
+    piped = len(envs) > 1  # ranks sharing the pod's log: whole lines only (procs.LineMerger)
+    pipes = [subprocess.PIPE] * len(envs) if piped else None
+    gang = procs.Gang(cmd, envs, stdouts=pipes, stderrs=pipes)
+    merged = ([procs.LineMerger([p.stdout for p in gang.procs], sys.stdout.buffer),
+               procs.LineMerger([p.stderr for p in gang.procs], sys.stderr.buffer)] if piped else [])
     with procs.forwarding_signals(gang):
         outcome = gang.wait(grace_s=args.grace_s, signal_grace_s=termination_grace_s(os.environ))
+    for merger in merged:
+        merger.join()
     if outcome.failed_index is not None and outcome.signal_received is None:
         print(f"heterotrain launch: local rank {outcome.failed_index} "
               f"(rank {envs[outcome.failed_index][envnames.RANK]}) exited with code {outcome.exit_code}; "
