@@ -41,6 +41,8 @@ BENCHMARKS = [  # (results file stem, title, command)
     ("operator-real-loaded", "Operator against the real control plane after its own informers: "
      "2,000 nodes, 500 jobs, on the shared machine under load (issue 32, item 9)",
      "bench/bench_operator.py --real --machine-state loaded"),
+    ("operator-real-idle", "The same, the machine idle at the start (issue 32, item 9)",
+     "bench/bench_operator.py --real --out bench/results/operator-real-idle.json"),
     ("memory", "Memory and sharding (issue 12)", "bench/bench_memory.py"),
     ("memory-steptime", "Sharding modes: measured / predicted throughput (issue 23)",
      "bench/bench_memory.py --only steptime --output bench/results/memory-steptime.json"),
