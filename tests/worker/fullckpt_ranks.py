@@ -21,31 +21,9 @@ import signal
 from pathlib import Path
 
 import torch
+from shardckpt_ranks import Block, make_data, make_model  # the case-62 model and data, defined once
 
 from hetero_worker import trainer as ht
-
-
-class Block(torch.nn.Module):
-    """A residual MLP block (one sharding unit)."""
-
-    def __init__(self, width: int, hidden: int) -> None:
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(width, hidden), torch.nn.Linear(hidden, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.b(torch.tanh(self.a(x)))
-
-
-def make_model(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(Block(6, 10), Block(6, 10), torch.nn.Linear(6, 2)).double()
-
-
-def make_data(n: int) -> torch.utils.data.TensorDataset:
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(n, 6, generator=g, dtype=torch.float64)
-    y = torch.randn(n, 2, generator=g, dtype=torch.float64)
-    return torch.utils.data.TensorDataset(torch.arange(n), x, y)
 
 
 def full_params(t: ht.Trainer) -> dict[str, list[float]]:
