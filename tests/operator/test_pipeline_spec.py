@@ -1,6 +1,5 @@
 """``spec.training.pipeline`` (issue 30, item 1): parsed values and errors that name the field
-and the fix, read by ``parse_job`` and declared in the CRD (parsed only: not yet planned,
-rendered or run; docs/pipeline.md)."""
+and the fix, read by ``parse_job`` and declared in the CRD (planned in tests/operator/test_pipeline_plan.py; docs/pipeline.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +26,10 @@ P = "spec.training.pipeline"
     ({"stages": 3, "microBatches": 12, "schedule": "GPipe"},
      PipelineSpec(stages=3, micro_batches=12, schedule="GPipe")),
     ({"stages": "Auto", "microBatches": 1}, PipelineSpec(stages=None, micro_batches=1, schedule="1F1B")),
-], ids=["absent", "defaults", "every field", "Auto with one micro-batch"])
+    ({"blocks": 12, "boundaryBytesPerSample": 4096},
+     PipelineSpec(stages=None, micro_batches=8, schedule="1F1B", blocks=12,
+                  boundary_bytes_per_sample=4096)),
+], ids=["blocks and boundary", "absent", "defaults", "every field", "Auto with one micro-batch"])
 def test_pipeline_values(raw: object, expected: PipelineSpec | None) -> None:
     assert parse_pipeline(raw) == expected
 
@@ -35,7 +37,7 @@ def test_pipeline_values(raw: object, expected: PipelineSpec | None) -> None:
 @pytest.mark.parametrize(("raw", "path", "message"), [
     ("3", P, "must be a mapping (stages, microBatches, schedule), got str"),
     ({"stage": 3}, f"{P}.stage", "is no pipeline field: did you mean stages?"),
-    ({"zzz": 1}, f"{P}.zzz", "is no pipeline field (known: microBatches, schedule, stages)"),
+    ({"zzz": 1}, f"{P}.zzz", "is no pipeline field (known: blocks, boundaryBytesPerSample, microBatches, schedule, stages)"),
     ({"stages": 1}, f"{P}.stages", "must be Auto or an integer in 2..16, got 1"),
     ({"stages": "auto"}, f"{P}.stages", "must be Auto or an integer in 2..16, got 'auto'"),
     ({"stages": True}, f"{P}.stages", "must be Auto or an integer in 2..16, got True"),
@@ -44,7 +46,12 @@ def test_pipeline_values(raw: object, expected: PipelineSpec | None) -> None:
      "3 micro-batches cannot fill 4 stages (every stage would idle most of the step): set "
      "microBatches to at least 4"),
     ({"schedule": "Interleaved1F1B"}, f"{P}.schedule", "must be one of 1F1B, GPipe; got 'Interleaved1F1B'"),
-], ids=["not a mapping", "a near miss", "an unknown field", "one stage", "auto in lower case",
+    ({"blocks": -1}, f"{P}.blocks", "must be the model's number of blocks, an integer in 1..4096, got -1"),
+    ({"stages": 3, "blocks": 2}, f"{P}.blocks", "2 blocks cannot fill 3 stages: every stage holds "
+                                                "at least one block"),
+    ({"boundaryBytesPerSample": "4k"}, f"{P}.boundaryBytesPerSample",
+     "must be an integer of bytes >= 0, got '4k'"),
+], ids=["too few blocks", "blocks below stages", "boundary not an integer", "not a mapping", "a near miss", "an unknown field", "one stage", "auto in lower case",
         "a boolean", "no micro-batch", "fewer micro-batches than stages", "an unbuilt schedule"])
 def test_a_bad_pipeline_names_the_field(raw: object, path: str, message: str) -> None:
     with pytest.raises(SpecError) as err:

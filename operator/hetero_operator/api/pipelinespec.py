@@ -4,10 +4,13 @@
       stages: Auto        # or an integer 2..MAX_STAGES (one stage per placed GPU type today)
       microBatches: 8     # micro-batches per step, >= stages
       schedule: 1F1B      # or GPipe
+      blocks: 12          # the model's blocks (its nn.Sequential's length); the planner needs it
+      boundaryBytesPerSample: 4096   # bytes one block's output holds per sample (crosses a cut)
 
-Parsed here into :class:`PipelineSpec`; the planner (:mod:`hetero_operator.planning.stages`)
-and the worker (:mod:`hetero_worker.stages`) take the same schedule names. Read by
-:mod:`hetero_operator.api.spec` and declared in the CRD; not yet acted on (docs/pipeline.md).
+Parsed here into :class:`PipelineSpec`; the planner (:mod:`hetero_operator.planning.stages`,
+wired by :mod:`hetero_operator.planning.pipelineplan`) and the worker
+(:mod:`hetero_worker.stages`) take the same schedule names. The blocks are taken as equal: each
+holds ``1 / blocks`` of ``spec.training.model.parameters``, of its activations and of the compute.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ MAX_STAGES = 16
 """Most pipeline stages a job may ask for."""
 MAX_MICRO_BATCHES = 1024
 """Most micro-batches per step."""
+MAX_BLOCKS = 4096
+"""Most blocks a pipelined model may declare."""
 DEFAULT_MICRO_BATCHES = 8
 """``microBatches`` when absent: the bubble of 3 stages is then 2 / 10 of the step."""
-FIELDS: tuple[str, ...] = ("microBatches", "schedule", "stages")
+FIELDS: tuple[str, ...] = ("blocks", "boundaryBytesPerSample", "microBatches", "schedule", "stages")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,11 +41,17 @@ class PipelineSpec:
         stages: stage count, or None for ``Auto`` (the planner picks).
         micro_batches: micro-batches per step.
         schedule: ``1F1B`` or ``GPipe``.
+        blocks: the model's blocks (``spec.training.pipeline.blocks``); 0 = not given (the
+            planner refuses to plan without it).
+        boundary_bytes_per_sample: bytes of a block's output per sample, what crosses a stage
+            boundary forward (and its gradient backward); 0 = not given (transfers not modelled).
     """
 
     stages: int | None
     micro_batches: int
     schedule: str
+    blocks: int = 0
+    boundary_bytes_per_sample: int = 0
 
 
 def parse_pipeline(raw: Any, path: str = "spec.training.pipeline") -> PipelineSpec | None:
@@ -79,4 +90,16 @@ def parse_pipeline(raw: Any, path: str = "spec.training.pipeline") -> PipelineSp
     schedule = raw.get("schedule", SCHEDULES[0])
     if schedule not in SCHEDULES:
         raise SpecError(f"{path}.schedule", f"must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
-    return PipelineSpec(stages=stages, micro_batches=micro, schedule=schedule)
+    blocks = raw.get("blocks", 0)
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or not 0 <= blocks <= MAX_BLOCKS:
+        raise SpecError(f"{path}.blocks", f"must be the model's number of blocks, an integer in "
+                                          f"1..{MAX_BLOCKS}, got {blocks!r}")
+    if blocks and stages is not None and blocks < stages:
+        raise SpecError(f"{path}.blocks", f"{blocks} blocks cannot fill {stages} stages: every "
+                                          f"stage holds at least one block")
+    boundary = raw.get("boundaryBytesPerSample", 0)
+    if isinstance(boundary, bool) or not isinstance(boundary, int) or not 0 <= boundary <= 2**40:
+        raise SpecError(f"{path}.boundaryBytesPerSample", f"must be an integer of bytes >= 0, got "
+                                                          f"{boundary!r}")
+    return PipelineSpec(stages=stages, micro_batches=micro, schedule=schedule, blocks=blocks,
+                        boundary_bytes_per_sample=boundary)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hetero_operator.api.memoryplan import MemoryPlan
+from hetero_operator.api.pipelineplan import PipelinePlan
 
 # Exclusion reasons (CamelCase, Kubernetes condition style).
 UNSCHEDULABLE = "Unschedulable"
@@ -217,6 +218,8 @@ class RankPlacement:
         memory_mib: device memory, MiB.
         architecture: GFD family name.
         group_rank: position inside the group (LOCAL_RANK in the group's pod).
+        stage / stage_replica: its pipeline stage and replica (``Plan.pipeline``); None / 0
+            without a pipeline.
     """
 
     rank: int
@@ -233,6 +236,8 @@ class RankPlacement:
     memory_mib: int
     architecture: str = ""
     group_rank: int = 0
+    stage: int | None = None
+    stage_replica: int = 0
 
     @property
     def gpu_type(self) -> str:
@@ -296,6 +301,7 @@ class Plan:
         memory: the memory model's decision (sharding mode, per-rank state share and
             micro-batches, why per GPU type; :class:`hetero_operator.api.memoryplan.MemoryPlan`); None
             when the job gives no ``spec.training.model.parameters``.
+        pipeline: the pipeline stages per GPU type (``spec.training.pipeline``), else None.
     """
 
     ranks: tuple[RankPlacement, ...]
@@ -305,6 +311,7 @@ class Plan:
     warnings: tuple[InventoryWarning, ...] = ()
     value: PlanValue | None = None
     memory: MemoryPlan | None = None
+    pipeline: PipelinePlan | None = None
 
     @property
     def world_size(self) -> int:

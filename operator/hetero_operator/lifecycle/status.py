@@ -16,6 +16,7 @@ from hetero_operator.api import limits
 from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ATTEMPT,
                                         LABEL_RANK)
 from hetero_operator.api.memoryplan import MemoryPlan
+from hetero_operator.api.pipelineplan import PipelinePlan
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import ExcludedNode, Plan
 from hetero_operator.lifecycle.disruptions import SHUTDOWN_REASONS, STOPPED_AT_CHECKPOINT
@@ -36,7 +37,7 @@ STATUS_KEYS = frozenset({
 })
 PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
                        "groups", "excluded", "excludedCount", "excludedReasons", "pods",
-                       "memory"}) | VALUE_STATUS_KEYS
+                       "memory", "pipeline"}) | VALUE_STATUS_KEYS
 MEMORY_KEYS = frozenset({"requested", "mode", "stateBytes", "reasons", "gpuTypes"})
 MEMORY_TYPE_KEYS = frozenset({"gpuType", "ranks", "usableBytes", "stateSharePercent", "stateBytes",
                               "microBatches", "activationCheckpointing", "peakBytes"})
@@ -157,6 +158,19 @@ def plan_status(job_name: str, plan: Plan, *, master_addr: str, master_port: int
         **excluded_status(plan.excluded),
         **value_status(plan.value),
         **({"memory": memory_status(plan.memory)} if plan.memory is not None else {}),
+        **({"pipeline": pipeline_status(plan.pipeline)} if plan.pipeline is not None else {}),
+    }
+
+
+def pipeline_status(pipeline: PipelinePlan) -> dict[str, Any]:
+    """``status.plan.pipeline``: the stages per GPU type in pipeline order (its ranks, its blocks,
+    a rank's planned memory), the micro-batches, the schedule and the bubble."""
+    return {
+        "microBatches": pipeline.micro_batches, "schedule": pipeline.schedule,
+        "bubbleFraction": f"{pipeline.bubble_fraction:.4f}",
+        "stages": [{"stage": s.index, "gpuType": s.gpu_type, "ranks": list(s.ranks),
+                    "firstBlock": s.first_block, "blocks": s.blocks,
+                    "memoryBytes": s.memory_bytes} for s in pipeline.stages],
     }
 
 

@@ -22,6 +22,7 @@ import yaml
 from hetero_operator.api import nodelist, podtemplate, prices
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.quantities import gib
+from hetero_operator.api.pipelineplan import PipelinePlan
 from hetero_operator.api.settings import DEFAULT_IMAGES
 from hetero_operator.api.spec import KIND, JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Plan, Unschedulable, to_dict
@@ -269,16 +270,20 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
         total_speed = sum(r.relative_speed for r in result.ranks)
         table = Table(title=f"Plan for {job.name}: {_n(result.world_size, 'rank')} on "
                             f"{_n(len(result.nodes), 'node')}, {_n(len(result.groups), 'group')}")
+        staged = result.pipeline is not None
         for col in ("rank", "group", "node", "device", "resource", "image", "precision", "batch",
-                    "speed %"):  # the rank's speed / the job's summed speed (not its batch's)
-            table.add_column(col, overflow="fold", justify="right" if col in (
-                "rank", "group", "batch", "speed %") else "left")
+                    "speed %", *(("stage",) if staged else ())):  # speed %: the rank's speed /
+            table.add_column(col, overflow="fold", justify="right" if col in (  # the summed speed
+                "rank", "group", "batch", "speed %", "stage") else "left")
         for r in result.ranks:
             env = result.groups[r.group].extra_env
             device = r.gpu_type + (f" [{', '.join(f'{k}={v}' for k, v in env.items())}]" if env else "")
             table.add_row(str(r.rank), str(r.group), r.node, device, r.resource_name, r.image or "-",
-                          r.precision, str(r.local_batch), f"{100 * r.relative_speed / total_speed:.1f}%")
+                          r.precision, str(r.local_batch), f"{100 * r.relative_speed / total_speed:.1f}%",
+                          *((str(r.stage),) if staged else ()))
         console.print(table)
+        if result.pipeline is not None:
+            print_pipeline(result.pipeline, console)
         console.print(f"Expected speed-up over an equal split: "
                       f"{result.expected_speedup_over_equal:.2f}x "
                       f"(global batch {job.training.global_batch_size}, split "
@@ -308,6 +313,22 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
     for note in notes:
         console.print(f"[bold]Note[/]: {note}", highlight=False)
     _print_excluded(result, console)
+
+
+def print_pipeline(pipe: PipelinePlan, console: Any) -> None:
+    """The stages per GPU type: blocks, ranks, a micro-batch's slot and a rank's memory."""
+    from rich.table import Table
+
+    table = Table(title=f"Pipeline: {_n(len(pipe.stages), 'stage')}, "
+                        f"{pipe.micro_batches} micro-batches, {pipe.schedule}, bubble "
+                        f"{100 * pipe.bubble_fraction:.1f}% of the step")
+    for col in ("stage", "GPU type", "ranks", "blocks", "slot s", "memory / rank"):
+        table.add_column(col, overflow="fold", justify="left" if col == "GPU type" else "right")
+    for s in pipe.stages:
+        table.add_row(str(s.index), s.gpu_type, ",".join(map(str, s.ranks)),
+                      f"{s.first_block}..{s.first_block + s.blocks - 1} ({s.blocks})",
+                      f"{s.slot_s:.4g}", gib(s.memory_bytes))
+    console.print(table)
 
 
 def _n(count: int, noun: str) -> str:

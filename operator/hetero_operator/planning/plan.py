@@ -27,6 +27,7 @@ Deterministic: the same job and inventory give the same plan (every order has a 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,7 +35,7 @@ from hetero_operator.api import memoryplan
 from hetero_operator.api import types as model
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import GroupPlan, Inventory, Plan, RankPlacement
-from hetero_operator.planning import memory, remedies
+from hetero_operator.planning import memory, pipelineplan, remedies
 from hetero_operator.planning.batching import step_time
 from hetero_operator.planning.marginal import (PlanInputs, Slot, SpeedFigure, StepModel,
                                                cheapest_mix, leave_out_unpaying, plan_cost,
@@ -82,6 +83,11 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     figures, reference_sps = apply_learned_speeds(pools, job, inputs)
     excluded = tuple(sorted((*inventory.excluded, *job_excluded), key=lambda e: (e.node, e.reason)))
     global_batch = job.training.global_batch_size
+    pipe_refused = pipelineplan.refusal(job) if job.training.pipeline is not None else ""
+    if pipe_refused:
+        return model.Unschedulable(shortfalls=(), excluded=excluded, message=pipe_refused,
+                                   reason=pipelineplan.PIPELINE_NOT_PLANNED,
+                                   warnings=inventory.warnings)
     if job.gpus.min_ranks > global_batch:
         return batch_too_small(job, excluded, inventory.warnings)
     total_free = sum(p.free for p in pools)
@@ -96,7 +102,7 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     step_model = _step_model(job, pools, figures, reference_sps, inputs)
     left_out: list[model.LeftOut] = []
     candidates = taken
-    if job.gpus.selection == "Throughput":
+    if job.gpus.selection == "Throughput" and job.training.pipeline is None:
         kept, left_out = leave_out_unpaying(
             _slots(group_specs(taken)), step_model, min_ranks=job.gpus.min_ranks,
             min_gain_percent=float(job.gpus.min_gain_percent))
@@ -108,6 +114,8 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     caps = [p.cap for p, size in groups_spec for _ in range(size)]
     if sum(caps) < global_batch:
         return insufficient_memory(job, caps, excluded, inventory.warnings)
+    if job.training.pipeline is not None:  # the stages' own split of the blocks and batches
+        return _pipelined(job, groups_spec, taken, inputs, reference_sps, excluded, inventory)
     weights = speeds if job.training.batch_split == "Proportional" else [1.0] * n
     batches = split_batch(global_batch, weights, caps)
     equal = split_batch(global_batch, [1.0] * n, caps)
@@ -130,6 +138,29 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     return Plan(ranks=ranks, groups=groups, excluded=excluded,
                 expected_speedup_over_equal=round(speedup, 6),
                 warnings=(*inventory.warnings, *image_warnings(taken)), value=value, memory=mem)
+
+
+def _pipelined(job: JobSpec, groups_spec: list[tuple[Pool, int]], taken: list[tuple[Pool, int]],
+               inputs: PlanInputs, reference_sps: float | None,
+               excluded: tuple[model.ExcludedNode, ...], inventory: Inventory,
+               ) -> Plan | model.Unschedulable:
+    """The plan of a job with ``spec.training.pipeline``: every rank's stage, replica and batch
+    (:func:`hetero_operator.planning.pipelineplan.plan_pipeline`), fp32 on every rank; the stage
+    planner checks memory per stage, so no sharding decision (``Plan.memory`` is None)."""
+    planned = pipelineplan.plan_pipeline(job, groups_spec, link=inputs.link,
+                                         reference_samples_per_s=reference_sps)
+    if isinstance(planned, str):
+        return model.Unschedulable(shortfalls=(), excluded=excluded, message=planned,
+                                   reason=pipelineplan.PIPELINE_NOT_PLANNED,
+                                   warnings=inventory.warnings)
+    pipe, stages, replicas, batches = planned
+    ranks, groups = _placements(groups_spec, batches)
+    ranks = tuple(dataclasses.replace(r, stage=stages[r.rank], stage_replica=replicas[r.rank],
+                                      precision=pipelineplan.PIPELINE_PRECISION) for r in ranks)
+    groups = tuple(dataclasses.replace(g, precision=pipelineplan.PIPELINE_PRECISION)
+                   for g in groups)
+    return Plan(ranks=ranks, groups=groups, excluded=excluded, expected_speedup_over_equal=1.0,
+                warnings=(*inventory.warnings, *image_warnings(taken)), pipeline=pipe)
 
 
 def _memory_refusal(job: JobSpec, taken: list[tuple[Pool, int]],

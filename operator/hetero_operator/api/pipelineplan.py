@@ -1,0 +1,64 @@
+"""Value types of the planned pipeline (``Plan.pipeline``; issue 30): stages per GPU type.
+
+Built by :mod:`hetero_operator.planning.pipelineplan` from the stage planner's split
+(:mod:`hetero_operator.planning.stages`); rendered into the rank env contract
+(:mod:`hetero_operator.render.env`), ``status.plan.pipeline`` and the plan table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageAssignment:
+    """One planned stage.
+
+    Attributes:
+        index: stage number in pipeline order, 0 takes the input.
+        gpu_type: the GPU type whose ranks run it.
+        ranks: its replicas, global ranks in replica order (replica ``r`` of every stage forms
+            pipeline ``r``).
+        first_block: the stage's first block.
+        blocks: the number of contiguous blocks it holds.
+        slot_s: predicted seconds of one micro-batch in the stage (compute plus transfers).
+        memory_bytes: a rank's planned need (state and activations in flight), bytes.
+    """
+
+    index: int
+    gpu_type: str
+    ranks: tuple[int, ...]
+    first_block: int
+    blocks: int
+    slot_s: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PipelinePlan:
+    """The planned pipeline.
+
+    Attributes:
+        stages: in pipeline order.
+        micro_batches: micro-batches per step.
+        schedule: ``1F1B`` or ``GPipe``.
+        step_s: predicted step (the slowest slot times ``m + s - 1``, plus its all-reduce),
+            seconds at the planner's scale (relative without an absolute reference).
+        bubble_fraction: ``(s - 1) / (m + s - 1)``.
+    """
+
+    stages: tuple[StageAssignment, ...]
+    micro_batches: int
+    schedule: str
+    step_s: float
+    bubble_fraction: float
+
+    @property
+    def block_counts(self) -> list[int]:
+        """Blocks per stage, pipeline order."""
+        return [s.blocks for s in self.stages]
+
+    @property
+    def replicas(self) -> int:
+        """Replicas per stage (the same on every stage)."""
+        return len(self.stages[0].ranks)

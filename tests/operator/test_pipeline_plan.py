@@ -1,0 +1,160 @@
+"""``spec.training.pipeline`` in the plan (issue 30): every rank's stage and replica, the stages per
+GPU type in ``heterotrain plan``'s JSON and table and in ``status.plan``, and the combinations the
+pipelined worker does not run refused naming the field and the fix."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from builders import job_manifest, make_node
+from k8s import crdcheck
+
+from hetero_operator.api import types as model
+from hetero_operator.api.spec import parse_job
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.lifecycle.status import plan_status
+from hetero_operator.planning.plan import plan_job
+
+ROOT = Path(__file__).resolve().parents[2]
+MIXED = yaml.safe_load((ROOT / "examples" / "clusters" / "mixed.yaml").read_text())["items"]
+PIPE = {"blocks": 12, "microBatches": 4}
+
+
+def _manifest(*, ranks: int = 3, global_batch: int = 24, pipeline: dict | None = None,
+              **training: Any) -> dict[str, Any]:
+    return job_manifest(ranks=ranks, global_batch=global_batch, gpus={"selection": "All"},
+                        training={"memoryReserveMiB": 0, "pipeline": pipeline or PIPE, **training})
+
+
+def _plan(nodes: list[dict] = MIXED, **kwargs: Any) -> model.Plan | model.Unschedulable:
+    return plan_job(parse_job(_manifest(**kwargs)), build_inventory(nodes))
+
+
+def test_three_gpu_types_get_three_stages_with_uneven_blocks() -> None:
+    plan = _plan()
+    assert isinstance(plan, model.Plan), plan.message
+    # A100 1.0, V100 0.40, T4 0.21: 12 equal blocks split 8 / 3 / 1 (slots 4.0, 3.74, 2.4)
+    assert [(r.rank, r.gpu_type, r.stage, r.stage_replica, r.local_batch, r.precision)
+            for r in plan.ranks] == [
+        (0, "NVIDIA-A100-SXM4-40GB", 0, 0, 8, "fp32"),
+        (1, "Tesla-V100-SXM2-16GB", 1, 0, 8, "fp32"),
+        (2, "Tesla-T4", 2, 0, 8, "fp32")]
+    pipe = plan.pipeline
+    assert pipe is not None and plan.memory is None
+    assert [(s.index, s.gpu_type, s.ranks, s.first_block, s.blocks) for s in pipe.stages] == [
+        (0, "NVIDIA-A100-SXM4-40GB", (0,), 0, 8), (1, "Tesla-V100-SXM2-16GB", (1,), 8, 3),
+        (2, "Tesla-T4", (2,), 11, 1)]
+    assert (pipe.micro_batches, pipe.schedule, pipe.bubble_fraction) == (4, "1F1B", 0.333333)
+    # (4 + 3 - 1) slots of the slowest stage (A100: 8 blocks of 1/12 s x 6 samples)
+    assert pipe.step_s == pytest.approx(6 * 8 / 12 * 6, rel=1e-3)
+
+
+def test_replicas_of_a_stage_split_the_batch_and_form_pipelines() -> None:
+    nodes = [make_node("node-a", count=2),
+             make_node("node-t", product="Tesla-T4", count=2, memory_mib=15360, cc="7.5")]
+    plan = _plan(nodes, ranks=4, global_batch=26, pipeline={"blocks": 6, "microBatches": 2,
+                                                           "schedule": "GPipe"})
+    assert isinstance(plan, model.Plan), plan.message
+    # pipelines of 13 samples; a pipeline's batch split over its 2 stages: 7 + 6
+    assert [(r.rank, r.gpu_type, r.stage, r.stage_replica, r.local_batch) for r in plan.ranks] == [
+        (0, "NVIDIA-A100-SXM4-40GB", 0, 0, 7), (1, "NVIDIA-A100-SXM4-40GB", 0, 1, 7),
+        (2, "Tesla-T4", 1, 0, 6), (3, "Tesla-T4", 1, 1, 6)]
+    assert [(s.ranks, s.first_block, s.blocks) for s in plan.pipeline.stages] == [
+        ((0, 1), 0, 5), ((2, 3), 5, 1)]
+    assert sum(r.local_batch for r in plan.ranks) == 26
+
+
+def test_memory_moves_blocks_to_the_roomier_type() -> None:
+    # 12 blocks of 1 M parameters each (16 MB of AdamW state per block): a 100 MiB T4 holds 6
+    nodes = [make_node("node-a", memory_mib=1000),
+             make_node("node-t", product="Tesla-T4", memory_mib=100, cc="7.5")]
+    fast = _plan(nodes, ranks=2, pipeline={"blocks": 12, "microBatches": 4},
+                 model={"parameters": 12_000_000})
+    assert isinstance(fast, model.Plan), fast.message
+    assert fast.pipeline.block_counts == [10, 2]  # speeds 1.0 / 0.21, the memory does not bind
+    tight = _plan([make_node("node-a", memory_mib=100),
+                   make_node("node-t", product="Tesla-T4", memory_mib=1000, cc="7.5")],
+                  ranks=2, pipeline={"blocks": 12, "microBatches": 4},
+                  model={"parameters": 12_000_000})
+    assert isinstance(tight, model.Plan), tight.message
+    assert tight.pipeline.block_counts == [6, 6]
+    assert [s.memory_bytes for s in tight.pipeline.stages] == [6 * 16_000_000] * 2
+
+
+def test_the_plan_json_and_status_give_every_rank_its_stage(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(_manifest()))
+    out = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", str(job), "--nodes",
+                          str(ROOT / "examples" / "clusters" / "mixed.yaml"), "-o", "json"],
+                         capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    data = json.loads(out)
+    assert [(r["rank"], r["stage"], r["stage_replica"]) for r in data["ranks"]] == [
+        (0, 0, 0), (1, 1, 0), (2, 2, 0)]
+    assert [(s["gpu_type"], s["blocks"]) for s in data["pipeline"]["stages"]] == [
+        ("NVIDIA-A100-SXM4-40GB", 8), ("Tesla-V100-SXM2-16GB", 3), ("Tesla-T4", 1)]
+    table = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "plan", str(job),
+                            "--nodes", str(ROOT / "examples" / "clusters" / "mixed.yaml")],
+                           capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert "Pipeline: 3 stages, 4 micro-batches, 1F1B, bubble 33.3% of the step" in table
+    assert [line.split("│")[2:5] for line in table.splitlines() if "(8)" in line] == [
+        [" NVIDIA-A100-SXM4-40GB ", "     0 ", "   0..7 (8) "]]
+    plan = _plan()
+    status = plan_status("pj", plan, master_addr="pj-0", master_port=29500)
+    assert status["pipeline"] == {
+        "microBatches": 4, "schedule": "1F1B", "bubbleFraction": "0.3333",
+        "stages": [
+            {"stage": 0, "gpuType": "NVIDIA-A100-SXM4-40GB", "ranks": [0], "firstBlock": 0,
+             "blocks": 8, "memoryBytes": 0},
+            {"stage": 1, "gpuType": "Tesla-V100-SXM2-16GB", "ranks": [1], "firstBlock": 8,
+             "blocks": 3, "memoryBytes": 0},
+            {"stage": 2, "gpuType": "Tesla-T4", "ranks": [2], "firstBlock": 11, "blocks": 1,
+             "memoryBytes": 0}]}
+    body = _manifest()
+    body["status"] = {"plan": status}
+    crdcheck.validate(copy.deepcopy(body), crd=crdcheck.load_crd())
+    schema = crdcheck.load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    kept = crdcheck.prune(schema["properties"]["status"], {"plan": copy.deepcopy(status)})
+    assert kept["plan"]["pipeline"] == status["pipeline"]  # declared, so not pruned
+
+
+@pytest.mark.parametrize(("training", "pipeline", "needle"), [
+    ({"sharding": "Full"}, PIPE, "spec.training.sharding Full does not combine with a pipeline"),
+    ({"sharding": "Group"}, PIPE, "set spec.training.sharding None or Auto, or leave "
+                                  "spec.training.pipeline out"),
+    ({"compression": {"mode": "PowerSGD"}}, PIPE,
+     "spec.training.compression.mode PowerSGD: the stage replicas' gradient all-reduce is not "
+     "compressed: leave spec.training.compression out"),
+    ({"rebalance": {"intervalSteps": 10}}, PIPE, "spec.training.rebalance.intervalSteps 10"),
+    ({"checkpoint": {"path": "/ckpt"}}, PIPE,
+     "spec.training.checkpoint.path: checkpoints per stage (and resuming them) are not built yet"),
+    ({"precision": "FP16"}, PIPE, "set spec.training.precision Auto or FP32"),
+    ({}, {"microBatches": 4}, "spec.training.pipeline.blocks is needed"),
+    ({}, {"blocks": 12, "stages": 2, "microBatches": 4},
+     "spec.training.pipeline.stages 2: the planner makes one stage per placed GPU type, 3 here"),
+    ({}, {"blocks": 12, "microBatches": 9},
+     "spec.training.pipeline.microBatches 9 exceeds a pipeline's batch (8 samples"),
+], ids=["full", "group", "compression", "rebalancing", "checkpoints", "fp16", "no blocks",
+        "stages", "micro-batches"])
+def test_unsupported_combinations_are_refused_naming_field_and_fix(
+        training: dict, pipeline: dict, needle: str) -> None:
+    result = _plan(pipeline=pipeline, global_batch=8, **training)
+    assert isinstance(result, model.Unschedulable)
+    assert result.reason == "PipelineNotPlanned"
+    assert needle in result.message
+
+
+def test_uneven_replicas_and_one_type_are_refused() -> None:
+    uneven = _plan(ranks=4)  # A100 x1, V100 x1, T4 x2
+    assert isinstance(uneven, model.Unschedulable) and uneven.reason == "PipelineNotPlanned"
+    assert ("the worker runs the same number of replicas on every stage and the plan placed "
+            "1 x NVIDIA-A100-SXM4-40GB, 1 x Tesla-V100-SXM2-16GB, 2 x Tesla-T4") in uneven.message
+    alone = _plan([make_node("node-a", count=2)], ranks=2)
+    assert isinstance(alone, model.Unschedulable)
+    assert "makes one stage per GPU type and the plan placed one type" in alone.message
