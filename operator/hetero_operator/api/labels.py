@@ -29,6 +29,10 @@ devices really run at, whatever the planner's table says; the operator ignores i
 ANNOTATION_LOCAL_PORTS = "local.heterotrain.io/ports"
 """Set by the local kubelet (``heterotrain cluster``, devcluster/kubelet.py) on the pods it runs: JSON
 container port -> the host port it remapped it to (all its pods share 127.0.0.1)."""
+ANNOTATION_LOCAL_NAMED_PORTS = "local.heterotrain.io/named-ports"
+"""Set by the local kubelet beside :data:`ANNOTATION_LOCAL_PORTS`: JSON container port *name* ->
+the host port (``{"metrics": 41001, "metrics-1": 41002}``), what the local Prometheus's relabelling
+can match without back-references (devcluster/monitoring.py)."""
 LOCAL_POD_IP = "127.0.0.1"
 """The pod IP the local kubelet reports; no real kubelet puts a pod on the host's loopback."""
 

@@ -43,10 +43,11 @@ from typing import Any
 
 import yaml
 
-from hetero_operator.api.labels import ANNOTATION_LOCAL_PORTS, LABEL_ATTEMPT, LABEL_JOB
+from hetero_operator.api.labels import (ANNOTATION_LOCAL_NAMED_PORTS, ANNOTATION_LOCAL_PORTS, LABEL_ATTEMPT,
+                                        LABEL_JOB)
 from heterotrain_common.termination import TERMINATION_LOG_ENV
 
-from . import podenv
+from . import podenv, volumes
 from .controlplane import free_port_range, free_ports
 from .kubeapi import Api, ApiError
 from .kubeletlogs import KubeletTls, LogServer, LogSource
@@ -71,6 +72,7 @@ class _Pod:
         self.restarts: dict[str, int] = {}
         self.exits: dict[str, int] = {}
         self.log_start: dict[str, int] = {}
+        self.mounts: dict[str, list[volumes.Mount]] = {}
         self.terminating = False
         self.done = False
 
@@ -88,12 +90,14 @@ class LocalKubelet:
         python_bin: the dir put first on the pods' ``PATH`` (default: this interpreter's).
         tls: serve the kubelet's log endpoint with it (``kubectl logs``, :mod:`.kubeletlogs`),
             its port in every Node's ``daemonEndpoints``; None serves nothing.
+        cluster_dir: the only place volumes may live (:mod:`.volumes`; default ``pod_dir``'s parent).
     """
 
     def __init__(self, api: Api, nodes: list[Mapping[str, Any]], *, pod_dir: Path, lease_s: int = 40,
                  renew_s: float = 10.0, run_pods: bool = True, python_bin: Path | None = None,
-                 tls: KubeletTls | None = None) -> None:
+                 tls: KubeletTls | None = None, cluster_dir: Path | None = None) -> None:
         self.api, self.nodes = api, {n["metadata"]["name"]: n for n in nodes}
+        self.cluster_dir = (cluster_dir or pod_dir.parent).resolve()  # volumes live only under it
         self.pod_dir, self.lease_s, self.renew_s, self.run_pods = pod_dir, lease_s, renew_s, run_pods
         self.python_bin = python_bin or Path(sys.executable).parent
         self.dead: set[str] = set()
@@ -122,7 +126,8 @@ class LocalKubelet:
         self.registered.set()
         workers = [self._spawn(self._heartbeat())]
         if self.run_pods:
-            workers += [self._spawn(self._watch()), self._spawn(self._handle_loop())]
+            workers += [self._spawn(self._watch()), self._spawn(self._handle_loop()),
+                        self._spawn(volumes.provision(self.api, volumes.volume_root(self.cluster_dir)))]
         try:
             await asyncio.gather(*workers)
         finally:
@@ -253,6 +258,7 @@ class LocalKubelet:
                 for proc in state.procs.values():
                     _killpg(proc.pid, signal.SIGKILL)
                 self.pods.pop(key, None)
+            volumes.remove_pod_folder(self.pod_dir, pod)
             return
         if meta.get("deletionTimestamp"):
             if state is None or not state.terminating:
@@ -273,13 +279,26 @@ class LocalKubelet:
     async def _start(self, key: tuple[str, str], state: _Pod) -> None:
         pod = state.pod
         ports: dict[str, int] = {}
+        try:
+            for c in pod["spec"]["containers"]:
+                state.mounts[c["name"]] = await volumes.prepare(self.api, pod, c, pod_dir=self.pod_dir,
+                                                                cluster_dir=self.cluster_dir)
+        except volumes.Refused as exc:  # a kubelet whose mount fails: Pending, a Warning Event
+            with contextlib.suppress(ApiError):
+                await self.api.create(f"/api/v1/namespaces/{key[0]}/events",
+                                      volumes.refused_event(pod, str(exc), podenv.now()))
+            await self._status(key, volumes.refused_status(pod, str(exc)))
+            return
         kubeconfig = await self._pod_kubeconfig(key, pod)
         for c in pod["spec"]["containers"]:
             await self._start_container(key, state, c, ports, kubeconfig)
         if ports:
             with contextlib.suppress(ApiError):
-                await self.api.patch(f"/api/v1/namespaces/{key[0]}/pods/{key[1]}",
-                                     {"metadata": {"annotations": {PORTS_ANNOTATION: json.dumps(ports, sort_keys=True)}}})
+                named = {p["name"]: ports[str(p["containerPort"])] for c in pod["spec"]["containers"]
+                         for p in c.get("ports") or () if p.get("name") and str(p.get("containerPort")) in ports}
+                await self.api.patch(f"/api/v1/namespaces/{key[0]}/pods/{key[1]}", {"metadata": {"annotations": {
+                    PORTS_ANNOTATION: json.dumps(ports, sort_keys=True),
+                    ANNOTATION_LOCAL_NAMED_PORTS: json.dumps(named, sort_keys=True)}}})
         await self._status(key, podenv.running_status(pod, state.started, state.restarts))
 
     async def _start_container(self, key: tuple[str, str], state: _Pod, c: Mapping[str, Any],
@@ -320,7 +339,9 @@ class LocalKubelet:
                         import base64
                         data = {k: base64.b64decode(v).decode() for k, v in data.items()}
                     env[item["name"]] = data.get(ref[field]["key"], "")
-        argv = [*(c.get("command") or []), *(c.get("args") or [])]
+        mounts = state.mounts.get(c["name"], [])  # mountPath -> the volume's folder (.volumes)
+        env.update({k: volumes.rewrite(v, mounts) for k, v in env.items() if k not in base})
+        argv = [volumes.rewrite(str(a), mounts) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
         if not argv:
             argv = ["sleep", "infinity"]  # an image's entrypoint cannot be known here
         term = self._termination_file(key, c["name"])  # the container's terminationMessagePath
@@ -331,7 +352,8 @@ class LocalKubelet:
             log.write(f"--- {key[1]}/{c['name']} on {pod['spec']['nodeName']} ---\n".encode())
             log.flush()
             state.log_start[c["name"]] = log.tell()  # this run's part of the log starts here
-            proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=str(c.get("workingDir") or REPO),
+            cwd = volumes.rewrite(str(c.get("workingDir") or REPO), mounts)
+            proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd,
                                                         stdout=log, stderr=asyncio.subprocess.STDOUT,
                                                         stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
         (self.pod_dir / f"{key[0]}_{key[1]}_{c['name']}.pid").write_text(str(proc.pid))
@@ -413,6 +435,7 @@ class LocalKubelet:
                                    "preconditions": {"uid": pod["metadata"]["uid"]}})
         if self.pods.get(key) is state:
             self.pods.pop(key, None)
+        volumes.remove_pod_folder(self.pod_dir, pod)
 
     async def _status(self, key: tuple[str, str], status: Mapping[str, Any]) -> None:
         if key in self.pods and (self.pods[key].pod["spec"]["nodeName"] in self.dead):
