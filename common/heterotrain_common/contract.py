@@ -43,7 +43,7 @@ from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DI
                                          JOB_NAME, JOB_UID, LOCAL_RANK, LOCAL_WORLD_SIZE,
                                          MASTER_ADDR, MASTER_PORT, MAX_STEPS, MEMORY_CAP_BYTES,
                                          METRICS_PORT, MICRO_BATCH_SIZE, OPTIONAL_VARS,
-                                         POWERSGD_RANK, PRECISION, PRECISIONS,
+                                         PIPELINE_VARS, POWERSGD_RANK, PRECISION, PRECISIONS,
                                          PREDICTED_SAMPLES_PER_S, PROFILE_STEPS, RANK,
                                          RANK_ONLY_VARS, REBALANCE_INTERVAL_STEPS,
                                          RENDEZVOUS_TIMEOUT_S, REQUIRED_VARS, RESTART_GENERATION,
@@ -54,6 +54,7 @@ from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DI
 from heterotrain_common.envfields import (Var, count, group, non_negative_s, one_of, positive_s,
                                           read_fields, read_value, short_float, text, var, walk,
                                           write_fields)
+from heterotrain_common.pipelineenv import PipelineSettings, check_pipeline
 from heterotrain_common.tracking import read_tracking, tracking_to_json
 from heterotrain_common.envread import (ContractError, int_var, load_json, parse_compression,
                                         parse_flag, parse_rate, parse_shard_ppm, parse_step_range,
@@ -316,6 +317,7 @@ class Contract:
 
     Attributes:
         dist, batch, comm, memory, checkpoint, run: the groups above.
+        pipeline: the pipeline stages (:mod:`heterotrain_common.pipelineenv`; issue 30).
         precision: autocast dtype, one of ``envnames.PRECISIONS`` (``HTJ_PRECISION``).
         device: the real or simulated device (``HTJ_DEVICE_PROFILE``).
         topology: ``world_size`` entries, ordered by rank (``HTJ_TOPOLOGY``).
@@ -331,6 +333,7 @@ class Contract:
     memory: MemorySettings = group(MemorySettings)
     checkpoint: CheckpointSettings = group(CheckpointSettings)
     run: RunSettings = group(RunSettings)
+    pipeline: PipelineSettings = group(PipelineSettings)
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -359,6 +362,8 @@ VARIABLES: tuple[str, ...] = tuple(n for v, _ in _TABLE.values() for n in (v.nam
 """Every variable :func:`render_rank_env` may write, in declaration order (``extra`` aside)."""
 _ALWAYS = frozenset((*REQUIRED_VARS, *OPTIONAL_VARS))
 """Rendered even at their defaults; every other variable only when it differs."""
+_PIPELINE = frozenset(PIPELINE_VARS)
+"""Rendered even at their defaults when the job runs as a pipeline (every rank gets the layout)."""
 
 
 def read_var(environ: Mapping[str, str], name: str) -> Any:
@@ -379,11 +384,12 @@ def read_var(environ: Mapping[str, str], name: str) -> Any:
 def render_rank_env(contract: Contract) -> dict[str, str]:
     """Render a :class:`Contract` as the rank form of the environment (str -> str).
 
-    Every variable of ``envnames.REQUIRED_VARS`` and ``envnames.OPTIONAL_VARS`` is written; the
-    others only when not at their defaults; then ``contract.extra``.
+    Every variable of ``envnames.REQUIRED_VARS`` and ``envnames.OPTIONAL_VARS`` is written (and of
+    ``envnames.PIPELINE_VARS`` under a pipeline); the others only when not at their defaults; then
+    ``contract.extra``.
     """
     env: dict[str, str] = {}
-    write_fields(contract, env, always=_ALWAYS)
+    write_fields(contract, env, always=_ALWAYS | _PIPELINE if contract.pipeline.enabled else _ALWAYS)
     env.update(contract.extra)
     return env
 
@@ -445,6 +451,7 @@ def parse_contract(environ: Mapping[str, str]) -> Contract:
     if shares and len(shares) != d.world_size:
         raise ContractError(SHARD_PPM, f"has {len(shares)} shares for WORLD_SIZE={d.world_size}; "
                             "give one per rank, in rank order")
+    check_pipeline(contract.pipeline, d.rank, d.world_size)
     return contract
 
 

@@ -148,6 +148,22 @@ KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEP
 MEMORY_VARS = (SHARDING, MICRO_BATCH_SIZE, ACTIVATION_CHECKPOINTING, MEMORY_CAP_BYTES, SHARD_PPM)
 """The memory model's variables (issue 12); rendered only when not at their defaults (a job
 without ``spec.training.model`` gets none of them)."""
+PIPELINE_STAGE = "HTJ_PIPELINE_STAGE"
+"""This rank's pipeline stage, 0 = the first (takes the input); one per GPU type, so a per-group
+value (issue 30, docs/pipeline.md)."""
+PIPELINE_STAGE_BLOCKS = "HTJ_PIPELINE_STAGE_BLOCKS"
+"""Contiguous blocks per stage in pipeline order, comma-separated (``"8,3,1"``): the model's
+``nn.Sequential`` is cut into them; unset or empty: no pipeline."""
+PIPELINE_STAGE_RANKS = "HTJ_PIPELINE_STAGE_RANKS"
+"""Every stage's ranks in pipeline order, stages separated by ``;`` and a stage's replicas by
+``,`` (``"0,3;1,4;2,5"``): replica ``r`` of every stage forms pipeline ``r``."""
+PIPELINE_MICRO_BATCHES = "HTJ_PIPELINE_MICRO_BATCHES"
+"""Micro-batches per step of every pipeline (``spec.training.pipeline.microBatches``)."""
+PIPELINE_SCHEDULE = "HTJ_PIPELINE_SCHEDULE"
+"""``1F1B`` or ``GPipe`` (:mod:`heterotrain_common.pipelineschedules`)."""
+PIPELINE_VARS = (PIPELINE_STAGE, PIPELINE_STAGE_BLOCKS, PIPELINE_STAGE_RANKS,
+                 PIPELINE_MICRO_BATCHES, PIPELINE_SCHEDULE)
+"""The pipeline's variables (issue 30); rendered only for a job with ``spec.training.pipeline``."""
 Precision = Literal["bf16", "fp16", "fp32"]
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 Hierarchy = Literal["flat", "group", "node", "arch", "auto"]

@@ -24,10 +24,11 @@ def _base() -> c.Contract:
 def test_groups_hold_the_variables_as_documented():
     assert [f.name for f in fields(c.Contract)] == [
         "dist", "batch", "precision", "device", "topology", "comm", "memory", "checkpoint", "run",
-        "extra"]
+        "pipeline", "extra"]
     groups = {name: [f.name for f in fields(cls)] for name, cls in (
         ("dist", c.RankInfo), ("batch", c.BatchSettings), ("comm", c.CommSettings),
-        ("memory", c.MemorySettings), ("checkpoint", c.CheckpointSettings), ("run", c.RunSettings))}
+        ("memory", c.MemorySettings), ("checkpoint", c.CheckpointSettings), ("run", c.RunSettings),
+        ("pipeline", c.PipelineSettings))}
     assert groups == {
         "dist": ["rank", "world_size", "local_rank", "local_world_size", "master_addr", "master_port",
                  "job_name", "group", "group_rank", "group_size", "restart_generation", "job_uid"],
@@ -39,6 +40,7 @@ def test_groups_hold_the_variables_as_documented():
                        "resume_from"],
         "run": ["dir", "metrics_port", "profile_steps", "predicted_samples_per_s",
                 "sim_delay_per_sample_s", "termination_grace_s", "tracking"],
+        "pipeline": ["stage", "stage_blocks", "stage_ranks", "micro_batches", "schedule"],
     }
 
 
@@ -47,9 +49,9 @@ def test_table_agrees_with_the_names_and_their_categories():
     required = {v.name for _, v, default in table if default is MISSING}
     assert required == set(envnames.REQUIRED_VARS)
     categories = {*envnames.REQUIRED_VARS, *envnames.OPTIONAL_VARS, *envnames.KNOB_VARS,
-                  *envnames.MEMORY_VARS, *envnames.RESILIENCE_VARS}
+                  *envnames.MEMORY_VARS, *envnames.RESILIENCE_VARS, *envnames.PIPELINE_VARS}
     assert set(c.VARIABLES) == categories
-    assert len(c.VARIABLES) == len(set(c.VARIABLES)) == 42
+    assert len(c.VARIABLES) == len(set(c.VARIABLES)) == 47
 
 
 def test_the_docs_table_names_every_variable_and_its_field():

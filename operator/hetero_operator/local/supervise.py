@@ -41,7 +41,7 @@ def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[st
     any ``CUDA_DEVICE_ORDER``, so the order is left as the caller had it.
     """
     contract_vars = {*envnames.REQUIRED_VARS, *envnames.OPTIONAL_VARS, *envnames.MEMORY_VARS, envnames.FIRST_RANK,
-                     "CUDA_VISIBLE_DEVICES"}
+                     *envnames.PIPELINE_VARS, "CUDA_VISIBLE_DEVICES"}
     base = {k: v for k, v in base_env.items() if k not in contract_vars}
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in base.get("PATH", "").split(os.pathsep):

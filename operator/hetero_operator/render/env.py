@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 
 from hetero_operator.api.memoryplan import RankMemory
+from hetero_operator.api.pipelineplan import PipelinePlan
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import Plan
+from heterotrain_common.pipelineenv import PipelineSettings
 from heterotrain_common.contract import (CheckpointSettings, CommSettings, Contract, DeviceProfile,
                                          MemorySettings, RankEntry, RankInfo, RunSettings,
                                          render_rank_env)
@@ -100,9 +102,19 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
                             termination_grace_s=float(job.worker.termination_grace_s),
                             tracking=json.loads(training.tracking_json) if training.tracking_json
                             else None),
+            pipeline=_pipeline_settings(plan.pipeline, r.stage),
             extra=dict(group.extra_env))
         envs.append(render_rank_env(contract))
     return envs
+
+
+def _pipeline_settings(pipe: PipelinePlan | None, stage: int | None) -> PipelineSettings:
+    """The pipeline variables of a rank of ``stage`` (the defaults, no pipeline, without one)."""
+    if pipe is None or stage is None:
+        return PipelineSettings()
+    return PipelineSettings(stage=stage, stage_blocks=tuple(pipe.block_counts),
+                            stage_ranks=tuple(s.ranks for s in pipe.stages),
+                            micro_batches=pipe.micro_batches, schedule=pipe.schedule)
 
 
 def _memory_settings(m: RankMemory | None, sharding: str,
