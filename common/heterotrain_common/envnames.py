@@ -89,6 +89,13 @@ PREEMPTED_EXIT_CODE = 75
 """Exit code of a rank that stopped at an agreed step after SIGTERM (its own or a peer's) and
 wrote its checkpoint (``EX_TEMPFAIL``: try again): the operator restarts the gang as an
 infrastructure restart, not against ``backoffLimit``."""
+ELASTIC_STORE = "HTJ_ELASTIC_STORE"
+"""``host:port`` of the membership store of an elastic job (``spec.elastic``), hosted by the
+supervisor so that it outlives any rank (:mod:`heterotrain_common.membership`); unset: the job is
+not elastic and rank 0 hosts the rendezvous store as before."""
+ELASTIC_MEMBER = "HTJ_ELASTIC_MEMBER"
+"""An elastic rank's member id: its rank at launch, which it keeps while its ``RANK`` changes from
+one membership generation to the next (:mod:`heterotrain_common.membership`)."""
 # --- worker knobs beside the contract (set by `heterotrain run`, tests and benchmarks) ----------
 SIM_DELAY_PER_SAMPLE_S = "HTJ_SIM_DELAY_PER_SAMPLE_S"
 """Simulated seconds per sample at relative speed 1.0 (default

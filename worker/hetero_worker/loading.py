@@ -234,8 +234,15 @@ class HeteroLoader(torch.utils.data.DataLoader):
             position.set_epoch(position.epoch + 1)
             return
         fetched: Iterator[Any] | None = self._fetching()
+        epoch, moves = position.epoch, position.moves
         while True:
-            if ahead and ahead[0][1] != position.local_batches:  # fetched under the old split
+            if position.moves != moves:  # a membership change moved the position (redo a step)
+                moves = position.moves
+                if position.epoch != epoch:  # the job is in another epoch: that loop takes it
+                    return
+                fetched = None
+                fetched = self._fetching()
+            elif ahead and ahead[0][1] != position.local_batches:  # fetched under the old split
                 fetched = None  # a worker iterator that is not persistent shuts down here
                 fetched = self._fetching()
             try:

@@ -50,6 +50,12 @@ _DOCS: dict[str, tuple[type, str]] = {
     mn.COMMUNICATION_WAIT_SECONDS_TOTAL: (Counter, "Time blocked in gradient "
                                              "synchronisation, seconds."),
     mn.REBALANCES_TOTAL: (Counter, "Batch-split changes applied on this rank."),
+    mn.MEMBERSHIP_GENERATION: (Gauge, "Elastic jobs: the membership generation this rank is in "
+                                      "(0 at launch, +1 per shrink; hetero_worker.membership)."),
+    mn.MEMBERSHIP_RECOVERY_SECONDS: (Gauge, "Elastic jobs: seconds from the last lost rank to the "
+                                            "first step completed after it."),
+    mn.STEPS_REDONE_TOTAL: (Counter, "Elastic jobs: interrupted steps redone by the survivors "
+                                     "of a lost rank."),
     mn.INTER_GROUP_BYTES_TOTAL: (Counter, "Gradient bytes this rank sent between groups."),
     mn.THROUGHPUT_SAMPLES_PER_SECOND: (Gauge, "Samples per second of the last step "
                                           "(local batch / step time)."),
@@ -302,6 +308,22 @@ class WorkerMetrics:
         self._child(mn.REBALANCES_TOTAL).inc()
         with self._lock:
             self._totals["rebalances"] += 1
+
+    def set_membership_generation(self, generation: int) -> None:
+        """Set ``htj_membership_generation`` (``rank-<R>.json``'s ``membership_generation``)."""
+        self._child(mn.MEMBERSHIP_GENERATION).set(int(generation))
+        with self._lock:
+            self._last["membership_generation"] = int(generation)
+
+    def observe_membership_recovery(self, seconds: float) -> None:
+        """Set ``htj_membership_recovery_seconds``: a loss to the next completed step."""
+        self._child(mn.MEMBERSHIP_RECOVERY_SECONDS).set(float(seconds))
+        with self._lock:
+            self._last["membership_recovery_s"] = float(seconds)
+
+    def record_step_redone(self) -> None:
+        """Count one interrupted step redone after a membership change."""
+        self._child(mn.STEPS_REDONE_TOTAL).inc()
 
     def record_skipped_step(self) -> None:
         """Count one step skipped for inf/NaN gradients (also call observe_step for it)."""

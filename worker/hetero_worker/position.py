@@ -31,13 +31,15 @@ class SplitPosition:
         cursor: samples of this epoch consumed, all ranks together.
         local_batches: the current split.
         listeners: called with the new split after every :meth:`set_split` (in order).
+        moves: how many times :meth:`move_to` moved the position (a loader that fetched ahead
+            refetches when it changes).
 
     Raises:
         ValueError: from :meth:`set_split`.
     """
 
     def __init__(self, local_batches: Sequence[int], rank: int) -> None:
-        self.rank, self.epoch, self.cursor = rank, 0, 0
+        self.rank, self.epoch, self.cursor, self.moves = rank, 0, 0, 0
         self.local_batches: tuple[int, ...] = ()
         self.listeners: list[Callable[[tuple[int, ...]], None]] = []
         self.set_split(local_batches)
@@ -63,6 +65,20 @@ class SplitPosition:
         self.local_batches = batches
         for listener in self.listeners:
             listener(batches)
+
+    def move_to(self, *, rank: int, local_batches: Sequence[int], epoch: int,
+                cursor: int) -> None:
+        """A membership change (``hetero_worker.membership``): this process is now ``rank`` of
+        ``len(local_batches)`` ranks and the job continues at sample ``cursor`` of ``epoch``'s
+        order (the start of the step to redo, or of the next one). The loader refetches from here.
+
+        Raises:
+            ValueError: from :meth:`set_split`.
+        """
+        self.rank = int(rank)
+        self.set_split(local_batches)
+        self.epoch, self.cursor = int(epoch), int(cursor)
+        self.moves += 1
 
     def check_split(self, batches: tuple[int, ...]) -> None:
         """Further conditions on a new split (none here; raises ``ValueError``)."""

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hetero_worker import profiling
+from hetero_worker import membership, profiling
 from hetero_worker.ckpt.trainer_state import Checkpointing
 from hetero_worker.comm.commplan import CommRank, plan_communicators
 from hetero_worker.comm.groups import ProcessGroups, build_process_groups, gather_comm_ranks
@@ -143,6 +143,7 @@ class Trainer:
         self.stop = GracefulStop(self.rank, self.ckpt_group,
                                  termination_grace_s=contract.run.termination_grace_s)
         self.stop.watch(lambda: self.steps.global_step)
+        self.membership: Any = None  # elastic jobs: hetero_worker.membership.Membership (init)
         self.metrics = _make_metrics(contract)
         self.profiler = profiling.from_contract(contract, cuda=use_cuda)  # None unless asked
         # The memory model's cap (issue 12): counted when the plan set one, enforced on a
@@ -351,6 +352,14 @@ class Trainer:
         """
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
+        if self.membership is not None:  # elastic: a lost rank shrinks the job, the step is redone
+            return self.membership.guarded_step(
+                self, optimizer, lambda: self._step(optimizer, loss_fn, batch, num_tokens))
+        return self._step(optimizer, loss_fn, batch, num_tokens)
+
+    def _step(self, optimizer: torch.optim.Optimizer, loss_fn: Callable[..., torch.Tensor],
+              batch: Sequence[Any] | None, num_tokens: Any) -> StepResult:
+        """:meth:`step` after its checks: the step and the graceful stop's agreement."""
         self.stop.begin(self.global_step)  # overlaps the step; answered at its end
         result = self.stepper.step(optimizer, loss_fn, batch, num_tokens)
         self.stop.end(self.global_step)
@@ -488,13 +497,19 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     if use_cuda:
         torch.cuda.set_device(cuda_index(contract))
     where = contract.dist
-    rendezvous.init_distributed(  # Gloo only: never a world-wide NCCL communicator
-        rank=where.rank, world_size=where.world_size, master_addr=where.master_addr,
-        master_port=where.master_port, backend="gloo", timeout_s=rendezvous_timeout_s,
-        collective_timeout_s=contract.comm.collective_timeout_s)
+    elastic = membership.from_env(env, contract)  # spec.elastic: the supervisor hosts the store
+    if elastic is not None:
+        elastic.join()
+    else:
+        rendezvous.init_distributed(  # Gloo only: never a world-wide NCCL communicator
+            rank=where.rank, world_size=where.world_size, master_addr=where.master_addr,
+            master_port=where.master_port, backend="gloo", timeout_s=rendezvous_timeout_s,
+            collective_timeout_s=contract.comm.collective_timeout_s)
     seed_everything(seed)
     trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
                       sync_mode=sync_mode, max_grad_norm=max_grad_norm)
+    if elastic is not None:
+        elastic.attach(trainer)
     if wants_speed_features(contract) and sync_mode == "hook":
         attach(trainer)
     return trainer

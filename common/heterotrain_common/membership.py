@@ -1,0 +1,68 @@
+"""The membership protocol of an elastic job (``spec.elastic``, issue 31): generations of members
+announced through a store that the supervisor hosts, so that it outlives any rank.
+
+A *member* is a rank process named by its rank at launch (``HTJ_ELASTIC_MEMBER``); generation 0 is
+every member. When a member is lost (its process exits, is SIGKILLed, its node goes), the
+supervisor announces generation ``g + 1``: the surviving members in launch order, and who was lost
+(:meth:`MembershipHost.announce`). A survivor's new ``RANK`` is its index in that list and the new
+world size its length; the process groups of generation ``g`` rendezvous under the store prefix
+:func:`generation_prefix` (``gen<g>/``), so a new generation never meets an old one's keys.
+
+Keys (defined here once, read by ``hetero_worker.membership`` and written by ``heterotrain run``'s
+supervisor through :class:`hetero_operator.local.membership.MembershipHost`; the store itself is
+torch's ``TCPStore``, which this module, like all of ``heterotrain_common``, does not import):
+
+* ``elastic/generation/<g>``: JSON ``{"members": [...], "lost": [{"member", "gpu_product",
+  "node", "exit_code"}], "reason": str}``, written once per generation ``g >= 1``;
+* ``elastic/steps/<g>``: JSON ``{"step": int, "redone": int, "recovery_s": float}``, written by the
+  new generation's rank 0 once it has re-formed (the step it continues from).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+GENERATION_KEY = "elastic/generation/{generation}"
+"""The announcement of generation ``generation`` (>= 1)."""
+RESUMED_KEY = "elastic/steps/{generation}"
+"""What the new generation's rank 0 reports once re-formed."""
+
+
+def generation_prefix(generation: int) -> str:
+    """The store prefix of generation ``generation``'s process groups (``gen<g>/``)."""
+    return f"gen{int(generation)}/"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Generation:
+    """One membership generation.
+
+    Attributes:
+        generation: its number (0: the launch).
+        members: the member ids (launch ranks) in it, in launch order; a member's rank is its index.
+        lost: what was lost since the previous generation (``member``, ``gpu_product``, ``node``,
+            ``exit_code`` each).
+        reason: why the generation changed, in words.
+        lost_at_s: when the loss was seen (``time.time()``; 0.0: unknown).
+    """
+
+    generation: int
+    members: tuple[int, ...]
+    lost: tuple[dict[str, Any], ...] = field(default=())
+    reason: str = ""
+    lost_at_s: float = 0.0
+
+    def to_json(self) -> str:
+        """The announcement's JSON."""
+        return json.dumps({"members": list(self.members), "lost": list(self.lost),
+                           "reason": self.reason, "lost_at_s": self.lost_at_s})
+
+    @classmethod
+    def from_json(cls, generation: int, text: str | bytes) -> Generation:
+        """Parse an announcement of ``generation``."""
+        data = json.loads(text)
+        return cls(generation=generation, members=tuple(int(m) for m in data["members"]),
+                   lost=tuple(data.get("lost") or ()), reason=str(data.get("reason") or ""),
+                   lost_at_s=float(data.get("lost_at_s") or 0.0))

@@ -1,0 +1,78 @@
+"""A rank of the elastic tests (tests/worker/test_elastic.py): float64 MLP, Adam, the Trainer's
+loader over a synthetic dataset that carries each sample's index.
+
+Usage: ``python elastic_ranks.py OUT_DIR EPOCHS KILL_MEMBER KILL_AT_STEP``: the member
+``KILL_MEMBER`` SIGKILLs itself inside the forward of step ``KILL_AT_STEP`` (deterministic: its
+completed steps are exactly those before). Each rank appends one JSON line per completed step to
+``OUT_DIR/member<m>.jsonl`` (its batch's sample indices, the epoch, the generation); the final
+generation's rank 0 writes ``OUT_DIR/final.pt`` (the parameters).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hetero_worker import trainer as ht
+from heterotrain_common import envnames
+
+N_SAMPLES, N_IN, N_CLASSES = 60, 8, 4
+
+
+def dataset() -> torch.utils.data.TensorDataset:
+    """Fixed synthetic data: ``(index, x, y)`` per sample, float64."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(N_SAMPLES, N_IN, generator=g, dtype=torch.float64)
+    y = torch.randint(0, N_CLASSES, (N_SAMPLES,), generator=g)
+    return torch.utils.data.TensorDataset(torch.arange(N_SAMPLES), x, y)
+
+
+def make_model() -> torch.nn.Module:
+    """8 -> 16 -> 4, float64 (built after the same seed on every rank and in the reference)."""
+    return torch.nn.Sequential(torch.nn.Linear(N_IN, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, N_CLASSES)).double()
+
+
+def main() -> int:
+    out, epochs = Path(sys.argv[1]), int(sys.argv[2])
+    kill_member, kill_at = int(sys.argv[3]), int(sys.argv[4])
+    member = int(os.environ[envnames.ELASTIC_MEMBER])
+    t = ht.init(seed=0)
+    model = t.wrap(make_model())
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    loader = t.loader(dataset(), shuffle=True)
+    log = (out / f"member{member}.jsonl").open("a")
+    while t.epoch < epochs:
+        for idx, x, y in loader:
+            epoch = t.epoch
+
+            def loss_fn(m: torch.nn.Module) -> torch.Tensor:
+                if member == kill_member and t.global_step + 1 == kill_at:
+                    os.kill(os.getpid(), signal.SIGKILL)  # mid-step: after the batch, before backward
+                return F.cross_entropy(m(x), y)
+
+            result = t.step(optimizer, loss_fn)
+            if result.loss != result.loss:  # NaN: interrupted by a lost member; redone next
+                continue
+            log.write(json.dumps({"step": t.global_step, "epoch": epoch,
+                                  "generation": t.membership.generation, "rank": t.rank,
+                                  "indices": idx.tolist()}) + "\n")
+            log.flush()
+    if t.rank == 0:
+        torch.save([p.detach().clone() for p in t.module.parameters()], out / "final.pt")
+        (out / "membership.json").write_text(json.dumps({
+            "generation": t.membership.generation, "members": list(t.membership.members),
+            "steps_redone": t.membership.steps_redone, "recovery_s": t.membership.last_recovery_s,
+            "split": t.local_batches, "global_step": t.global_step}))
+    t.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Elastic membership with real Gloo processes (issue 31): a rank SIGKILLed mid-step shrinks the
+job; the survivors redo the interrupted step with the same global batch, so every sample of each
+epoch is trained exactly once and every update equals one float64 process's full-batch update."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from elastic_ranks import dataset, make_model
+from hetero_worker.runtime.startup import seed_everything
+from hetero_worker.sampler import HeteroBatchSampler
+from hetero_operator.local.membership import MembershipHost
+from heterotrain_common import envnames
+from rankproc import HERE, mixed_cluster_envs, start_rank
+
+LOCAL_BATCHES = [4, 3, 3]
+EPOCHS, KILL_MEMBER, KILL_AT_STEP = 3, 1, 8  # step 8 is the 2nd step of epoch 1 (6 steps/epoch)
+
+
+def _run_elastic(out: Path) -> tuple[list, float]:
+    """Start 3 elastic ranks around a membership store; announce the victim's loss the moment
+    its process is seen gone (what heterotrain run's supervisor does). Returns the processes'
+    (returncode, stderr) and the seconds the run took."""
+    host = MembershipHost(len(LOCAL_BATCHES))
+    envs = mixed_cluster_envs(LOCAL_BATCHES, hierarchy="flat")
+    started = time.monotonic()
+    procs = [start_rank([sys.executable, str(HERE / "elastic_ranks.py"), str(out), str(EPOCHS),
+                         str(KILL_MEMBER), str(KILL_AT_STEP)], env,
+                        **{envnames.ELASTIC_STORE: host.address, envnames.ELASTIC_MEMBER: str(r),
+                           envnames.COLLECTIVE_TIMEOUT_S: "20"})
+             for r, env in enumerate(envs)]
+    victim = procs[KILL_MEMBER]
+    victim.wait(timeout=60)  # it kills itself at KILL_AT_STEP
+    host.announce([{"member": KILL_MEMBER, "gpu_product": "Tesla-V100-SXM2-16GB",
+                    "node": "node-a", "exit_code": 128 + signal.SIGKILL}],
+                  reason="process killed", lost_at_s=time.time())
+    results = []
+    for p in procs:
+        _, err = p.communicate(timeout=60)
+        results.append((p.returncode, err))
+    return results, time.monotonic() - started
+
+
+def _reference_params(steps_per_epoch: int) -> list[torch.Tensor]:
+    """One float64 process: the same model, Adam, and each step's full global batch (the
+    sampler's permutation, ``sum(LOCAL_BATCHES)`` samples per step)."""
+    data = dataset()
+    seed_everything(0)
+    model = make_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    global_batch = sum(LOCAL_BATCHES)
+    sampler = HeteroBatchSampler(len(data), [global_batch], 0, seed=0)
+    for epoch in range(EPOCHS):
+        order = sampler.permutation(epoch)
+        for s in range(steps_per_epoch):
+            _, x, y = data[order[s * global_batch:(s + 1) * global_batch]]
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def test_a_killed_rank_shrinks_the_job_and_the_step_is_redone(tmp_path: Path) -> None:
+    results, _ = _run_elastic(tmp_path)
+    for member, (code, err) in enumerate(results):
+        if member == KILL_MEMBER:
+            assert code == -signal.SIGKILL
+        else:
+            assert code == 0, f"member {member} exit {code}:\n{err[-4000:]}"
+            assert "resumed at step" not in err
+            assert "2 ranks" in err or "3 -> 2 ranks" in err, err[-2000:]
+    info = json.loads((tmp_path / "membership.json").read_text())
+    global_batch = sum(LOCAL_BATCHES)
+    steps_per_epoch = len(dataset()) // global_batch
+    assert info["generation"] == 1 and info["members"] == [0, 2]
+    assert info["steps_redone"] == 1 and sum(info["split"]) == global_batch
+    assert info["global_step"] == EPOCHS * steps_per_epoch
+    assert info["recovery_s"] is not None and info["recovery_s"] > 0
+
+    # (b) every sample of each epoch exactly once across the change, each step complete
+    rows = [json.loads(line) for m in range(len(LOCAL_BATCHES))
+            for line in (tmp_path / f"member{m}.jsonl").read_text().splitlines()]
+    for epoch in range(EPOCHS):
+        seen = sorted(i for row in rows if row["epoch"] == epoch for i in row["indices"])
+        assert seen == list(range(len(dataset()))), f"epoch {epoch}"
+    per_step: dict[int, int] = {}
+    for row in rows:
+        per_step[row["step"]] = per_step.get(row["step"], 0) + len(row["indices"])
+    assert per_step == {s: global_batch for s in range(1, EPOCHS * steps_per_epoch + 1)}
+    assert {row["generation"] for row in rows if row["step"] >= KILL_AT_STEP} == {1}
+    assert [row["step"] for row in rows if row["step"] < KILL_AT_STEP and row["rank"] == 1
+            and row["generation"] == 0] == list(range(1, KILL_AT_STEP))  # the victim's
+
+    # (c) every update, the redone one included, equals one float64 process's full-batch update
+    final = torch.load(tmp_path / "final.pt")
+    reference = _reference_params(steps_per_epoch)
+    for got, want in zip(final, reference, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
