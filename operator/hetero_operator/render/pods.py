@@ -41,6 +41,7 @@ patches a rendered pod afterwards.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,6 +54,7 @@ from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.workerspec import merged_resources, shared_memory_bytes
 from hetero_operator.api.types import GroupPlan, Plan
 from heterotrain_common import contract, envnames
+from heterotrain_common.tracking import SECRET_KEYS
 
 CONTAINER = podtemplate.WORKER_CONTAINER
 CHECKPOINT_VOLUME = podtemplate.CHECKPOINT_VOLUME
@@ -317,7 +319,8 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str], launcher: Se
                mounts: Sequence[Mapping[str, Any]], claim_template: str = "") -> dict[str, Any]:
     g = unit.group
     user = podtemplate.worker_container(job.worker.template)
-    ours = set(env)
+    secrets = tracking_secret_env(job)
+    ours = set(env) | {e["name"] for e in secrets}
     given = {e.get("name"): e for e in job.worker.env}  # the template's win over spec.worker.env
     given.update({e.get("name"): e for e in user.get("env") or ()})
     user_env = [copy.deepcopy(dict(e)) for name, e in given.items() if name not in ours]
@@ -328,7 +331,7 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str], launcher: Se
     container.update({
         "name": CONTAINER, "image": g.image,
         "command": list(launcher), "args": [*job.worker.command, *job.worker.args],
-        "env": user_env + [{"name": k, "value": v} for k, v in sorted(env.items())],
+        "env": user_env + [{"name": k, "value": v} for k, v in sorted(env.items())] + secrets,
         "resources": resources,
         "securityContext": {**(user.get("securityContext") or {}),
                             **copy.deepcopy(CONTAINER_SECURITY_CONTEXT)},
@@ -353,6 +356,22 @@ def _container(job: JobSpec, unit: PodUnit, env: Mapping[str, str], launcher: Se
     if volume_mounts:
         container["volumeMounts"] = volume_mounts
     return container
+
+
+def tracking_secret_env(job: JobSpec) -> list[dict[str, Any]]:
+    """The worker's env entries that bring the online tracking backends' tokens from the Secrets
+    ``spec.training.tracking.{wandb,mlflow}.secretRef`` name: ``WANDB_API_KEY`` and
+    ``MLFLOW_TRACKING_TOKEN`` (the names the libraries read), each a ``valueFrom.secretKeyRef``
+    (never the value: the operator does not read the Secret, and the kubelet refuses to start the
+    pod while it is missing). These win over a ``spec.worker.env`` entry of the same name."""
+    tracking = json.loads(job.training.tracking_json) if job.training.tracking_json else {}
+    out = []
+    for backend, env_name in SECRET_KEYS.items():
+        ref = (tracking.get(backend) or {}).get("secretRef")
+        if ref:
+            out.append({"name": env_name, "valueFrom": {"secretKeyRef": {"name": ref["name"],
+                                                                         "key": ref["key"]}}})
+    return out
 
 
 def _pod_security_context(job: JobSpec, user: Mapping[str, Any], *,

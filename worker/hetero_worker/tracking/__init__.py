@@ -1,12 +1,14 @@
-"""Experiment tracking per GPU type (``spec.training.tracking``, ``HTJ_TRACKING``; docs/tracking.md).
+"""Experiment tracking per GPU type (``spec.training.tracking``, ``HTJ_TRACKING``, or the Trainer's
+``tracking=``; docs/tracking.md): TensorBoard, Weights & Biases and MLflow, each through its own
+library, all writing the same series (:mod:`hetero_worker.tracking.series`).
 
-Who writes what, each through one :class:`torch.utils.tensorboard.SummaryWriter` per writing rank:
+Who writes what:
 
 * rank 0, the job: ``job/loss`` (rank 0's local mean loss), ``job/samples_per_s`` (the global
   batch over rank 0's step time; every rank's step ends at the same gradient sync),
-  ``job/global_batch``, and once the run's metadata as text (``run/plan``: every rank's GPU type,
-  group, local batch; the GPU mix);
-* the first rank of each GPU type (lowest rank of that ``gpu_product`` in the topology): tags
+  ``job/global_batch``, and once the run's metadata (the plan: every rank's GPU type, group, node,
+  local batch; the GPU mix);
+* the first rank of each GPU type (lowest rank of that ``gpu_product`` in the topology):
   ``gpu_type/<GPU>/...`` with ``<GPU>`` the product, spaces and odd characters as ``-``
   (``Tesla T4`` -> ``Tesla-T4``): ``samples_per_s`` (that type's share of the global batch over the
   step time), ``compute_samples_per_s_per_gpu`` (this rank's samples over its compute time: the
@@ -15,166 +17,197 @@ Who writes what, each through one :class:`torch.utils.tensorboard.SummaryWriter`
   :mod:`hetero_worker.stepping` measures it: time blocked in gradient synchronisation, waiting for
   slower ranks included, and the rest), ``loss`` (this rank's local mean loss), ``ranks``.
 
-Every rank writes under ``<log dir>/rank-<R>-<GPU>`` (a TensorBoard "run" each), with the global
-step as TensorBoard's step. The log dir is ``tensorboard.logDir`` when given, else
-``<run dir>/tensorboard`` under ``heterotrain run`` (``HTJ_RUN_DIR``), else
-``<checkpoint dir>/tensorboard/<job>`` in a pod; with none of them tracking is off and rank 0 says
-so. Ranks that are neither rank 0 nor a GPU type's first write nothing.
+Each writing rank has one run per backend named ``rank-<R>-<GPU>`` (TensorBoard: a log-dir
+subfolder; W&B: a run in the job's group; MLflow: a run, a child of rank 0's), the job's global step
+as the step. Other ranks write nothing. W&B's group and MLflow's experiment and parent run are
+chosen by rank 0 and broadcast once over the default (Gloo) group while the Trainer is built, so
+the ranks never race to create them; rank 0's failure to start a backend fails every rank.
+Where the files go: :func:`log_dir` (TensorBoard), :func:`~hetero_worker.tracking.wandb_writer.
+wandb_dir` (W&B); MLflow's is the spec's ``trackingUri``.
 
-W&B and MLflow (``wandb``, ``mlflow`` in the spec) are parsed and carried, not yet written: rank 0
-says so once.
+A backend that fails while training (a full disk, a tracking server gone) is dropped with one log
+line and training goes on; one that cannot start (library missing, server unreachable) stops the
+rank with an error naming the extra to install or the failure.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from hetero_worker.runtime.ranklog import log
+from hetero_worker.tracking.series import EXTRAS, RunInfo, gpu_tag, step_scalars
+from hetero_worker.tracking.tensorboard_writer import TensorBoardWriter, log_dir
 from heterotrain_common.contract import Contract
+from heterotrain_common.tracking import parse_tracking
 
-EXTRA_HINT = "pip install 'heterotrain[tracking]' (tensorboard==2.21.0)"
-"""What to install when ``spec.training.tracking.tensorboard`` is set without TensorBoard."""
-
-
-def gpu_tag(product: str) -> str:
-    """``"Tesla T4"`` -> ``"Tesla-T4"``: a GPU product as one TensorBoard tag segment (letters,
-    digits, ``._-``; runs of anything else become one ``-``)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", product).strip("-") or "unknown"
+__all__ = ["EXTRAS", "Tracker", "from_contract", "gpu_tag", "log_dir", "with_tracking"]
 
 
-def log_dir(contract: Contract) -> Path | None:
-    """Where TensorBoard files go (see the module docstring); None: nowhere (tracking off)."""
-    tb = (contract.run.tracking or {}).get("tensorboard")
-    if tb is None:
-        return None
-    if tb.get("logDir"):
-        return Path(tb["logDir"])
-    if contract.run.dir:
-        return Path(contract.run.dir) / "tensorboard"
-    if contract.checkpoint.dir:
-        return Path(contract.checkpoint.dir) / "tensorboard" / contract.dist.job_name
-    return None
+def with_tracking(contract: Contract, tracking: Mapping[str, Any] | None) -> Contract:
+    """``contract`` with the Trainer's ``tracking`` (the spec's form, e.g.
+    ``{"wandb": {"project": "digits"}}``) over the spec's: a backend named in both takes the
+    Trainer's settings; None: ``contract`` unchanged.
+
+    Raises:
+        heterotrain_common.tracking.TrackingError: an invalid setting (named, under
+            ``Trainer(tracking=...)``).
+    """
+    if tracking is None:
+        return contract
+    merged = {**(contract.run.tracking or {}), **parse_tracking(tracking, "Trainer(tracking=...)")}
+    return dataclasses.replace(contract, run=dataclasses.replace(contract.run, tracking=merged))
 
 
 class Tracker:
-    """One rank's tracking: what rank 0 and the first rank of its GPU type write.
+    """One rank's tracking: what rank 0 and the first rank of its GPU type write, to every backend
+    the contract names.
 
     Args:
         contract: the rank's contract (tracking settings, topology, rank).
-        writer_factory: ``factory(log_dir: str) -> writer`` with TensorBoard's
-            ``add_scalar(tag, value, step)``, ``add_text(tag, text, step)``, ``flush()`` and
-            ``close()``; default :class:`torch.utils.tensorboard.SummaryWriter`.
+        writer_factory: TensorBoard's writer, ``factory(log_dir: str) -> writer`` with
+            ``add_scalar``, ``add_text``, ``flush`` and ``close``; default
+            :class:`torch.utils.tensorboard.SummaryWriter`.
 
     Attributes:
+        info: the rank's :class:`~hetero_worker.tracking.series.RunInfo`.
         is_job: this rank writes the job's series (rank 0).
         is_type_leader: this rank writes its GPU type's series.
-        directory: this rank's event-file directory, None when it writes nothing.
+        directory: this rank's TensorBoard directory, None when it writes none.
+        writers: the open backends by name (``tensorboard``, ``wandb``, ``mlflow``).
 
     Raises:
-        RuntimeError: TensorBoard is asked for and not installed (names the extra to install).
+        RuntimeError: a backend's library is missing (names the extra to install), or rank 0
+            could not start a backend (on every rank).
     """
 
     def __init__(self, contract: Contract, *, writer_factory: Any = None) -> None:
         self.contract = contract
-        rank = contract.dist.rank
-        self.product = contract.device.product
-        self.tag = f"gpu_type/{gpu_tag(self.product)}"
-        same_type = [e.rank for e in contract.topology if e.gpu_product == self.product]
-        self.type_ranks = tuple(same_type) or (rank,)
-        self.is_job = rank == 0
-        self.is_type_leader = rank == min(self.type_ranks)
-        base = log_dir(contract)
+        info = self.info = RunInfo.of(contract)
+        self.product, self.tag, self.type_ranks = info.product, f"gpu_type/{info.tag}", info.type_ranks
+        self.is_job, self.is_type_leader = info.is_job, info.is_type_leader
         tracking = contract.run.tracking or {}
-        if self.is_job and "tensorboard" in tracking and base is None:
+        base = log_dir(contract)
+        if info.is_job and "tensorboard" in tracking and base is None:
             log("spec.training.tracking.tensorboard has no logDir and the job has neither a run "
                 "dir nor spec.training.checkpoint.path: no TensorBoard files are written; set "
-                "spec.training.tracking.tensorboard.logDir", rank=rank)
-        if self.is_job and ({"wandb", "mlflow"} & set(tracking)):
-            log("spec.training.tracking: wandb and mlflow are not written by this worker yet "
-                "(docs/tracking.md); TensorBoard is", rank=rank)
-        writes = base is not None and (self.is_job or self.is_type_leader)
-        self.directory = base / f"rank-{rank}-{gpu_tag(self.product)}" if writes else None
-        self._writer: Any = None
-        if self.directory is not None:
-            if writer_factory is None:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415
-                except ImportError as exc:
-                    raise RuntimeError("spec.training.tracking.tensorboard needs TensorBoard: "
-                                       f"{EXTRA_HINT} ({exc})") from None
-                writer_factory = SummaryWriter
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._writer = writer_factory(str(self.directory))
-            if self.is_job:
-                self._writer.add_text("run/plan", self._plan_text(), 0)
+                "spec.training.tracking.tensorboard.logDir", rank=info.rank)
+        self.directory = base / info.run_name if base is not None and info.writes else None
+        self.writers: dict[str, Any] = {}
+        wandb_on = "wandb" in tracking and tracking["wandb"]["mode"] != "disabled"
+        shared = wandb_on or "mlflow" in tracking
+        if info.is_job:
+            try:
+                session = self._open(tracking, base, writer_factory, _rank0_session(info, tracking))
+            except BaseException as exc:
+                if shared:
+                    _share({"error": f"{type(exc).__name__}: {exc}"}, contract)
+                self.close()
+                raise
+            if shared:
+                _share(session, contract)
+        elif _distributed(contract):
+            session = _share(None, contract) if shared else {}
+            if "error" in session:
+                raise RuntimeError(f"rank 0 could not start experiment tracking: {session['error']}")
+            if info.writes:
+                self._open(tracking, base, writer_factory, session)
+        elif info.writes:  # no process group (a test, a tool): this rank decides alone
+            self._open(tracking, base, writer_factory, _rank0_session(info, tracking))
+
+    def _open(self, tracking: Mapping[str, Any], base: Path | None, writer_factory: Any,
+              session: dict[str, Any]) -> dict[str, Any]:
+        """Open this rank's writers; returns ``session`` with rank 0's MLflow run as the parent."""
+        info = self.info
+        if base is not None:
+            self.writers["tensorboard"] = TensorBoardWriter(info, base, writer_factory=writer_factory)
+        if "wandb" in tracking and tracking["wandb"]["mode"] != "disabled":
+            from hetero_worker.tracking.wandb_writer import WandbWriter, wandb_dir  # noqa: PLC0415
+
+            self.writers["wandb"] = WandbWriter(info, tracking["wandb"], group=session["wandb_group"],
+                                                directory=wandb_dir(self.contract))
+        if "mlflow" in tracking:
+            from hetero_worker.tracking.mlflow_writer import MlflowWriter  # noqa: PLC0415
+
+            writer = MlflowWriter(info, tracking["mlflow"], experiment=session["mlflow_experiment"],
+                                  parent_run_id=session.get("mlflow_parent_run"))
+            self.writers["mlflow"] = writer
+            if info.is_job:
+                session = {**session, "mlflow_parent_run": writer.run_id}
+        return session
 
     @property
     def active(self) -> bool:
         """True when this rank writes anything."""
-        return self._writer is not None
-
-    def _plan_text(self) -> str:
-        """The run's metadata as a Markdown table: job, GPU mix, every rank's type and batch."""
-        c = self.contract
-        mix: dict[str, int] = {}
-        for e in c.topology:
-            mix[e.gpu_product] = mix.get(e.gpu_product, 0) + 1
-        lines = [f"job `{c.dist.job_name}`, {c.dist.world_size} ranks, GPU mix: "
-                 + ", ".join(f"{n} x {p}" for p, n in mix.items()), "",
-                 "| rank | group | node | GPU | local batch |", "|---|---|---|---|---|"]
-        lines += [f"| {e.rank} | {e.group} | {e.node} | {e.gpu_product} | {e.local_batch} |"
-                  for e in c.topology]
-        return "\n".join(lines)
+        return bool(self.writers)
 
     def observe_step(self, step: int, *, step_s: float, compute_s: float, comm_wait_s: float,
                      samples: int, loss: float | None, local_batches: Sequence[int]) -> None:
-        """Write one optimizer step's series (nothing on a rank that writes nothing).
-
-        Args:
-            step: the job's global step after this step (1-based), TensorBoard's step.
-            step_s, compute_s, comm_wait_s: the step's wall time and its split, seconds.
-            samples: samples this rank processed in the step.
-            loss: this rank's local mean loss (None: not written).
-            local_batches: every rank's samples per step now (the split in use), rank order.
-        """
-        w = self._writer
-        if w is None:
+        """Write one optimizer step's series to every backend (nothing on a rank that writes
+        nothing). See :func:`~hetero_worker.tracking.series.step_scalars` for the arguments;
+        ``step`` is the job's global step after this step (1-based)."""
+        if not self.writers:
             return
-        global_batch = sum(local_batches)
-        if self.is_job:
-            if loss is not None:
-                w.add_scalar("job/loss", float(loss), step)
-            if step_s > 0:
-                w.add_scalar("job/samples_per_s", global_batch / step_s, step)
-            w.add_scalar("job/global_batch", global_batch, step)
-        if self.is_type_leader:
-            type_batch = sum(local_batches[r] for r in self.type_ranks if r < len(local_batches))
-            t = self.tag
-            if step_s > 0:
-                w.add_scalar(f"{t}/samples_per_s", type_batch / step_s, step)
-            if compute_s > 0:
-                w.add_scalar(f"{t}/compute_samples_per_s_per_gpu", samples / compute_s, step)
-            if global_batch > 0:
-                w.add_scalar(f"{t}/batch_share", type_batch / global_batch, step)
-            for name, value in (("local_batch", samples), ("step_s", step_s),
-                                ("compute_s", compute_s), ("comm_wait_s", comm_wait_s),
-                                ("ranks", len(self.type_ranks))):
-                w.add_scalar(f"{t}/{name}", value, step)
-            if loss is not None:
-                w.add_scalar(f"{t}/loss", float(loss), step)
+        scalars = step_scalars(self.info, step_s=step_s, compute_s=compute_s,
+                               comm_wait_s=comm_wait_s, samples=samples, loss=loss,
+                               local_batches=local_batches)
+        for name, writer in list(self.writers.items()):
+            try:
+                writer.write(step, scalars)
+            except Exception as exc:  # noqa: BLE001 - tracking never stops training
+                log(f"experiment tracking: {name} failed at step {step} and is dropped for the rest "
+                    f"of the run ({type(exc).__name__}: {exc})", rank=self.info.rank)
+                del self.writers[name]
+                _close_quietly(writer)
 
     def close(self) -> None:
-        """Flush and close the event file (idempotent)."""
-        if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
-            self._writer = None
+        """Flush and close every backend's run (idempotent)."""
+        writers, self.writers = self.writers, {}
+        for writer in writers.values():
+            writer.close()
+
+
+def _close_quietly(writer: Any) -> None:
+    try:
+        writer.close()
+    except Exception:  # noqa: BLE001 - it already failed once; its error was logged
+        pass
+
+
+def _rank0_session(info: RunInfo, tracking: Mapping[str, Any]) -> dict[str, Any]:
+    """What rank 0 decides for every rank: W&B's group, MLflow's experiment id."""
+    session: dict[str, Any] = {}
+    if "wandb" in tracking:
+        from hetero_worker.tracking.wandb_writer import group_name  # noqa: PLC0415
+
+        session["wandb_group"] = group_name(info, uuid.uuid4().hex)
+    if "mlflow" in tracking:
+        from hetero_worker.tracking.mlflow_writer import experiment_id  # noqa: PLC0415
+
+        session["mlflow_experiment"] = experiment_id(tracking["mlflow"])
+    return session
+
+
+def _distributed(contract: Contract) -> bool:
+    """True when the ranks share a process group (the job's, of more than one rank)."""
+    return dist.is_initialized() and contract.dist.world_size > 1
+
+
+def _share(session: dict[str, Any] | None, contract: Contract) -> dict[str, Any]:
+    """Rank 0's ``session`` on every rank (a broadcast over the default Gloo group; without a
+    process group, or alone, the rank's own)."""
+    if not _distributed(contract):
+        return session or {}
+    box = [session]
+    dist.broadcast_object_list(box, src=0)
+    return box[0] or {}
 
 
 def from_contract(contract: Contract) -> Tracker | None:
     """The rank's :class:`Tracker`, None when the contract asks for no tracking."""
-    tracking: Mapping[str, Any] = contract.run.tracking or {}
-    return Tracker(contract) if tracking else None
+    return Tracker(contract) if contract.run.tracking else None
