@@ -3,7 +3,10 @@
 ``up`` builds the binaries if needed (``scripts/build-controlplane.sh``, cached), starts etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler, optionally Kueue (``--kueue``) and the
 local kubelet for the nodes of ``--nodes``, waits until every node is Ready, then returns (the
-processes stay) and prints how to use it.  ``down`` stops them all; nothing keeps running or
+processes stay) and prints how to use it.  ``--kueue`` also creates the queues of :mod:`.queues`
+(one ResourceFlavor per GPU type, a ClusterQueue, the LocalQueue ``default/gpu-queue``, the
+PriorityClass ``training``); ``--monitoring`` starts Prometheus with Kubernetes service discovery
+(:mod:`.monitoring`).  ``down`` stops them all; nothing keeps running or
 listening.  Exit codes: 0 done, 1 a component failed (its log's tail is printed).
 """
 
@@ -39,7 +42,10 @@ def configure(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = sub.add_parser("up", help="start etcd, the API server, controllers, scheduler, kubelet")
     up.add_argument("--nodes", type=Path, default=DEFAULT_NODES, help="NodeList YAML (default: %(default)s)")
-    up.add_argument("--kueue", action="store_true", help="also run Kueue's manager (CRDs, webhooks)")
+    up.add_argument("--kueue", action="store_true",
+                    help="also run Kueue's manager (CRDs, webhooks) and create its queues (docs/kueue.md)")
+    up.add_argument("--monitoring", action="store_true",
+                    help="also run Prometheus, scraping every rank through Kubernetes service discovery")
     up.add_argument("--dir", type=Path, default=None, help="cluster dir (default ~/.cache/heterotrain/cluster)")
     up.add_argument("--node-grace-s", type=int, default=40,
                     help="node lifecycle grace, seconds (default %(default)s)")
@@ -57,14 +63,15 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(controlplane.read_state(cluster_dir), indent=2))
         return 0
     try:
-        up(cluster_dir, args.nodes, kueue=args.kueue, grace_s=args.node_grace_s)
+        up(cluster_dir, args.nodes, kueue=args.kueue, monitoring=args.monitoring, grace_s=args.node_grace_s)
     except ControlPlaneError as exc:
         print(f"heterotrain cluster up: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def up(cluster_dir: Path, nodes: Path, *, kueue: bool = False, grace_s: int = 40) -> dict:
+def up(cluster_dir: Path, nodes: Path, *, kueue: bool = False, monitoring: bool = False,
+       grace_s: int = 40) -> dict:
     """Start everything (see the module doc); returns the state.
 
     Raises:
@@ -73,18 +80,31 @@ def up(cluster_dir: Path, nodes: Path, *, kueue: bool = False, grace_s: int = 40
     t0 = time.monotonic()
     bins = controlplane.bin_dir()
     state = controlplane.start(cluster_dir, bins, Options(node_monitor_grace_s=grace_s))
+    prometheus = ""
     try:
         if kueue:
             from . import kueue as kueue_mod
+            from . import queues
+            from .kubelet import load_nodes
             kueue_mod.start(cluster_dir, bins)
+            queues.install(cluster_dir, load_nodes(nodes))
         start_kubelet(cluster_dir, nodes, renew_s=max(1.0, grace_s / 5), lease_s=grace_s)
         wait_nodes_ready(cluster_dir, nodes)
+        if monitoring:
+            from . import monitoring as monitoring_mod
+            prometheus = monitoring_mod.start(cluster_dir)
     except BaseException:
         controlplane.stop(cluster_dir)
         raise
     state = controlplane.read_state(cluster_dir)
     print(f"cluster up in {time.monotonic() - t0:.1f} s: API server {state['server']}, "
           f"{len(_node_names(nodes))} nodes Ready{', Kueue' if kueue else ''}; logs in {cluster_dir / 'logs'}")
+    if kueue:
+        from . import queues
+        print(f"Kueue: ClusterQueue {queues.CLUSTER_QUEUE}, LocalQueue {queues.LOCAL_QUEUE_NAMESPACE}/"
+              f"{queues.LOCAL_QUEUE}, PriorityClass {queues.PRIORITY_CLASS}")
+    if prometheus:
+        print(f"Prometheus {prometheus} (targets: {prometheus}/targets)")
     print(f"export KUBECONFIG={state['kubeconfig']}")
     print(f"export PATH={state['binDir']}:$PATH   # kubectl {_server_version(cluster_dir)}")
     print("heterotrain cluster down   # stops everything")
