@@ -64,6 +64,7 @@ from hetero_worker.speed.stealing import check_stealable
 from hetero_worker.stepping import StepResult, Stepper
 from hetero_worker.steps import StepCount
 from hetero_worker.stop import GracefulStop
+from hetero_worker.tracking import with_tracking
 from heterotrain_common import termination
 from heterotrain_common.contract import Contract
 from heterotrain_common.topology import build_layout
@@ -108,6 +109,8 @@ class Trainer:
             right after backward).
         max_grad_norm: clip every step to this 2-norm of the full gradient (every rank, shard and
             group; after the fp16 unscale; :meth:`clip_grad_norm_`); None: no clipping.
+        tracking: experiment tracking in the spec's form (``{"wandb": {"project": "p"}}``), over
+            ``spec.training.tracking`` per backend (:func:`hetero_worker.tracking.with_tracking`).
 
     Attributes:
         global_step: optimizer steps taken (skipped ones included), restored by :meth:`resume`.
@@ -117,10 +120,11 @@ class Trainer:
 
     def __init__(self, contract: Contract, *, delay_per_sample_s: float | None = None,
                  seed: int = 0, sync_mode: str = "hook",
-                 max_grad_norm: float | None = None) -> None:
+                 max_grad_norm: float | None = None,
+                 tracking: Mapping[str, Any] | None = None) -> None:
         if sync_mode not in ("hook", "manual"):
             raise ValueError(f"sync_mode must be 'hook' or 'manual', got {sync_mode!r}")
-        self.contract = contract
+        self.contract = contract = with_tracking(contract, tracking)
         self.rank = contract.dist.rank
         self.seed = seed
         self.sync_mode = sync_mode
@@ -472,7 +476,8 @@ class Trainer:
 def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
          delay_per_sample_s: float | None = None, sync_mode: str = "hook",
          rendezvous_timeout_s: float | None = None,
-         max_grad_norm: float | None = None) -> Trainer:
+         max_grad_norm: float | None = None,
+         tracking: Mapping[str, Any] | None = None) -> Trainer:
     """Parse the contract, join the job and build the :class:`Trainer`.
 
     Args:
@@ -482,6 +487,7 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
         sync_mode: ``"hook"`` or ``"manual"``.
         rendezvous_timeout_s: None reads ``HTJ_RENDEZVOUS_TIMEOUT_S`` (default 600 s).
         max_grad_norm: see :class:`Trainer` (None: no clipping).
+        tracking: see :class:`Trainer` (None: the spec's ``spec.training.tracking`` only).
 
     Raises:
         ContractError: a contract variable is missing, malformed or inconsistent.
@@ -507,7 +513,7 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
             collective_timeout_s=contract.comm.collective_timeout_s)
     seed_everything(seed)
     trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
-                      sync_mode=sync_mode, max_grad_norm=max_grad_norm)
+                      sync_mode=sync_mode, max_grad_norm=max_grad_norm, tracking=tracking)
     if elastic is not None:
         elastic.attach(trainer)
     if wants_speed_features(contract) and sync_mode == "hook":
