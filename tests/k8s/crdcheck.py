@@ -28,6 +28,8 @@ CEL_RULES: dict[str, Callable[[Any, Any], bool]] = {
     "size(self.metadata.name) <= 50": lambda s, old: len(s["metadata"]["name"]) <= 50,
     "!has(self.minRanks) || self.minRanks <= self.ranks":
         lambda s, old: "minRanks" not in s or s["minRanks"] <= s["ranks"],
+    "!has(self.minRanks) || !has(self.maxRanks) || self.minRanks <= self.maxRanks":
+        lambda s, old: "minRanks" not in s or "maxRanks" not in s or s["minRanks"] <= s["maxRanks"],
     "self == oldSelf": lambda s, old: old is None or s == old,
     "!has(self.persistentVolumeClaim) || self.persistentVolumeClaim == '' || (has(self.path) && self.path != '')":
         lambda s, old: not s.get("persistentVolumeClaim") or bool(s.get("path")),

@@ -21,6 +21,7 @@ from hetero_operator.api.fields import (boolean, claim_name, enum, integer, mapp
 from hetero_operator.api.jobnames import default_profile_key, job_name, parse_profile_key
 from hetero_operator.api.labels import ANNOTATION_PROFILE_STEPS
 from hetero_operator.api.platforms import DEFAULT_PLATFORMS, parse_platform
+from hetero_operator.api.elasticspec import ElasticSpec, parse_elastic
 from hetero_operator.api.pipelinespec import PipelineSpec, parse_pipeline
 from hetero_operator.api.strictfields import unknown_fields
 from hetero_operator.api.workerspec import WorkerTemplate, parse_worker
@@ -221,6 +222,7 @@ class JobSpec:
     Attributes:
         profile_steps: ``(first, last)`` 1-based inclusive steps to trace with the PyTorch
             Profiler (annotation :data:`PROFILE_STEPS_ANNOTATION`), None for none.
+        elastic: ``spec.elastic`` (:mod:`hetero_operator.api.elasticspec`); None: not elastic.
     """
 
     name: str
@@ -231,6 +233,7 @@ class JobSpec:
     training: TrainingSpec
     run_policy: RunPolicy
     profile_steps: tuple[int, int] | None = None
+    elastic: ElasticSpec | None = None
 
 
 def parse_job(body: Mapping[str, Any]) -> JobSpec:
@@ -273,6 +276,7 @@ def parse_job(body: Mapping[str, Any]) -> JobSpec:
         training=training,
         run_policy=run_policy,
         profile_steps=_profile_steps(mapping(meta, "annotations", "metadata.annotations", required=False)),
+        elastic=parse_elastic(spec.get("elastic"), ranks=gpus.ranks),
     )
 
 

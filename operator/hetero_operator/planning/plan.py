@@ -35,7 +35,7 @@ from hetero_operator.api import memoryplan
 from hetero_operator.api import types as model
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import GroupPlan, Inventory, Plan, RankPlacement
-from hetero_operator.planning import memory, pipelineplan, remedies
+from hetero_operator.planning import elasticplan, memory, pipelineplan, remedies
 from hetero_operator.planning.batching import step_time
 from hetero_operator.planning.marginal import (PlanInputs, Slot, SpeedFigure, StepModel,
                                                cheapest_mix, leave_out_unpaying, plan_cost,
@@ -83,6 +83,11 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     figures, reference_sps = apply_learned_speeds(pools, job, inputs)
     excluded = tuple(sorted((*inventory.excluded, *job_excluded), key=lambda e: (e.node, e.reason)))
     global_batch = job.training.global_batch_size
+    elastic_refused = elasticplan.refusal(job)  # spec.elastic: queue, pipeline, sharding
+    if elastic_refused:
+        return model.Unschedulable(shortfalls=(), excluded=excluded, message=elastic_refused,
+                                   reason=elasticplan.ELASTIC_NOT_PLANNED,
+                                   warnings=inventory.warnings)
     pipe_refused = pipelineplan.refusal(job) if job.training.pipeline is not None else ""
     if pipe_refused:
         return model.Unschedulable(shortfalls=(), excluded=excluded, message=pipe_refused,
@@ -133,6 +138,12 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
         return model.Unschedulable(shortfalls=(), excluded=excluded,
                                    message=message + (f". Or: {alone}" if alone else ""),
                                    reason=MODEL_DOES_NOT_FIT, warnings=inventory.warnings)
+    picked = (elasticplan.sharding_refusal(mem.mode) if job.elastic is not None and mem is not None
+              else "")
+    if picked:  # Auto picked a sharded mode for an elastic job
+        return model.Unschedulable(shortfalls=(), excluded=excluded, message=picked,
+                                   reason=elasticplan.ELASTIC_NOT_PLANNED,
+                                   warnings=inventory.warnings)
     value = _plan_value(groups_spec, group_specs(candidates), step_model, figures, job, inputs,
                         left_out)
     return Plan(ranks=ranks, groups=groups, excluded=excluded,
