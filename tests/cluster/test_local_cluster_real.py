@@ -188,3 +188,35 @@ def test_prometheus_finds_every_rank_through_pod_discovery_against_the_api_serve
         controlplane.stop_pids(pids, cl.dir)
         cl.core.delete_namespace(ns)
         cl.wait_for(lambda: not cl.pods(ns), 60, f"the pods of {ns} gone")
+
+
+def test_a_service_address_in_a_pods_args_reaches_the_remapped_port_as_helm_test_does(real: RealCluster) -> None:
+    """The chart's ``helm test`` pod runs ``sh -c "wget ... http://<svc>.<ns>.svc:8080/metrics | grep
+    -q ..."``: the kubelet routes the Service's port to the port its endpoint really listens on."""
+    cl = real
+    ns = cl.namespace("local-svc")
+    serve = ("import http.server, os\n"
+             "class H(http.server.BaseHTTPRequestHandler):\n"
+             "    def do_GET(self):\n"
+             "        self.send_response(200); self.end_headers(); self.wfile.write(b'htj_operator_up 1\\n')\n"
+             "http.server.HTTPServer(('127.0.0.1', int(os.environ['HTJ_METRICS_PORT'])), H).serve_forever()\n")
+    try:
+        server = _volume_pod("server", "node-a100", serve, [], [])
+        server["metadata"]["labels"] = {"app": "op"}
+        server["spec"]["containers"][0].update(env=[{"name": "HTJ_METRICS_PORT", "value": "8080"}], ports=[
+            {"name": "metrics", "containerPort": 8080}])
+        cl.core.create_namespaced_pod(ns, server)
+        cl.core.create_namespaced_service(ns, {"metadata": {"name": "op-metrics"}, "spec": {
+            "selector": {"app": "op"}, "ports": [{"name": "http", "port": 8080, "targetPort": "metrics"}]}})
+        cl.wait_for(lambda: (cl.core.read_namespaced_pod("server", ns).metadata.annotations or {}).get(
+            "local.heterotrain.io/ports"), 30, "the server's port remapped")
+        client = _volume_pod("client", "node-t4", "", [], [])
+        client["spec"]["containers"][0].update(command=["sh", "-c"], args=[
+            f"wget -q -T 10 -O - http://op-metrics.{ns}.svc:8080/metrics | grep -q '^htj_operator_'"])
+        cl.core.create_namespaced_pod(ns, client)
+        cl.wait_for(lambda: cl.core.read_namespaced_pod("client", ns).status.phase in ("Succeeded", "Failed"), 60,
+                    "the client pod to finish")
+        assert cl.core.read_namespaced_pod("client", ns).status.phase == "Succeeded", cl.log(ns, "client")
+    finally:
+        cl.core.delete_namespace(ns)
+        cl.wait_for(lambda: not cl.pods(ns), 60, f"the pods of {ns} gone")

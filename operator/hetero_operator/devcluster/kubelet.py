@@ -5,7 +5,10 @@ For each Node of a NodeList file it registers the Node (labels, taints, capacity
 the pods bound to its nodes (the real kube-scheduler binds them) and runs each container's
 ``command + args`` as a local process group (cwd: the checkout; ``PATH`` starts with the
 project's .venv), with the pod's env (downward-API ``fieldRef``, ConfigMap/Secret keys; cluster
-DNS names -> 127.0.0.1 and per-pod ports remapped: :mod:`.podenv`).  It reports status as a
+DNS names -> 127.0.0.1 and per-pod ports remapped: :mod:`.podenv`; in the args also Service
+addresses -> the endpoint's real port: :mod:`.services`), its volumes as folders under the cluster
+dir with paths under a ``mountPath`` rewritten (:mod:`.volumes`, which also provisions PVCs; a
+hostPath is refused with a ``FailedMount`` Event).  It reports status as a
 kubelet does (``Running`` with ``containerStatuses``, then ``Succeeded``/``Failed`` with exit
 codes; ``restartPolicy: Always/OnFailure`` restarts with ``restartCount``) and honours graceful
 deletion: SIGTERM, SIGKILL after the pod's grace, terminal status, then
@@ -47,7 +50,7 @@ from hetero_operator.api.labels import (ANNOTATION_LOCAL_NAMED_PORTS, ANNOTATION
                                         LABEL_JOB)
 from heterotrain_common.termination import TERMINATION_LOG_ENV
 
-from . import podenv, volumes
+from . import podenv, services, volumes
 from .controlplane import free_port_range, free_ports
 from .kubeapi import Api, ApiError
 from .kubeletlogs import KubeletTls, LogServer, LogSource
@@ -341,7 +344,8 @@ class LocalKubelet:
                     env[item["name"]] = data.get(ref[field]["key"], "")
         mounts = state.mounts.get(c["name"], [])  # mountPath -> the volume's folder (.volumes)
         env.update({k: volumes.rewrite(v, mounts) for k, v in env.items() if k not in base})
-        argv = [volumes.rewrite(str(a), mounts) for a in [*(c.get("command") or []), *(c.get("args") or [])]]
+        argv = [podenv.resolve_dns(await services.resolve(self.api, volumes.rewrite(str(a), mounts)), key[0])
+                for a in [*(c.get("command") or []), *(c.get("args") or [])]]  # Service addresses: .services
         if not argv:
             argv = ["sleep", "infinity"]  # an image's entrypoint cannot be known here
         term = self._termination_file(key, c["name"])  # the container's terminationMessagePath
