@@ -14,6 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,21 @@ def test_worker_build_args_select_the_cuda_variant() -> None:
     assert torch_install and '--index-url "${TORCH_INDEX_URL}"' in torch_install[0]
     # the CUDA of the default base equals the default variant's
     assert CUDA_OF[defaults["TORCH_CUDA"]] == re.search(r"cuda:(\d+\.\d+)", base).group(1)
+
+
+def test_worker_image_installs_the_worker_and_tracking_extras_without_torch() -> None:
+    """The image's requirement list, made by its own ``python -c`` against pyproject.toml: the
+    worker extra and the tracking extra (TensorBoard, W&B, MLflow: spec.training.tracking works
+    in a pod as the image is), torch left to the CUDA variant's own install."""
+    run = next(a for k, a in WORKER if k == "RUN" and "worker-requirements.txt" in a)
+    program = run.split('python -c "', 1)[1].rsplit('" >', 1)[0]
+    done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True,
+                          text=True, check=True)
+    wanted = done.stdout.split()
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras["tracking"]) <= set(wanted)
+    assert {"tensorboard==2.21.0", "wandb==0.31.0", "mlflow-skinny==3.18.0"} <= set(wanted)
+    assert not any(d.startswith("torch") for d in wanted)
 
 
 def test_worker_image_runs_as_non_root_and_documents_its_health() -> None:
