@@ -59,7 +59,7 @@ def test_three_gpu_types_get_three_stages_with_uneven_blocks() -> None:
 def test_replicas_of_a_stage_split_the_batch_and_form_pipelines() -> None:
     nodes = [make_node("node-a", count=2),
              make_node("node-t", product="Tesla-T4", count=2, memory_mib=15360, cc="7.5")]
-    plan = _plan(nodes, ranks=4, global_batch=26, pipeline={"blocks": 6, "microBatches": 2,
+    plan = _plan(nodes, ranks=4, global_batch=26, pipeline={"blocks": 6, "microBatches": 13,
                                                            "schedule": "GPipe"})
     assert isinstance(plan, model.Plan), plan.message
     # pipelines of 13 samples; a pipeline's batch split over its 2 stages: 7 + 6
@@ -140,8 +140,12 @@ def test_the_plan_json_and_status_give_every_rank_its_stage(tmp_path: Path) -> N
      "spec.training.pipeline.stages 2: the planner makes one stage per placed GPU type, 3 here"),
     ({}, {"blocks": 12, "microBatches": 9},
      "spec.training.pipeline.microBatches 9 exceeds a pipeline's batch (8 samples"),
+    ({}, {"blocks": 12, "microBatches": 3},
+     "spec.training.globalBatchSize 8 gives 1 pipeline(s) batches of 8 samples, not multiples of "
+     "spec.training.pipeline.microBatches 3 (torch.distributed.pipelining cuts equal "
+     "micro-batches): set globalBatchSize to a multiple of 3 (e.g. 6)"),
 ], ids=["full", "group", "compression", "rebalancing", "checkpoints", "fp16", "no blocks",
-        "stages", "micro-batches"])
+        "stages", "micro-batches", "uneven micro-batches"])
 def test_unsupported_combinations_are_refused_naming_field_and_fix(
         training: dict, pipeline: dict, needle: str) -> None:
     result = _plan(pipeline=pipeline, global_batch=8, **training)

@@ -61,6 +61,7 @@ from hetero_worker.runtime.shutdown import leave_process_group
 from hetero_worker.runtime.startup import cuda_index, seed_everything, wants_speed_features
 from hetero_worker.speed.controller import attach
 from hetero_worker.speed.stealing import check_stealable
+from hetero_worker.stages.trainerpart import PipelinePart
 from hetero_worker.stepping import StepResult, Stepper
 from hetero_worker.steps import StepCount
 from hetero_worker.stop import GracefulStop
@@ -181,6 +182,11 @@ class Trainer:
                                          data=self.data, steps=self.steps, scaler=self.scaler,
                                          group=self.ckpt_group, metrics=self.metrics, seed=seed)
         self.metrics.start_server()
+        # issue 30: a pipelined rank runs its stage (hetero_worker.stages.trainerpart)
+        self.pipeline = (PipelinePart(contract, steps=self.steps, metrics=self.metrics, seed=seed)
+                         if contract.pipeline.enabled else None)
+        if self.pipeline is not None:
+            self.data = self.pipeline.data  # its loader yields the pipeline's batches
         self.metrics.set_local_batch(self.local_batch)
 
     def _follow_split(self, local_batches: tuple[int, ...]) -> None:
@@ -287,6 +293,8 @@ class Trainer:
         Raises:
             RuntimeError: the plan needs activation checkpointing and no ``block`` was named.
         """
+        if self.pipeline is not None:  # the rank's stage of the nn.Sequential
+            return self.pipeline.wrap(model)
         return self.parts_model.wrap(
             model, block, local_batches=self.local_batches, has_scaler=self.scaler is not None,
             use_layout=self.use_layout,
@@ -346,6 +354,10 @@ class Trainer:
                 mean over every valid token of the job's batch (:mod:`hetero_worker.comm.tokens`;
                 one all-reduce; give it on every rank or on none).
 
+        Under a pipeline (``HTJ_PIPELINE_*``) ``loss_fn(output, target)`` runs per micro-batch on
+        the last stage and ``batch`` is ``(inputs, target)`` from :meth:`loader`
+        (:mod:`hetero_worker.stages.trainerpart`).
+
         Returns:
             The :class:`StepResult`.
 
@@ -354,6 +366,8 @@ class Trainer:
             torch.OutOfMemoryError: a simulated device's memory cap was exceeded
                 (:mod:`hetero_worker.memory.caps`).
         """
+        if self.pipeline is not None:  # loss_fn(output, target), batch=(inputs, target)
+            return self.pipeline.step(optimizer, loss_fn, batch)
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
         if self.membership is not None:  # elastic: a lost rank shrinks the job, the step is redone

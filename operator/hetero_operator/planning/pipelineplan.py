@@ -15,7 +15,8 @@ memory is its smallest device's minus ``spec.training.memoryReserveMiB``; the li
 is the inter-node one.
 
 **Batches.** Replica ``r`` of every stage forms pipeline ``r``; the global batch is split equally
-over the pipelines, and a pipeline's batch equally over its stages' ranks (the topology's
+over the pipelines (each a multiple of the micro-batches: ``torch.distributed.pipelining`` cuts
+equal micro-batches), and a pipeline's batch equally over its stages' ranks (the topology's
 ``local_batch``, so the local batches still sum to the global batch and every rank counts its
 share of the samples). Every rank of pipeline ``r`` reads the pipeline's whole batch: the first
 stage its inputs, the last its targets.
@@ -124,6 +125,13 @@ def plan_pipeline(job: JobSpec, groups_spec: Sequence[tuple[Any, int]], *, link:
                 f"batch ({min(pipeline_batches)} samples: globalBatchSize "
                 f"{t.global_batch_size} over {replicas} replicas per stage): lower microBatches "
                 f"or raise spec.training.globalBatchSize")
+    if any(b % pipe.micro_batches for b in pipeline_batches):
+        step = replicas * pipe.micro_batches
+        return (f"spec.training.globalBatchSize {t.global_batch_size} gives {replicas} "
+                f"pipeline(s) batches of {'/'.join(map(str, pipeline_batches))} samples, not "
+                f"multiples of spec.training.pipeline.microBatches {pipe.micro_batches} "
+                f"(torch.distributed.pipelining cuts equal micro-batches): set globalBatchSize to "
+                f"a multiple of {step} (e.g. {max(step, t.global_batch_size // step * step)})")
     devices = []
     for gpu_type in counts:
         pools = [p for p, _ in groups_spec if p.gpu_type == gpu_type]

@@ -2,8 +2,9 @@
 sequence of blocks cut into contiguous stages (:mod:`.split`), each rank running its stage under
 ``torch.distributed.pipelining`` with activations and their gradients sent over a Gloo group
 (:mod:`.runner`; the communicator rule: no NCCL communicator spans GPU types), and data
-parallelism inside every stage with the same replica count per stage (:mod:`.layout`).
+parallelism inside every stage with the same replica count per stage (:mod:`.layout`); the
+Trainer's part that runs them from the rank env contract (:mod:`.trainerpart`).
 
-Not built yet: uneven replica counts per stage, CUDA tensors through the Gloo sends, checkpoints
-and metrics per stage, and the wiring into the Trainer, the rank env contract and ``heterotrain run``.
+Not built yet: uneven replica counts per stage, CUDA tensors through the Gloo sends, fp16/bf16
+and one loss scale across stages, checkpoints and metrics per stage.
 """

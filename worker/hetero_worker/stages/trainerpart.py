@@ -1,0 +1,188 @@
+"""The Trainer's pipeline part (issue 30): a rank of a pipelined job runs its stage of the user's
+model when the contract carries a stage layout (``HTJ_PIPELINE_*``,
+:mod:`heterotrain_common.pipelineenv`).
+
+What the Trainer does under a pipeline (its ``wrap``, ``loader`` and ``step`` hand over to this
+part; the script is the same as for data parallelism)::
+
+    t = ht.init()
+    stage = t.wrap(model)                      # model: an nn.Sequential of blocks; returns the
+    opt = torch.optim.SGD(stage.parameters())  # rank's stage (its contiguous blocks)
+    for x, y in t.loader(dataset):             # the pipeline's batch on every rank of it
+        t.step(opt, F.cross_entropy, batch=(x, y))   # loss_fn(output, target) per micro-batch
+
+* **Stages.** The model is cut by ``HTJ_PIPELINE_STAGE_BLOCKS``; this rank runs stage
+  ``HTJ_PIPELINE_STAGE`` with :class:`~hetero_worker.stages.runner.StageRunner` (``PipelineStage``
+  with ``Schedule1F1B`` or ``ScheduleGPipe``, ``HTJ_PIPELINE_MICRO_BATCHES``), its activations
+  and their gradients over its pipeline's Gloo group (the communicator rule: nothing that crosses
+  GPU types goes over NCCL).
+* **Replicas.** Replica ``r`` of every stage forms pipeline ``r``
+  (:class:`~hetero_worker.stages.layout.StageLayout`); every rank of pipeline ``r`` reads the
+  pipeline's batch, the sum of its ranks' topology ``local_batch`` (the first stage uses the
+  inputs, the last the targets). After the backward a stage's replicas reduce their gradients
+  (:func:`~hetero_worker.stages.layout.reduce_stage_gradients_`), each weighted by its pipeline's
+  share of the global batch, so the update is the whole batch's mean. Stage replicas start from
+  replica 0's parameters (a broadcast on the stage's group).
+* **Loss.** The last stage's mean over the micro-batches, weighted over the pipelines like the
+  gradients, sent to every rank (each reports the job's loss).
+* **Not built here.** fp16/bf16 (the stages run in the model's dtype; the planner plans fp32),
+  CUDA tensors through the Gloo sends (the stages run on the CPU), checkpoints per stage (refused
+  here and by the planner), the simulated per-sample delay, rebalancing and compression.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetero_worker.loading import TrainData
+from hetero_worker.stages.layout import StageLayout, build_stage_groups, reduce_stage_gradients_
+from hetero_worker.stages.runner import StageRunner
+from hetero_worker.stages.split import stage_module
+from hetero_worker.stepping import StepResult
+from heterotrain_common.contract import Contract
+
+
+class PipelinePart:
+    """One rank's stage, its groups, its pipeline's data and its steps.
+
+    Args:
+        contract: the rank's contract, with a stage layout (``contract.pipeline.enabled``).
+        steps: the Trainer's step count (the loader ends at ``max_steps``).
+        metrics: the rank's metrics.
+        seed: the sampler's seed.
+
+    Attributes:
+        layout: every stage's ranks.
+        stage, replica: this rank's stage and pipeline.
+        pipeline_batches: samples per step of every pipeline.
+        data: the pipeline's data part (a split over the pipelines, this rank's pipeline's share).
+        runner: the stage runner (None before :meth:`wrap`).
+    """
+
+    def __init__(self, contract: Contract, *, steps: Any, metrics: Any, seed: int) -> None:
+        settings = contract.pipeline
+        if contract.checkpoint.dir:
+            raise RuntimeError(f"checkpoints per pipeline stage are not built yet: run the "
+                               f"pipelined job without HTJ_CHECKPOINT_DIR "
+                               f"({contract.checkpoint.dir!r}; spec.training.checkpoint)")
+        self.contract, self.metrics, self.steps = contract, metrics, steps
+        self.rank = contract.dist.rank
+        self.layout = StageLayout(stage_ranks=settings.stage_ranks)
+        self.stage, self.replica = self.layout.place(self.rank)
+        batches = contract.local_batches
+        self.pipeline_batches = [sum(batches[k] for k in ranks) for ranks in self.layout.pipelines()]
+        self.data = TrainData(self.pipeline_batches, self.replica, seed=seed, steps=steps,
+                              metrics=metrics)
+        self.runner: StageRunner | None = None
+        self._groups: Any = None
+        self._last_rank = self.layout.pipelines()[self.replica][-1]
+
+    @property
+    def weight(self) -> float:
+        """This pipeline's share of the global batch times the replica count (the factor that
+        turns the replicas' average into the whole batch's mean)."""
+        return self.pipeline_batches[self.replica] * self.layout.replicas / sum(self.pipeline_batches)
+
+    def wrap(self, model: nn.Module,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+             ) -> nn.Module:
+        """Build the groups (collective), cut ``model`` and return this rank's stage module.
+
+        Args:
+            model: the whole model as an ``nn.Sequential`` of blocks, built alike on every rank.
+            loss_fn: ``loss_fn(output, target)``; None: the first :meth:`step`'s.
+
+        Raises:
+            TypeError: ``model`` is not an ``nn.Sequential``.
+        """
+        if not isinstance(model, nn.Sequential):
+            raise TypeError(f"a pipelined job's model must be an nn.Sequential of blocks (the "
+                            f"planner cuts spec.training.pipeline.blocks of them), got "
+                            f"{type(model).__name__}")
+        settings = self.contract.pipeline
+        if sum(settings.stage_blocks) != len(model):
+            raise ValueError(f"the plan cuts {sum(settings.stage_blocks)} blocks "
+                             f"(HTJ_PIPELINE_STAGE_BLOCKS {list(settings.stage_blocks)}) and the "
+                             f"model has {len(model)}: set spec.training.pipeline.blocks to "
+                             f"{len(model)}")
+        self._model = model
+        self._groups = build_stage_groups(self.layout, self.rank)
+        self._module = stage_module(model, settings.stage_blocks, self.stage)
+        if self.layout.replicas > 1:  # replicas start from replica 0's parameters
+            first = self.layout.stage_ranks[self.stage][0]
+            with torch.no_grad():
+                for p in self._module.parameters():
+                    dist.broadcast(p.data, src=first, group=self._groups.stage)
+        if loss_fn is not None:
+            self._build(loss_fn)
+        return self._module
+
+    def _build(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """The stage runner (its stage module shares the parameters :meth:`wrap` returned)."""
+        settings = self.contract.pipeline
+        self.runner = StageRunner(self._model, settings.stage_blocks, stage_index=self.stage,
+                                  group=self._groups.pipeline,
+                                  micro_batches=settings.micro_batches, loss_fn=loss_fn,
+                                  schedule=settings.schedule)
+
+    def step(self, optimizer: torch.optim.Optimizer,
+             loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+             batch: Sequence[torch.Tensor] | None) -> StepResult:
+        """One optimizer step of every stage: the pipeline's forward and backward over its
+        micro-batches, the stage replicas' gradient reduction, the optimizer step.
+
+        Args:
+            optimizer: over the stage module's parameters (what :meth:`wrap` returned).
+            loss_fn: ``loss_fn(output, target)``, a mean over the micro-batch.
+            batch: ``(inputs, target)``, the pipeline's batch (from the Trainer's loader).
+
+        Raises:
+            RuntimeError: no :meth:`wrap` yet, or no batch.
+        """
+        if self._groups is None:
+            raise RuntimeError("call Trainer.wrap(model) before step()")
+        if batch is None or len(batch) != 2:
+            raise RuntimeError("a pipelined step takes batch=(inputs, target): the pipeline's "
+                               "batch from Trainer.loader")
+        if self.runner is None:
+            self._build(loss_fn)
+        runner = self.runner
+        assert runner is not None
+        start = time.perf_counter()
+        inputs, target = batch
+        optimizer.zero_grad(set_to_none=False)
+        losses = runner.step(inputs if runner.is_first else None,
+                             target if runner.is_last else None)
+        compute_s = time.perf_counter() - start
+        grads = [p.grad for p in runner.module.parameters() if p.grad is not None]
+        if self.layout.replicas > 1:
+            for g in grads:
+                g.mul_(self.weight)
+            reduce_stage_gradients_(runner.module, self._groups.stage)
+        loss = self._job_loss(losses)
+        optimizer.step()
+        step_s = time.perf_counter() - start
+        self.steps.global_step += 1
+        local = self.contract.local_batch
+        wait_s = max(0.0, step_s - compute_s)
+        self.metrics.observe_step(step_s, compute_s, wait_s, local, loss)
+        return StepResult(loss=loss, skipped=False, step_s=step_s, compute_s=compute_s,
+                          comm_wait_s=wait_s)
+
+    def _job_loss(self, losses: list[torch.Tensor] | None) -> float:
+        """The job's loss on every rank: the last stages' micro-batch means, weighted over the
+        pipelines, summed on the last stage's group and sent along every pipeline."""
+        value = torch.zeros(1, dtype=torch.float64)
+        if losses is not None:
+            mean = torch.stack([x.detach().to(torch.float64) for x in losses]).mean()
+            value[0] = mean * self.pipeline_batches[self.replica] / sum(self.pipeline_batches)
+            if self.layout.replicas > 1:
+                dist.all_reduce(value, group=self._groups.stage)
+        dist.broadcast(value, src=self._last_rank, group=self._groups.pipeline)
+        return float(value[0])
