@@ -85,6 +85,9 @@ class Gang:
                  cwd: str | None = None) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.exit_order: list[int] = []
+        self.absorbed: set[int] = set()
+        """Processes whose failure the gang went on without (an elastic job's lost ranks,
+        :meth:`wait`'s ``on_failure``)."""
         self.signal_received: int | None = None
         self.forwarded: int | None = None
         """The signal the processes got from :func:`forwarding_signals` (the one received, or
@@ -112,9 +115,11 @@ class Gang:
                 self.exit_order.append(i)
 
     def first_failure(self) -> int | None:
-        """Index of the first process seen exiting with a non-zero code, else None."""
+        """Index of the first process seen exiting with a non-zero code (and not absorbed),
+        else None."""
         self._reap()
-        return next((i for i in self.exit_order if self.procs[i].returncode != 0), None)
+        return next((i for i in self.exit_order
+                     if self.procs[i].returncode != 0 and i not in self.absorbed), None)
 
     def running(self) -> bool:
         """True while any process is alive."""
@@ -136,7 +141,8 @@ class Gang:
 
     def wait(self, *, on_tick: Callable[[], None] | None = None, grace_s: float = GRACE_S,
              poll_s: float = POLL_S, deadline_s: float | None = None,
-             signal_grace_s: float | None = None) -> Outcome:
+             signal_grace_s: float | None = None,
+             on_failure: Callable[[int], bool] | None = None) -> Outcome:
         """Wait until all exit or one fails (then stop the rest).
 
         Args:
@@ -148,6 +154,9 @@ class Gang:
                 checkpoint); None: ``grace_s``.
             poll_s: polling period, seconds.
             deadline_s: ``time.monotonic()`` value at which to stop everything; None for none.
+            on_failure: called with the index of a process that failed; True: the gang goes on
+                without it (an elastic job's survivors re-form, ``spec.elastic``), False or None:
+                every other process is stopped, as without it.
 
         Returns:
             The :class:`Outcome`.
@@ -159,6 +168,9 @@ class Gang:
                 graceful = sigterm and signal_grace_s is not None
                 self.stop(signal_grace_s if graceful else grace_s, resend=not sigterm)
                 break
+            if failed is not None and on_failure is not None and on_failure(failed):
+                self.absorbed.add(failed)
+                continue
             if failed is not None:
                 preempted = exit_code_of(self.procs[failed].returncode) == PREEMPTED_EXIT_CODE
                 self.stop(signal_grace_s if preempted and signal_grace_s is not None else grace_s)

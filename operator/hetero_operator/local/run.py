@@ -36,7 +36,7 @@ from hetero_operator.api import labels, prices
 from hetero_operator.api.types import Plan, to_dict
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.local import nodes as localnodes
-from hetero_operator.local import report, rundirs, runstate, valueview
+from hetero_operator.local import elastic, report, rundirs, runstate, valueview
 from hetero_operator.local.invocation import EXIT_USAGE, invoked_as
 from hetero_operator.local.plan import (DEFAULT_NODES, InputError, default_nodes_file,
                                         embedded_template_notes, load_job, load_objects,
@@ -329,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
                         rebalance_interval_steps=job.training.rebalance_interval_steps,
                         profile_traces=sorted((workdir / "profiles").glob("*.trace.json")),
                         verdict=False)
+    for line in elastic.report_lines(workdir):  # spec.elastic: each shrink, its step and time
+        console.print(line, highlight=False)
     if job.profile_steps is not None and not any((workdir / "profiles").glob("*.trace.json")):
         console.print(f"[yellow]No profiler trace was written[/]: steps {job.profile_steps[0]}-"
                       f"{job.profile_steps[1]} were not reached, or the worker does not use "

@@ -60,6 +60,18 @@ def write_run_file(workdir: Path, *, manifest_text: str, options: Mapping[str, A
                                                sort_keys=True))
 
 
+def write_ranks(workdir: Path, ranks: list[dict[str, Any]]) -> None:
+    """Add the running attempt's ranks to ``run.json`` (``ranks[]``: ``rank``, ``pid``,
+    ``gpu_product``, ``node``), replacing an earlier attempt's; kept beside the options."""
+    path = workdir / RUN_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data["ranks"] = ranks
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
 def read_run_file(workdir: Path) -> dict[str, Any]:
     """The options a run in ``workdir`` was started with (see :func:`write_run_file`).
 

@@ -18,6 +18,8 @@ from typing import IO, Any
 
 from hetero_operator.api import podtemplate
 from hetero_operator.local import failure as failures
+from hetero_operator.local import rundirs
+from hetero_operator.local.elastic import ElasticWatch
 from hetero_operator.lifecycle import restart
 from hetero_operator.local import valueview
 from hetero_operator.render.env import render_rank_envs
@@ -127,9 +129,16 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
         for env in envs:  # one restart generation on every rank, as the operator does (case 34)
             env[envnames.RESTART_GENERATION] = env[envnames.TORCHELASTIC_RESTART_COUNT] = str(attempt)
             env[envnames.TERMINATION_GRACE_S] = f"{grace_s:g}"  # ours, not the pod's 300 s
+        watch = (ElasticWatch(planned.plan, min_ranks=job.elastic.min_ranks, console=console,
+                              workdir=workdir) if job.elastic is not None else None)
+        if watch is not None:  # spec.elastic: a lost rank shrinks the job (local.elastic)
+            watch.add_env(envs)
         started_s = time.time()
         outcome, cause = _attempt(argv, envs, workdir=workdir, console=console, attempt=attempt,
-                                  grace_s=grace_s, deadline_s=deadline_s, output=output)
+                                  grace_s=grace_s, deadline_s=deadline_s, output=output,
+                                  elastic=watch, planned=planned)
+        if watch is not None:
+            watch.finish()
         if outcome.deadline_exceeded:
             console.print(f"[red]Job failed[/]: DeadlineExceeded (spec.runPolicy."
                           f"activeDeadlineSeconds={limit_s})")
@@ -241,7 +250,8 @@ def render_envs(planned: Planned, *, port_base: int, checkpoint_dir: str, workdi
 
 
 def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, console: Any,
-             attempt: int, grace_s: float, deadline_s: float | None, output: RankOutput
+             attempt: int, grace_s: float, deadline_s: float | None, output: RankOutput,
+             elastic: ElasticWatch | None = None, planned: Planned | None = None
              ) -> tuple[procs.Outcome, failures.RankFailure | None]:
     """Start every rank, show progress and the shown ranks' output, wait.
 
@@ -267,6 +277,11 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
             f.close()
         return (procs.Outcome(exit_code=127, failed_index=0),
                 failures.RankFailure(rank=0, exit_code=127, error=str(exc), collateral=False))
+    if planned is not None:  # run.json: ranks[].pid, so a user (or a test) can kill one
+        rundirs.write_ranks(workdir, [{"rank": r, "pid": p.pid, "gpu_product": placed.product,
+                                       "node": placed.node}
+                                      for r, (p, placed) in enumerate(zip(gang.procs,
+                                                                         planned.plan.ranks))])
     view = _ProgressView(console, workdir, log_dir=output.log_dir)
     echoes = [threading.Thread(target=_echo, args=(stream, files[r], view, r, bool(output.tee & bit)),
                                daemon=True)
@@ -277,7 +292,8 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
     try:
         with view, procs.forwarding_signals(gang, as_sigterm=True):  # Ctrl-C: a preemption's stop
             outcome = gang.wait(on_tick=view.tick, grace_s=grace_s, deadline_s=deadline_s,
-                                signal_grace_s=grace_s)
+                                signal_grace_s=grace_s,
+                                on_failure=elastic.on_failure(gang) if elastic else None)
         for echo in echoes:
             echo.join(timeout=5)
     finally:

@@ -67,6 +67,7 @@ class Membership:
         self.address, self.member = address, member
         self.launch_topology: tuple[RankEntry, ...] = contract.topology
         self.collective_timeout_s = contract.comm.collective_timeout_s
+        self.rendezvous_timeout_s = contract.comm.rendezvous_timeout_s
         self.store = _connect(address, timeout_s=contract.comm.rendezvous_timeout_s)
         self.generation = 0
         self.members: tuple[int, ...] = tuple(range(contract.dist.world_size))
@@ -87,8 +88,13 @@ class Membership:
         timeout = timedelta(seconds=self.collective_timeout_s)
         rendezvous._STATE["collective_timeout"] = timeout  # every group the worker makes uses it
         prefix = membership.generation_prefix(self.generation)
+        # Joining waits for the slowest survivor, which may notice the loss only when its own
+        # collective times out: the join gets the rendezvous timeout, the collectives their own.
         dist.init_process_group("gloo", store=dist.PrefixStore(prefix, self.store), rank=rank,
-                                world_size=world_size, timeout=timeout)
+                                world_size=world_size,
+                                timeout=timedelta(seconds=max(self.rendezvous_timeout_s,
+                                                              2 * self.collective_timeout_s)))
+        dist.distributed_c10d._set_pg_timeout(timeout)
 
     def attach(self, trainer: Any) -> None:
         """Become ``trainer``'s membership part (its metrics report the generation)."""

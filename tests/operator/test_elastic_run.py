@@ -1,0 +1,76 @@
+"""``heterotrain run`` with ``spec.elastic`` (issue 31, item 4): a rank SIGKILLed by the user
+mid-run shrinks the job; the survivors go on without a restart and without reading a checkpoint,
+and the report says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
+
+
+def _elastic_digits(tmp_path: Path, repo_root: Path) -> Path:
+    body = yaml.safe_load((repo_root / "examples" / "digits.yaml").read_text())
+    body["spec"]["elastic"] = {"minRanks": 2}
+    body["spec"]["training"]["collectiveTimeoutSeconds"] = 5  # the detection bound (docs/elastic.md)
+    body["spec"]["training"]["checkpoint"]["path"] = str(tmp_path / "ckpt")
+    body["spec"]["worker"]["args"] = ["--epochs", "2"]
+    job = tmp_path / "elastic-digits.yaml"
+    job.write_text(yaml.safe_dump(body))
+    return job
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)  # sync-ok: waits for the thing asserted (a run file's content)
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_t4_rank_shrinks_the_run_and_it_succeeds(repo_root: Path, tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    proc = subprocess.Popen([*RUN, str(_elastic_digits(tmp_path, repo_root)), "--workdir", str(work),
+                             "--metrics-port-base", "0"], cwd=repo_root, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(lambda: int(_read(work / "rank-0.json").get("steps") or 0) >= 3, 60,
+                  "rank 0's third step")
+        ranks = _read(work / "run.json")["ranks"]
+        assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+        victim = next(r for r in reversed(ranks) if r["gpu_product"] == "Tesla-T4")
+        os.kill(victim["pid"], signal.SIGKILL)
+        out = proc.communicate(timeout=90)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    text = " ".join(out.split())
+    assert f"Rank {victim['rank']} (Tesla-T4 on {victim['node']}) lost (exit 137)" in text
+    logs = "".join((work / f"rank-{r}.log").read_text() for r in range(4))
+    assert "resumed at step" not in (out + logs).lower()
+    assert "--- attempt 1" not in logs  # no gang restart
+    event = _read(work / "membership.json")["events"][0]
+    assert (event["from"], event["to"], event["rank"]) == (4, 3, victim["rank"])
+    assert event["step"] >= 4 and 0 < event["recovery_s"] < 5 + 10  # the bound, plus a step
+    assert (f"Elastic: shrank from 4 to 3 ranks at step {event['step']} (Tesla-T4 on "
+            f"{victim['node']} lost)") in text
+    assert "Job succeeded" in text
+    stats = [_read(work / f"rank-{r}.json") for r in range(4) if r != victim["rank"]]
+    assert {s.get("membership_generation") for s in stats} == {1}
