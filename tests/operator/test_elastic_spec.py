@@ -73,6 +73,8 @@ def test_an_elastic_job_plans_unsharded() -> None:
     ({"sharding": "Full"}, "set spec.training.sharding: None"),
     ({"sharding": "Group"}, "a lost rank's shard of the model state is held by no survivor"),
     ({"pipeline": {"blocks": 12, "microBatches": 4}}, "a lost stage's blocks are held by no other"),
+    ({"rebalance": {"intervalSteps": 20}}, "remove spec.training.rebalance.intervalSteps or"),
+    ({"compression": {"mode": "PowerSGD"}}, "remove spec.training.compression or spec.elastic"),
 ])
 def test_refused_at_plan_time_naming_why_and_the_fix(change: dict[str, Any], says: str) -> None:
     body = _manifest({"minRanks": 2}, **{k: v for k, v in change.items() if k != "queue"})
@@ -81,4 +83,5 @@ def test_refused_at_plan_time_naming_why_and_the_fix(change: dict[str, Any], say
     result = plan_job(parse_job(body), build_inventory(MIXED))
     assert isinstance(result, model.Unschedulable)
     assert result.reason == ELASTIC_NOT_PLANNED and says in result.message
-    assert "remove spec.elastic" in result.message or "sharding: None" in result.message
+    assert "spec.elastic" in result.message and ("remove" in result.message
+                                                 or "sharding: None" in result.message)

@@ -8,7 +8,9 @@ state and the job's admission to allow a shrink:
   spans several, so Kueue could not admit the shrunk workload;
 * sharded model state (``sharding`` Group or Full, chosen or picked by ``Auto``): a lost rank's
   shard exists on no survivor, so the job could not heal from its peers;
-* pipeline stages (``spec.training.pipeline``): a lost stage's blocks exist on no other stage.
+* pipeline stages (``spec.training.pipeline``): a lost stage's blocks exist on no other stage;
+* rebalancing or compression (``spec.training.rebalance``, ``compression``): the speed
+  controller's per-rank state is not re-formed after a shrink yet.
 
 For the last two the job's way back is today's gang restart from its checkpoint, which a job
 without ``spec.elastic`` already does; so they are refused rather than planned to fall back on
@@ -39,6 +41,12 @@ def refusal(job: JobSpec) -> str:
                 "other rank, so the survivors cannot heal from their peers (the job could only "
                 "restart from its checkpoint, as it does without spec.elastic); remove "
                 "spec.elastic or spec.training.pipeline")
+    if job.training.rebalance_interval_steps > 0 or job.training.compression != "None":
+        what = ("spec.training.rebalance.intervalSteps" if job.training.rebalance_interval_steps
+                else f"spec.training.compression {job.training.compression}")
+        return (f"spec.elastic with {what}: the speed controller's per-rank state (measured "
+                "speeds, error feedback) is not re-formed after a shrink yet; remove "
+                f"{what.split(' ')[0]} or spec.elastic")
     return sharding_refusal(job.training.sharding)
 
 
