@@ -183,6 +183,40 @@ def test_a_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_
         tracking.Tracker(_contract(0, ("Tesla T4",), (4,), spec))
 
 
+def test_a_backend_that_fails_mid_run_is_dropped_and_the_others_go_on(tmp_path: Path) -> None:
+    class Flaky:
+        def __init__(self, directory: str) -> None:
+            self.scalars: list[tuple[str, int]] = []
+            self.closed = False
+
+        def add_text(self, tag: str, text: str, step: int) -> None:
+            pass
+
+        def add_scalar(self, tag: str, value: float, step: int) -> None:
+            if step == 2:
+                raise OSError(28, "No space left on device")
+            self.scalars.append((tag, step))
+
+        def flush(self) -> None:
+            pass
+
+        def close(self) -> None:
+            self.closed = True
+
+    made: list[Flaky] = []
+    spec = {"tensorboard": {"logDir": str(tmp_path)},
+            "wandb": {"project": "p", "mode": "disabled", "secretRef": None}}
+    t = tracking.Tracker(_contract(0, ("Tesla T4",), (4,), spec),
+                         writer_factory=lambda d: made.append(Flaky(d)) or made[-1])
+    assert list(t.writers) == ["tensorboard"]  # W&B's disabled mode: no run at all
+    for step in (1, 2, 3):  # step 2's write fails: dropped, no exception reaches training
+        t.observe_step(step, step_s=0.5, compute_s=0.4, comm_wait_s=0.1, samples=4, loss=1.0,
+                       local_batches=[4])
+    assert t.writers == {} and made[0].closed
+    assert {step for _, step in made[0].scalars} == {1}
+    t.close()
+
+
 def test_the_trainer_argument_selects_a_backend_over_the_spec() -> None:
     base = _contract(0, ("Tesla T4",), (4,), {"tensorboard": {"logDir": "/tb"}})
     merged = tracking.with_tracking(base, {"mlflow": {"trackingUri": "file:/m", "experiment": "e"}})
