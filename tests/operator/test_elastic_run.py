@@ -68,7 +68,9 @@ def test_a_sigkilled_t4_rank_shrinks_the_run_and_it_succeeds(repo_root: Path, tm
     assert "--- attempt 1" not in logs  # no gang restart
     event = _read(work / "membership.json")["events"][0]
     assert (event["from"], event["to"], event["rank"]) == (4, 3, victim["rank"])
-    assert event["step"] >= 4 and 0 < event["recovery_s"] < 5 + 10  # the bound, plus a step
+    assert event["step"] >= 4
+    assert 0 < event["recovery_s"] < 5  # below the collective timeout: the survivors cut the old
+    # generation's connections, so no rank waits for its timeout (membership.sockets)
     assert (f"Elastic: shrank from 4 to 3 ranks at step {event['step']} (Tesla-T4 on "
             f"{victim['node']} lost)") in text
     assert "Job succeeded" in text

@@ -1,9 +1,10 @@
 """The Trainer's membership part: join through the supervisor's store, survive a lost rank.
 
 Detection: a rank exchanging data with the lost one sees its connection close within
-milliseconds; a rank waiting on a live peer inside the same collective notices when that
-collective times out (``HTJ_COLLECTIVE_TIMEOUT_S``): Gloo cannot be interrupted, so the bound on
-noticing is the collective timeout (docs/elastic.md).
+milliseconds. Once the supervisor has announced the loss, every survivor that noticed shuts down
+its connections of the old generation (:mod:`hetero_worker.membership.sockets`), so a rank
+blocked on a live peer sees that connection close too; the bound without that cascade (a socket
+not recorded) is the collective timeout (``HTJ_COLLECTIVE_TIMEOUT_S``; docs/elastic.md).
 
 On a failed step (a ``RuntimeError`` from a collective) :meth:`Membership.guarded_step` waits up to
 :data:`ANNOUNCE_WAIT_S` for the supervisor's next generation (none: the error was not a lost
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from hetero_worker.membership import reform
+from hetero_worker.membership import reform, sockets
 from hetero_worker.stepping import StepResult
 from heterotrain_common import envnames, membership
 from heterotrain_common.contract import Contract, RankEntry
@@ -75,9 +76,12 @@ class Membership:
         self.last_recovery_s: float | None = None
         self._lost_at_s: float | None = None  # wall time of the last loss, until a step completes
         self.metrics: Any = None
+        self._sockets_before: dict[int, str] = {}
+        self.sockets: dict[int, str] = {}  # the current generation's connections (fd -> inode)
 
     def join(self) -> None:
         """Initialise the default process group of generation 0 (Gloo) through the store."""
+        self._sockets_before = sockets.snapshot()  # the generation's connections: until attach
         self._init_group(self.members.index(self.member), len(self.members))
 
     def _init_group(self, rank: int, world_size: int) -> None:
@@ -100,6 +104,7 @@ class Membership:
         """Become ``trainer``'s membership part (its metrics report the generation)."""
         trainer.membership = self
         self.metrics = trainer.metrics
+        self.sockets = sockets.opened_since(self._sockets_before)  # the groups the Trainer built
         self._metric("set_membership_generation", self.generation)
 
     def _metric(self, name: str, *args: Any) -> None:
@@ -162,7 +167,9 @@ class Membership:
         if self.member not in announced.members:  # we were counted lost: leave as a loss
             raise error
         old_members, old_split = self.members, list(trainer.data.position.local_batches)
+        sockets.cut(self.sockets)  # peers blocked on us notice now, not at their timeout
         dist.destroy_process_group()  # every group of the old generation
+        before = sockets.snapshot()
         self.generation, self.members = announced.generation, announced.members
         self._lost_at_s = announced.lost_at_s
         rank = self.members.index(self.member)
@@ -179,6 +186,7 @@ class Membership:
         split = reform.survivor_split(global_batch, old_members, old_split, self.members)
         reform.apply(trainer, reform.rank_contract(trainer.contract, topology, rank),
                      split=split, epoch=epoch, cursor=cursor)
+        self.sockets = sockets.opened_since(before)
         if redone:
             self.steps_redone += 1
             self._metric("record_step_redone")
