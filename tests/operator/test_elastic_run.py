@@ -9,11 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_until
 
 RUN = [sys.executable, "-m", "hetero_operator.cli", "run"]
 
@@ -27,13 +27,6 @@ def _elastic_digits(tmp_path: Path, repo_root: Path) -> Path:
     job = tmp_path / "elastic-digits.yaml"
     job.write_text(yaml.safe_dump(body))
     return job
-
-
-def _wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)  # sync-ok: waits for the thing asserted (a run file's content)
 
 
 def _read(path: Path) -> dict:
@@ -50,8 +43,8 @@ def test_a_sigkilled_t4_rank_shrinks_the_run_and_it_succeeds(repo_root: Path, tm
                              "--metrics-port-base", "0"], cwd=repo_root, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_for(lambda: int(_read(work / "rank-0.json").get("steps") or 0) >= 3, 60,
-                  "rank 0's third step")
+        wait_until(lambda: int(_read(work / "rank-0.json").get("steps") or 0) >= 3, timeout_s=60,
+                   what="rank 0's third step (rank-0.json)")
         ranks = _read(work / "run.json")["ranks"]
         assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
         victim = next(r for r in reversed(ranks) if r["gpu_product"] == "Tesla-T4")
