@@ -103,3 +103,30 @@ def test_a_killed_rank_shrinks_the_job_and_the_step_is_redone(tmp_path: Path) ->
     reference = _reference_params(steps_per_epoch)
     for got, want in zip(final, reference, strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_only_a_collective_failure_waits_for_a_new_generation() -> None:
+    import torch.distributed as dist
+
+    from hetero_worker.membership.elastic import peer_failure
+    assert peer_failure(RuntimeError("[third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"))
+    assert peer_failure(dist.DistBackendError("NCCL communicator was aborted"))
+    assert not peer_failure(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 9x4)"))
+
+
+def test_the_survivors_topology_split_and_contract() -> None:
+    from hetero_worker.membership import reform
+    from heterotrain_common.contract import parse_contract
+
+    envs = mixed_cluster_envs([70, 28, 15, 15], nodes=["a", "b", "c", "c"], hierarchy="group")
+    launch = parse_contract(envs[0])
+    topology = reform.shrunk_topology(launch.topology, [0, 1, 2])
+    assert [(e.rank, e.group, e.node, e.gpu_product) for e in topology] == [
+        (0, 0, "a", "NVIDIA-A100-SXM4-40GB"), (1, 1, "b", "Tesla-V100-SXM2-16GB"),
+        (2, 2, "c", "Tesla-T4")]
+    assert reform.survivor_split(128, [0, 1, 2, 3], [70, 28, 15, 15], [0, 1, 2]) == [79, 32, 17]
+    assert reform.survivor_split(128, [0, 1, 2], [79, 32, 17], [0, 2]) == [105, 23]
+    two = reform.shrunk_topology(launch.topology, [0, 3])  # the second T4 is now rank 1
+    contract = reform.rank_contract(parse_contract(envs[3]), two, 1)
+    assert (contract.dist.rank, contract.dist.world_size, contract.dist.group,
+            contract.dist.group_rank, contract.dist.group_size) == (1, 2, 1, 0, 1)

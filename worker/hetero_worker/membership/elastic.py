@@ -123,6 +123,8 @@ class Membership:
         try:
             result = run()
         except RuntimeError as exc:
+            if not peer_failure(exc):  # the script's own error (a shape, a NaN check): as before
+                raise
             announced = self._await_generation()
             if announced is None:
                 raise
@@ -198,6 +200,21 @@ class Membership:
               f"split {split}, continuing at step {trainer.global_step + 1} "
               f"({'redone' if redone else 'next'}; no checkpoint read)",
               file=sys.stderr, flush=True)
+
+
+PEER_FAILURE_MARKS = ("gloo", "nccl", "connection closed", "connection reset", "timed out",
+                      "broken pipe")
+"""Words of the errors a collective raises when a peer is gone (lower case)."""
+
+
+def peer_failure(exc: BaseException) -> bool:
+    """True when ``exc`` may be a collective's failure because a peer is gone (a
+    ``torch.distributed.DistError``, or an error naming the transport): only then does a rank wait
+    for a new generation; any other error is raised at once."""
+    import torch.distributed as dist
+
+    text = str(exc).lower()
+    return isinstance(exc, dist.DistError) or any(mark in text for mark in PEER_FAILURE_MARKS)
 
 
 def _connect(address: str, *, timeout_s: float) -> Any:
