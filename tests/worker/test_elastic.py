@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -21,10 +22,10 @@ from heterotrain_common import envnames
 from rankproc import HERE, mixed_cluster_envs, start_rank
 
 LOCAL_BATCHES = [4, 3, 3]
-EPOCHS, KILL_MEMBER, KILL_AT_STEP = 3, 1, 8  # step 8 is the 2nd step of epoch 1 (6 steps/epoch)
+EPOCHS, KILL_MEMBER = 3, 1  # 6 steps per epoch
 
 
-def _run_elastic(out: Path) -> tuple[list, float]:
+def _run_elastic(out: Path, kill_at_step: int) -> tuple[list, float]:
     """Start 3 elastic ranks around a membership store; announce the victim's loss the moment
     its process is seen gone (what heterotrain run's supervisor does). Returns the processes'
     (returncode, stderr) and the seconds the run took."""
@@ -32,12 +33,12 @@ def _run_elastic(out: Path) -> tuple[list, float]:
     envs = mixed_cluster_envs(LOCAL_BATCHES, hierarchy="flat")
     started = time.monotonic()
     procs = [start_rank([sys.executable, str(HERE / "elastic_ranks.py"), str(out), str(EPOCHS),
-                         str(KILL_MEMBER), str(KILL_AT_STEP)], env,
+                         str(KILL_MEMBER), str(kill_at_step)], env,
                         **{envnames.ELASTIC_STORE: host.address, envnames.ELASTIC_MEMBER: str(r),
                            envnames.COLLECTIVE_TIMEOUT_S: "20"})
              for r, env in enumerate(envs)]
     victim = procs[KILL_MEMBER]
-    victim.wait(timeout=60)  # it kills itself at KILL_AT_STEP
+    victim.wait(timeout=60)  # it kills itself at kill_at_step
     host.announce([{"member": KILL_MEMBER, "gpu_product": "Tesla-V100-SXM2-16GB",
                     "node": "node-a", "exit_code": 128 + signal.SIGKILL}],
                   reason="process killed", lost_at_s=time.time())
@@ -67,8 +68,10 @@ def _reference_params(steps_per_epoch: int) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-def test_a_killed_rank_shrinks_the_job_and_the_step_is_redone(tmp_path: Path) -> None:
-    results, _ = _run_elastic(tmp_path)
+@pytest.mark.parametrize("kill_at_step", [6, 7, 8])  # epoch 0's last step, epoch 1's first, second
+def test_a_killed_rank_shrinks_the_job_and_the_step_is_redone(tmp_path: Path,
+                                                              kill_at_step: int) -> None:
+    results, _ = _run_elastic(tmp_path, kill_at_step)
     for member, (code, err) in enumerate(results):
         if member == KILL_MEMBER:
             assert code == -signal.SIGKILL
@@ -94,9 +97,9 @@ def test_a_killed_rank_shrinks_the_job_and_the_step_is_redone(tmp_path: Path) ->
     for row in rows:
         per_step[row["step"]] = per_step.get(row["step"], 0) + len(row["indices"])
     assert per_step == {s: global_batch for s in range(1, EPOCHS * steps_per_epoch + 1)}
-    assert {row["generation"] for row in rows if row["step"] >= KILL_AT_STEP} == {1}
-    assert [row["step"] for row in rows if row["step"] < KILL_AT_STEP and row["rank"] == 1
-            and row["generation"] == 0] == list(range(1, KILL_AT_STEP))  # the victim's
+    assert {row["generation"] for row in rows if row["step"] >= kill_at_step} == {1}
+    assert [row["step"] for row in rows if row["step"] < kill_at_step and row["rank"] == 1
+            and row["generation"] == 0] == list(range(1, kill_at_step))  # the victim's
 
     # (c) every update, the redone one included, equals one float64 process's full-batch update
     final = torch.load(tmp_path / "final.pt")
