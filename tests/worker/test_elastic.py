@@ -133,3 +133,39 @@ def test_the_survivors_topology_split_and_contract() -> None:
     contract = reform.rank_contract(parse_contract(envs[3]), two, 1)
     assert (contract.dist.rank, contract.dist.world_size, contract.dist.group,
             contract.dist.group_rank, contract.dist.group_size) == (1, 2, 1, 0, 1)
+
+
+def _adopt_rank(rank: int, init_file: str, out: str) -> None:
+    """A rank of the state-agreement test: distinct parameters and Adam state on each rank, then
+    every rank takes rank 1's (the survivor that had completed the interrupted step)."""
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from hetero_worker.membership.elastic import _adopt_state
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=3)
+    torch.manual_seed(100 + rank)
+    module = make_model()
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.05)
+    for _ in range(rank + 1):  # a different step count and moments on each rank
+        optimizer.zero_grad()
+        module(torch.randn(5, 8, dtype=torch.float64)).sum().backward()
+        optimizer.step()
+    _adopt_state(SimpleNamespace(parts_model=SimpleNamespace(module=module), scaler=None),
+                 optimizer, source=1)
+    torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict()},
+               f"{out}/adopted{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_survivors_take_the_state_of_the_one_that_completed_the_step(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    mp.spawn(_adopt_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=3)
+    states = [torch.load(tmp_path / f"adopted{r}.pt") for r in range(3)]
+    for state in states:
+        for key, value in states[1]["model"].items():
+            assert torch.equal(state["model"][key], value)
+        for index, moments in states[1]["optimizer"]["state"].items():
+            assert float(state["optimizer"]["state"][index]["step"]) == float(moments["step"]) == 2
+            assert torch.equal(state["optimizer"]["state"][index]["exp_avg"], moments["exp_avg"])
