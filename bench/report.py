@@ -49,6 +49,8 @@ BENCHMARKS = [  # (results file stem, title, command)
     ("memory-auto", "Largest model with precision Auto and checkpoints, beside FP32 (issue 29)",
      "bench/bench_memory.py --only auto --output bench/results/memory-auto.json"),
     ("sharded-checkpoint", "Sharded checkpoints (issue 12)", "bench/bench_sharded_checkpoint.py"),
+    ("elastic", "Elastic shrink vs gang restart from the checkpoint, a T4 rank SIGKILLed (issue 31)",
+     "bench/bench_elastic.py"),
 ]
 
 
