@@ -138,17 +138,16 @@ class LocalKubelet:
 
     async def shutdown(self) -> None:
         """Kill every pod process (SIGTERM, SIGKILL after 2 s), report nothing: a kubelet stopping."""
-        for state in self.pods.values():
-            for proc in state.procs.values():
-                _killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 2
-        for state in self.pods.values():
-            for proc in state.procs.values():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(proc.wait(), max(0.01, deadline - time.monotonic()))
-                _killpg(proc.pid, signal.SIGKILL)
-        for task in list(self._tasks):
+        for task in list(self._tasks):  # first: no pod task starts a process after the snapshot
             task.cancel()
+        procs = [proc for state in list(self.pods.values()) for proc in list(state.procs.values())]
+        for proc in procs:
+            _killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 2
+        for proc in procs:  # awaited: the pod tables may change meanwhile, the snapshot does not
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), max(0.01, deadline - time.monotonic()))
+            _killpg(proc.pid, signal.SIGKILL)
         if self.log_server is not None:
             await self.log_server.stop()
 
