@@ -322,9 +322,11 @@ def _cause(gang: procs.Gang, first_seen: int,
     their errors are read from this attempt's part of their logs.
     """
     stopped = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
-    seen = [i for i in gang.exit_order if gang.procs[i].returncode not in (0, None)]
+    seen = [i for i in gang.exit_order if gang.procs[i].returncode not in (0, None)
+            and i not in gang.absorbed]  # an elastic job's earlier losses are not this failure
     seen += [i for i, p in enumerate(gang.procs)
-             if i not in seen and p.returncode not in (0, None, *stopped)]
+             if i not in seen and i not in gang.absorbed
+             and p.returncode not in (0, None, *stopped)]
     if first_seen not in seen:
         seen.insert(0, first_seen)
     found = [failures.rank_failure(i, procs.exit_code_of(gang.procs[i].returncode or 0),
