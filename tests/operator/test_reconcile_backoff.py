@@ -18,6 +18,7 @@ from builders import make_node
 from test_handlers import CONFIG, FakeApi, _job, _reconciler, _status
 
 from hetero_operator.api import limits
+from hetero_operator.api.spec import parse_job
 from hetero_operator.controller.progress import Progress
 from hetero_operator.controller.requeue import Requeue, retry_delay_s
 
@@ -101,14 +102,15 @@ async def test_a_deleted_job_leaves_no_memory_in_the_reconciler() -> None:
     await rec.reconcile("team-x", "digits")
     rec.progress.last[("team-x", "digits")] = Progress(step=100, samples_per_s=1.0, checkpoint_fallbacks=1,
                                                            resumed_step=100)
-    await rec._checkpoint_fallback(api.jobs[("team-x", "digits")], _status(api), 1.0)
+    job = api.jobs[("team-x", "digits")]
+    await rec.ckpt_events.observe(job, parse_job(job), _status(api), rec.progress.last[("team-x", "digits")], 1.0)
     assert [e[1] for e in api.events][-1] == "CheckpointFallback"
     rec.requeue.backoff("team-x", "digits")
     rec.kueue._queues[("team-x", "digits")] = ("uid-1", "team-q")
     api.jobs.clear()
     assert await rec.reconcile("team-x", "digits") is None  # gone: forgotten
     leftovers = []
-    for holder in (rec, rec.requeue, rec.events, rec.progress, rec.learner, rec.kueue, rec.reservations):
+    for holder in (rec, rec.ckpt_events, rec.requeue, rec.events, rec.progress, rec.learner, rec.kueue, rec.reservations):
         for attr, value in vars(holder).items():
             if isinstance(value, (dict, set)):
                 keys = value.keys() if isinstance(value, dict) else value
@@ -116,3 +118,15 @@ async def test_a_deleted_job_leaves_no_memory_in_the_reconciler() -> None:
                               if isinstance(k, tuple) and k[:2] == ("team-x", "digits")]
     assert leftovers == []
 
+
+
+def test_a_status_merge_patch_names_every_removed_key_as_null() -> None:
+    """The reconciler's status write (lifecycle/status.merge_patch): changed keys, removed keys at
+    the top and one level down as None (RFC 7386), nothing for an equal status."""
+    from hetero_operator.lifecycle.status import merge_patch
+
+    old = {"phase": "Running", "progress": {"step": 10, "eta": "5s"}, "message": "m", "restarts": 0}
+    new = {"phase": "Succeeded", "progress": {"step": 30}, "restarts": 0}
+    assert merge_patch(old, new) == {"phase": "Succeeded", "progress": {"eta": None, "step": 30},
+                                     "message": None}
+    assert merge_patch(new, new) == {}

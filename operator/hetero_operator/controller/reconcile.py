@@ -32,9 +32,9 @@ from hetero_operator.api.errors import SpecError
 from hetero_operator.api.settings import OperatorConfig
 from hetero_operator.api.spec import JobSpec, parse_job, profile_key
 from hetero_operator.api.types import Plan, Unschedulable
-from hetero_operator.cluster import netpol
 from hetero_operator.cluster.dra import DraInventory
 from hetero_operator.cluster.nodehealth import FirstSeen, NodeHealth, node_health
+from hetero_operator.controller.egress import restricts_egress
 from hetero_operator.controller.events import EventRecorder
 from hetero_operator.controller.k8s import Api
 from hetero_operator.controller.leadership import Leadership
@@ -47,13 +47,13 @@ from hetero_operator.controller.ownership import NotOwned, create_core_owned
 from hetero_operator.controller.planner import plan_inputs, plan_on_indexes, with_default_images
 from hetero_operator.controller.progress import (METRICS_UNREADABLE, MetricsUrlFn, ProgressReader,
                                                  default_metrics_url)
+from hetero_operator.controller.rankevents import RankCheckpointEvents
 from hetero_operator.controller.refusals import REFUSED, not_a_refusal, plan_too_large, refusal_words
 from hetero_operator.controller.requeue import Requeue, next_look_s
 from hetero_operator.controller.reservations import Reservations, planned_gpu_pods
 from hetero_operator.lifecycle import decisions as lc
 from hetero_operator.lifecycle import status as st
 from hetero_operator.lifecycle import ckptplace, rwoclaims, stuck
-from hetero_operator.lifecycle.ckptplace import CHECKPOINT_NOT_RESUMED
 from hetero_operator.planning.marginal import PlanInputs
 from hetero_operator.render import pods as rendering
 from hetero_operator.render import workload as kueue
@@ -109,8 +109,7 @@ class Reconciler:
         self._job_nodes: dict[Key, frozenset[str]] = {}
         self.kueue = KueueGate(api)  # queued jobs: Workload per job, admission gates the pods
         self.reservations = Reservations()  # planned pods the pod index has not seen yet
-        self._fallbacks_told: set[tuple[str, str, int]] = set()
-        self._not_resumed_told: set[tuple[str, str, int]] = set()
+        self.ckpt_events = RankCheckpointEvents(self.events)  # CheckpointFallback / NotResumed
         self.node_first_seen = FirstSeen()  # time-less NotReady marks, dated at first sight
 
     # --- kicks -----------------------------------------------------------------------------
@@ -138,8 +137,7 @@ class Reconciler:
         self.requeue.forget(namespace, name)
         self.events.forget(namespace, name)
         self.kueue.forget(namespace, name)
-        self._fallbacks_told = {k for k in self._fallbacks_told if k[:2] != key}
-        self._not_resumed_told = {k for k in self._not_resumed_told if k[:2] != key}
+        self.ckpt_events.forget(namespace, name)
         self.progress.forget(namespace, name)
         self.learner.forget(namespace, name)
         self._phases.pop(key, None)
@@ -217,8 +215,7 @@ class Reconciler:
         if decision.action == lc.RUNNING:
             extra = await self.progress.read(namespace, name, pods, metrics_port=spec.worker.metrics_port,
                                              global_batch=spec.training.global_batch_size, now_s=now)
-            await self._checkpoint_fallback(job, status, now)
-            await self._not_resumed(job, spec, status, now)
+            await self.ckpt_events.observe(job, spec, status, self.progress.last.get((namespace, name)), now)
             await self.learner.observe(namespace, name, pods, status.get("plan"),
                                        metrics_port=spec.worker.metrics_port, now_s=now)
             await self._metrics_warnings(job, now)
@@ -324,8 +321,8 @@ class Reconciler:
         if self.config.network.policy:  # before any pod exists: no window with open ports
             children.append(rendering.render_network_policy(
                 spec, result, metrics_namespaces=self.config.network.metrics_namespaces,
-                egress=await self._egress(spec, pods), dns_namespace=self.config.network.dns_namespace,
-                dns_labels=self.config.network.dns_labels))
+                egress=await restricts_egress(self.api, self.config.network.egress, spec, pods),
+                dns_namespace=self.config.network.dns_namespace, dns_labels=self.config.network.dns_labels))
         kopf.append_owner_reference([*children, *claim_templates, *pods], owner=job)
         plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.ports.master)
         started = st.started_status(status, spec, result, plan, attempt=attempt, generation=gen,
@@ -365,55 +362,6 @@ class Reconciler:
             if warning.node in result.nodes:
                 await self.events.post(job, "Warning", warning.reason, warning.message, now)
         return self.config.intervals.resync_s
-
-    async def _checkpoint_fallback(self, job: Mapping[str, Any], status: Mapping[str, Any],
-                                   now: float) -> None:
-        """Rank 0 resumed past an unreadable newer checkpoint (``htj_checkpoint_fallbacks_total``):
-        say so on the job, once per attempt (rank 0's log has the file and the reason)."""
-        meta = job["metadata"]
-        read = self.progress.last.get((meta["namespace"], meta["name"]))
-        attempt = st.job_state(status).attempt
-        key = (meta["namespace"], meta["name"], attempt)
-        if read is None or not read.checkpoint_fallbacks or key in self._fallbacks_told:
-            return
-        self._fallbacks_told.add(key)
-        await self.events.post(job, "Warning", "CheckpointFallback",
-                               f"Attempt {attempt} resumed from the checkpoint of step "
-                               f"{read.resumed_step}: a newer one was unreadable on some rank "
-                               "(truncated or corrupt; rank 0's log names it and why).", now)
-
-    async def _not_resumed(self, job: Mapping[str, Any], spec: JobSpec, status: Mapping[str, Any],
-                           now: float) -> None:
-        """Rank 0 started beside other jobs' checkpoints without resuming them
-        (``htj_checkpoints_not_resumed``, issue 33): say so on the job, once per attempt."""
-        meta = job["metadata"]
-        read = self.progress.last.get((meta["namespace"], meta["name"]))
-        key = (meta["namespace"], meta["name"], st.job_state(status).attempt)
-        if read is None or not read.checkpoints_not_resumed or key in self._not_resumed_told:
-            return
-        self._not_resumed_told.add(key)
-        await self.events.post(job, "Warning", CHECKPOINT_NOT_RESUMED, ckptplace.not_resumed_message(
-            spec, read.checkpoints_not_resumed), now)
-
-    async def _egress(self, spec: JobSpec, pods: list[dict[str, Any]]) -> bool:
-        """Whether the job's NetworkPolicy restricts egress too (``HTJ_NETWORK_POLICY_EGRESS``):
-        ``auto`` when another policy of the namespace isolates any of the pods' egress already
-        (shared/cases/46: "default deny all"), so the ranks keep reaching each other and the
-        DNS; an unreadable policy list (RBAC of an older chart) leaves egress as it is."""
-        mode = self.config.network.egress
-        if mode != "auto":
-            return mode == "always"
-        lister = getattr(self.api, "list_network_policies", None)
-        if lister is None:
-            return False
-        try:
-            policies = await lister(spec.namespace)
-        except Exception as exc:  # noqa: BLE001 - advice only: the policy stays ingress-only
-            log.warning("%s: cannot list NetworkPolicies (%s); the job's policy restricts ingress "
-                        "only", spec.namespace, exc)
-            return False
-        return any(netpol.egress_isolated(policies, p["metadata"]["labels"], ignore=spec.name)
-                   for p in pods)
 
     async def _refused(self, job: Mapping[str, Any], started: dict[str, Any], undo: list[str],
                        failed: list[tuple[str, BaseException]], refusals: int, now: float, *,
@@ -527,22 +475,13 @@ class Reconciler:
         await self._record(job, status, d, [], now, event_type="Warning")
 
     async def _patch(self, job: Mapping[str, Any], old: Mapping[str, Any], new: dict[str, Any]) -> None:
-        changed = {k: _merge_value(old.get(k), v) for k, v in new.items() if old.get(k) != v}
-        removed = {k: None for k in old if k not in new}
-        if changed or removed:
+        patch = st.merge_patch(old, new)
+        if patch:
             meta = job["metadata"]
-            await self.api.patch_job_status(meta["namespace"], meta["name"], {**changed, **removed})
+            await self.api.patch_job_status(meta["namespace"], meta["name"], patch)
 
     def _set_phase(self, job: Mapping[str, Any], phase: str) -> None:
         meta = job["metadata"]
         self._phases[(meta["namespace"], meta["name"])] = phase
         self.metrics.set_phases(self._phases.values())
 
-
-def _merge_value(old: Any, new: Any) -> Any:
-    """``new`` for a JSON merge patch over ``old``: a key ``old`` had and ``new`` lacks is set to
-    ``None`` (a merge patch keeps what it does not name: a finished job kept its ``progress.eta``).
-    Nested mappings one level down, as ``status.progress``."""
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        return {**{k: None for k in old if k not in new}, **new}
-    return new

@@ -425,3 +425,19 @@ def refused_status(started: Mapping[str, Any], *, reason: str, message: str, ref
     new["conditions"] = c.apply_phase(conditions, phase=c.PENDING, reason=reason, message=message,
                                       now_s=now_s, generation=generation)
     return new
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns status ``old`` into ``new``; empty when equal.
+
+    A merge patch keeps what it does not name, so every key ``old`` has and ``new`` lacks is sent
+    as ``None``: at the top level and one level down, in nested mappings such as
+    ``status.progress`` (a finished job kept its ``progress.eta`` before this).
+    """
+    def value(before: Any, after: Any) -> Any:
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            return {**{k: None for k in before if k not in after}, **after}
+        return after
+
+    changed = {k: value(old.get(k), v) for k, v in new.items() if old.get(k) != v}
+    return {**changed, **{k: None for k in old if k not in new}}
