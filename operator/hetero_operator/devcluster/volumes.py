@@ -13,12 +13,17 @@ that builds a path some other way (a constant in its code) is not redirected: do
   creates a ``hostPath`` PersistentVolume on a new folder under ``<cluster dir>/volumes``,
   pre-bound to the claim (``claimRef``); kube-controller-manager's PV controller binds them. A
   released volume of ours (its claim deleted) is deleted with its folder.
-* **emptyDir, ConfigMap, Secret**: folders under the pod's folder ``pods/<ns>_<pod>_<uid>/``;
-  ConfigMap and Secret keys become files with the volume's ``items``, ``mode`` / ``defaultMode``.
+* **emptyDir, ConfigMap, Secret, downwardAPI, projected**: folders under the pod's folder
+  ``pods/<ns>_<pod>_<uid>/``; ConfigMap and Secret keys become files with the volume's ``items``,
+  ``mode`` / ``defaultMode``; downward-API items their ``fieldRef`` value; a projected
+  ``serviceAccountToken`` a TokenRequest token of the pod's service account (the API server's
+  ServiceAccount admission adds such a ``kube-api-access-*`` volume to every pod that mounts a
+  token).
 * **Refused** (:class:`Refused`, the kubelet posts a ``FailedMount`` Event and leaves the pod
   ``Pending`` as a kubelet does): ``hostPath`` (it would reach outside the cluster dir), a claim
   whose volume is not a folder under ``<cluster dir>/volumes``, a ``subPath`` leaving its volume,
-  ``subPathExpr``, a missing ConfigMap/Secret that is not ``optional``, and any other volume type.
+  ``subPathExpr``, a missing ConfigMap/Secret that is not ``optional``, and any other volume type
+  (``csi``, ``ephemeral``, ``image``, ...).
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ VOLUMES_DIR = "volumes"
 """Folder of the cluster dir that holds every PersistentVolume's folder."""
 DEFAULT_MODE = 0o644
 """A ConfigMap or Secret volume's file mode when it names none (Kubernetes' default)."""
-SUPPORTED = ("persistentVolumeClaim", "emptyDir", "configMap", "secret")
+SUPPORTED = ("persistentVolumeClaim", "emptyDir", "configMap", "secret", "projected", "downwardAPI")
 MOUNT_EVENT_REASON = "FailedMount"
 
 
@@ -192,7 +197,7 @@ async def prepare(api: Api, pod: Mapping[str, Any], container: Mapping[str, Any]
         if vol is None:
             raise Refused(f"volumeMount {m['name']}: no volume of that name")
         if m["name"] not in made:
-            made[m["name"]] = await _volume_folder(api, ns, vol, folder / "volumes" / vol["name"], cluster_dir)
+            made[m["name"]] = await _volume_folder(api, pod, vol, folder / "volumes" / vol["name"], cluster_dir)
         host = _safe_join(made[m["name"]], m.get("subPath") or "", f"volumeMount {m['name']}: subPath")
         host.mkdir(parents=True, exist_ok=True)
         if not _inside(host, cluster_dir):
@@ -201,8 +206,9 @@ async def prepare(api: Api, pod: Mapping[str, Any], container: Mapping[str, Any]
     return sorted(mounts, key=lambda x: -len(x.mount_path))
 
 
-async def _volume_folder(api: Api, ns: str, vol: Mapping[str, Any], folder: Path, cluster_dir: Path) -> Path:
-    name = vol["name"]
+async def _volume_folder(api: Api, pod: Mapping[str, Any], vol: Mapping[str, Any], folder: Path,
+                         cluster_dir: Path) -> Path:
+    name, ns = vol["name"], pod["metadata"]["namespace"]
     if "hostPath" in vol:
         raise Refused(f"volume {name}: hostPath is refused by the local kubelet: it runs the pod's "
                       f"processes on this machine and mounts nothing outside the cluster dir {cluster_dir}; "
@@ -217,6 +223,9 @@ async def _volume_folder(api: Api, ns: str, vol: Mapping[str, Any], folder: Path
     folder.mkdir(parents=True, exist_ok=True)
     if kind == "emptyDir":
         return folder
+    if kind in ("projected", "downwardAPI"):
+        await _projected(api, pod, vol, folder)
+        return folder
     src = vol[kind]
     ref = src.get("name") if kind == "configMap" else src.get("secretName")
     plural = "configmaps" if kind == "configMap" else "secrets"
@@ -226,10 +235,7 @@ async def _volume_folder(api: Api, ns: str, vol: Mapping[str, Any], folder: Path
         if exc.status == 404 and src.get("optional"):
             return folder
         raise Refused(f"volume {name}: {kind} {ns}/{ref}: {exc.message or exc}") from None
-    data = {k: v.encode() for k, v in (obj.get("data") or {}).items()} if kind == "configMap" else \
-        {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
-    data.update({k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()})
-    _write_keys(folder, data, src.get("items"), int(src.get("defaultMode", DEFAULT_MODE)), f"volume {name}")
+    _write_keys(folder, _keys(kind, obj), src.get("items"), int(src.get("defaultMode", DEFAULT_MODE)), f"volume {name}")
     return folder
 
 
@@ -251,6 +257,57 @@ async def _claim_folder(api: Api, ns: str, name: str, src: Mapping[str, Any], cl
                       f"(StorageClass {STORAGE_CLASS})")
     Path(path).mkdir(parents=True, exist_ok=True)
     return Path(path)
+
+
+async def _projected(api: Api, pod: Mapping[str, Any], vol: Mapping[str, Any], folder: Path) -> None:
+    """A ``projected`` (or ``downwardAPI``) volume's files: its sources' ConfigMap and Secret keys,
+    downward-API values and service-account token."""
+    from .podenv import field_value
+    meta, name = pod["metadata"], vol["name"]
+    src = vol.get("projected") or {}
+    default_mode = int(src.get("defaultMode", (vol.get("downwardAPI") or {}).get("defaultMode", DEFAULT_MODE)))
+    sources = [{"downwardAPI": vol["downwardAPI"]}] if "downwardAPI" in vol else list(src.get("sources") or [])
+    for source in sources:
+        if "serviceAccountToken" in source:
+            tok = source["serviceAccountToken"]
+            sa = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+            answer = await api.create(
+                f"/api/v1/namespaces/{meta['namespace']}/serviceaccounts/{sa}/token",
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
+                    "expirationSeconds": int(tok.get("expirationSeconds", 3600)),
+                    **({"audiences": [tok["audience"]]} if tok.get("audience") else {}),
+                    "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": meta["name"], "uid": meta["uid"]}}})
+            _write_keys(folder, {"token": answer["status"]["token"].encode()},
+                        [{"key": "token", "path": tok.get("path") or "token"}], default_mode, f"volume {name}")
+        elif "downwardAPI" in source:
+            items = (source["downwardAPI"] or {}).get("items") or []
+            data = {i["path"]: (field_value(pod, i["fieldRef"]["fieldPath"]) if "fieldRef" in i else "0").encode()
+                    for i in items}
+            _write_keys(folder, data, [{"key": i["path"], "path": i["path"], **({"mode": i["mode"]} if "mode" in i
+                                                                                   else {})} for i in items],
+                        default_mode, f"volume {name}")
+        elif "configMap" in source or "secret" in source:
+            kind = "configMap" if "configMap" in source else "secret"
+            ref = source[kind]
+            plural = "configmaps" if kind == "configMap" else "secrets"
+            try:
+                obj = await api.get(f"/api/v1/namespaces/{meta['namespace']}/{plural}/{ref.get('name')}")
+            except ApiError as exc:
+                if exc.status == 404 and ref.get("optional"):
+                    continue
+                raise Refused(f"volume {name}: {kind} {ref.get('name')}: {exc.message or exc}") from None
+            _write_keys(folder, _keys(kind, obj), ref.get("items"), default_mode, f"volume {name}")
+        else:
+            raise Refused(f"volume {name}: projected source {next(iter(source), '?')} is not supported "
+                          "by the local kubelet")
+
+
+def _keys(kind: str, obj: Mapping[str, Any]) -> dict[str, bytes]:
+    """A ConfigMap's or Secret's keys as bytes (``data``, then ``binaryData``)."""
+    data = {k: v.encode() for k, v in (obj.get("data") or {}).items()} if kind == "configMap" else \
+        {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+    data.update({k: base64.b64decode(v) for k, v in (obj.get("binaryData") or {}).items()})
+    return data
 
 
 def _write_keys(folder: Path, data: Mapping[str, bytes], items: Sequence[Mapping[str, Any]] | None,
