@@ -171,6 +171,7 @@ class PipelinePart:
         self.steps.global_step += 1
         local = self.contract.local_batch
         wait_s = max(0.0, step_s - compute_s)
+        self.metrics.set_local_batch(local)  # its share of the samples, not the pipeline's batch
         self.metrics.observe_step(step_s, compute_s, wait_s, local, loss)
         return StepResult(loss=loss, skipped=False, step_s=step_s, compute_s=compute_s,
                           comm_wait_s=wait_s)
