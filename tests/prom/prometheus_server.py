@@ -14,7 +14,6 @@ it ``exported_job``). The Helm chart's PodMonitor does the same (``honorLabels: 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import urllib.error
@@ -36,11 +35,10 @@ class PrometheusError(RuntimeError):
 
 
 def find_binary() -> str | None:
-    """Path of the ``prometheus`` binary (PATH, then /usr/bin), None when not installed."""
-    found = shutil.which("prometheus")
-    if found:
-        return found
-    return "/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None
+    """Path of the ``prometheus`` binary (PATH, then /usr/bin), None when not installed: the
+    one ``heterotrain cluster up --monitoring`` runs (:func:`hetero_operator.devcluster.monitoring.find_binary`)."""
+    from hetero_operator.devcluster.monitoring import find_binary as cluster_binary
+    return cluster_binary()
 
 
 def free_port() -> int:
