@@ -1,7 +1,7 @@
 """The users' path of the README, exactly, on a cluster of its own: ``heterotrain cluster up``,
 real ``helm install`` of charts/heterotrain (the operator Deployment's pod runs as a local process
 under the local kubelet, with a token of the chart's ServiceAccount: the chart's RBAC is what it
-has), ``kubectl apply -f examples/digits.yaml``, ``kubectl wait --for=condition=Succeeded``,
+has), ``helm test``, ``kubectl apply -f examples/digits.yaml``, ``kubectl wait --for=condition=Succeeded``,
 ``kubectl describe`` with the events, then ``heterotrain cluster down`` leaving no process and no
 listening port."""
 
@@ -59,8 +59,11 @@ def test_cluster_up_helm_install_kubectl_apply_wait_describe_and_cluster_down(tm
         run(str(helm_path()), "install", "heterotrain", str(REPO / "charts" / "heterotrain"),
             "--namespace", "heterotrain-system", "--create-namespace", "--wait", "--timeout", "180s",
             "--set-json", 'operator.extraEnv=[{"name":"HTJ_SIMULATE_DEVICES","value":"true"}]', env=env)
+        # the chart NOTES' helm test: its pod reaches the operator's metrics Service (the local
+        # kubelet routes <svc>.<ns>.svc:<port> to the real port) and is deleted once it succeeded
+        run(str(helm_path()), "test", "heterotrain", "-n", "heterotrain-system", "--timeout", "120s", env=env)
         pods = json.loads(run("kubectl", "get", "pods", "-n", "heterotrain-system", "-o", "json", env=env).stdout)
-        (operator_pod,) = pods["items"]
+        (operator_pod,) = pods["items"]  # no test pod left, in Error or otherwise
         assert operator_pod["status"]["phase"] == "Running"
         # the chart NOTES' logs command (without -f): the API server reads the local kubelet's log endpoint
         noted = run("kubectl", "-n", "heterotrain-system", "logs", "deployment/heterotrain", env=env).stdout

@@ -8,7 +8,8 @@ project's .venv), with the pod's env (downward-API ``fieldRef``, ConfigMap/Secre
 DNS names -> 127.0.0.1 and per-pod ports remapped: :mod:`.podenv`; in the args also Service
 addresses -> the endpoint's real port: :mod:`.services`), its volumes as folders under the cluster
 dir with paths under a ``mountPath`` rewritten (:mod:`.volumes`, which also provisions PVCs; a
-hostPath is refused with a ``FailedMount`` Event).  It reports status as a
+hostPath is refused with a ``FailedMount`` Event), an ``httpGet`` readiness probe polled before the
+pod is ``Ready`` (:mod:`.probes`).  It reports status as a
 kubelet does (``Running`` with ``containerStatuses``, then ``Succeeded``/``Failed`` with exit
 codes; ``restartPolicy: Always/OnFailure`` restarts with ``restartCount``) and honours graceful
 deletion: SIGTERM, SIGKILL after the pod's grace, terminal status, then
@@ -50,7 +51,7 @@ from hetero_operator.api.labels import (ANNOTATION_LOCAL_NAMED_PORTS, ANNOTATION
                                         LABEL_JOB)
 from heterotrain_common.termination import TERMINATION_LOG_ENV
 
-from . import podenv, services, volumes
+from . import podenv, probes, services, volumes
 from .controlplane import free_port_range, free_ports
 from .kubeapi import Api, ApiError
 from .kubeletlogs import KubeletTls, LogServer, LogSource
@@ -301,7 +302,20 @@ class LocalKubelet:
                 await self.api.patch(f"/api/v1/namespaces/{key[0]}/pods/{key[1]}", {"metadata": {"annotations": {
                     PORTS_ANNOTATION: json.dumps(ports, sort_keys=True),
                     ANNOTATION_LOCAL_NAMED_PORTS: json.dumps(named, sort_keys=True)}}})
-        await self._status(key, podenv.running_status(pod, state.started, state.restarts))
+        urls = {c["name"]: url for c in pod["spec"]["containers"] if (url := probes.readiness_url(c, ports))}
+        running = podenv.running_status(pod, state.started, state.restarts)
+        await self._status(key, probes.not_ready(running, set(urls)) if urls else running)
+        if urls:
+            self._spawn(self._probe(key, state, urls))
+
+    async def _probe(self, key: tuple[str, str], state: _Pod, urls: dict[str, str]) -> None:
+        """Report the pod ready once every readiness probe answers (:mod:`.probes`)."""
+        period = {c["name"]: float((c.get("readinessProbe") or {}).get("periodSeconds", 1))
+                  for c in state.pod["spec"]["containers"]}
+        for name, url in urls.items():
+            if not await probes.wait_ready(url, period[name], lambda: state.done or state.terminating):
+                return
+        await self._status(key, podenv.running_status(state.pod, state.started, state.restarts))
 
     async def _start_container(self, key: tuple[str, str], state: _Pod, c: Mapping[str, Any],
                                ports: dict[str, int], kubeconfig: Path | None) -> None:
