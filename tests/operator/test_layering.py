@@ -57,6 +57,8 @@ DISPATCHES: dict[str, set[str]] = {
                             "hetero_operator.jobview.status", "hetero_operator.jobview.logs"},
     # heterotrain cluster up: python -m hetero_operator.devcluster.kubelet, a detached process
     "hetero_operator.devcluster.cluster_cli": {"hetero_operator.devcluster.kubelet"},
+    # cluster up --monitoring with a prometheus lacking kubernetes_sd: the stand-in pod discovery
+    "hetero_operator.devcluster.monitoring": {"hetero_operator.devcluster.podsd"},
 }
 """Every module named in a string to be imported or run (``module -> named modules``)."""
 COMMANDS: dict[str, set[str]] = {
