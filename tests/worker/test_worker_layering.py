@@ -17,8 +17,8 @@ Floors, lowest first (:data:`FLOORS`)::
 * ``data``: the split and the data position (position, sampler, streaming, the data part in
   loading) and the step count;
 * ``ckpt``: checkpoints, resume, the checkpoint manager over the parts;
-* ``trainer``: the Trainer and its stepping, efficiency-window, graceful-stop and elastic
-  membership parts;
+* ``trainer``: the Trainer and its stepping, efficiency-window, graceful-stop, elastic
+  membership and pipeline parts, and the attributes it shows of them;
 * ``examples``: scripts that use the Trainer.
 
 Every import statement counts, also one inside a function. The checker takes module sources, so a
@@ -40,7 +40,8 @@ FLOORS = {
     "speed": 2, "memory": 2, "stages": 2,
     "position": 3, "sampler": 3, "streaming": 3, "loading": 3, "steps": 3,
     "ckpt": 4,
-    "efficiency": 5, "stepping": 5, "stop": 5, "trainer": 5, "membership": 5,
+    "efficiency": 5, "stepping": 5, "stop": 5, "trainer": 5, "membership": 5, "pipelinepart": 5,
+    "partattr": 5,
     "examples": 6,
 }
 """Floor of each top-level module or sub-package of ``hetero_worker`` (the package's

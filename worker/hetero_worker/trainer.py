@@ -36,7 +36,6 @@ plan's DDP group. Speed features compose through :meth:`Trainer.use_speed` (the 
 
 from __future__ import annotations
 
-import operator
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -47,56 +46,32 @@ import torch.distributed as dist
 
 from hetero_worker import membership, profiling
 from hetero_worker.ckpt.trainer_state import Checkpointing
-from hetero_worker.comm.commplan import CommRank, plan_communicators
-from hetero_worker.comm.groups import ProcessGroups, build_process_groups, gather_comm_ranks
+from hetero_worker.comm.commplan import CommRank
+from hetero_worker.comm.groups import ProcessGroups, build_hierarchy_groups, gather_comm_ranks
 from hetero_worker.comm.sync import WeightedGradSync
 from hetero_worker.efficiency import EfficiencyWindow
 from hetero_worker.loading import TrainData
 from hetero_worker.memory import caps as memcap
 from hetero_worker.memory.wrap import ModelPart
+from hetero_worker.partattr import part_attr
+from hetero_worker.pipelinepart import PipelinePart
 from hetero_worker.precision import PrecisionPolicy, agree_found_inf
 from hetero_worker.runtime import rendezvous
+from hetero_worker.runtime.nullmetrics import make_metrics
 from hetero_worker.runtime.preflight import exit_on_setup_error, preflight
 from hetero_worker.runtime.shutdown import leave_process_group
 from hetero_worker.runtime.startup import cuda_index, seed_everything, wants_speed_features
 from hetero_worker.speed.controller import attach
 from hetero_worker.speed.stealing import check_stealable
-from hetero_worker.stages.trainerpart import PipelinePart
+from hetero_worker.pipelinepart import PipelinePart
 from hetero_worker.stepping import StepResult, Stepper
 from hetero_worker.steps import StepCount
 from hetero_worker.stop import GracefulStop
 from hetero_worker.tracking import with_tracking
 from heterotrain_common import termination
 from heterotrain_common.contract import Contract
-from heterotrain_common.topology import build_layout
 
 __all__ = ["StepResult", "Trainer", "exit_on_setup_error", "init", "seed_everything"]
-
-
-class _NullMetrics:
-    """Stands in for ``hetero_worker.metrics.WorkerMetrics`` when it is unavailable."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
-
-
-def _make_metrics(contract: Contract) -> Any:
-    try:
-        from hetero_worker.metrics import WorkerMetrics  # prometheus-client absent: no metrics
-    except ImportError:
-        return _NullMetrics()
-    return WorkerMetrics(contract)
-
-
-def _part_attr(path: str, doc: str, *, convert: Callable[[Any], Any] | None = None) -> property:
-    """A :class:`Trainer` attribute that a part owns: ``"sync.groups"`` reads ``self.sync.groups``
-    (``doc``: its docstring); read-only, or settable through ``convert`` (e.g. ``int``) if given."""
-    owner_path, _, name = path.rpartition(".")
-    setter = None
-    if convert is not None:
-        def setter(self: Any, value: Any) -> None:
-            setattr(operator.attrgetter(owner_path)(self), name, convert(value))
-    return property(operator.attrgetter(path), setter, doc=doc)
 
 
 class Trainer:
@@ -149,7 +124,7 @@ class Trainer:
                                  termination_grace_s=contract.run.termination_grace_s)
         self.stop.watch(lambda: self.steps.global_step)
         self.membership: Any = None  # elastic jobs: hetero_worker.membership.Membership (init)
-        self.metrics = _make_metrics(contract)
+        self.metrics = make_metrics(contract)
         self.profiler = profiling.from_contract(contract, cuda=use_cuda)  # None unless asked
         # The memory model's cap (issue 12): counted when the plan set one, enforced on a
         # simulated device (a real GPU's allocator enforces its own).
@@ -182,7 +157,7 @@ class Trainer:
                                          data=self.data, steps=self.steps, scaler=self.scaler,
                                          group=self.ckpt_group, metrics=self.metrics, seed=seed)
         self.metrics.start_server()
-        # issue 30: a pipelined rank runs its stage (hetero_worker.stages.trainerpart)
+        # issue 30: a pipelined rank runs its stage (hetero_worker.pipelinepart)
         self.pipeline = (PipelinePart(contract, steps=self.steps, metrics=self.metrics, seed=seed)
                          if contract.pipeline.enabled else None)
         if self.pipeline is not None:
@@ -202,40 +177,40 @@ class Trainer:
 
     # --- the parts' state, as the Trainer's attributes (each part owns it; read-only unless
     # settable) ----------------------------------------------------------------------------------
-    groups = _part_attr("sync.groups", "The process groups in use (the gradient sync's).")
-    layout = _part_attr("sync.groups.layout", "The hierarchy layout in use.")
-    local_batches = _part_attr("data.local_batches", "The current split (the data part's).")
-    local_batch = _part_attr("data.local_batch", "This rank's samples per step.")
-    sampler = _part_attr("data.sampler",
+    groups = part_attr("sync.groups", "The process groups in use (the gradient sync's).")
+    layout = part_attr("sync.groups.layout", "The hierarchy layout in use.")
+    local_batches = part_attr("data.local_batches", "The current split (the data part's).")
+    local_batch = part_attr("data.local_batch", "This rank's samples per step.")
+    sampler = part_attr("data.sampler",
                         "The loader's sampler or stream position (None before :meth:`loader`).")
-    epoch = _part_attr("data.epoch", "Current epoch of the loader's sampler (0 before :meth:`loader`).")
-    global_step = _part_attr("steps.global_step", "Optimizer steps taken (skipped ones included).",
+    epoch = part_attr("data.epoch", "Current epoch of the loader's sampler (0 before :meth:`loader`).")
+    global_step = part_attr("steps.global_step", "Optimizer steps taken (skipped ones included).",
                             convert=int)
-    max_steps = _part_attr("steps.max_steps", "``HTJ_MAX_STEPS`` (``heterotrain run --max-steps``): "
+    max_steps = part_attr("steps.max_steps", "``HTJ_MAX_STEPS`` (``heterotrain run --max-steps``): "
                           "the loader yields no batch once :attr:`global_step` reaches it; None: "
                           "no limit.")
-    done = _part_attr("steps.done", "True once :attr:`max_steps` steps are taken.")
-    model = _part_attr("parts_model.model", "What :meth:`wrap` returned (None before).")
-    module = _part_attr("parts_model.module",
+    done = part_attr("steps.done", "True once :attr:`max_steps` steps are taken.")
+    model = part_attr("parts_model.model", "What :meth:`wrap` returned (None before).")
+    module = part_attr("parts_model.module",
                        "The unwrapped model on the device (None before :meth:`wrap`).")
-    shard_sync = _part_attr("parts_model.shard_sync",
+    shard_sync = part_attr("parts_model.shard_sync",
                            "The Group or Full sharding sync (None unsharded).")
-    totals = _part_attr("stepper.totals",
+    totals = part_attr("stepper.totals",
                        "Steps, samples, step/compute/wait seconds and skipped steps so far.")
-    speed = _part_attr("stepper.speed", "The speed controller "
+    speed = part_attr("stepper.speed", "The speed controller "
                       "(:func:`hetero_worker.speed.controller.attach`), or None.")
-    efficiency_ratio = _part_attr("window.ratio",
+    efficiency_ratio = part_attr("window.ratio",
                                  "Rank 0: the last ``htj_job_efficiency_ratio`` (None before).")
-    tracked = _part_attr("checkpoints.tracked", "What :meth:`track` registered, by name.")
-    before_checkpoint_publish = _part_attr(
+    tracked = part_attr("checkpoints.tracked", "What :meth:`track` registered, by name.")
+    before_checkpoint_publish = part_attr(
         "checkpoints.before_publish",
         "Test hook of the sharded save (called on rank 0 before publishing), or None.",
         convert=lambda hook: hook)
-    stop_requested = _part_attr("stop.stop_requested", "This rank received SIGTERM.")
-    stopping = _part_attr("stop.stopping", "Every rank agreed to stop after :attr:`stop_step`.")
-    stop_step = _part_attr("stop.stop_step",
+    stop_requested = part_attr("stop.stop_requested", "This rank received SIGTERM.")
+    stopping = part_attr("stop.stopping", "Every rank agreed to stop after :attr:`stop_step`.")
+    stop_step = part_attr("stop.stop_step",
                           "The step every rank agreed to stop after (None before).")
-    stop_agreements = _part_attr("stop.agreements", "Stop agreements started so far.")
+    stop_agreements = part_attr("stop.agreements", "Stop agreements started so far.")
 
     # --- setup ------------------------------------------------------------------------------
     def build_groups(self, mode: str) -> ProcessGroups:
@@ -244,10 +219,7 @@ class Trainer:
         Collective: every rank calls it with the same ``mode``. The caller owns the result
         (``ProcessGroups.destroy`` when it was only a probe).
         """
-        layout = build_layout(self.contract.topology, mode)
-        plan = plan_communicators(self.comm_ranks, layout)
-        return build_process_groups(plan, self.rank,
-                                    topology_group_of=[e.group for e in self.contract.topology])
+        return build_hierarchy_groups(self.contract.topology, self.comm_ranks, self.rank, mode)
 
     def use_layout(self, mode: str) -> None:
         """Switch to hierarchy ``mode`` before :meth:`wrap` (collective); the old groups are
@@ -356,7 +328,7 @@ class Trainer:
 
         Under a pipeline (``HTJ_PIPELINE_*``) ``loss_fn(output, target)`` runs per micro-batch on
         the last stage and ``batch`` is ``(inputs, target)`` from :meth:`loader`
-        (:mod:`hetero_worker.stages.trainerpart`).
+        (:mod:`hetero_worker.pipelinepart`).
 
         Returns:
             The :class:`StepResult`.
@@ -516,15 +488,8 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     use_cuda = torch.cuda.is_available() and not contract.device.simulated
     if use_cuda:
         torch.cuda.set_device(cuda_index(contract))
-    where = contract.dist
-    elastic = membership.from_env(env, contract)  # spec.elastic: the supervisor hosts the store
-    if elastic is not None:
-        elastic.join()
-    else:
-        rendezvous.init_distributed(  # Gloo only: never a world-wide NCCL communicator
-            rank=where.rank, world_size=where.world_size, master_addr=where.master_addr,
-            master_port=where.master_port, backend="gloo", timeout_s=rendezvous_timeout_s,
-            collective_timeout_s=contract.comm.collective_timeout_s)
+    # spec.elastic: through the supervisor's store; else rank 0's (Gloo only)
+    elastic = membership.join_job(env, contract, rendezvous_timeout_s=rendezvous_timeout_s)
     seed_everything(seed)
     trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
                       sync_mode=sync_mode, max_grad_norm=max_grad_norm, tracking=tracking)

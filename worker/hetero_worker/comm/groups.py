@@ -27,7 +27,8 @@ import torch.distributed as dist
 
 from hetero_worker.comm.collectives import gloo_collective_
 from hetero_worker.comm.commplan import GLOO, CommPlan, CommRank, comm_ranks, plan_communicators
-from heterotrain_common.topology import GroupLayout
+from heterotrain_common.contract import RankEntry
+from heterotrain_common.topology import GroupLayout, build_layout
 
 GroupFactory = Callable[[Sequence[int], str], Any]
 """``create(ranks, backend)`` -> process group; the default calls ``dist.new_group``."""
@@ -107,6 +108,18 @@ def gloo_plan(layout: GroupLayout) -> CommPlan:
     ranks = [CommRank(rank=r, node="", gpu_type="cpu", torch_build="", on_cuda=False)
              for r in range(n)]
     return plan_communicators(ranks, layout)
+
+
+def build_hierarchy_groups(topology: Sequence[RankEntry], ranks: Sequence[CommRank], rank: int,
+                           mode: str) -> ProcessGroups:
+    """The process groups of hierarchy ``mode`` (``flat``, ``group``, ...) under the communicator
+    rule: the topology's layout (:func:`heterotrain_common.topology.build_layout`), its
+    communicator plan over ``ranks`` (:func:`plan_communicators`), then :func:`build_process_groups`.
+
+    Collective: every rank calls it with the same ``mode``; the caller owns the result.
+    """
+    plan = plan_communicators(ranks, build_layout(topology, mode))
+    return build_process_groups(plan, rank, topology_group_of=[e.group for e in topology])
 
 
 def build_process_groups(layout: GroupLayout | CommPlan, rank: int, *,

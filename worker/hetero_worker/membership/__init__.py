@@ -9,6 +9,6 @@ the start of the interrupted step, so the loader's next batch is that step again
 (:mod:`hetero_worker.membership.reform`). No checkpoint is read. See docs/elastic.md.
 """
 
-from hetero_worker.membership.elastic import Membership, from_env
+from hetero_worker.membership.elastic import Membership, from_env, join_job
 
-__all__ = ["Membership", "from_env"]
+__all__ = ["Membership", "from_env", "join_job"]

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from hetero_worker.membership import reform, sockets
+from hetero_worker.runtime import rendezvous
 from hetero_worker.stepping import StepResult
 from heterotrain_common import envnames, membership
 from heterotrain_common.contract import Contract, RankEntry
@@ -47,6 +48,29 @@ def from_env(env: Mapping[str, str], contract: Contract) -> Membership | None:
         return None
     member = int(env.get(envnames.ELASTIC_MEMBER, contract.dist.rank))
     return Membership(address, member=member, contract=contract)
+
+
+def join_job(env: Mapping[str, str], contract: Contract, *,
+             rendezvous_timeout_s: float) -> Membership | None:
+    """Join the job's default group (Gloo only: never a world-wide NCCL communicator).
+
+    An elastic job (``HTJ_ELASTIC_STORE`` set) joins generation 0 through the supervisor's store
+    and gets its :class:`Membership` back; any other job joins rank 0's TCPStore
+    (:func:`hetero_worker.runtime.rendezvous.init_distributed`) and gets None.
+
+    Raises:
+        RendezvousTimeout: rank 0 (or the supervisor's store) unreachable in time.
+    """
+    elastic = from_env(env, contract)
+    if elastic is not None:
+        elastic.join()
+        return elastic
+    where = contract.dist
+    rendezvous.init_distributed(
+        rank=where.rank, world_size=where.world_size, master_addr=where.master_addr,
+        master_port=where.master_port, backend="gloo", timeout_s=rendezvous_timeout_s,
+        collective_timeout_s=contract.comm.collective_timeout_s)
+    return None
 
 
 class Membership:

@@ -3,7 +3,7 @@ sequence of blocks cut into contiguous stages (:mod:`.split`), each rank running
 ``torch.distributed.pipelining`` with activations and their gradients sent over a Gloo group
 (:mod:`.runner`; the communicator rule: no NCCL communicator spans GPU types), and data
 parallelism inside every stage with the same replica count per stage (:mod:`.layout`); the
-Trainer's part that runs them from the rank env contract (:mod:`.trainerpart`).
+Trainer's part that runs them from the rank env contract is :mod:`hetero_worker.pipelinepart` (the trainer floor).
 
 Not built yet: uneven replica counts per stage, CUDA tensors through the Gloo sends, fp16/bf16
 and one loss scale across stages, checkpoints and metrics per stage.
