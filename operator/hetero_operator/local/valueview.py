@@ -19,7 +19,8 @@ from typing import Any
 from hetero_operator.api import labels
 from hetero_operator.api.prices import load_prices
 from hetero_operator.api.spec import JobSpec, profile_key
-from hetero_operator.api.types import Plan, PlanValue
+from hetero_operator.api.planvalue import PlanValue
+from hetero_operator.api.types import Plan
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
 from hetero_operator.planning.profiles import (JOB_EFFICIENCY, TABLE_DIFFERENCE, FileStore,
                                                LearnedSpeed, Observation, batch_band,

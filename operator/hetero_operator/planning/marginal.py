@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetero_operator.api.types import CheapestMix, LeftOut, TypeValue
+from hetero_operator.api.planvalue import CheapestMix, LeftOut, TypeValue
 from heterotrain_common import linkcost
 from heterotrain_common.split import split_batch
 
