@@ -1,7 +1,7 @@
 """The local kubelet: the node agent of ``heterotrain cluster up`` against the REAL API server.
 
 For each Node of a NodeList file it registers the Node (labels, taints, capacity and allocatable,
-``Ready=True``), keeps its Lease in ``kube-node-lease`` renewed every ``renew_s`` seconds, watches
+``Ready=True``) and keeps its Lease in ``kube-node-lease`` renewed (:mod:`.nodeleases`), watches
 the pods bound to its nodes (the real kube-scheduler binds them) and runs each container's
 ``command + args`` as a local process group (cwd: the checkout; ``PATH`` starts with the
 project's .venv), with the pod's env (downward-API ``fieldRef``, ConfigMap/Secret keys; cluster
@@ -55,10 +55,10 @@ from . import podenv, probes, services, volumes
 from .controlplane import free_port_range, free_ports
 from .kubeapi import Api, ApiError
 from .kubeletlogs import KubeletTls, LogServer, LogSource
+from .nodeleases import NodeLeases
 from .private import write_secret
 
 REPO = Path(__file__).resolve().parents[3]
-LEASE_NS = "kube-node-lease"
 PORTS_ANNOTATION = ANNOTATION_LOCAL_PORTS
 
 
@@ -104,15 +104,16 @@ class LocalKubelet:
         self.cluster_dir = (cluster_dir or pod_dir.parent).resolve()  # volumes live only under it
         self.pod_dir, self.lease_s, self.renew_s, self.run_pods = pod_dir, lease_s, renew_s, run_pods
         self.python_bin = python_bin or Path(sys.executable).parent
-        self.dead: set[str] = set()
         self.pods: dict[tuple[str, str], _Pod] = {}
         self.master_ports: dict[tuple[str, str, str], int] = {}
-        self.renewals = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._queue: asyncio.Queue[tuple[str, dict[str, Any]]] = asyncio.Queue()
         self.registered = asyncio.Event()
         self.log_server = LogServer(tls, LogSource(log_path=self._log_path, has_container=self._has_container,
                                                    running=self._running)) if tls and run_pods else None
+        self.leases = NodeLeases(api, self.nodes, lease_s=lease_s, renew_s=renew_s,
+                                 log_port=lambda: self.log_server.port if self.log_server is not None else 0)
+        self.dead = self.leases.dead  # the nodes whose kubelet died (the leases' own set)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -121,14 +122,9 @@ class LocalKubelet:
         self.pod_dir.mkdir(parents=True, exist_ok=True)
         if self.log_server is not None:
             await self.log_server.start()
-        sem = asyncio.Semaphore(16)
-
-        async def one(name: str) -> None:
-            async with sem:
-                await self.register(name)
-        await asyncio.gather(*(one(n) for n in self.nodes))
+        await self.leases.register_all()
         self.registered.set()
-        workers = [self._spawn(self._heartbeat())]
+        workers = [self._spawn(self.leases.heartbeat())]
         if self.run_pods:
             workers += [self._spawn(self._watch()), self._spawn(self._handle_loop()),
                         self._spawn(volumes.provision(self.api, volumes.volume_root(self.cluster_dir)))]
@@ -152,63 +148,10 @@ class LocalKubelet:
         if self.log_server is not None:
             await self.log_server.stop()
 
-    async def register(self, name: str) -> None:
-        """Create (or update) the Node, post its status, create its Lease."""
-        src = self.nodes[name]
-        meta = {"name": name, "labels": {**(src["metadata"].get("labels") or {}),
-                                         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                         "kubernetes.io/arch": "amd64"},
-                "annotations": {"node.alpha.kubernetes.io/ttl": "0"}}
-        body = {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": dict(src.get("spec") or {})}
-        try:
-            node = await self.api.create("/api/v1/nodes", body)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            node = await self.api.patch(f"/api/v1/nodes/{name}", {"metadata": {"labels": meta["labels"]}})
-        await self.api.patch(f"/api/v1/nodes/{name}/status", {"status": self._node_status(name)})
-        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                 "metadata": {"name": name, "namespace": LEASE_NS, "ownerReferences": [
-                     {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}]},
-                 "spec": {"holderIdentity": name, "leaseDurationSeconds": self.lease_s,
-                          "renewTime": _micro_now()}}
-        try:
-            await self.api.create(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases", lease)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            await self._renew(name)
-
-    def _node_status(self, name: str) -> dict[str, Any]:
-        """The Node's status, with the log endpoint's port where the API server looks for it."""
-        port = self.log_server.port if self.log_server is not None else 0
-        return {**podenv.node_status(self.nodes[name]), "daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}
-
-    async def _renew(self, name: str) -> None:
-        await self.api.patch(f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NS}/leases/{name}",
-                             {"spec": {"holderIdentity": name, "leaseDurationSeconds": self.lease_s,
-                                       "renewTime": _micro_now()}})
-        self.renewals += 1
-
-    async def _heartbeat(self) -> None:
-        """Renew every live node's lease each ``renew_s``, spread evenly over the interval."""
-        sem = asyncio.Semaphore(16)
-
-        async def one(name: str) -> None:
-            async with sem:
-                with contextlib.suppress(ApiError, OSError, asyncio.TimeoutError):
-                    await self._renew(name)
-        while True:
-            t0 = time.monotonic()
-            names = [n for n in self.nodes if n not in self.dead]
-            gap = self.renew_s / max(1, len(names)) * 0.8
-            pending = []
-            for name in names:
-                pending.append(asyncio.ensure_future(one(name)))
-                if gap > 0.002:
-                    await asyncio.sleep(gap)
-            await asyncio.gather(*pending)
-            await asyncio.sleep(max(0.05, self.renew_s - (time.monotonic() - t0)))
+    @property
+    def renewals(self) -> int:
+        """Lease renewals so far (the node side's count)."""
+        return self.leases.renewals
 
     # --- node faults (tests) --------------------------------------------------------------
 
@@ -224,14 +167,11 @@ class LocalKubelet:
 
     async def revive(self, name: str) -> None:
         """A new kubelet on the node: it posts Ready again and renews the lease."""
-        self.dead.discard(name)
-        await self.api.patch(f"/api/v1/nodes/{name}/status", {"status": self._node_status(name)})
-        await self._renew(name)
+        await self.leases.revive(name)
 
     async def revive_registered(self, name: str) -> None:
         """A new kubelet on a node whose Node object was deleted: it registers the Node again."""
-        self.dead.discard(name)
-        await self.register(name)
+        await self.leases.revive_registered(name)
 
     # --- pods ------------------------------------------------------------------------------
 
@@ -517,12 +457,6 @@ class LocalKubelet:
 
 def _env_value(c: Mapping[str, Any], name: str) -> str | None:
     return next((str(e.get("value")) for e in c.get("env") or () if e.get("name") == name), None)
-
-
-def _micro_now() -> str:
-    """MicroTime: RFC 3339 with microseconds (a Lease's renewTime)."""
-    import datetime as dt
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _killpg(pid: int, sig: int) -> None:
