@@ -73,6 +73,12 @@ class EfficiencyWindow:
         buf[2 * self.rank + 1] = window["compute_s"]
         self._pending = (dist.reduce(buf, dst=0, async_op=True), buf, end - window["start"])
 
+    def restart(self, rank: int) -> None:
+        """Start a new window as ``rank`` (an elastic job's new generation): the window and a
+        reduce in flight belonged to the old group."""
+        self.rank = rank
+        self._pending, self._window = None, {"start": None, "samples": 0, "compute_s": 0.0}
+
     def finish(self, *, wait: bool) -> None:
         """Export the pending window's ratio on rank 0 once its reduce completed (``wait``: block
         until it has); every rank drops its handle then."""

@@ -97,6 +97,12 @@ class GracefulStop:
         if stop:
             self.stopping, self.stop_step = True, global_step
 
+    def regroup(self, rank: int, group: Any, *, at_step: int) -> None:
+        """Continue on a new group as ``rank`` (an elastic job's new generation): an agreement in
+        flight died with the old group, so the next one starts at ``at_step``."""
+        self.rank, self.group = rank, group
+        self._pending, self._agreed_from, self._agree_at_step = None, None, at_step
+
     def exit(self, global_step: int, *, save: Callable[[], str] | None,
              close: Callable[[], None]) -> None:
         """Write the stop checkpoint (``save``, when the job has a checkpoint directory), leave

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from hetero_worker.membership import reform, sockets
+from hetero_worker.membership.host import ElasticHost
 from hetero_worker.runtime import rendezvous
 from hetero_worker.stepping import StepResult
 from heterotrain_common import envnames, membership
@@ -124,7 +125,7 @@ class Membership:
                                                               2 * self.collective_timeout_s)))
         dist.distributed_c10d._set_pg_timeout(timeout)
 
-    def attach(self, trainer: Any) -> None:
+    def attach(self, trainer: ElasticHost) -> None:
         """Become ``trainer``'s membership part (its metrics report the generation)."""
         trainer.membership = self
         self.metrics = trainer.metrics
@@ -136,7 +137,7 @@ class Membership:
         if call is not None:
             call(*args)
 
-    def guarded_step(self, trainer: Any, optimizer: torch.optim.Optimizer,
+    def guarded_step(self, trainer: ElasticHost, optimizer: torch.optim.Optimizer,
                      run: Callable[[], StepResult]) -> StepResult:
         """Run one step (``run``); when it fails because a member was lost, re-form and return a
         skipped result (the loader's next batch redoes the step). Other errors are raised."""
@@ -184,7 +185,7 @@ class Membership:
         return membership.Generation.from_json(
             generation, self.store.get(membership.GENERATION_KEY.format(generation=generation)))
 
-    def _reform(self, trainer: Any, optimizer: torch.optim.Optimizer,
+    def _reform(self, trainer: ElasticHost, optimizer: torch.optim.Optimizer,
                 announced: membership.Generation, *, epoch: int, cursor: int,
                 completed: bool, global_batch: int, error: BaseException) -> None:
         """Join ``announced`` and point the trainer at it (see the module's docstring)."""
@@ -250,7 +251,7 @@ def _connect(address: str, *, timeout_s: float) -> Any:
                          timeout=timedelta(seconds=timeout_s))
 
 
-def _adopt_state(trainer: Any, optimizer: torch.optim.Optimizer, source: int) -> None:
+def _adopt_state(trainer: ElasticHost, optimizer: torch.optim.Optimizer, source: int) -> None:
     """Every survivor takes rank ``source``'s model, optimizer and scaler state (collective)."""
     import torch.distributed as dist
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
+from hetero_worker.membership.host import ElasticHost
 from heterotrain_common.contract import Contract, RankEntry
 from heterotrain_common.split import split_batch
 
@@ -48,7 +48,7 @@ def rank_contract(contract: Contract, topology: tuple[RankEntry, ...], rank: int
     return dataclasses.replace(contract, dist=info, topology=topology)
 
 
-def apply(trainer: Any, contract: Contract, *, split: Sequence[int], epoch: int,
+def apply(trainer: ElasticHost, contract: Contract, *, split: Sequence[int], epoch: int,
           cursor: int) -> None:
     """Point ``trainer``'s parts at the new generation (collective on the new default group:
     every survivor calls it after ``init_process_group``)."""
@@ -60,8 +60,7 @@ def apply(trainer: Any, contract: Contract, *, split: Sequence[int], epoch: int,
 
     rank = contract.dist.rank
     trainer.contract, trainer.rank = contract, rank
-    for part in (trainer.stepper, trainer.parts_model, trainer.checkpoints, trainer.window,
-                 trainer.stop, trainer.data):
+    for part in (trainer.stepper, trainer.parts_model, trainer.checkpoints, trainer.data):
         part.rank = rank
     for part in (trainer.stepper, trainer.parts_model, trainer.checkpoints):
         part.contract = contract
@@ -72,11 +71,9 @@ def apply(trainer: Any, contract: Contract, *, split: Sequence[int], epoch: int,
     trainer.sync.groups = trainer.build_groups(mode)
     group = (rendezvous.checkpoint_group(contract.checkpoint.timeout_s)
              if dist.is_initialized() else None)
-    trainer.ckpt_group = trainer.stop.group = trainer.checkpoints.group = group
-    stop = trainer.stop  # the next step agrees (the old agreement died with its group)
-    stop._pending, stop._agreed_from, stop._agree_at_step = None, None, trainer.global_step
-    window = trainer.window
-    window._pending, window._window = None, {"start": None, "samples": 0, "compute_s": 0.0}
+    trainer.ckpt_group = trainer.checkpoints.group = group
+    trainer.stop.regroup(rank, group, at_step=trainer.global_step)  # the next step agrees
+    trainer.window.restart(rank)
     trainer.data.position.move_to(rank=rank, local_batches=split, epoch=epoch, cursor=cursor)
     part = trainer.parts_model
     if part.model is not part.module:  # DDP: rebuilt on the new group around the same module
