@@ -168,4 +168,5 @@ def test_every_heterotrain_key_is_defined_in_api_labels() -> None:
     assert found == []
     assert labels.OWN_PREFIX == "heterotrain.io/"
     assert all(v.startswith(labels.OWN_PREFIX) for k, v in vars(labels).items()
-               if k.startswith(("LABEL_", "ANNOTATION_")) and k not in ("LABEL_MANAGED_BY", "ANNOTATION_LOCAL_PORTS"))
+               if k.startswith(("LABEL_", "ANNOTATION_")) and k not in ("LABEL_MANAGED_BY", "ANNOTATION_LOCAL_PORTS",
+                                                                          "ANNOTATION_LOCAL_NAMED_PORTS"))

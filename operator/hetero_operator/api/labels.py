@@ -40,3 +40,7 @@ LOCAL_POD_IP = "127.0.0.1"
 def selector(job_name: str) -> dict[str, str]:
     """Labels that select every pod of a job."""
     return {LABEL_JOB: job_name, LABEL_MANAGED_BY: MANAGED_BY}
+
+LOCAL_PATH_PROVISIONER = "heterotrain.io/local-path"
+"""The local cluster's volume provisioner (``heterotrain cluster up``): a StorageClass's
+``provisioner`` and the label on each PersistentVolume it makes."""

@@ -40,11 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetero_operator.api.labels import LOCAL_PATH_PROVISIONER
+
 from .kubeapi import Api, ApiError
 
 STORAGE_CLASS = "local-path"
 """The StorageClass of the local cluster's provisioner (created by :func:`provision`)."""
-PROVISIONER = "heterotrain.io/local-path"
+PROVISIONER = LOCAL_PATH_PROVISIONER
 """Its ``provisioner``, also the ``pv.kubernetes.io/provisioned-by`` of the volumes it makes."""
 PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
 VOLUMES_DIR = "volumes"
@@ -126,7 +128,7 @@ def persistent_volume(pvc: Mapping[str, Any], root: Path) -> dict[str, Any]:
     size = ((spec.get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
     return {"apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": f"pvc-{uid}", "annotations": {PROVISIONED_BY: PROVISIONER},
-                         "labels": {"heterotrain.io/local-path": "true"}},
+                         "labels": {LOCAL_PATH_PROVISIONER: "true"}},
             "spec": {"capacity": {"storage": size},
                      "accessModes": list(spec.get("accessModes") or ["ReadWriteOnce"]),
                      "persistentVolumeReclaimPolicy": "Delete",
