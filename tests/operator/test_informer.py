@@ -83,7 +83,7 @@ async def until(predicate: Callable[[], Any], what: str, timeout_s: float = 10) 
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)  # the informer's changes arrive on this loop
+        await asyncio.sleep(0.005)  # sync-ok: polls the predicate; the informer's changes arrive on this loop
 
 
 @pytest.fixture

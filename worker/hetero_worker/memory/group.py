@@ -52,7 +52,7 @@ FULL_COMPRESSION_REFUSAL = (
     "compress; leave spec.training.compression out, or use spec.training.sharding Group (its "
     "cross-group exchange is compressed) (docs/memory.md)")
 """The worker's refusal of compression under ``Full`` (the planner refuses it first, with the same
-reason: ``hetero_operator.planning.memory.FULL_COMPRESSION_WHY``)."""
+reason, from the operator's memory planning; docs/memory.md)."""
 
 
 def check_supported(*, checkpoint_dir: str, sharding: str, compression: str = "none") -> None:

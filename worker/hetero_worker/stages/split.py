@@ -1,6 +1,6 @@
 """Cut a model given as a sequence of blocks into contiguous stages (pure torch, no communication).
 
-The block counts come from the planner (:mod:`hetero_operator.planning.stages`, ``block_counts``)
+The block counts come from the operator's stage planner (through ``HTJ_PIPELINE_STAGE_BLOCKS``)
 or from the user; every rank cuts the same model the same way and keeps its own stage.
 """
 
