@@ -193,3 +193,14 @@ def local_job(path: Path, name: str, command: list[str], *, env: Mapping[str, st
     doc["spec"]["runPolicy"]["backoffLimit"] = 0
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+def plan_batches_by_type(work: Path) -> dict[str, list[int]]:
+    """The local batches of each GPU type (product -> its ranks' batches, in rank order) from the
+    ``plan.json`` that ``heterotrain run --workdir WORK`` wrote."""
+    import json
+
+    by_type: dict[str, list[int]] = {}
+    for g in json.loads((work / "plan.json").read_text())["groups"]:
+        by_type.setdefault(g["product"], []).extend(g["local_batches"])
+    return by_type

@@ -20,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from waiting import wait_until
+from builders import plan_batches_by_type
 
 from hetero_operator.api.spec import parse_job
 from hetero_operator.cluster.inventory import build_inventory
@@ -283,9 +284,7 @@ def test_heterotrain_run_of_digits_writes_wandb_and_mlflow_per_gpu_type(
                what="the ranks' W&B service processes to end")
     plan = json.loads((work / "plan.json").read_text())
     global_batch = job["spec"]["training"]["globalBatchSize"]
-    by_type: dict[str, list[int]] = {}
-    for g in plan["groups"]:
-        by_type.setdefault(g["product"], []).extend(g["local_batches"])
+    by_type = plan_batches_by_type(work)
     assert len(by_type) == 3  # examples/clusters/mixed.yaml: A100, V100, T4 x 2
     steps = list(range(1, STEPS + 1))
     runs = _wandb_runs(work / "wandb")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from builders import plan_batches_by_type
 
 from hetero_operator.api.errors import SpecError
 from hetero_operator.api.spec import parse_job
@@ -171,9 +172,7 @@ def test_heterotrain_run_of_digits_leaves_event_files_tagged_per_gpu_type(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     plan = json.loads((work / "plan.json").read_text())
     global_batch = job["spec"]["training"]["globalBatchSize"]
-    by_type: dict[str, list[int]] = {}
-    for g in plan["groups"]:
-        by_type.setdefault(g["product"], []).extend(g["local_batches"])
+    by_type = plan_batches_by_type(work)
     assert len(by_type) == 3  # examples/clusters/mixed.yaml: A100, V100, T4 x 2
     runs = {d.name: d for d in (work / "tensorboard").iterdir()}
     steps = list(range(1, STEPS + 1))
