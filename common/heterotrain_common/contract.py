@@ -44,7 +44,8 @@ from heterotrain_common.envnames import (ACTIVATION_CHECKPOINTING, CHECKPOINT_DI
                                          MASTER_ADDR, MASTER_PORT, MAX_STEPS, MEMORY_CAP_BYTES,
                                          METRICS_PORT, MICRO_BATCH_SIZE, OPTIONAL_VARS,
                                          PIPELINE_VARS, POWERSGD_RANK, PRECISION, PRECISIONS,
-                                         PREDICTED_SAMPLES_PER_S, PROFILE_STEPS, RANK,
+                                         PREDICTED_SAMPLES_PER_S, PRICES_PER_HOUR, PROFILE_STEPS,
+                                         RANK,
                                          RANK_ONLY_VARS, REBALANCE_INTERVAL_STEPS,
                                          RENDEZVOUS_TIMEOUT_S, REQUIRED_VARS, RESTART_GENERATION,
                                          RESUME_FROM,
@@ -55,7 +56,8 @@ from heterotrain_common.envfields import (Var, count, group, non_negative_s, one
                                           read_fields, read_value, short_float, text, var, walk,
                                           write_fields)
 from heterotrain_common.pipelineenv import PipelineSettings, check_pipeline
-from heterotrain_common.tracking import read_tracking, tracking_to_json
+from heterotrain_common.tracking import (prices_to_json, read_prices, read_tracking,
+                                          tracking_to_json)
 from heterotrain_common.envread import (ContractError, int_var, load_json, parse_compression,
                                         parse_flag, parse_rate, parse_shard_ppm, parse_step_range,
                                         required)
@@ -295,6 +297,8 @@ class RunSettings:
             (``HTJ_TERMINATION_GRACE_S``).
         tracking: experiment tracking, the normal form of
             :func:`heterotrain_common.tracking.parse_tracking`; None = none (``HTJ_TRACKING``).
+        prices_per_hour: the plan's price of one device per hour per GPU product, None for an
+            unpriced type; None = not given, every type unpriced (``HTJ_PRICES_PER_HOUR``).
     """
 
     dir: str = var(RUN_DIR, text, default="")
@@ -309,6 +313,8 @@ class RunSettings:
                                      default=float(defaults.TERMINATION_GRACE_S), write=short_float)
     tracking: Mapping[str, Any] | None = var(TRACKING, read_tracking, default=None,
                                              write=tracking_to_json)
+    prices_per_hour: Mapping[str, float | None] | None = var(PRICES_PER_HOUR, read_prices,
+                                                             default=None, write=prices_to_json)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -121,6 +121,11 @@ TRACKING = "HTJ_TRACKING"
 """Experiment tracking (``spec.training.tracking``): compact JSON of the normal form of
 :func:`heterotrain_common.tracking.parse_tracking`, e.g. ``{"tensorboard":{"logDir":""}}``;
 unset or empty: no tracking (docs/tracking.md)."""
+PRICES_PER_HOUR = "HTJ_PRICES_PER_HOUR"
+"""The plan's price of one device per hour of each GPU type of the job, keyed by the topology's
+``gpu_product``: compact JSON such as ``{"NVIDIA A100":2.5,"Tesla T4":null}`` (null: unpriced, no
+price known to the planner). Rendered for a job with tracking or a priced type; the trackers
+write it into the run's metadata (docs/tracking.md). Unset or empty: every type unpriced."""
 MAX_PROFILE_STEPS = 100
 """Most steps one trace may span (a Chrome trace grows with every step)."""
 SHARDING = "HTJ_SHARDING"
@@ -150,7 +155,7 @@ REQUIRED_VARS = (*TORCHRUN_VARS, JOB_NAME, GROUP, GROUP_RANK, GROUP_SIZE, PRECIS
 OPTIONAL_VARS = (METRICS_PORT, CHECKPOINT_DIR, CHECKPOINT_INTERVAL_STEPS, REBALANCE_INTERVAL_STEPS,
                  COMPRESSION, POWERSGD_RANK, RESTART_GENERATION, TORCHELASTIC_RESTART_COUNT)
 KNOB_VARS = (SIM_DELAY_PER_SAMPLE_S, RENDEZVOUS_TIMEOUT_S, RUN_DIR, PROFILE_STEPS,
-             PREDICTED_SAMPLES_PER_S, MAX_STEPS, EPOCHS, TRACKING)
+             PREDICTED_SAMPLES_PER_S, MAX_STEPS, EPOCHS, TRACKING, PRICES_PER_HOUR)
 """Worker knobs parsed here too; :func:`render_rank_env` writes them only when not at default."""
 MEMORY_VARS = (SHARDING, MICRO_BATCH_SIZE, ACTIVATION_CHECKPOINTING, MEMORY_CAP_BYTES, SHARD_PPM)
 """The memory model's variables (issue 12); rendered only when not at their defaults (a job

@@ -124,3 +124,31 @@ def read_tracking(text: str, name: str) -> dict[str, dict[str, Any]]:
 def tracking_to_json(tracking: Mapping[str, Any]) -> str:
     """``HTJ_TRACKING``'s text: compact JSON with sorted keys."""
     return json.dumps(tracking, separators=(",", ":"), sort_keys=True)
+
+
+def read_prices(text: str, name: str) -> dict[str, float | None]:
+    """Contract reader of ``HTJ_PRICES_PER_HOUR`` (``name``): JSON mapping each GPU product to its
+    price of one device per hour, a number >= 0 or null (unpriced).
+
+    Raises:
+        ContractError: not JSON, not a mapping, or a price that is neither null nor a number >= 0.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ContractError(name, f"is not JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(data, Mapping):
+        raise ContractError(name, "must be a JSON object of GPU product to price per hour")
+    out: dict[str, float | None] = {}
+    for product, price in data.items():
+        if price is not None and (isinstance(price, bool) or not isinstance(price, (int, float))
+                                  or not price >= 0 or price == float("inf")):
+            raise ContractError(name, f"{product}: a price must be null or a number >= 0, "
+                                      f"got {price!r}")
+        out[str(product)] = None if price is None else float(price)
+    return out
+
+
+def prices_to_json(prices: Mapping[str, float | None]) -> str:
+    """``HTJ_PRICES_PER_HOUR``'s text: compact JSON with sorted keys (null for unpriced)."""
+    return json.dumps(dict(prices), separators=(",", ":"), sort_keys=True)

@@ -104,7 +104,8 @@ def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 def _contract(rank: int, products: tuple[str, ...], batches: tuple[int, ...],
-              tracking_spec: dict[str, Any]) -> c.Contract:
+              tracking_spec: dict[str, Any],
+              prices: dict[str, float | None] | None = None) -> c.Contract:
     topology = tuple(c.RankEntry(rank=i, group=i, node=f"n{i}", gpu_product=p,
                                  compute_capability="7.5", local_batch=batches[i])
                      for i, p in enumerate(products))
@@ -115,7 +116,7 @@ def _contract(rank: int, products: tuple[str, ...], batches: tuple[int, ...],
         precision="fp32", comm=c.CommSettings(hierarchy="flat"),
         device=c.DeviceProfile(product=products[rank], compute_capability="7.5", memory_mib=1,
                                relative_speed=1.0, simulated=True),
-        topology=topology, run=c.RunSettings(tracking=tracking_spec))
+        topology=topology, run=c.RunSettings(tracking=tracking_spec, prices_per_hour=prices))
 
 
 def test_wandb_offline_and_mlflow_file_store_read_back_per_gpu_type(
@@ -124,7 +125,8 @@ def test_wandb_offline_and_mlflow_file_store_read_back_per_gpu_type(
     store = tmp_path / "mlruns"
     spec = {"wandb": {"project": "digits", "mode": "offline", "secretRef": None},
             "mlflow": {"trackingUri": store.as_uri(), "experiment": "digits", "secretRef": None}}
-    trackers = [tracking.Tracker(_contract(r, products, batches, spec)) for r in range(3)]
+    prices = {"NVIDIA A100": 2.5, "Tesla T4": 0.35}  # HTJ_PRICES_PER_HOUR, as the plan prices them
+    trackers = [tracking.Tracker(_contract(r, products, batches, spec, prices)) for r in range(3)]
     assert [sorted(t.writers) for t in trackers] == [["mlflow", "wandb"], ["mlflow", "wandb"], []]
     for step in (1, 2, 3):
         for t, samples in zip(trackers, batches):
@@ -144,6 +146,11 @@ def test_wandb_offline_and_mlflow_file_store_read_back_per_gpu_type(
     assert next(r["run"]["run_group"] for r in runs["rank-0-NVIDIA-A100"]
                 if r["type"] == "run") == "j-0f1e2d3c"
     assert meta["config"]["update"]["gpu_mix"] == {"NVIDIA A100": 1, "Tesla T4": 2}
+    config = meta["config"]["update"]
+    assert config["prices_per_hour"] == {"NVIDIA A100": 2.5, "Tesla T4": 0.35}
+    assert config["cost_per_hour"] == pytest.approx(2.5 + 2 * 0.35)
+    assert {t: v["price_per_hour"] for t, v in config["gpu_types"].items()} == {
+        "NVIDIA-A100": 2.5, "Tesla-T4": 0.35}
     assert _history(t4, "gpu_type/Tesla-T4/batch_share") == [(s, 8 / 24) for s in (1, 2, 3)]
     assert _history(t4, "gpu_type/Tesla-T4/samples_per_s") == [(s, 16.0) for s in (1, 2, 3)]
     assert _history(t4, "gpu_type/Tesla-T4/ranks") == [(s, 2) for s in (1, 2, 3)]
@@ -164,6 +171,9 @@ def test_wandb_offline_and_mlflow_file_store_read_back_per_gpu_type(
     assert t4_run.info.run_name == "j-rank-1-Tesla-T4" and t4_run.info.status == "FINISHED"
     assert job_run.data.params["gpu_mix"] == "1 x NVIDIA A100, 2 x Tesla T4"
     assert job_run.data.params["gpu_type/Tesla-T4/planned_batch"] == "8"
+    assert {k: v for k, v in job_run.data.params.items() if "price" in k or "cost" in k} == {
+        "gpu_type/NVIDIA-A100/price_per_hour": "2.5", "gpu_type/Tesla-T4/price_per_hour": "0.35",
+        "cost_per_hour": "3.2"}
 
     def series(run_id: str, key: str) -> list[tuple[int, float]]:
         return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
@@ -174,6 +184,21 @@ def test_wandb_offline_and_mlflow_file_store_read_back_per_gpu_type(
     assert set(t4_run.data.metrics) == {f"gpu_type/Tesla-T4/{n}" for n in TYPE_SERIES}
     plan = client.download_artifacts(run_ids[0], "plan.md", str(tmp_path / "art"))
     assert "| 2 | 2 | n2 | Tesla T4 | 4 |" in Path(plan).read_text()
+    assert "price per device-hour: NVIDIA A100 2.5/h, Tesla T4 0.35/h; job: 3.2/h" in Path(plan).read_text()
+    run_json = json.loads(Path(client.download_artifacts(run_ids[0], "run.json",
+                                                         str(tmp_path / "art2"))).read_text())
+    assert run_json["prices_per_hour"] == {"NVIDIA A100": 2.5, "Tesla T4": 0.35}
+
+
+def test_an_unpriced_type_is_null_in_the_metadata_never_0() -> None:
+    products, batches = ("NVIDIA A100", "Tesla T4"), (16, 8)
+    info = tracking.series.RunInfo.of(_contract(0, products, batches, {}, {"NVIDIA A100": 2.5}))
+    meta = info.metadata()
+    assert meta["prices_per_hour"] == {"NVIDIA A100": 2.5, "Tesla T4": None}
+    assert [t["price_per_hour"] for t in meta["gpu_types"].values()] == [2.5, None]
+    assert meta["cost_per_hour"] is None
+    nothing = tracking.series.RunInfo.of(_contract(0, products, batches, {}))  # no prices given
+    assert nothing.metadata()["prices_per_hour"] == {"NVIDIA A100": None, "Tesla T4": None}
 
 
 def test_a_missing_library_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -76,9 +76,40 @@ def test_the_spec_reaches_every_rank_as_htj_tracking() -> None:
     # no tracking: no variable (the operator's pods carry exactly the contract)
     plain = parse_job(_digits(None))
     assert plain.training.tracking_json == ""
-    assert not any(envnames.TRACKING in e for e in
+    assert not any(envnames.TRACKING in e or envnames.PRICES_PER_HOUR in e for e in
                    render_rank_envs(plan_job(plain, build_inventory(nodes)), plain,
                                     master_addr="127.0.0.1", master_port=29500, simulated=True))
+
+
+def test_the_plans_prices_reach_every_rank_unpriced_types_as_null() -> None:
+    from hetero_operator.cluster.inventory import build_inventory
+    from hetero_operator.local.plan import load_objects
+    from hetero_operator.planning.marginal import PlanInputs
+    from hetero_operator.planning.plan import plan_job
+    from hetero_operator.render.env import render_rank_envs
+
+    nodes = load_objects(ROOT / "examples" / "clusters" / "mixed.yaml", "Node")
+    inputs = PlanInputs(prices={"NVIDIA-A100-SXM4-40GB": 2.5, "Tesla-T4": 0.35})  # V100: none
+    job = parse_job(_digits({"tensorboard": {}}))
+    plan = plan_job(job, build_inventory(nodes), inputs=inputs)
+    assert {t.gpu_type: t.price_per_hour for t in plan.value.types} == {
+        "NVIDIA-A100-SXM4-40GB": 2.5, "Tesla-V100-SXM2-16GB": None, "Tesla-T4": 0.35}
+    envs = render_rank_envs(plan, job, master_addr="127.0.0.1", master_port=29500, simulated=True)
+    assert {e[envnames.PRICES_PER_HOUR] for e in envs} == {
+        '{"NVIDIA-A100-SXM4-40GB":2.5,"Tesla-T4":0.35,"Tesla-V100-SXM2-16GB":null}'}
+    info = tracking.series.RunInfo.of(c.parse_contract(envs[0]))
+    assert info.metadata()["prices_per_hour"] == {"NVIDIA-A100-SXM4-40GB": 2.5,
+                                                  "Tesla-V100-SXM2-16GB": None, "Tesla-T4": 0.35}
+    assert info.cost_per_hour() is None  # a V100 is in the plan, unpriced: no job price
+    assert ("price per device-hour: NVIDIA-A100-SXM4-40GB 2.5/h, Tesla-V100-SXM2-16GB unpriced, "
+            "Tesla-T4 0.35/h; job: unpriced (a type has no price)") in info.plan_markdown()
+    # a priced type and no tracking: the prices still go (a script may pass Trainer(tracking=))
+    plain = parse_job(_digits(None))
+    envs = render_rank_envs(plan_job(plain, build_inventory(nodes), inputs=inputs), plain,
+                            master_addr="127.0.0.1", master_port=29500, simulated=True)
+    assert c.parse_contract(envs[3]).run.prices_per_hour["Tesla-T4"] == 0.35
+    with pytest.raises(c.ContractError, match="Tesla-T4: a price must be null or a number >= 0"):
+        c.parse_contract({**envs[0], envnames.PRICES_PER_HOUR: '{"Tesla-T4":-1}'})
 
 
 def _contract(rank: int, products: tuple[str, ...], **run: object) -> c.Contract:

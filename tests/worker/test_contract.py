@@ -96,7 +96,8 @@ def test_malformed_variable_names_itself(variable, value, needle):
 def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
     knobs = _contract(run={"sim_delay_per_sample_s": 0.0125, "dir": "/runs/x",
                            "profile_steps": (20, 25), "predicted_samples_per_s": 812.5,
-                           "tracking": {"tensorboard": {"logDir": "/tb"}}},
+                           "tracking": {"tensorboard": {"logDir": "/tb"}},
+                           "prices_per_hour": {"NVIDIA A100": 2.5, "Tesla T4": None}},
                       comm={"rendezvous_timeout_s": 42.0, "compression": "int8", "powersgd_rank": 8,
                             "rebalance_interval_steps": 3},
                       batch={"max_steps": 10, "epochs": 3})
@@ -107,7 +108,9 @@ def test_worker_knobs_are_parsed_into_the_contract_and_round_trip():
                                                 "HTJ_PROFILE_STEPS": "20-25",
                                                 "HTJ_PREDICTED_SAMPLES_PER_S": "812.5",
                                                 "HTJ_MAX_STEPS": "10", "HTJ_EPOCHS": "3",
-                                                "HTJ_TRACKING": '{"tensorboard":{"logDir":"/tb"}}'}
+                                                "HTJ_TRACKING": '{"tensorboard":{"logDir":"/tb"}}',
+                                                "HTJ_PRICES_PER_HOUR":
+                                                    '{"NVIDIA A100":2.5,"Tesla T4":null}'}
     assert c.parse_contract(env) == knobs
     # defaults are not rendered (the operator's pods carry exactly the contract)
     assert not set(c.render_rank_env(_contract())) & set(envnames.KNOB_VARS)

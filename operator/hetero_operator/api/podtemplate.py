@@ -41,6 +41,7 @@ OWNED_ENV: tuple[str, ...] = tuple(sorted({
     *envnames.TORCHRUN_VARS, *envnames.REQUIRED_VARS, *envnames.OPTIONAL_VARS,
     *envnames.MEMORY_VARS, envnames.FIRST_RANK, envnames.PROFILE_STEPS,
     envnames.PREDICTED_SAMPLES_PER_S, *envnames.RESILIENCE_VARS, envnames.TRACKING,
+    envnames.PRICES_PER_HOUR,
     *envnames.PIPELINE_VARS,
 }))
 """Variables the operator (or ``heterotrain launch``) sets in every rank: the env contract.  A

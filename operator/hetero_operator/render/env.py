@@ -68,6 +68,7 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
     ckpt = training.checkpoint_path if checkpoint_dir is None else checkpoint_dir
     value = plan.value  # the planner's prediction, when in samples/s: rank 0 exports the ratio
     predicted = value.predicted_throughput if value is not None and value.absolute else 0.0
+    prices = _prices_per_hour(plan, training.tracking_json)
     memory = {m.rank: m for m in plan.memory.ranks} if plan.memory is not None else {}
     sharding = plan.memory.mode.lower() if plan.memory is not None else "none"
     shares = tuple(memory[k].state_share_ppm for k in sorted(memory)) if sharding == "full" else ()
@@ -101,11 +102,22 @@ def render_rank_envs(plan: Plan, job: JobSpec, *, master_addr: str, master_port:
                             predicted_samples_per_s=predicted,
                             termination_grace_s=float(job.worker.termination_grace_s),
                             tracking=json.loads(training.tracking_json) if training.tracking_json
-                            else None),
+                            else None, prices_per_hour=prices),
             pipeline=_pipeline_settings(plan.pipeline, r.stage),
             extra=dict(group.extra_env))
         envs.append(render_rank_env(contract))
     return envs
+
+
+def _prices_per_hour(plan: Plan, tracking_json: str) -> dict[str, float | None] | None:
+    """``HTJ_PRICES_PER_HOUR``: the plan's price per device-hour of each of its GPU types (None:
+    unpriced), for the trackers' run metadata; rendered for a job with tracking or a priced type,
+    else None (not rendered: the pods of a job without either carry no prices)."""
+    types = plan.value.types if plan.value is not None else ()
+    prices = {t.gpu_type: t.price_per_hour for t in types}
+    if not tracking_json and all(p is None for p in prices.values()):
+        return None
+    return {r.gpu_type: prices.get(r.gpu_type) for r in plan.ranks}
 
 
 def _pipeline_settings(pipe: PipelinePlan | None, stage: int | None) -> PipelineSettings:

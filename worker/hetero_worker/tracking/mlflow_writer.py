@@ -3,8 +3,9 @@ the experiment ``spec.training.tracking.mlflow.experiment``, named ``<job>-rank-
 ``heterotrain.job``, ``heterotrain.rank`` and ``heterotrain.gpu_type``; the runs of the GPU types'
 first ranks are children of rank 0's (``mlflow.parentRunId``: MLflow's nested runs), so the
 tracking UI shows one job with a run per GPU type. Rank 0's run has the metadata as params (GPU mix,
-global batch, each type's ranks and planned batch) and the plan as artifacts ``plan.md`` and
-``run.json``.
+global batch, each type's ranks, planned batch and price per device-hour, the job's cost per hour;
+a price is JSON: ``2.5``, or ``null`` for an unpriced type) and the plan as artifacts ``plan.md``
+and ``run.json``.
 
 A ``file:`` URI (or a bare path) is MLflow's file store, which MLflow keeps in maintenance mode
 behind ``MLFLOW_ALLOW_FILE_STORE``: naming it in the spec is the opt-in, so the writer sets that
@@ -15,6 +16,7 @@ asynchronously (MLflow's ``synchronous=False``), flushed when the run closes; th
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -86,10 +88,12 @@ class MlflowWriter:
         if info.is_job:
             meta = info.metadata()
             params = {"job": info.job, "world_size": info.world_size,
-                      "global_batch": meta["global_batch"], "gpu_mix": info.mix_text()}
+                      "global_batch": meta["global_batch"], "gpu_mix": info.mix_text(),
+                      "cost_per_hour": json.dumps(meta["cost_per_hour"])}
             for tag, t in meta["gpu_types"].items():
                 params[f"gpu_type/{tag}/ranks"] = t["ranks"]
                 params[f"gpu_type/{tag}/planned_batch"] = t["planned_batch"]
+                params[f"gpu_type/{tag}/price_per_hour"] = json.dumps(t["price_per_hour"])
             self._client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
             self._client.log_text(self.run_id, info.plan_markdown(), "plan.md")
             self._client.log_dict(self.run_id, meta, "run.json")

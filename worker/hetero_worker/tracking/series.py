@@ -4,7 +4,8 @@ TensorBoard, W&B and MLflow (docs/tracking.md).
 
 Keys: ``job/loss``, ``job/samples_per_s``, ``job/global_batch`` (rank 0); ``gpu_type/<GPU>/...``
 (the first rank of each GPU type): ``samples_per_s``, ``compute_samples_per_s_per_gpu``,
-``batch_share``, ``local_batch``, ``step_s``, ``compute_s``, ``comm_wait_s``, ``ranks``, ``loss``.
+``batch_share``, ``local_batch``, ``step_s``, ``compute_s``, ``comm_wait_s``, ``ranks``, ``loss``
+(and ``stage`` under a pipeline: the pipeline stage the type's first rank runs).
 ``<GPU>`` is :func:`gpu_tag` of the product. Every backend accepts ``/`` in a key (TensorBoard's tag
 filter, W&B's panel sections and MLflow's metric names all group by it).
 """
@@ -55,6 +56,9 @@ class RunInfo:
         is_job: this rank writes the job's series (rank 0).
         is_type_leader: this rank writes its GPU type's series (its type's lowest rank).
         rows: every rank's ``(rank, group, node, product, local batch)``, the plan.
+        prices_per_hour: the plan's price of one device per hour by GPU product, every product of
+            ``rows`` (None: unpriced; ``HTJ_PRICES_PER_HOUR``).
+        stages: every rank's pipeline stage, rank order; ``()`` without a pipeline.
     """
 
     job: str
@@ -67,17 +71,25 @@ class RunInfo:
     is_job: bool
     is_type_leader: bool
     rows: tuple[tuple[int, int, str, str, int], ...]
+    prices_per_hour: tuple[tuple[str, float | None], ...] = ()
+    stages: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, contract: Contract) -> RunInfo:
         """The run info of the rank ``contract`` describes."""
         rank, product = contract.dist.rank, contract.device.product
         type_ranks = tuple(e.rank for e in contract.topology if e.gpu_product == product) or (rank,)
+        known = contract.run.prices_per_hour or {}
+        prices = {e.gpu_product: known.get(e.gpu_product) for e in contract.topology}
+        pipe = contract.pipeline
+        stages = tuple(next(s for s, ranks in enumerate(pipe.stage_ranks) if e.rank in ranks)
+                       for e in contract.topology) if pipe.enabled else ()
         return cls(job=contract.dist.job_name, job_uid=contract.dist.job_uid, rank=rank,
                    world_size=contract.dist.world_size, product=product, tag=gpu_tag(product),
                    type_ranks=type_ranks, is_job=rank == 0, is_type_leader=rank == min(type_ranks),
                    rows=tuple((e.rank, e.group, e.node, e.gpu_product, e.local_batch)
-                              for e in contract.topology))
+                              for e in contract.topology),
+                   prices_per_hour=tuple(prices.items()), stages=stages)
 
     @property
     def writes(self) -> bool:
@@ -100,11 +112,34 @@ class RunInfo:
         """``"1 x NVIDIA A100, 2 x Tesla T4"``."""
         return ", ".join(f"{n} x {p}" for p, n in self.gpu_mix().items())
 
+    @property
+    def stage(self) -> int | None:
+        """This rank's pipeline stage, None without a pipeline."""
+        return self.stages[self.rank] if self.stages else None
+
+    def prices_text(self) -> str:
+        """``"NVIDIA A100 2.5/h, Tesla T4 unpriced"``: the plan's price per device-hour by type."""
+        return ", ".join(f"{p} {'unpriced' if v is None else f'{v:g}/h'}"
+                         for p, v in self.prices_per_hour)
+
+    def cost_per_hour(self) -> float | None:
+        """The job's price per hour (every rank's device), None when a type is unpriced."""
+        prices = dict(self.prices_per_hour)
+        if any(prices.get(p) is None for _, _, _, p, _ in self.rows):
+            return None
+        return sum(prices[p] or 0.0 for _, _, _, p, _ in self.rows)
+
     def plan_markdown(self) -> str:
-        """The run's metadata as a Markdown table: job, GPU mix, every rank's type and batch."""
-        lines = [f"job `{self.job}`, {self.world_size} ranks, GPU mix: {self.mix_text()}", "",
-                 "| rank | group | node | GPU | local batch |", "|---|---|---|---|---|"]
-        lines += [f"| {r} | {g} | {n} | {p} | {b} |" for r, g, n, p, b in self.rows]
+        """The run's metadata as a Markdown table: job, GPU mix, prices, every rank's type, batch
+        (and pipeline stage)."""
+        cost = self.cost_per_hour()
+        lines = [f"job `{self.job}`, {self.world_size} ranks, GPU mix: {self.mix_text()}",
+                 f"price per device-hour: {self.prices_text()}; job: "
+                 + ("unpriced (a type has no price)" if cost is None else f"{cost:g}/h"), "",
+                 "| rank | group | node | GPU | local batch |" + (" stage |" if self.stages else ""),
+                 "|---|---|---|---|---|" + ("---|" if self.stages else "")]
+        lines += [f"| {r} | {g} | {n} | {p} | {b} |" + (f" {self.stages[r]} |" if self.stages else "")
+                  for r, g, n, p, b in self.rows]
         return "\n".join(lines)
 
     def metadata(self) -> dict[str, Any]:
@@ -112,16 +147,20 @@ class RunInfo:
         rank's GPU type, the GPU mix and the planned split per type and per rank. Nothing from
         the environment (no credential can reach a run's metadata)."""
         per_type: dict[str, dict[str, Any]] = {}
+        prices = dict(self.prices_per_hour)
         for rank, _, _, product, batch in self.rows:
             t = per_type.setdefault(gpu_tag(product), {"product": product, "ranks": 0,
-                                                       "planned_batch": 0})
+                                                       "planned_batch": 0,
+                                                       "price_per_hour": prices.get(product)})
             t["ranks"] += 1
             t["planned_batch"] += batch
         return {"job": self.job, "job_uid": self.job_uid, "rank": self.rank,
                 "world_size": self.world_size, "gpu_type": self.product,
                 "global_batch": sum(r[4] for r in self.rows), "gpu_mix": self.gpu_mix(),
-                "gpu_types": per_type,
-                "plan": [{"rank": r, "group": g, "node": n, "gpu": p, "local_batch": b}
+                "gpu_types": per_type, "prices_per_hour": prices,
+                "cost_per_hour": self.cost_per_hour(),
+                "plan": [{"rank": r, "group": g, "node": n, "gpu": p, "local_batch": b,
+                          **({"stage": self.stages[r]} if self.stages else {})}
                          for r, g, n, p, b in self.rows]}
 
 
@@ -157,4 +196,6 @@ def step_scalars(info: RunInfo, *, step_s: float, compute_s: float, comm_wait_s:
             out[f"{t}/{name}"] = float(value)
         if loss is not None:
             out[f"{t}/loss"] = float(loss)
+        if info.stage is not None:  # a pipelined job: the stage this type's first rank runs
+            out[f"{t}/stage"] = float(info.stage)
     return out
