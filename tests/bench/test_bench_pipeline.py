@@ -1,0 +1,57 @@
+"""bench/bench_pipeline.py's rows and figures, from fabricated runs (no benchmark is run here):
+the target rows carry the names issue 30 asks for, a link that was not measured has no row, and
+a run directory's figures are read as the module docstring says."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import bench_pipeline  # noqa: E402
+
+
+def _fig(sps: float, ratio: float) -> dict:
+    return {"samples_per_s": sps, "measured_over_predicted_step": ratio,
+            "planned_bubble_fraction": 0.2, "wait_fraction": 0.1}
+
+
+def _link(pipe_sps: float, full_sps: float) -> dict:
+    return {"Pipeline": [_fig(pipe_sps, 1.0)] * 3, "Full": [_fig(full_sps, 1.2)] * 3}
+
+
+def test_target_rows_are_named_as_the_issue_asks_and_judged_by_their_median() -> None:
+    links = {"unshaped link": _link(300.0, 100.0), "100 Mbit/s link": _link(120.0, 20.0)}
+    rows = {t.name: t.as_dict() for t in bench_pipeline.targets_of(links)}
+    ratio = rows["Pipeline / Full samples/s, 100 Mbit/s link"]
+    assert (ratio["op"], ratio["target"], ratio["median"], ratio["met"]) == (">=", 2.0, 6.0, True)
+    assert rows["measured / predicted, Pipeline"]["met"] is True
+    assert rows["... measured / predicted, Pipeline: upper end"]["met"] is True
+    assert rows["measured / predicted, Full"]["met"] is True
+    assert rows["... measured / predicted, Full: upper end"]["met"] is False  # 1.2 > 1.10
+    assert "measured / predicted, Pipeline, 100 Mbit/s link" in rows
+
+
+def test_without_the_slow_link_no_row_claims_it() -> None:
+    rows = [t.name for t in bench_pipeline.targets_of({"unshaped link": _link(300.0, 100.0)})]
+    assert rows and not any("100 Mbit/s" in name for name in rows)
+
+
+def test_figures_of_a_pipelined_run_directory(tmp_path: Path) -> None:
+    (tmp_path / "prediction.json").write_text(json.dumps({"measured_samples_per_s": 320.0}))
+    (tmp_path / "plan.json").write_text(json.dumps({
+        "world_size": 2, "ranks": [{"local_batch": 16}, {"local_batch": 16}],
+        "pipeline": {"step_s": 0.08, "bubble_fraction": 0.2,
+                     "stages": [{"gpu_type": "A100", "blocks": 3}, {"gpu_type": "T4", "blocks": 1}]}}))
+    for r, wait in enumerate((0.1, 0.3)):
+        (tmp_path / f"rank-{r}.json").write_text(json.dumps(
+            {"comm_wait_seconds": wait, "step_seconds": 1.0, "steps": 10}))
+    fig = bench_pipeline.figures(tmp_path)
+    assert fig["measured_step_s"] == pytest.approx(0.1)  # 32 samples at 320 samples/s
+    assert fig["measured_over_predicted_step"] == pytest.approx(1.25)
+    assert (fig["planned_bubble_fraction"], fig["wait_fraction"]) == (0.2, 0.3)
