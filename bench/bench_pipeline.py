@@ -73,6 +73,10 @@ LINK_LABELS = {None: "unshaped link", LINK_MBIT: f"{LINK_MBIT} Mbit/s link"}
 MODES = ("Full", "Pipeline")
 STEPS = 10
 """Training steps per run (``heterotrain run --max-steps``)."""
+PYTHONPATH = os.pathsep.join([str(ROOT / "worker"), str(ROOT / "common"), str(ROOT / "operator")]
+                             + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+"""``heterotrain run`` and its ranks import this tree's packages (a second checkout's too, before
+any editable install), as :mod:`bench_speed`'s ranks do."""
 RUN_TIMEOUT_S = 300.0
 """Longest one ``heterotrain run`` may take."""
 NODE_A_PRODUCT = "A100"
@@ -133,7 +137,8 @@ def heterotrain_run(job: Path, workdir: Path, cache: Path, link_mbit: int | None
            "--workdir", str(workdir), "--max-steps", str(STEPS)]
     if link_mbit is not None:
         cmd += ["--link-inter-node-gbps", str(link_mbit / 1000)]
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "BENCH_PIPELINE_NETNS": "1" if netns else "0"}
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "BENCH_PIPELINE_NETNS": "1" if netns else "0",
+           "PYTHONPATH": PYTHONPATH}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=limit_s, cwd=ROOT, env=env)
     except subprocess.TimeoutExpired:
