@@ -21,6 +21,8 @@ from hetero_operator.api.spec import parse_job
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.lifecycle.status import plan_status
 from hetero_operator.planning.plan import plan_job
+from hetero_operator.render.env import render_rank_envs
+from heterotrain_common import envnames
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXED = yaml.safe_load((ROOT / "examples" / "clusters" / "mixed.yaml").read_text())["items"]
@@ -132,8 +134,6 @@ def test_the_plan_json_and_status_give_every_rank_its_stage(tmp_path: Path) -> N
      "spec.training.compression.mode PowerSGD: the stage replicas' gradient all-reduce is not "
      "compressed: leave spec.training.compression out"),
     ({"rebalance": {"intervalSteps": 10}}, PIPE, "spec.training.rebalance.intervalSteps 10"),
-    ({"checkpoint": {"path": "/ckpt"}}, PIPE,
-     "spec.training.checkpoint.path: checkpoints per stage (and resuming them) are not built yet"),
     ({"precision": "FP16"}, PIPE, "set spec.training.precision Auto or FP32"),
     ({}, {"microBatches": 4}, "spec.training.pipeline.blocks is needed"),
     ({}, {"blocks": 12, "stages": 2, "microBatches": 4},
@@ -144,7 +144,7 @@ def test_the_plan_json_and_status_give_every_rank_its_stage(tmp_path: Path) -> N
      "spec.training.globalBatchSize 8 gives 1 pipeline(s) batches of 8 samples, not multiples of "
      "spec.training.pipeline.microBatches 3 (torch.distributed.pipelining cuts equal "
      "micro-batches): set globalBatchSize to a multiple of 3 (e.g. 6)"),
-], ids=["full", "group", "compression", "rebalancing", "checkpoints", "fp16", "no blocks",
+], ids=["full", "group", "compression", "rebalancing", "fp16", "no blocks",
         "stages", "micro-batches", "uneven micro-batches"])
 def test_unsupported_combinations_are_refused_naming_field_and_fix(
         training: dict, pipeline: dict, needle: str) -> None:
@@ -162,3 +162,14 @@ def test_uneven_replicas_and_one_type_are_refused() -> None:
     alone = _plan([make_node("node-a", count=2)], ranks=2)
     assert isinstance(alone, model.Unschedulable)
     assert "makes one stage per GPU type and the plan placed one type" in alone.message
+
+
+def test_checkpoint_path_is_planned_with_stages_and_reaches_every_rank() -> None:
+    """Checkpoints per stage are built (hetero_worker.ckpt.stagestate): a pipelined job with
+    spec.training.checkpoint.path is planned, and every rank's contract names the directory."""
+    job = parse_job(_manifest(checkpoint={"path": "/ckpt"}))
+    plan = plan_job(job, build_inventory(MIXED))
+    assert isinstance(plan, model.Plan), plan.message
+    assert [r.stage for r in plan.ranks] == [0, 1, 2]
+    envs = render_rank_envs(plan, job, master_addr="127.0.0.1", master_port=29500, simulated=True)
+    assert [env[envnames.CHECKPOINT_DIR] for env in envs] == ["/ckpt"] * 3

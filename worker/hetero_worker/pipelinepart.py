@@ -25,9 +25,16 @@ part; the script is the same as for data parallelism)::
   replica 0's parameters (a broadcast on the stage's group).
 * **Loss.** The last stage's mean over the micro-batches, weighted over the pipelines like the
   gradients, sent to every rank (each reports the job's loss).
+* **Checkpoints.** ``t.maybe_checkpoint(opt)``, ``t.save_checkpoint(opt)`` and ``t.resume(opt)``
+  work as under data parallelism: replica 0 of every stage hands its blocks (keyed by their global
+  index in the model) and its optimizer state to rank 0, which writes one checkpoint; a resume on
+  the same stage cut restores every rank's stage, the data position, the step and (same plan) the
+  RNG, so a killed run resumes bit-identical (:mod:`hetero_worker.ckpt.stagestate`). A SIGTERM
+  stops every rank after the same step with one checkpoint, as under data parallelism
+  (:class:`~hetero_worker.stop.GracefulStop`).
 * **Not built here.** fp16/bf16 (the stages run in the model's dtype; the planner plans fp32),
-  CUDA tensors through the Gloo sends (the stages run on the CPU), checkpoints per stage (refused
-  here and by the planner), the simulated per-sample delay, rebalancing and compression.
+  CUDA tensors through the Gloo sends (the stages run on the CPU), resuming on another stage cut,
+  the simulated per-sample delay, rebalancing and compression.
 """
 
 from __future__ import annotations
@@ -67,10 +74,6 @@ class PipelinePart:
 
     def __init__(self, contract: Contract, *, steps: Any, metrics: Any, seed: int) -> None:
         settings = contract.pipeline
-        if contract.checkpoint.dir:
-            raise RuntimeError(f"checkpoints per pipeline stage are not built yet: run the "
-                               f"pipelined job without HTJ_CHECKPOINT_DIR "
-                               f"({contract.checkpoint.dir!r}; spec.training.checkpoint)")
         self.contract, self.metrics, self.steps = contract, metrics, steps
         self.rank = contract.dist.rank
         self.layout = StageLayout(stage_ranks=settings.stage_ranks)
@@ -81,7 +84,13 @@ class PipelinePart:
                               metrics=metrics)
         self.runner: StageRunner | None = None
         self._groups: Any = None
+        self._module: nn.Module | None = None
         self._last_rank = self.layout.pipelines()[self.replica][-1]
+
+    @property
+    def module(self) -> nn.Module | None:
+        """This rank's stage module (None before :meth:`wrap`)."""
+        return self._module
 
     @property
     def weight(self) -> float:

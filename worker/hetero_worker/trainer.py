@@ -63,7 +63,6 @@ from hetero_worker.runtime.shutdown import leave_process_group
 from hetero_worker.runtime.startup import cuda_index, seed_everything, wants_speed_features
 from hetero_worker.speed.controller import attach
 from hetero_worker.speed.stealing import check_stealable
-from hetero_worker.pipelinepart import PipelinePart
 from hetero_worker.stepping import StepResult, Stepper
 from hetero_worker.steps import StepCount
 from hetero_worker.stop import GracefulStop
@@ -157,11 +156,11 @@ class Trainer:
                                          data=self.data, steps=self.steps, scaler=self.scaler,
                                          group=self.ckpt_group, metrics=self.metrics, seed=seed)
         self.metrics.start_server()
-        # issue 30: a pipelined rank runs its stage (hetero_worker.pipelinepart)
         self.pipeline = (PipelinePart(contract, steps=self.steps, metrics=self.metrics, seed=seed)
-                         if contract.pipeline.enabled else None)
-        if self.pipeline is not None:
-            self.data = self.pipeline.data  # its loader yields the pipeline's batches
+                         if contract.pipeline.enabled else None)  # issue 30: the rank's stage
+        if self.pipeline is not None:  # its loader yields the pipeline's batches; stage checkpoints
+            self.data = self.pipeline.data
+            self.checkpoints.use_stages(self.pipeline)
         self.metrics.set_local_batch(self.local_batch)
 
     def _follow_split(self, local_batches: tuple[int, ...]) -> None:
@@ -339,7 +338,7 @@ class Trainer:
                 (:mod:`hetero_worker.memory.caps`).
         """
         if self.pipeline is not None:  # loss_fn(output, target), batch=(inputs, target)
-            return self.pipeline.step(optimizer, loss_fn, batch)
+            return self._step(optimizer, loss_fn, batch, num_tokens)
         if self.model is None:
             raise RuntimeError("call Trainer.wrap(model) before step()")
         if self.membership is not None:  # elastic: a lost rank shrinks the job, the step is redone
@@ -349,9 +348,10 @@ class Trainer:
 
     def _step(self, optimizer: torch.optim.Optimizer, loss_fn: Callable[..., torch.Tensor],
               batch: Sequence[Any] | None, num_tokens: Any) -> StepResult:
-        """:meth:`step` after its checks: the step and the graceful stop's agreement."""
+        """:meth:`step` after its checks: the step (the pipeline's or stepper's) and the stop agreement."""
         self.stop.begin(self.global_step)  # overlaps the step; answered at its end
-        result = self.stepper.step(optimizer, loss_fn, batch, num_tokens)
+        result = (self.pipeline.step(optimizer, loss_fn, batch) if self.pipeline is not None
+                  else self.stepper.step(optimizer, loss_fn, batch, num_tokens))
         self.stop.end(self.global_step)
         if self.stopping:  # SIGTERM somewhere: one checkpoint at this step, exit 75 on every rank
             self.stop_now(optimizer)

@@ -70,9 +70,6 @@ def refusal(job: JobSpec) -> str:
                         f"{t.rebalance_interval_steps}: a pipeline's blocks and batches are fixed "
                         "for the run (rebalancing moves samples between ranks of one model): set "
                         "it to 0")
-    if t.checkpoint_path:
-        problems.append("spec.training.checkpoint.path: checkpoints per stage (and resuming "
-                        "them) are not built yet: leave spec.training.checkpoint out")
     if t.precision in ("BF16", "FP16"):
         problems.append(f"spec.training.precision {t.precision}: pipeline stages run in fp32 "
                         "(one loss scale across stages is not built): set spec.training.precision "

@@ -50,7 +50,8 @@ from hetero_worker.ckpt.pieces import (fill_from_full, held_pieces, optimizer_fq
                                        parameter_names, persistent_buffers)
 from hetero_worker.ckpt.saving import CheckpointSaveError, discard_tmp
 from hetero_worker.ckpt.files import (CHECKPOINT_FILE, FORMAT, FORMATS, SHARDED_FORMAT, fresh_rng,
-                                      gather_to_rank0, load_file, manifest, rng_state, same_plan,
+                                      gather_to_rank0, load_file, manifest,
+                                      refuse_pipeline_checkpoint, rng_state, same_plan,
                                       save_atomic, set_rng_state)
 from hetero_worker.comm import agree
 from hetero_worker.runtime.ranklog import log
@@ -224,6 +225,7 @@ def load_checkpoint(directory: str | Path | None, *, model: torch.nn.Module,
     agree_on_resume(finding, group)
     if state is None:  # every rank read it, or every rank raised above
         raise ResumeDisagreement([finding])
+    refuse_pipeline_checkpoint(state)  # stage states resume under a pipeline only (files)
     LAST_RESUME.update(step=int(state["step"]), fallback=note, path=str(Path(chosen.file).parent))
     if note and (not dist.is_initialized() or dist.get_rank() == 0):
         log(f"checkpoint_fallback: resuming from step {state['step']} (checkpoint "

@@ -21,6 +21,9 @@ SHARDED_FORMAT = 3
 """A manifest whose model and optimizer state lie in a DCP directory beside it (``sharded``:
 :mod:`hetero_worker.ckpt.sharded`, Group sharding); everything else as :data:`FORMAT`."""
 FORMATS = (FORMAT, SHARDED_FORMAT)
+PIPELINE_KEY = "pipeline"
+"""A pipelined job's checkpoint: its stage cut and the stages' optimizer states
+(:mod:`hetero_worker.ckpt.stagestate`)."""
 PLAN_KEYS = ("world_size", "planned_split", "devices")
 """What identifies a plan: a checkpoint's per-rank state is reused only when all of them match."""
 
@@ -159,3 +162,17 @@ def manifest(*, checkpoint_id: str, step: int, model: torch.nn.Module | None,
         "ranks": ranks, "extra": dict(extra or {}),
         "sharded": dict(sharded) if sharded else None,
     }
+
+
+def refuse_pipeline_checkpoint(state: Mapping[str, Any]) -> None:
+    """A data-parallel job's check: raise when ``state`` is a pipelined job's checkpoint.
+
+    Raises:
+        ValueError: ``state`` holds stage states (every rank reads the same file, so every rank
+            raises alike).
+    """
+    if state.get(PIPELINE_KEY):
+        raise ValueError(f"the checkpoint of step {state.get('step')} was written by a pipelined "
+                         "job (optimizer state per stage): it resumes under a pipeline plan with "
+                         "the same stage cut only; point spec.training.checkpoint.path at a new "
+                         "directory")

@@ -8,6 +8,10 @@ over the Trainer's parts seen as ``Stateful`` (``state_dict`` / ``load_state_dic
 * the codec states (:class:`hetero_worker.ckpt.resume.CodecStates`) and the objects ``track``
   registered (:mod:`hetero_worker.ckpt.tracked`).
 
+Under a pipeline (:meth:`Checkpointing.use_stages`) the model and optimizer are the rank's stage's,
+saved once per stage and resumed per stage (:mod:`hetero_worker.ckpt.stagestate`); the rest is
+saved and restored the same way.
+
 The file's format and the same-plan / new-plan rules are :mod:`hetero_worker.ckpt.checkpoint`'s
 and :mod:`hetero_worker.ckpt.resume`'s."""
 
@@ -17,7 +21,7 @@ from typing import Any
 
 import torch
 
-from hetero_worker.ckpt import checkpoint, saving, store, tracked
+from hetero_worker.ckpt import checkpoint, saving, stagestate, store, tracked
 from hetero_worker.ckpt.ownership import Owner, ResumeFilter
 from hetero_worker.ckpt.pieces import held_pieces, persistent_buffers
 from hetero_worker.ckpt.resume import CodecStates, plan_of, restore_compression
@@ -62,10 +66,23 @@ class Checkpointing:
         self.periodic = saving.PeriodicSaves(max_failures=contract.checkpoint.max_failures,
                                              rank=self.rank, metrics=metrics)
         self._resume_called = False
+        self.stages: Any = None
+
+    def use_stages(self, part: Any) -> None:
+        """Save and resume a pipelined rank's stage (:mod:`hetero_worker.ckpt.stagestate`).
+
+        Args:
+            part: the Trainer's :class:`hetero_worker.pipelinepart.PipelinePart` (its ``module``,
+                ``stage``, ``replica``, ``data`` and the contract's stage cut).
+        """
+        self.stages = part
+        self.data = part.data  # the pipeline's batches and data position
 
     @property
     def module(self) -> torch.nn.Module | None:
-        """The unwrapped model (None before ``wrap``)."""
+        """The unwrapped model (None before ``wrap``); a pipelined rank's stage module."""
+        if self.stages is not None:
+            return self.stages.module
         return self.model.module
 
     def plan(self) -> dict[str, Any]:
@@ -130,7 +147,7 @@ class Checkpointing:
             hetero_worker.ckpt.saving.CheckpointSaveError: the save failed (on every rank).
         """
         directory = self._directory(directory)
-        module = self.model.module
+        module = self.module
         if module is None:
             raise RuntimeError("wrap a model before checkpointing")
         extra = {"tracked": tracked.states(self.tracked)}  # checked on every rank
@@ -138,6 +155,13 @@ class Checkpointing:
                   "scaler": self.scaler, "sampler": self.data.sampler, "plan": self.plan(),
                   "rank_state": {"compression": self.codecs.state_dict()}, "extra": extra,
                   "keep": self.contract.checkpoint.keep, "owner": self.owner()}
+        if self.stages is not None:  # a pipeline: every stage's blocks once, by global index
+            part = self.stages
+            return str(stagestate.save_stage_checkpoint(
+                directory, step=common["step"], stage=part.stage, replica=part.replica,
+                stage_blocks=self.contract.pipeline.stage_blocks, module=module,
+                optimizer=optimizer, sampler=common["sampler"], plan=common["plan"],
+                extra=extra, keep=common["keep"], group=self.group, owner=common["owner"]))
         if self.model.shard_sync is not None:  # Group sharding: DCP, one group writes
             from hetero_worker.ckpt import \
                 sharded as shardckpt  # noqa: PLC0415 (imports torch.distributed.checkpoint)
@@ -204,11 +228,17 @@ class Checkpointing:
             raise RuntimeError("wrap a model before resume()")
         current = self.plan()
         mine = ResumeFilter(mine=self.owner(), resume_from=self.contract.checkpoint.resume_from)
-        state = checkpoint.load_checkpoint(
-            directory, model=self.module, optimizer=optimizer, scaler=self.scaler,
-            sampler=self.data.sampler, plan=current, seed=self.seed, group=self.group,
-            shard_sync=self.model.shard_sync,
-            accept=mine.accepts)
+        if self.stages is not None:  # a pipeline: this rank's stage
+            state = stagestate.load_stage_checkpoint(
+                directory, stage=self.stages.stage,
+                stage_blocks=self.contract.pipeline.stage_blocks, module=self.module,
+                optimizer=optimizer, sampler=self.data.sampler, plan=current, seed=self.seed,
+                group=self.group, accept=mine.accepts, last_resume=checkpoint.LAST_RESUME)
+        else:
+            state = checkpoint.load_checkpoint(
+                directory, model=self.module, optimizer=optimizer, scaler=self.scaler,
+                sampler=self.data.sampler, plan=current, seed=self.seed, group=self.group,
+                shard_sync=self.model.shard_sync, accept=mine.accepts)
         if state is None:
             found = store.candidates(directory) if directory and self.rank == 0 else []
             note = mine.passed_over(str(directory), found)

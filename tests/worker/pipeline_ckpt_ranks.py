@@ -1,0 +1,59 @@
+"""One rank of the pipelined kill-and-resume test (issue 30): ``ht.init()`` from the planner's
+contract (``HTJ_PIPELINE_*``, ``HTJ_CHECKPOINT_DIR``, ``HTJ_MAX_STEPS``), ``t.wrap`` of a float64
+``nn.Sequential``, SGD with momentum (optimizer state that a resume must restore), a shuffled
+loader (a data position it must restore),
+``t.resume(opt)``, then ``t.step`` and ``t.maybe_checkpoint`` every step. ``--die-after N``
+ends the process abruptly (``os._exit``, no close) after step N, like a kill. At the end it
+saves its stage's parameters to ``stage{r}.pt`` under ``--out`` with the steps it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hetero_worker import trainer as ht
+
+WIDTH, LR, SAMPLES = 5, 0.1, 144
+
+
+def make_model(blocks: int) -> nn.Sequential:
+    """Equal blocks (Linear + Tanh), float64, the same on every rank."""
+    torch.manual_seed(7)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh())
+                           for _ in range(blocks)]).double()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--die-after", type=int, default=0)
+    args = parser.parse_args()
+    t = ht.init(seed=0)
+    stage = t.wrap(make_model(sum(t.contract.pipeline.stage_blocks)))
+    opt = torch.optim.SGD(stage.parameters(), lr=LR, momentum=0.9)
+    g = torch.Generator().manual_seed(5)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(SAMPLES, WIDTH, generator=g, dtype=torch.float64),
+        torch.randn(SAMPLES, WIDTH, generator=g, dtype=torch.float64))
+    loader = t.loader(data, shuffle=True)
+    resumed_at = t.global_step if t.resume(opt) else None
+    losses = []
+    for x, y in loader:
+        losses.append(t.step(opt, F.mse_loss, batch=(x, y)).loss)
+        t.maybe_checkpoint(opt)
+        if args.die_after and t.global_step == args.die_after:
+            os._exit(9)  # killed: no close, no checkpoint of this step
+    torch.save({"params": [p.detach().clone() for p in stage.parameters()],
+                "global_step": t.global_step, "resumed_at": resumed_at, "losses": losses},
+               Path(args.out, f"stage{t.rank}.pt"))
+    t.close()
+
+
+if __name__ == "__main__":
+    main()
