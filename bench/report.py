@@ -51,6 +51,8 @@ BENCHMARKS = [  # (results file stem, title, command)
     ("sharded-checkpoint", "Sharded checkpoints (issue 12)", "bench/bench_sharded_checkpoint.py"),
     ("elastic", "Elastic shrink vs gang restart from the checkpoint, a T4 rank SIGKILLed (issue 31)",
      "bench/bench_elastic.py"),
+    ("pipeline", "Pipeline stages vs Full sharding, 1 A100 + 1 T4, unshaped and 100 Mbit/s link "
+     "between the GPU types (issue 30, item 6)", "bench/bench_pipeline.py (as root: network namespaces)"),
 ]
 
 
