@@ -175,6 +175,40 @@ def test_rank_0_writes_the_job_and_the_first_rank_of_each_gpu_type_its_type(tmp_
     assert job.closed and t4.closed
 
 
+def test_a_pipelined_ranks_type_series_name_its_stage(tmp_path: Path) -> None:
+    from heterotrain_common.pipelineenv import PipelineSettings
+
+    products = ("NVIDIA A100", "Tesla T4", "NVIDIA A100", "Tesla T4")  # stage 0: A100s, 1: T4s
+    made: list[_Recorder] = []
+    trackers = []
+    for r in range(4):
+        pipe = PipelineSettings(stage=r % 2, stage_blocks=(3, 1), stage_ranks=((0, 2), (1, 3)),
+                                micro_batches=4)
+        contract = replace(_contract(r, products, tracking={"tensorboard": {"logDir": str(tmp_path)}}),
+                           pipeline=pipe)
+        trackers.append(tracking.Tracker(contract, writer_factory=lambda d: made.append(_Recorder(d))
+                                         or made[-1]))
+    assert [t.info.stage for t in trackers] == [0, 1, 0, 1]
+    for t in trackers:  # local batches 4, 8, 12, 16
+        t.observe_step(1, step_s=0.5, compute_s=0.4, comm_wait_s=0.1, samples=4, loss=2.0,
+                       local_batches=[4, 8, 12, 16])
+    a100, t4 = made
+    assert a100.scalars["gpu_type/NVIDIA-A100/stage"] == [(1, 0.0)]
+    assert t4.scalars["gpu_type/Tesla-T4/stage"] == [(1, 1.0)]
+    assert t4.scalars["gpu_type/Tesla-T4/batch_share"] == [(1, 24 / 40)]
+    assert "| 3 | 3 | n3 | Tesla T4 | 16 | 1 |" in a100.texts["run/plan"]
+    assert trackers[0].info.metadata()["plan"][1] == {"rank": 1, "group": 1, "node": "n1",
+                                                      "gpu": "Tesla T4", "local_batch": 8,
+                                                      "stage": 1}
+    no_pipe = tracking.Tracker(_contract(0, products, tracking={"tensorboard": {"logDir": str(tmp_path)}}),
+                               writer_factory=lambda d: made.append(_Recorder(d)) or made[-1])
+    no_pipe.observe_step(1, step_s=0.5, compute_s=0.4, comm_wait_s=0.1, samples=4, loss=2.0,
+                         local_batches=[4, 8, 12, 16])
+    assert no_pipe.info.stage is None and "gpu_type/NVIDIA-A100/stage" not in made[-1].scalars
+    for t in (*trackers, no_pipe):
+        t.close()
+
+
 def test_the_log_dir_defaults_to_the_run_dir_then_the_checkpoint_path() -> None:
     products = ("Tesla T4",)
     tb = {"tensorboard": {"logDir": ""}}
@@ -233,3 +267,58 @@ def test_heterotrain_run_of_digits_leaves_event_files_tagged_per_gpu_type(tmp_pa
     assert all(e.value > 0 for e in job_run.Scalars("job/samples_per_s"))
     assert "run/plan/text_summary" in job_run.Tags()["tensors"]
     assert len(runs) == 3  # rank 3 (the second T4) writes nothing
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_pipelined_heterotrain_run_writes_its_series_per_gpu_type_and_stage(tmp_path: Path) -> None:
+    """``examples/lm-pipeline.yaml`` (one stage per GPU type: A100 stage 0, T4 stage 1) with
+    ``tracking: {tensorboard: {}}``: rank 0 writes the job's loss and throughput,
+    each type's first rank its series with its stage; the plan text names every rank's stage."""
+    steps = 3
+    job = yaml.safe_load((ROOT / "examples" / "lm-pipeline.yaml").read_text())
+    job["spec"]["training"]["tracking"] = {"tensorboard": {}}
+    manifest = tmp_path / "lm-pipeline.yaml"
+    manifest.write_text(yaml.safe_dump(job))
+    work = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(manifest),
+                           "--nodes", str(ROOT / "examples" / "clusters" / "scaled-memory.yaml"),
+                           "--workdir", str(work),
+                           "--max-steps", str(steps), "--metrics-port-base", "0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    plan = json.loads((work / "plan.json").read_text())
+    stage_of = {s["gpu_type"]: s["index"] for s in plan["pipeline"]["stages"]}
+    assert stage_of == {"NVIDIA-A100-SXM4-40GB": 0, "Tesla-T4": 1}
+    global_batch = job["spec"]["training"]["globalBatchSize"]
+    by_type = plan_batches_by_type(work)
+    runs = {d.name: d for d in (work / "tensorboard").iterdir()}
+    assert set(runs) == {"rank-0-NVIDIA-A100-SXM4-40GB", "rank-1-Tesla-T4"}
+    losses = {}
+    for rank, (product, batches) in enumerate(by_type.items()):
+        tag = tracking.gpu_tag(product)
+        acc = EventAccumulator(str(runs[f"rank-{rank}-{tag}"]))
+        acc.Reload()
+        prefix = f"gpu_type/{tag}/"
+        assert {t for t in acc.Tags()["scalars"] if t.startswith(prefix)} == {
+            prefix + n for n in ("samples_per_s", "compute_samples_per_s_per_gpu", "batch_share",
+                                 "local_batch", "step_s", "compute_s", "comm_wait_s", "ranks",
+                                 "loss", "stage")}
+        assert [(e.step, e.value) for e in acc.Scalars(prefix + "stage")] == [
+            (s, stage_of[product]) for s in range(1, steps + 1)]
+        assert [e.value for e in acc.Scalars(prefix + "batch_share")] == pytest.approx(
+            [sum(batches) / global_batch] * steps)
+        assert all(e.value > 0 for e in acc.Scalars(prefix + "samples_per_s"))
+        losses[product] = [e.value for e in acc.Scalars(prefix + "loss")]
+        stats = json.loads((work / f"rank-{rank}.json").read_text())
+        assert losses[product][-1] == pytest.approx(stats["loss"], rel=1e-6)
+    first, second = losses.values()
+    assert first == pytest.approx(second, rel=1e-6)  # the job's loss, sent along the pipeline
+    job_run = EventAccumulator(str(runs["rank-0-NVIDIA-A100-SXM4-40GB"]))
+    job_run.Reload()
+    assert [e.value for e in job_run.Scalars("job/loss")] == pytest.approx(first, rel=1e-6)
+    assert [(e.step, e.value) for e in job_run.Scalars("job/global_batch")] == [
+        (s, global_batch) for s in range(1, steps + 1)]
+    assert all(e.value > 0 for e in job_run.Scalars("job/samples_per_s"))
+    text = job_run.Tensors("run/plan/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| 1 | 1 | " in text and "| Tesla-T4 | 16 | 1 |" in text  # rank 1: the T4, stage 1

@@ -245,15 +245,28 @@ class Stepper:
                            ("skipped", int(skipped))):
             self.totals[key] += value
         self.metrics.observe_step(step_s, result.compute_s, comm_s, local, loss)
-        if self.tracker is not None:
-            self.tracker.observe_step(self.steps.global_step, step_s=step_s,
-                                      compute_s=result.compute_s, comm_wait_s=comm_s,
-                                      samples=local, loss=loss,
-                                      local_batches=self.data.local_batches)
+        self.track(result, local)
         if skipped:
             self.metrics.record_skipped_step()
         self.window.end_step(self.steps.global_step, local, result.compute_s)
         return result
+
+    def track(self, result: StepResult, samples: int) -> StepResult:
+        """Write the step just counted (``steps.global_step``) to the rank's experiment tracking
+        (nothing without it); ``samples``: this rank's samples in it. Returns ``result``."""
+        if self.tracker is not None:
+            self.tracker.observe_step(self.steps.global_step, step_s=result.step_s,
+                                      compute_s=result.compute_s, comm_wait_s=result.comm_wait_s,
+                                      samples=samples, loss=result.loss,
+                                      local_batches=self.data.local_batches)
+        return result
+
+    def staged(self, pipeline: Any, optimizer: torch.optim.Optimizer,
+               loss_fn: Callable[..., torch.Tensor], batch: Sequence[Any] | None) -> StepResult:
+        """A pipelined rank's step (:meth:`hetero_worker.pipelinepart.PipelinePart.step`: the
+        job's loss on every rank, the rank's share of the batch as its samples), tracked like a
+        data-parallel one (:meth:`track`)."""
+        return self.track(pipeline.step(optimizer, loss_fn, batch), self.contract.local_batch)
 
     def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: stealing.MicroBatchDispenser,
                    loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]

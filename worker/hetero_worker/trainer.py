@@ -350,7 +350,7 @@ class Trainer:
               batch: Sequence[Any] | None, num_tokens: Any) -> StepResult:
         """:meth:`step` after its checks: the step (the pipeline's or stepper's) and the stop agreement."""
         self.stop.begin(self.global_step)  # overlaps the step; answered at its end
-        result = (self.pipeline.step(optimizer, loss_fn, batch) if self.pipeline is not None
+        result = (self.stepper.staged(self.pipeline, optimizer, loss_fn, batch) if self.pipeline
                   else self.stepper.step(optimizer, loss_fn, batch, num_tokens))
         self.stop.end(self.global_step)
         if self.stopping:  # SIGTERM somewhere: one checkpoint at this step, exit 75 on every rank
