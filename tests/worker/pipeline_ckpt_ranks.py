@@ -3,7 +3,9 @@ contract (``HTJ_PIPELINE_*``, ``HTJ_CHECKPOINT_DIR``, ``HTJ_MAX_STEPS``), ``t.wr
 ``nn.Sequential``, SGD with momentum (optimizer state that a resume must restore), a shuffled
 loader (a data position it must restore),
 ``t.resume(opt)``, then ``t.step`` and ``t.maybe_checkpoint`` every step. ``--die-after N``
-ends the process abruptly (``os._exit``, no close) after step N, like a kill. At the end it
+ends the process abruptly (``os._exit``, no close) after step N, like a kill; ``--sigterm-after N``
+makes rank 1 send itself SIGTERM after step N (a preempted pod; ``--step-s`` seconds of sleep per
+step let the stop agreement come every step or two). At the end it
 saves its stage's parameters to ``stage{r}.pt`` under ``--out`` with the steps it took.
 """
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +37,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--die-after", type=int, default=0)
+    parser.add_argument("--sigterm-after", type=int, default=0)
+    parser.add_argument("--step-s", type=float, default=0.0)
     args = parser.parse_args()
     t = ht.init(seed=0)
     stage = t.wrap(make_model(sum(t.contract.pipeline.stage_blocks)))
@@ -45,10 +51,13 @@ def main() -> None:
     resumed_at = t.global_step if t.resume(opt) else None
     losses = []
     for x, y in loader:
+        time.sleep(args.step_s)  # the step's simulated compute (0: none)
         losses.append(t.step(opt, F.mse_loss, batch=(x, y)).loss)
         t.maybe_checkpoint(opt)
         if args.die_after and t.global_step == args.die_after:
             os._exit(9)  # killed: no close, no checkpoint of this step
+        if args.sigterm_after and t.global_step == args.sigterm_after and t.rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the stop agreement ends every rank with exit 75
     torch.save({"params": [p.detach().clone() for p in stage.parameters()],
                 "global_step": t.global_step, "resumed_at": resumed_at, "losses": losses},
                Path(args.out, f"stage{t.rank}.pt"))

@@ -12,6 +12,7 @@ uninterrupted run's. What the checkpoint holds per stage is checked on the file 
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from hetero_worker.ckpt import stagestate, store
 from hetero_worker.ckpt.files import load_file, refuse_pipeline_checkpoint
 from hetero_worker.runtime.simulation import free_port
 from heterotrain_common import envnames
+from heterotrain_common.envnames import PREEMPTED_EXIT_CODE
 from rankproc import run_ranks
 
 SCRIPT = Path(__file__).parent / "pipeline_ckpt_ranks.py"
@@ -114,6 +116,30 @@ def test_the_checkpoint_holds_every_stage_once_by_global_block(killed_and_resume
         assert sorted(momenta) == list(range(2 * (end - first)))  # momentum of every parameter
         assert all(s["momentum_buffer"].abs().sum() > 0 for s in momenta.values())
     assert len(state["ranks"]) == 3 and all(set(r) == {"rng"} for r in state["ranks"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_sigterm_under_a_pipeline_saves_the_agreed_step_and_resumes_bit_identical(
+        killed_and_resumed, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    envs = [{**env, envnames.CHECKPOINT_INTERVAL_STEPS: "100"} for env in _envs(ckpt)]  # no periodic
+    stopped_runs = _run(tmp_path, envs, "--sigterm-after", "2", "--step-s", "0.5")
+    assert [r.returncode for r in stopped_runs] == [PREEMPTED_EXIT_CODE] * 3, \
+        [r.stderr[-1500:] for r in stopped_runs]
+    steps = {int(re.search(r"stopped after step (\d+) as every rank agreed", r.stderr).group(1))
+             for r in stopped_runs}
+    assert len(steps) == 1, steps
+    (stopped,) = steps
+    assert 3 <= stopped < STEPS
+    assert [c.step for c in store.candidates(ckpt)] == [stopped]  # the stop's checkpoint only
+    _ok(_run(tmp_path, envs))
+    straight = killed_and_resumed["straight"]
+    for rank in range(3):
+        resumed = torch.load(tmp_path / f"stage{rank}.pt")
+        assert resumed["resumed_at"] == stopped and resumed["global_step"] == STEPS
+        params = list(zip(straight[rank]["params"], resumed["params"], strict=True))
+        assert all(torch.equal(a, b) for a, b in params), rank
 
 
 def test_stage_state_keys_blocks_by_global_index() -> None:
