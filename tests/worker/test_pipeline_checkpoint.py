@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from builders import job_manifest
+from builders import job_manifest, make_node
 from torch import nn
 
 from hetero_operator.api.spec import parse_job
@@ -39,12 +39,19 @@ MIXED = yaml.safe_load((ROOT / "examples" / "clusters" / "mixed.yaml").read_text
 STEPS, INTERVAL, DIE_AFTER = 6, 2, 3
 
 
-def _envs(checkpoint_dir: Path) -> list[dict[str, str]]:
+THREE_TYPES = {"nodes": MIXED, "ranks": 3, "pipeline": {"blocks": 12, "microBatches": 4}}
+TWO_REPLICAS = {"nodes": [make_node("node-a", count=2),
+                          make_node("node-t", product="Tesla-T4", count=2, memory_mib=15360,
+                                    cc="7.5")],
+                "ranks": 4, "pipeline": {"blocks": 6, "microBatches": 3}}
+
+
+def _envs(checkpoint_dir: Path, layout: dict = THREE_TYPES) -> list[dict[str, str]]:
     job = parse_job(job_manifest(
-        ranks=3, global_batch=24, gpus={"selection": "All"},
-        training={"memoryReserveMiB": 0, "pipeline": {"blocks": 12, "microBatches": 4},
+        ranks=layout["ranks"], global_batch=24, gpus={"selection": "All"},
+        training={"memoryReserveMiB": 0, "pipeline": layout["pipeline"],
                   "checkpoint": {"path": str(checkpoint_dir)}}))
-    plan = plan_job(job, build_inventory(MIXED))
+    plan = plan_job(job, build_inventory(layout["nodes"]))
     assert plan.pipeline is not None, plan.message
     envs = render_rank_envs(plan, job, master_addr="127.0.0.1", master_port=free_port(),
                             simulated=True)
@@ -63,31 +70,35 @@ def _ok(runs: list) -> None:
     assert not failed, "\n".join(failed)
 
 
-@pytest.fixture(scope="module")
-def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    base = tmp_path_factory.mktemp("pipeckpt")
+def _kill_and_resume(base: Path, layout: dict) -> dict:
+    """An uninterrupted run, and a run killed after step 3 then started again."""
+    world = layout["ranks"]
     straight, resumed, ckpt, ckpt_straight = (base / n for n in ("straight", "resumed", "ckpt",
                                                                   "ckpt-straight"))
     for d in (straight, resumed):
         d.mkdir()
-    _ok(_run(straight, _envs(ckpt_straight)))
-    envs = _envs(ckpt)
+    _ok(_run(straight, _envs(ckpt_straight, layout)))
+    envs = _envs(ckpt, layout)
     killed = _run(resumed, envs, "--die-after", str(DIE_AFTER))
-    assert [r.returncode for r in killed] == [9, 9, 9], [r.stderr[-800:] for r in killed]
+    assert [r.returncode for r in killed] == [9] * world, [r.stderr[-800:] for r in killed]
     saved = [c.step for c in store.candidates(ckpt)]
     assert max(saved) == INTERVAL, saved  # step 3 was never saved: the resume redoes it
     state = load_file(store.candidates(ckpt)[0].file)  # what the killed run left
     again = _run(resumed, envs)
     _ok(again)
-    return {"straight": [torch.load(straight / f"stage{r}.pt") for r in range(3)],
-            "resumed": [torch.load(resumed / f"stage{r}.pt") for r in range(3)],
+    return {"straight": [torch.load(straight / f"stage{r}.pt") for r in range(world)],
+            "resumed": [torch.load(resumed / f"stage{r}.pt") for r in range(world)],
             "state": state, "stderr": again[0].stderr}
 
 
-@pytest.mark.timeout(480)
-def test_killed_pipeline_resumes_bit_identical_to_an_uninterrupted_run(killed_and_resumed) -> None:
-    straight, resumed = killed_and_resumed["straight"], killed_and_resumed["resumed"]
-    for rank in range(3):
+@pytest.fixture(scope="module")
+def killed_and_resumed(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return _kill_and_resume(tmp_path_factory.mktemp("pipeckpt"), THREE_TYPES)
+
+
+def _assert_bit_identical(runs: dict, world: int) -> None:
+    straight, resumed = runs["straight"], runs["resumed"]
+    for rank in range(world):
         assert straight[rank]["resumed_at"] is None
         assert resumed[rank]["resumed_at"] == INTERVAL  # from step 2's checkpoint
         assert straight[rank]["global_step"] == resumed[rank]["global_step"] == STEPS
@@ -95,7 +106,28 @@ def test_killed_pipeline_resumes_bit_identical_to_an_uninterrupted_run(killed_an
         assert resumed[rank]["losses"] == straight[rank]["losses"][INTERVAL:]  # same data, RNG
         params = list(zip(straight[rank]["params"], resumed[rank]["params"], strict=True))
         assert params and all(torch.equal(a, b) for a, b in params), rank
-    assert f"resumed at step {INTERVAL}" in killed_and_resumed["stderr"]
+    assert f"resumed at step {INTERVAL}" in runs["stderr"]
+
+
+@pytest.mark.timeout(480)
+def test_killed_pipeline_resumes_bit_identical_to_an_uninterrupted_run(killed_and_resumed) -> None:
+    _assert_bit_identical(killed_and_resumed, 3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_two_replicas_per_stage_save_each_stage_once_and_resume_bit_identical(
+        tmp_path: Path) -> None:
+    runs = _kill_and_resume(tmp_path, TWO_REPLICAS)
+    _assert_bit_identical(runs, 4)
+    for rank in (0, 2):  # each stage's replicas hold the same parameters again
+        assert all(torch.equal(a, b) for a, b in zip(runs["resumed"][rank]["params"],
+                                                      runs["resumed"][rank + 1]["params"]))
+    saved = runs["state"][stagestate.PIPELINE_KEY]
+    assert saved["stage_blocks"] == [5, 1] and sorted(saved["stages"]) == ["0", "1"]
+    assert list(runs["state"]["model"]) == [f"{b}.0.{n}" for b in range(6)
+                                            for n in ("weight", "bias")]
+    assert len(runs["state"]["ranks"]) == 4
 
 
 @pytest.mark.timeout(480)
