@@ -15,7 +15,7 @@ from hetero_operator.convert.launchers import split_launcher
 from hetero_operator.convert.pytorchjob import ConvertError, convert_pytorchjob
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTORCHJOB = ROOT / "tests" / "fixtures" / "kubeflow" / "pytorchjob-mixed.yaml"
+PYTORCHJOB = ROOT / "examples" / "kubeflow" / "pytorchjob.yaml"
 MIXED = str(ROOT / "examples" / "clusters" / "mixed.yaml")
 W = "spec.pytorchReplicaSpecs.Worker"
 GANG = ("HeteroTrain restarts the whole gang when a rank fails (every rank's process group must be "
