@@ -210,12 +210,21 @@ def _quota_refusals(cluster: RealCluster, ns: str, before: float) -> None:
     tries = status["createRefusals"] - refusals_before
     assert tries <= 3 + 5 / 1.0 + 2, tries
     assert created(cluster) - window_start <= 3 * (tries + 1)
-    assert not [p for p in cluster.pods(ns) if (p.get("status") or {}).get("phase") == "Running"
-                and not p["metadata"].get("deletionTimestamp")]
+    # a pod of the try in flight may be Running for a moment (the local kubelet starts it before
+    # the gang's last pod is refused); every one seen Running is deleted by its try's refusal
+    running = _running_uids(cluster, ns)
+    cluster.wait_for(lambda: not running & _running_uids(cluster, ns), 10,
+                     f"the Running pods of refused starts ({len(running)}) deleted")
     cluster.core.patch_namespaced_resource_quota("gpus", ns, {"spec": {"hard": {"requests.nvidia.com/gpu": "8"}}})
     job = cluster.finished("gang", ns, 90)
     assert job["status"]["phase"] == "Succeeded", job["status"]
     assert "createRefusals" not in job["status"] and job["status"].get("restarts", 0) == 0
+
+
+def _running_uids(cluster: RealCluster, ns: str) -> set[str]:
+    """The uids of the pods in ``ns`` that are Running and not being deleted."""
+    return {p["metadata"]["uid"] for p in cluster.pods(ns)
+            if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")}
 
 
 def _revive_t4_and_cordon_the_spare(cluster: RealCluster) -> None:
