@@ -3,8 +3,9 @@
 For each Node of a NodeList file it registers the Node (labels, taints, capacity and allocatable,
 ``Ready=True``) and keeps its Lease in ``kube-node-lease`` renewed (:mod:`.nodeleases`), watches
 the pods bound to its nodes (the real kube-scheduler binds them) and runs each container's
-``command + args`` as a local process group (cwd: the checkout; ``PATH`` starts with the
-project's .venv), with the pod's env (downward-API ``fieldRef``, ConfigMap/Secret keys; cluster
+``command + args`` as a local process group (cwd: the checkout, or the container's ``workingDir``
+mapped through its volumes; ``PATH`` starts with the project's .venv; a process that cannot be
+started makes a ``Failed`` Warning Event and a ``RunContainerError``/``StartError`` status), with the pod's env (downward-API ``fieldRef``, ConfigMap/Secret keys; cluster
 DNS names -> 127.0.0.1 and per-pod ports remapped: :mod:`.podenv`; in the args also Service
 addresses -> the endpoint's real port: :mod:`.services`), its volumes as folders under the cluster
 dir with paths under a ``mountPath`` rewritten (:mod:`.volumes`, which also provisions PVCs; a
@@ -16,7 +17,7 @@ deletion: SIGTERM, SIGKILL after the pod's grace, terminal status, then
 ``DELETE gracePeriodSeconds=0`` with the pod's uid as precondition.
 
 Pods that talk to the API server (``automountServiceAccountToken`` not false) get a kubeconfig
-with a TokenRequest token of their service account in ``$KUBECONFIG`` (no projected volume:
+with a TokenRequest token of their service account in ``$KUBECONFIG`` (:mod:`.podtoken`; no projected volume:
 docs/cluster.md lists every difference from a real kubelet).  The real ports behind remapped
 ones are written to the pod annotation :data:`~hetero_operator.api.labels.ANNOTATION_LOCAL_PORTS` (JSON).
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -51,12 +53,11 @@ from hetero_operator.api.labels import (ANNOTATION_LOCAL_NAMED_PORTS, ANNOTATION
                                         LABEL_JOB)
 from heterotrain_common.termination import TERMINATION_LOG_ENV
 
-from . import podenv, probes, services, volumes
+from . import podenv, podtoken, probes, services, volumes
 from .controlplane import free_port_range, free_ports
 from .kubeapi import Api, ApiError
 from .kubeletlogs import KubeletTls, LogServer, LogSource
 from .nodeleases import NodeLeases
-from .private import write_secret
 
 REPO = Path(__file__).resolve().parents[3]
 PORTS_ANNOTATION = ANNOTATION_LOCAL_PORTS
@@ -232,9 +233,12 @@ class LocalKubelet:
                                       volumes.refused_event(pod, str(exc), podenv.now()))
             await self._status(key, volumes.refused_status(pod, str(exc)))
             return
-        kubeconfig = await self._pod_kubeconfig(key, pod)
-        for c in pod["spec"]["containers"]:
-            await self._start_container(key, state, c, ports, kubeconfig)
+        kubeconfig = await podtoken.pod_kubeconfig(self.api, self.pod_dir, key, pod)
+        try:
+            for c in pod["spec"]["containers"]:
+                await self._start_container(key, state, c, ports, kubeconfig)
+        except podenv.StartFailed as exc:
+            return await self._start_failed(key, state, exc)
         if ports:
             with contextlib.suppress(ApiError):
                 named = {p["name"]: ports[str(p["containerPort"])] for c in pod["spec"]["containers"]
@@ -292,7 +296,6 @@ class LocalKubelet:
                     obj = await self.api.get(f"/api/v1/namespaces/{key[0]}/{kind}/{ref[field]['name']}")
                     data = obj.get("data") or {}
                     if kind == "secrets":
-                        import base64
                         data = {k: base64.b64decode(v).decode() for k, v in data.items()}
                     env[item["name"]] = data.get(ref[field]["key"], "")
         mounts = state.mounts.get(c["name"], [])  # mountPath -> the volume's folder (.volumes)
@@ -309,36 +312,18 @@ class LocalKubelet:
             log.write(f"--- {key[1]}/{c['name']} on {pod['spec']['nodeName']} ---\n".encode())
             log.flush()
             state.log_start[c["name"]] = log.tell()  # this run's part of the log starts here
-            cwd = volumes.rewrite(str(c.get("workingDir") or REPO), mounts)
-            proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd,
-                                                        stdout=log, stderr=asyncio.subprocess.STDOUT,
-                                                        stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+            cwd = volumes.working_dir(c, mounts, REPO)
+            try:
+                proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdout=log,
+                                                            stderr=asyncio.subprocess.STDOUT,
+                                                            stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:  # a runtime's RunContainerError: the pod's status and an Event say it
+                raise podenv.StartFailed(c["name"], f"failed to start container {c['name']!r} ({argv[0]!r} "
+                                         f"in {cwd!r}): {exc.strerror or exc}") from exc
         (self.pod_dir / f"{key[0]}_{key[1]}_{c['name']}.pid").write_text(str(proc.pid))
         state.procs[c["name"]] = proc
         state.started[c["name"]] = podenv.now()
         self._spawn(self._reap(key, state, c, proc, ports, kubeconfig))
-
-    async def _pod_kubeconfig(self, key: tuple[str, str], pod: Mapping[str, Any]) -> Path | None:
-        """A kubeconfig with a TokenRequest token of the pod's service account (1 h), when the
-        pod mounts one; ``None`` when ``automountServiceAccountToken`` is false."""
-        spec = pod["spec"]
-        if spec.get("automountServiceAccountToken") is False:
-            return None
-        sa = spec.get("serviceAccountName") or "default"
-        try:
-            answer = await self.api.create(
-                f"/api/v1/namespaces/{key[0]}/serviceaccounts/{sa}/token",
-                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {
-                    "expirationSeconds": 3600, "boundObjectRef": {
-                        "kind": "Pod", "apiVersion": "v1", "name": key[1], "uid": pod["metadata"]["uid"]}}})
-        except ApiError as exc:
-            print(f"kubelet: no token for {key}: {exc}", file=sys.stderr, flush=True)
-            return None
-        from .cpflags import kubeconfig_text
-        path = self.pod_dir / f"{key[0]}_{key[1]}.kubeconfig"
-        return write_secret(path, kubeconfig_text(self.api.server, self.api.ca or Path(""),
-                                                  answer["status"]["token"],
-                                                  user=f"system:serviceaccount:{key[0]}:{sa}"))
 
     async def _reap(self, key: tuple[str, str], state: _Pod, c: Mapping[str, Any],
                     proc: asyncio.subprocess.Process, ports: dict[str, int], kubeconfig: Path | None) -> None:
@@ -353,7 +338,10 @@ class LocalKubelet:
             state.restarts[c["name"]] = state.restarts.get(c["name"], 0) + 1
             await asyncio.sleep(min(10.0, 0.5 * 2 ** state.restarts[c["name"]]))  # crash-loop back-off
             if not (state.done or state.terminating):
-                await self._start_container(key, state, c, ports, kubeconfig)
+                try:
+                    await self._start_container(key, state, c, ports, kubeconfig)
+                except podenv.StartFailed as exc:
+                    return await self._start_failed(key, state, exc)
                 await self._status(key, podenv.running_status(state.pod, state.started, state.restarts))
             return
         state.procs.pop(c["name"], None)
@@ -362,6 +350,17 @@ class LocalKubelet:
             state.done = True
             await self._status(key, podenv.terminated_status(state.pod, state.exits, state.started, state.restarts,
                                                              self._messages(key, state)))
+
+    async def _start_failed(self, key: tuple[str, str], state: _Pod, exc: podenv.StartFailed) -> None:
+        """A container that could not start: its siblings killed, a Warning Event ``Failed`` and
+        the pod's status (:func:`podenv.start_failed_status`); not retried."""
+        for proc in state.procs.values():
+            _killpg(proc.pid, signal.SIGKILL)
+        state.done = True
+        with contextlib.suppress(ApiError):
+            await self.api.create(f"/api/v1/namespaces/{key[0]}/events",
+                                  podenv.warning_event(state.pod, "Failed", str(exc), podenv.now()))
+        await self._status(key, podenv.start_failed_status(state.pod, exc.container, str(exc)))
 
     async def _terminate(self, key: tuple[str, str], state: _Pod, pod: Mapping[str, Any]) -> None:
         """Graceful deletion: SIGTERM, SIGKILL after the grace, terminal status, then the final

@@ -153,6 +153,52 @@ def terminated_status(pod: Mapping[str, Any], exits: Mapping[str, int], started:
             "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}], "conditions": conds, "containerStatuses": statuses}
 
 
+class StartFailed(Exception):
+    """A container whose process could not be started (its command or its working directory does
+    not exist, ...): what a runtime reports as ``RunContainerError`` / ``StartError``."""
+
+    def __init__(self, container: str, message: str) -> None:
+        super().__init__(message)
+        self.container = container
+
+
+START_FAILED_EXIT_CODE = 128
+"""The exit code a runtime gives a container it could not start (``StartError``)."""
+
+
+def start_failed_status(pod: Mapping[str, Any], container: str, message: str) -> dict[str, Any]:
+    """``status`` of a pod whose container ``container`` could not be started (its siblings are
+    killed, nothing is retried): with ``restartPolicy: Never`` the pod ``Failed``, the container
+    terminated with reason ``StartError``, exit code 128 and ``message``; else the pod ``Pending``,
+    the container waiting with reason ``RunContainerError`` and ``message`` (a real kubelet would
+    retry into ``CrashLoopBackOff``), the others waiting in ``ContainerCreating``."""
+    if pod["spec"].get("restartPolicy", "Always") == "Never":
+        exits = {c["name"]: START_FAILED_EXIT_CODE if c["name"] == container else 137 for c in pod["spec"]["containers"]}
+        status = terminated_status(pod, exits, {}, {}, {container: message})
+        for cs in status["containerStatuses"]:
+            if cs["name"] == container:
+                cs["state"]["terminated"]["reason"] = "StartError"
+        return status
+    return {"phase": "Pending", "hostIP": POD_IP, "hostIPs": [{"ip": POD_IP}],
+            "containerStatuses": [
+                {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "started": False,
+                 "restartCount": 0, "state": {"waiting": {"reason": "RunContainerError", "message": message}
+                                              if c["name"] == container else {"reason": "ContainerCreating"}}}
+                for c in pod["spec"]["containers"]]}
+
+
+def warning_event(pod: Mapping[str, Any], reason: str, message: str, now: str) -> dict[str, Any]:
+    """A Warning Event of this kubelet on ``pod`` (``FailedMount``, ``Failed``, ...)."""
+    meta = pod["metadata"]
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "reason": reason, "type": "Warning", "message": message,
+            "source": {"component": "kubelet", "host": (pod.get("spec") or {}).get("nodeName", "")},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+
+
 MESSAGE_MAX_BYTES = 4096
 """A termination message is cut to this many bytes (the kubelet's limit per container)."""
 FALLBACK_LOG_LINES = 80

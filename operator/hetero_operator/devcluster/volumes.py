@@ -42,6 +42,7 @@ from typing import Any
 
 from hetero_operator.api.labels import LOCAL_PATH_PROVISIONER
 
+from . import podenv
 from .kubeapi import Api, ApiError
 
 STORAGE_CLASS = "local-path"
@@ -344,6 +345,14 @@ def rewrite(value: str, mounts: Sequence[Mount]) -> str:
     return re.sub(pattern, lambda m: paths[m.group(1)], value)
 
 
+def working_dir(container: Mapping[str, Any], mounts: Sequence[Mount], default: Path) -> str:
+    """The container's working directory: its ``workingDir`` with a path under a ``mountPath``
+    rewritten (:func:`rewrite`), else ``default`` (the checkout) as it is: the kubelet's own
+    directory is no path of the container, so a volume mounted at a parent of it (an emptyDir at
+    ``/tmp`` with the checkout under ``/tmp``) does not move it."""
+    return rewrite(str(container["workingDir"]), mounts) if container.get("workingDir") else str(default)
+
+
 def remove_pod_folder(pod_dir: Path, pod: Mapping[str, Any]) -> None:
     """Delete the pod's folder (its emptyDir, ConfigMap and Secret volumes), as a kubelet does
     once the pod is gone; PersistentVolume folders stay."""
@@ -354,14 +363,7 @@ def remove_pod_folder(pod_dir: Path, pod: Mapping[str, Any]) -> None:
 
 def refused_event(pod: Mapping[str, Any], message: str, now: str) -> dict[str, Any]:
     """The Warning Event (``FailedMount``) a refused volume posts on its pod."""
-    meta = pod["metadata"]
-    return {"apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
-                               "namespace": meta["namespace"], "uid": meta["uid"]},
-            "reason": MOUNT_EVENT_REASON, "type": "Warning", "message": message,
-            "source": {"component": "kubelet", "host": (pod.get("spec") or {}).get("nodeName", "")},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    return podenv.warning_event(pod, MOUNT_EVENT_REASON, message, now)
 
 
 def refused_status(pod: Mapping[str, Any], message: str) -> dict[str, Any]:
