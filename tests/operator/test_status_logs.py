@@ -207,6 +207,43 @@ def test_the_rank_pod_of_the_newest_attempt_is_chosen() -> None:
         cluster.rank_pod(Core(), "ml", "digits", 3)
 
 
+def test_a_finished_jobs_rank_whose_pod_clean_pod_policy_removed_says_so() -> None:
+    class Core:
+        def list_namespaced_pod(self, namespace: str, label_selector: str, _preload_content: bool):
+            class Answer:  # the Succeeded job's rank-0 pod stays (Completed); the others were deleted
+                data = json.dumps({"items": [
+                    {"metadata": {"name": f"digits-g{g}-a0", "annotations": {"heterotrain.io/ranks": r}}}
+                    for g, r in ((0, "0"), (1, "1"))]}).encode()
+            return Answer()
+
+    def job(state: str, **run_policy: str) -> dict:
+        return {"metadata": {"namespace": "default", "name": "digits"}, "spec": {"runPolicy": run_policy},
+                "status": {"conditions": [{"type": state, "status": "True"}], "plan": {"worldSize": 4}}}
+
+    class Custom:
+        def __init__(self, obj: dict) -> None:
+            self.obj = obj
+
+        def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str):
+            assert (namespace, plural, name) == ("default", "heterotrainingjobs", "digits")
+            return self.obj
+    with pytest.raises(cluster.ClusterError) as caught:
+        cluster.rank_pod(Core(), "default", "digits", 2, Custom(job("Succeeded")))
+    assert str(caught.value) == (
+        "rank 2 of default/digits has no pod any more: the job Succeeded and its "
+        "spec.runPolicy.cleanPodPolicy (Running, the default) deleted the pods still running when it "
+        "finished; to keep a finished job's pods and their logs, set spec.runPolicy.cleanPodPolicy: None")
+    assert cluster.cleaned_rank_text(job("Failed", cleanPodPolicy="All"), 3) == (
+        "rank 3 of default/digits has no pod any more: the job Failed and its spec.runPolicy.cleanPodPolicy "
+        "(All) deleted every pod; to keep a finished job's pods and their logs, set "
+        "spec.runPolicy.cleanPodPolicy: None")
+    # not that case: a rank the plan does not have, a running job, pods kept: the old message
+    for custom, rank in ((Custom(job("Succeeded")), 4), (Custom(job("Running")), 2),
+                         (Custom(job("Succeeded", cleanPodPolicy="None")), 2), (None, 2)):
+        with pytest.raises(cluster.ClusterError, match=f"no pod of default/digits hosts rank {rank} "):
+            cluster.rank_pod(Core(), "default", "digits", rank, custom)
+
+
 def test_a_cluster_job_without_a_namespace_is_looked_up_in_the_contexts(tmp_path: Path) -> None:
     config = tmp_path / "kubeconfig"
     config.write_text(yaml.safe_dump({

@@ -8,6 +8,7 @@ else the pod's service account.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -144,11 +145,12 @@ def hosts_rank(annotation: str, rank: int) -> bool:
         return False
 
 
-def rank_pod(core: Any, namespace: str, job: str, rank: int) -> dict[str, Any]:
+def rank_pod(core: Any, namespace: str, job: str, rank: int, custom: Any = None) -> dict[str, Any]:
     """The job's pod that hosts ``rank`` (of the newest attempt).
 
     Raises:
-        ClusterError: no pod hosts it (the job has no pods yet, or fewer ranks).
+        ClusterError: no pod hosts it (the job has no pods yet, or fewer ranks; with ``custom``, a
+            finished job whose ``cleanPodPolicy`` removed it: :func:`cleaned_rank_text`).
     """
     pods = _call(f"pods of {namespace}/{job}", core.list_namespaced_pod, namespace,
                  label_selector=f"{LABEL_JOB}={job}", _preload_content=False)
@@ -156,9 +158,30 @@ def rank_pod(core: Any, namespace: str, job: str, rank: int) -> dict[str, Any]:
     items = json.loads(pods.data).get("items") or []
     mine = [p for p in items if hosts_rank((p["metadata"].get("annotations") or {}).get(ANNOTATION_RANKS, ""), rank)]
     if not mine:
-        raise ClusterError(f"no pod of {namespace}/{job} hosts rank {rank} ({len(items)} pods: the "
+        cleaned = None
+        if custom is not None:
+            with contextlib.suppress(ClusterError):
+                cleaned = cleaned_rank_text(read_job(custom, namespace, job), rank)
+        raise ClusterError(cleaned or f"no pod of {namespace}/{job} hosts rank {rank} ({len(items)} pods: the "
                            "job has not started, or has fewer ranks; heterotrain status shows its state)")
     return max(mine, key=lambda p: int((p["metadata"].get("labels") or {}).get(LABEL_ATTEMPT, "0") or 0))
+
+
+def cleaned_rank_text(job: Mapping[str, Any], rank: int) -> str | None:
+    """Why a finished job's ``rank`` has no pod when its ``spec.runPolicy.cleanPodPolicy``
+    (``Running`` by default, or ``All``) removed it and its plan has that rank; ``None`` otherwise."""
+    state, _ = state_of(job)
+    set_policy = ((job.get("spec") or {}).get("runPolicy") or {}).get("cleanPodPolicy")
+    policy = str(set_policy or "Running")
+    plan = (job.get("status") or {}).get("plan") or {}
+    world = int(plan.get("worldSize") or sum(int(g.get("ranks") or 0) for g in plan.get("groups") or ()))
+    if state not in ("Succeeded", "Failed") or policy == "None" or not 0 <= rank < world:
+        return None
+    meta = job.get("metadata") or {}
+    which = "every pod" if policy == "All" else "the pods still running when it finished"
+    return (f"rank {rank} of {meta.get('namespace')}/{meta.get('name')} has no pod any more: the job {state} and "
+            f"its spec.runPolicy.cleanPodPolicy ({policy}{'' if set_policy else ', the default'}) deleted {which}; to keep a finished job's pods "
+            "and their logs, set spec.runPolicy.cleanPodPolicy: None")
 
 
 def pod_header(pod: Mapping[str, Any]) -> str:

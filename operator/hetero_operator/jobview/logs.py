@@ -64,9 +64,9 @@ def _local(args: argparse.Namespace, workdir) -> int:
 
 
 def _cluster(args: argparse.Namespace, where: target.Target) -> int:
-    _, core = cluster.clients(args.kubeconfig)
+    custom, core = cluster.clients(args.kubeconfig)
     namespace = where.namespace or cluster.context_namespace(args.kubeconfig)
-    pod = cluster.rank_pod(core, namespace, where.name, args.rank)
+    pod = cluster.rank_pod(core, namespace, where.name, args.rank, custom)
     print(f"==> {cluster.pod_header(pod)}", file=sys.stderr)
     out = sys.stdout.buffer
     for chunk in cluster.pod_log(core, namespace, pod["metadata"]["name"], follow=args.follow,
