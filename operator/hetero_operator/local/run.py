@@ -303,7 +303,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"heterotrain run: error: run directory: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     rundirs.clear_finished(workdir)
+    run_uid = rundirs.read_run_uid(workdir)  # a checkpoint belongs to its run (issue 33)
+    if run_uid:
+        planned.extra_env[envnames.JOB_UID] = run_uid
+    fresh = run_uid and not args.resume and not job.training.checkpoint_resume_from
+    note = rundirs.earlier_checkpoints_note(workdir, invoked_as=invoked_as()) if (
+        fresh and job.training.checkpoint_path) else ""
     _announce(console, planned, workdir, port_base, argv)
+    if note:
+        console.print(note, highlight=False, soft_wrap=True)
     _write_targets(workdir, port_base, world, job.name)
     runstate.write_started(workdir, to_dict(planned.plan))  # heterotrain status / logs -f
     start = time.monotonic()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,11 @@ JOB_COPY = "job.yaml"
 """The manifest as the run read it (``--resume`` plans this copy, not a file edited since)."""
 FINISHED_FILE = "finished.json"
 """Written when the run succeeded: its final step (``--resume`` of a finished run starts nothing)."""
+RUN_UID_KEY = "run_uid"
+"""``run.json``'s key for the run's identity, given to every rank as ``HTJ_JOB_UID`` (a job's
+``metadata.uid`` on a cluster): a checkpoint belongs to the run that wrote it, so a new run in a
+reused ``--workdir`` starts at step 0 beside an earlier run's checkpoints, while ``--resume`` keeps
+the run's UID and continues from its own (issue 33; ``hetero_worker.ckpt.ownership``)."""
 MAX_SAME_NAME = 10_000
 """Most runs of one job in one second (``-2`` .. suffixes) before giving up."""
 
@@ -52,12 +58,40 @@ def new_run_dir(runs: Path, job_name: str, *, now_s: float | None = None) -> Pat
     raise OSError(f"{runs}: {MAX_SAME_NAME} runs of {job_name} in the second {stamp}")
 
 
-def write_run_file(workdir: Path, *, manifest_text: str, options: Mapping[str, Any]) -> None:
-    """Keep what ``--resume`` needs: the manifest's text (``job.yaml``) and the options
-    (``run.json``, JSON values only: paths as absolute strings)."""
+def write_run_file(workdir: Path, *, manifest_text: str, options: Mapping[str, Any]) -> str:
+    """Keep what ``--resume`` needs: the manifest's text (``job.yaml``), the options
+    (``run.json``, JSON values only: paths as absolute strings) and a new run UID
+    (:data:`RUN_UID_KEY`), which it returns."""
+    run_uid = str(uuid.uuid4())
     (workdir / JOB_COPY).write_text(manifest_text)
-    (workdir / RUN_FILE).write_text(json.dumps({"options": dict(options)}, indent=1,
-                                               sort_keys=True))
+    (workdir / RUN_FILE).write_text(json.dumps({"options": dict(options), RUN_UID_KEY: run_uid},
+                                               indent=1, sort_keys=True))
+    return run_uid
+
+
+def read_run_uid(workdir: Path) -> str:
+    """The run UID ``run.json`` in ``workdir`` records; ``""`` for a run directory written before
+    runs had one (its checkpoints carry none either: every one of them is the run's own)."""
+    try:
+        data = json.loads((workdir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return ""
+    return str(data.get(RUN_UID_KEY) or "") if isinstance(data, dict) else ""
+
+
+def earlier_checkpoints_note(workdir: Path, *, invoked_as: str) -> str:
+    """What a new run (not ``--resume``) in ``workdir`` says when ``workdir/checkpoints`` already
+    holds files (an earlier run's, finished or not): it starts at step 0 beside them, and how to
+    continue a run or keep runs apart instead; ``""`` when there are none."""
+    directory = workdir / "checkpoints"
+    if not directory.is_dir() or not any(p.is_file() for p in directory.rglob("*")):
+        return ""
+    return (f"checkpoint_not_resumed: {directory} holds checkpoints of an earlier run; this is a "
+            "new run (a new run UID), so it starts at step 0 and leaves them as they are. To "
+            f"continue a run from its checkpoints, resume it in its own directory instead: "
+            f"{invoked_as} run --resume RUNDIR (before a new run is started there); to take "
+            "another run's checkpoints in a new run, set spec.training.checkpoint.resumeFrom "
+            "(that run's metadata.name, or AnyJob); to keep runs apart, give each a fresh --workdir (or leave it out)")
 
 
 def write_ranks(workdir: Path, ranks: list[dict[str, Any]]) -> None:
