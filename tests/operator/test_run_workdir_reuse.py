@@ -76,9 +76,21 @@ def test_a_new_run_in_a_reused_workdir_starts_at_step_0_and_resume_keeps_its_own
               for m in (work / "checkpoints").glob("step-00000003-*/MANIFEST.json")}
     assert owners == {other_uid}  # its own step 3, beside digits' steps 1 and 2
 
-    # --resume of that run (as after a failure: no success recorded) continues from its own step 3
+    # --resume of that run continues from its own step 3. Made as after a failure on its second
+    # attempt (restart generation 1) with one more step to go: no success recorded, run.json and
+    # the manifest at generation 1, --max-steps 4 (a resume keeps the run's options)
     (work / rundirs.FINISHED_FILE).unlink()
+    run_file = json.loads((work / rundirs.RUN_FILE).read_text())
+    assert run_file[rundirs.GENERATION_KEY] == 0
+    run_file["options"]["max_steps"], run_file[rundirs.GENERATION_KEY] = 4, 1
+    (work / rundirs.RUN_FILE).write_text(json.dumps(run_file))
+    step3 = next((work / "checkpoints").glob("step-00000003-*/MANIFEST.json"))
+    step3.write_text(json.dumps({**json.loads(step3.read_text()), "restart_generation": 1}))
     again = _run(repo_root, tmp_path, "--resume", str(work))
     assert rundirs.read_run_uid(work) == other_uid
     assert f"Resumed at step 3 from the last checkpoint in {work}/checkpoints" in again.stdout
-    assert "checkpoint_not_resumed" not in again.stdout
+    assert "checkpoint_not_resumed" not in again.stdout and "superseded" not in again.stdout
+    step4 = json.loads(next((work / "checkpoints").glob("step-00000004-*/MANIFEST.json"))
+                       .read_text())  # the resumed attempt went on above generation 1
+    assert (step4["job_uid"], step4["restart_generation"]) == (other_uid, 2)
+    assert json.loads((work / rundirs.RUN_FILE).read_text())[rundirs.GENERATION_KEY] == 2

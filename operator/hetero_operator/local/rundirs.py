@@ -26,6 +26,10 @@ RUN_UID_KEY = "run_uid"
 ``metadata.uid`` on a cluster): a checkpoint belongs to the run that wrote it, so a new run in a
 reused ``--workdir`` starts at step 0 beside an earlier run's checkpoints, while ``--resume`` keeps
 the run's UID and continues from its own (issue 33; ``hetero_worker.ckpt.ownership``)."""
+GENERATION_KEY = "restart_generation"
+"""``run.json``'s key for the restart generation of the run's latest attempt: ``--resume`` goes on
+above it, as checkpoint manifests of a newer generation of the same run UID would otherwise make
+the resumed ranks a stale gang (``hetero_worker.ckpt.ownership.SupersededError``)."""
 MAX_SAME_NAME = 10_000
 """Most runs of one job in one second (``-2`` .. suffixes) before giving up."""
 
@@ -97,12 +101,33 @@ def earlier_checkpoints_note(workdir: Path, *, invoked_as: str) -> str:
 def write_ranks(workdir: Path, ranks: list[dict[str, Any]]) -> None:
     """Add the running attempt's ranks to ``run.json`` (``ranks[]``: ``rank``, ``pid``,
     ``gpu_product``, ``node``), replacing an earlier attempt's; kept beside the options."""
+    _update_run_file(workdir, "ranks", ranks)
+
+
+def write_generation(workdir: Path, generation: int) -> None:
+    """Record the restart generation of the attempt starting now (:data:`GENERATION_KEY`)."""
+    _update_run_file(workdir, GENERATION_KEY, generation)
+
+
+def next_generation(workdir: Path) -> int:
+    """The restart generation a run's first attempt in ``workdir`` takes: one above the recorded
+    one (``--resume``), 0 when none is recorded (a new run: its ``run.json`` was just written)."""
+    try:
+        data = json.loads((workdir / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return 0
+    recorded = data.get(GENERATION_KEY) if isinstance(data, dict) else None
+    return recorded + 1 if isinstance(recorded, int) else 0
+
+
+def _update_run_file(workdir: Path, key: str, value: Any) -> None:
+    """Set ``key`` in ``run.json``, keeping the rest."""
     path = workdir / RUN_FILE
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         data = {}
-    data["ranks"] = ranks
+    data[key] = value
     path.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 

@@ -121,13 +121,15 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
     checkpoint_dir = str((workdir / "checkpoints").resolve()) if job.training.checkpoint_path else ""
     limit_s = job.run_policy.active_deadline_seconds
     deadline_s = None if limit_s is None else time.monotonic() + limit_s
-    attempt = 0
+    attempt, first_generation = 0, rundirs.next_generation(workdir)  # --resume: above the last
     last_failure: tuple[int, str] | None = None
     backoff_base_s, backoff_max_s = backoff_settings(os.environ)
     while True:
         envs = render_envs(planned, port_base=port_base, checkpoint_dir=checkpoint_dir, workdir=workdir)
+        rundirs.write_generation(workdir, first_generation + attempt)
         for env in envs:  # one restart generation on every rank, as the operator does (case 34)
-            env[envnames.RESTART_GENERATION] = env[envnames.TORCHELASTIC_RESTART_COUNT] = str(attempt)
+            env[envnames.RESTART_GENERATION] = str(first_generation + attempt)
+            env[envnames.TORCHELASTIC_RESTART_COUNT] = str(attempt)  # torchrun's: this launch's
             env[envnames.TERMINATION_GRACE_S] = f"{grace_s:g}"  # ours, not the pod's 300 s
         watch = (ElasticWatch(planned.plan, min_ranks=job.elastic.min_ranks, console=console,
                               workdir=workdir) if job.elastic is not None else None)
