@@ -83,14 +83,19 @@ def train(args: argparse.Namespace) -> int:
     loader = t.loader(torch.utils.data.TensorDataset(windows[:, :-1], windows[:, 1:]))
     steps_per_epoch = len(windows) // t.contract.global_batch
     t.metrics.set_total_steps(min(args.max_steps, args.epochs * steps_per_epoch))
+    t.resume(optimizer)  # per stage, when spec.training.checkpoint.path holds this job's
     losses: list[float] = []
     while t.epoch < args.epochs and t.global_step < args.max_steps:
         for inputs, targets in loader:
             losses.append(t.step(optimizer, next_byte_loss, batch=(inputs, targets)).loss)
+            t.maybe_checkpoint(optimizer)  # every HTJ_CHECKPOINT_INTERVAL_STEPS; none without a path
             if t.rank == 0 and t.global_step % 10 == 0:
                 print(f"step {t.global_step} loss {losses[-1]:.3f}", flush=True)
             if t.global_step >= args.max_steps:
                 break
+    if not losses:  # resumed at its last step: nothing left to train
+        t.close()
+        return 0
     final = sum(losses[-LAST_STEPS:]) / len(losses[-LAST_STEPS:])
     part = t.pipeline
     stages = ", ".join(f"stage {i}: ranks {list(r)}, {b} blocks" for i, (r, b) in enumerate(
