@@ -87,6 +87,15 @@ def test_queued_job_example_as_written_is_admitted_and_succeeds_with_checkpoints
     assert not folder.exists()
 
 
+def _answers(url: str) -> bool:
+    """Whether ``url`` answers a GET with 2xx within 1 s."""
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return 200 <= response.status < 300
+    except OSError:
+        return False
+
+
 def _volume_pod(name: str, node: str, code: str, volumes_: list[dict[str, Any]],
                 mounts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -208,8 +217,12 @@ def test_a_service_address_in_a_pods_args_reaches_the_remapped_port_as_helm_test
         cl.core.create_namespaced_pod(ns, server)
         cl.core.create_namespaced_service(ns, {"metadata": {"name": "op-metrics"}, "spec": {
             "selector": {"app": "op"}, "ports": [{"name": "http", "port": 8080, "targetPort": "metrics"}]}})
-        cl.wait_for(lambda: (cl.core.read_namespaced_pod("server", ns).metadata.annotations or {}).get(
+        ports = cl.wait_for(lambda: (cl.core.read_namespaced_pod("server", ns).metadata.annotations or {}).get(
             "local.heterotrain.io/ports"), 30, "the server's port remapped")
+        # the client's wget tries once: start it only once the server answers on its real port
+        # (CI saw the client fail while the server's Python was still starting)
+        cl.wait_for(lambda: _answers(f"http://127.0.0.1:{json.loads(ports)['8080']}/metrics"), 30,
+                    "the server answering")
         client = _volume_pod("client", "node-t4", "", [], [])
         client["spec"]["containers"][0].update(command=["sh", "-c"], args=[
             f"wget -q -T 10 -O - http://op-metrics.{ns}.svc:8080/metrics | grep -q '^htj_operator_'"])
