@@ -63,7 +63,7 @@ LAST_RESUME: dict[str, Any] = {}
 metrics (``htj_checkpoint_resume_step``, ``htj_checkpoint_fallbacks_total``)."""
 
 
-def _agree_saved(error: str, group: Any) -> None:
+def agree_saved(error: str, group: Any) -> None:
     """Every rank learns whether rank 0's save succeeded (raises the same error on every rank)."""
     if not dist.is_initialized():
         if error:
@@ -127,7 +127,7 @@ def save_checkpoint(directory: str | Path, *, step: int, model: torch.nn.Module,
         except Exception as exc:  # noqa: BLE001 - any type (torch.save on a full disk: RuntimeError)
             discard_tmp(tmp)
             error = f"saving the checkpoint of step {step} in {directory}: {type(exc).__name__}: {exc}"
-    _agree_saved(error[:agree.ERROR_BYTES], group)
+    agree_saved(error[:agree.ERROR_BYTES], group)
     return path
 
 

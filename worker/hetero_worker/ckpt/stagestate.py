@@ -39,13 +39,13 @@ from torch import nn
 
 from hetero_worker.ckpt import store
 from hetero_worker.ckpt.agreement import ResumeDisagreement, agree_on_newest, agree_on_resume
-from hetero_worker.ckpt.checkpoint import read_file
+from hetero_worker.ckpt.checkpoint import agree_saved, read_file
 from hetero_worker.ckpt.files import (CHECKPOINT_FILE, FORMAT, PIPELINE_KEY, fresh_rng,
                                       gather_to_rank0, manifest, rng_state, same_plan, save_atomic,
                                       set_rng_state)
 from hetero_worker.ckpt.ownership import Owner
 from hetero_worker.ckpt.pieces import optimizer_fqns
-from hetero_worker.ckpt.saving import CheckpointSaveError, discard_tmp
+from hetero_worker.ckpt.saving import discard_tmp
 from hetero_worker.comm import agree
 from hetero_worker.runtime.ranklog import log
 from heterotrain_common import defaults
@@ -78,18 +78,6 @@ def stage_state(module: nn.Module, optimizer: torch.optim.Optimizer,
 def _bounds(stage_blocks: Sequence[int], stage: int) -> tuple[int, int]:
     first = sum(stage_blocks[:stage])
     return first, first + stage_blocks[stage]
-
-
-def _agree_saved(error: str, group: Any) -> None:
-    """Every rank raises rank 0's save error, or none does."""
-    if not dist.is_initialized():
-        if error:
-            raise CheckpointSaveError(error)
-        return
-    failed = agree.gather_errors(error, group)
-    if failed:
-        raise CheckpointSaveError("; ".join(f"rank {rank}: {text}" for rank, text in failed)
-                                  + " (the previous checkpoints are kept)")
 
 
 def save_stage_checkpoint(directory: str | Path, *, step: int, stage: int, replica: int,
@@ -152,7 +140,7 @@ def save_stage_checkpoint(directory: str | Path, *, step: int, stage: int, repli
             discard_tmp(tmp)
             error = (f"saving the pipeline checkpoint of step {step} in {directory}: "
                      f"{type(exc).__name__}: {exc}")
-    _agree_saved(error[:agree.ERROR_BYTES], group)
+    agree_saved(error[:agree.ERROR_BYTES], group)
     return path
 
 
