@@ -45,6 +45,7 @@ class PipelinePlan:
         step_s: predicted step (the slowest slot times ``m + s - 1``, plus its all-reduce),
             seconds at the planner's scale (relative without an absolute reference).
         bubble_fraction: ``(s - 1) / (m + s - 1)``.
+        absolute: ``step_s`` is in seconds (the planner had samples/s of a speed-1.0 device).
     """
 
     stages: tuple[StageAssignment, ...]
@@ -52,6 +53,7 @@ class PipelinePlan:
     schedule: str
     step_s: float
     bubble_fraction: float
+    absolute: bool = False
 
     @property
     def block_counts(self) -> list[int]:
@@ -62,3 +64,26 @@ class PipelinePlan:
     def replicas(self) -> int:
         """Replicas per stage (the same on every stage)."""
         return len(self.stages[0].ranks)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayoutChoice:
+    """``Auto``'s choice between the pipeline and data parallelism without it
+    (``spec.training.sharding Auto`` with ``spec.training.pipeline``;
+    :mod:`hetero_operator.planning.layoutchoice`).
+
+    Attributes:
+        chosen: ``Pipeline``, or the sharding mode of the plan without a pipeline (``None``,
+            ``Group``, ``Full``).
+        pipeline_samples_per_s: the pipeline's predicted throughput, samples/s (global batch over
+            ``PipelinePlan.step_s``); None where the planner has no seconds per sample.
+        flat_samples_per_s: the predicted throughput of the best mode without a pipeline,
+            samples/s; None where no mode fits or there are no seconds per sample.
+        reasons: why, one sentence per candidate (its prediction, or per GPU type why it does not
+            fit).
+    """
+
+    chosen: str
+    pipeline_samples_per_s: float | None
+    flat_samples_per_s: float | None
+    reasons: tuple[str, ...]

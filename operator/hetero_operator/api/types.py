@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hetero_operator.api.memoryplan import MemoryPlan
-from hetero_operator.api.pipelineplan import PipelinePlan
+from hetero_operator.api.pipelineplan import LayoutChoice, PipelinePlan
 from hetero_operator.api.planvalue import PlanValue
 
 # Exclusion reasons (CamelCase, Kubernetes condition style).
@@ -303,6 +303,8 @@ class Plan:
             micro-batches, why per GPU type; :class:`hetero_operator.api.memoryplan.MemoryPlan`); None
             when the job gives no ``spec.training.model.parameters``.
         pipeline: the pipeline stages per GPU type (``spec.training.pipeline``), else None.
+        layout: ``Auto``'s choice between the pipeline and no pipeline, with why (a job with
+            ``spec.training.pipeline`` and ``spec.training.sharding Auto``), else None.
     """
 
     ranks: tuple[RankPlacement, ...]
@@ -313,6 +315,7 @@ class Plan:
     value: PlanValue | None = None
     memory: MemoryPlan | None = None
     pipeline: PipelinePlan | None = None
+    layout: LayoutChoice | None = None
 
     @property
     def world_size(self) -> int:

@@ -37,7 +37,7 @@ STATUS_KEYS = frozenset({
 })
 PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
                        "groups", "excluded", "excludedCount", "excludedReasons", "pods",
-                       "memory", "pipeline"}) | VALUE_STATUS_KEYS
+                       "memory", "pipeline", "layout"}) | VALUE_STATUS_KEYS
 MEMORY_KEYS = frozenset({"requested", "mode", "stateBytes", "reasons", "gpuTypes"})
 MEMORY_TYPE_KEYS = frozenset({"gpuType", "ranks", "usableBytes", "stateSharePercent", "stateBytes",
                               "microBatches", "activationCheckpointing", "peakBytes"})
@@ -159,6 +159,8 @@ def plan_status(job_name: str, plan: Plan, *, master_addr: str, master_port: int
         **value_status(plan.value),
         **({"memory": memory_status(plan.memory)} if plan.memory is not None else {}),
         **({"pipeline": pipeline_status(plan.pipeline)} if plan.pipeline is not None else {}),
+        **({"layout": {"chosen": plan.layout.chosen, "reasons": list(plan.layout.reasons)}}
+           if plan.layout is not None else {}),
     }
 
 

@@ -299,6 +299,11 @@ def print_result(result: Plan | Unschedulable, job: JobSpec, console: Any = None
                           highlight=False)
             for line in mem.reasons:
                 console.print(f"  {line}", highlight=False)
+        if result.layout is not None:
+            console.print(f"Layout: {result.layout.chosen} (spec.training.sharding Auto weighed "
+                          "the pipeline against no pipeline)", highlight=False)
+            for line in result.layout.reasons:
+                console.print(f"  {line}", highlight=False)
     else:
         console.print(f"[bold red]Unschedulable ({result.reason}):[/] {result.message}", highlight=False)
         if result.shortfalls:

@@ -21,6 +21,7 @@ from hetero_operator.api.prices import load_prices
 from hetero_operator.api.spec import JobSpec, profile_key
 from hetero_operator.api.planvalue import PlanValue
 from hetero_operator.api.types import Plan
+from hetero_operator.planning import layoutchoice
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
 from hetero_operator.planning.profiles import (JOB_EFFICIENCY, TABLE_DIFFERENCE, FileStore,
                                                LearnedSpeed, Observation, batch_band,
@@ -148,6 +149,9 @@ def learned_summary(entries: Mapping[str, LearnedSpeed], observations: Sequence[
     def words(e: LearnedSpeed) -> str:
         if (e.gpu_type, e.precision) == JOB_EFFICIENCY:
             return f"job efficiency {e.samples_per_s:.3f} ({e.observations} obs.)"
+        if e.gpu_type == layoutchoice.LEARNED_LAYOUT:
+            return (f"{e.precision} measured / predicted {e.samples_per_s:.3f} "
+                    f"({e.observations} obs.)")
         band = "" if e.band is None else f" batch {2 ** e.band}-{2 ** (e.band + 1) - 1}"
         return f"{e.gpu_type}/{e.precision}{band} {e.samples_per_s:.1f} samples/s ({e.observations} obs.)"
 
@@ -167,6 +171,29 @@ def learned_summary(entries: Mapping[str, LearnedSpeed], observations: Sequence[
         text += (", older figures without a batch band only where no band is that near: "
                  + ", ".join(words(e) for e in older))
     return text
+
+
+def layout_observations(plan: Plan, measured_samples_per_s: float,
+                        job: JobSpec) -> list[Observation]:
+    """The run's layout (``Pipeline`` or its sharding mode) with its measured / predicted
+    throughput (:func:`hetero_operator.planning.layoutchoice.layout_observation`; what ``Auto``
+    weighs a pipeline with); ``[]`` without a measurement or an absolute prediction."""
+    if plan.pipeline is not None:
+        layout = layoutchoice.PIPELINE
+        predicted = None
+        if plan.pipeline.absolute and plan.pipeline.step_s > 0:
+            predicted = sum(r.local_batch for r in plan.ranks) / plan.pipeline.step_s
+    elif plan.memory is not None:
+        layout = plan.memory.mode
+        predicted = next((o.predicted_samples_per_s for o in plan.memory.options
+                          if o.mode == layout), None)
+    else:
+        return []
+    if not predicted or measured_samples_per_s <= 0:
+        return []
+    return [layoutchoice.layout_observation(
+        layout, measured_samples_per_s=measured_samples_per_s, predicted_samples_per_s=predicted,
+        unix_s=time.time(), job=job.name, namespace=job.namespace)]
 
 
 def _age(seconds: float) -> str:
@@ -282,8 +309,11 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
                       f"{steady})", highlight=False)
     store = store_for(args)
     if store is not None and exit_code == 0:
-        observations = observations_from_stats(stats_ok, unix_s=time.time(), job=job.name,
-                                               namespace=job.namespace)
+        # a pipelined rank's samples / compute seconds is its stage's, not its device's speed
+        observations = [] if plan.pipeline is not None else observations_from_stats(
+            stats_ok, unix_s=time.time(), job=job.name, namespace=job.namespace)
+        observations += layout_observations(plan, measured if len(stats_ok) == len(stats) else 0.0,
+                                            job)
         try:
             entries = store.record(profile_key(job), observations)
         except OSError as exc:

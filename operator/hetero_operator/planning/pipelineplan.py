@@ -159,7 +159,8 @@ def plan_pipeline(job: JobSpec, groups_spec: Sequence[tuple[Any, int]], *, link:
         memory_bytes=s.memory_bytes) for s in planned.stages)
     plan = PipelinePlan(stages=assignments, micro_batches=pipe.micro_batches,
                         schedule=pipe.schedule, step_s=round(planned.step_s, 9),
-                        bubble_fraction=round(planned.bubble_fraction, 6))
+                        bubble_fraction=round(planned.bubble_fraction, 6),
+                        absolute=bool(reference_samples_per_s))
     return plan, stage, replica, batches
 
 

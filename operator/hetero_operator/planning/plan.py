@@ -35,7 +35,7 @@ from hetero_operator.api import memoryplan
 from hetero_operator.api import types as model
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import GroupPlan, Inventory, Plan, RankPlacement
-from hetero_operator.planning import elasticplan, memory, pipelineplan, remedies
+from hetero_operator.planning import elasticplan, layoutchoice, memory, pipelineplan, remedies
 from hetero_operator.planning.batching import step_time
 from hetero_operator.planning.marginal import (PlanInputs, Slot, SpeedFigure, StepModel,
                                                cheapest_mix, leave_out_unpaying, plan_cost,
@@ -120,7 +120,13 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
     if sum(caps) < global_batch:
         return insufficient_memory(job, caps, excluded, inventory.warnings)
     if job.training.pipeline is not None:  # the stages' own split of the blocks and batches
-        return _pipelined(job, groups_spec, taken, inputs, reference_sps, excluded, inventory)
+        piped = _pipelined(job, groups_spec, taken, inputs, reference_sps, excluded, inventory)
+        if job.training.sharding != "Auto" or isinstance(piped, model.Unschedulable):
+            return piped
+        flat = dataclasses.replace(job, training=dataclasses.replace(job.training, pipeline=None))
+        return layoutchoice.weigh(piped, plan_job(flat, inventory, inputs=inputs, suggest=False),
+                                  global_batch=global_batch,
+                                  ratios=layoutchoice.learned_ratios(inputs.learned))
     weights = speeds if job.training.batch_split == "Proportional" else [1.0] * n
     batches = split_batch(global_batch, weights, caps)
     equal = split_batch(global_batch, [1.0] * n, caps)

@@ -14,6 +14,10 @@ the stage times. The script is the data-parallel one with two differences::
 
 Every rank reports the job's training loss (the last stage's, sent along the pipeline); the
 result is the mean of the last 5 steps' losses (no held-out pass: no rank holds the whole model).
+
+Where ``spec.training.sharding Auto`` predicts that data parallelism without a pipeline is faster
+(``status.plan.layout``, docs/pipeline.md), the plan has no stages and the script trains the whole
+model data-parallel (``block`` = the transformer layer, the unit ``Full`` sharding gathers).
 """
 
 from __future__ import annotations
@@ -62,6 +66,11 @@ def next_byte_loss(logits: Any, targets: Any) -> Any:
     return F.cross_entropy(logits.float().reshape(-1, 256), targets.reshape(-1))
 
 
+def _whole_model_loss(model: Any, inputs: Any, targets: Any) -> Any:
+    """The data-parallel step's loss: the whole model on one micro-batch (no pipeline)."""
+    return next_byte_loss(model(inputs), targets)
+
+
 def train(args: argparse.Namespace) -> int:
     """Train, report; returns the exit code."""
     import torch
@@ -73,12 +82,15 @@ def train(args: argparse.Namespace) -> int:
 
     t = ht.init(seed=args.seed)
     apply_run_limits(args, t)
-    if t.pipeline is None:
-        raise SystemExit("lm_pipeline runs under spec.training.pipeline (HTJ_PIPELINE_*): plan "
-                         "it with examples/lm-pipeline.yaml")
     start = time.perf_counter()
     windows = make_windows(stdlib_text(args.text_bytes), args.context)
-    stage = t.wrap(make_pipeline_model(args.context, args.width, args.layers, args.heads))
+    model = make_pipeline_model(args.context, args.width, args.layers, args.heads)
+    if t.pipeline is not None:  # this rank's blocks; loss(output, target) per micro-batch
+        stage = t.wrap(model)
+        loss_fn = next_byte_loss
+    else:  # spec.training.sharding Auto chose no pipeline (docs/pipeline.md): the whole model
+        stage = t.wrap(model, block=torch.nn.TransformerEncoderLayer)
+        loss_fn = _whole_model_loss
     optimizer = torch.optim.AdamW(stage.parameters(), lr=args.lr)
     loader = t.loader(torch.utils.data.TensorDataset(windows[:, :-1], windows[:, 1:]))
     steps_per_epoch = len(windows) // t.contract.global_batch
@@ -87,7 +99,8 @@ def train(args: argparse.Namespace) -> int:
     losses: list[float] = []
     while t.epoch < args.epochs and t.global_step < args.max_steps:
         for inputs, targets in loader:
-            losses.append(t.step(optimizer, next_byte_loss, batch=(inputs, targets)).loss)
+            batch = (inputs, targets) if t.pipeline else (t.to_device(inputs), t.to_device(targets))
+            losses.append(t.step(optimizer, loss_fn, batch=batch).loss)
             t.maybe_checkpoint(optimizer)  # every HTJ_CHECKPOINT_INTERVAL_STEPS; none without a path
             if t.rank == 0 and t.global_step % 10 == 0:
                 print(f"step {t.global_step} loss {losses[-1]:.3f}", flush=True)
@@ -99,11 +112,13 @@ def train(args: argparse.Namespace) -> int:
     final = sum(losses[-LAST_STEPS:]) / len(losses[-LAST_STEPS:])
     part = t.pipeline
     stages = ", ".join(f"stage {i}: ranks {list(r)}, {b} blocks" for i, (r, b) in enumerate(
-        zip(part.layout.stage_ranks, t.contract.pipeline.stage_blocks)))
+        zip(part.layout.stage_ranks, t.contract.pipeline.stage_blocks))) if part else ""
     if t.rank == 0:
         elapsed_s = time.perf_counter() - start
         print(f"pipeline: {stages}; {t.contract.pipeline.micro_batches} micro-batches, "
-              f"{t.contract.pipeline.schedule}", flush=True)
+              f"{t.contract.pipeline.schedule}" if part else
+              f"no pipeline: data parallel over {t.contract.dist.world_size} ranks, sharding "
+              f"{t.contract.memory.sharding}", flush=True)
         print(f"train loss {final:.3f} nats/byte (mean of the last {LAST_STEPS} steps; perplexity "
               f"{math.exp(final):.2f}), first {losses[0]:.3f}, {t.global_step} steps "
               f"({elapsed_s:.1f} s)", flush=True)

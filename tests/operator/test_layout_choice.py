@@ -1,0 +1,158 @@
+"""``spec.training.sharding Auto`` weighs a pipeline against no pipeline (issue 30, item 1):
+the plan with the higher predicted throughput is kept, each layout's prediction calibrated by the
+measured / predicted ratio earlier runs learned for it, and the reasons name each candidate's
+figure or, per GPU type, why it does not fit."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from k8s import crdcheck
+
+from hetero_operator.api import types as model
+from hetero_operator.api.spec import parse_job
+from hetero_operator.cluster.inventory import build_inventory
+from hetero_operator.lifecycle.status import plan_status
+from hetero_operator.local.valueview import layout_observations
+from hetero_operator.planning import layoutchoice
+from hetero_operator.planning.marginal import LinkSettings, PlanInputs
+from hetero_operator.planning.plan import plan_job
+from hetero_operator.planning.profiles import LearnedSpeed
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = yaml.safe_load((ROOT / "examples" / "clusters" / "scaled-memory.yaml").read_text())["items"]
+REFERENCE_SPS = 300
+SHORT = "does not fit (Tesla-T4 short by 2.3 MiB of 5.7 MiB usable)"
+
+
+def _job(*, sharding: str = "Auto", reference: int | None = REFERENCE_SPS) -> Any:
+    """examples/lm-pipeline.yaml with ``sharding``; ``Full`` leaves the pipeline out."""
+    doc = yaml.safe_load((ROOT / "examples" / "lm-pipeline.yaml").read_text())
+    doc["spec"]["training"]["sharding"] = sharding
+    if sharding == "Full":
+        del doc["spec"]["training"]["pipeline"]
+    if reference:
+        doc["spec"]["training"]["referenceSamplesPerSecond"] = reference
+    return parse_job(doc)
+
+
+def _plan(job: Any, gbps: float, learned: dict | None = None) -> model.Plan:
+    plan = plan_job(job, build_inventory(NODES),
+                    inputs=PlanInputs(link=LinkSettings(inter_node_gbps=gbps),
+                                      learned=learned or {}))
+    assert isinstance(plan, model.Plan), plan.message
+    return plan
+
+
+def _ratio(layout: str, ratio: float, runs: int = 1) -> LearnedSpeed:
+    return LearnedSpeed(gpu_type=layoutchoice.LEARNED_LAYOUT, precision=layout,
+                        samples_per_s=ratio, observations=runs, first_unix_s=0.0,
+                        updated_unix_s=0.0)
+
+
+def _full(plan: model.Plan) -> float:
+    assert plan.memory is not None
+    full = next(o for o in plan.memory.options if o.mode == "Full")
+    assert full.predicted_samples_per_s is not None
+    return full.predicted_samples_per_s
+
+
+def test_on_a_slow_link_auto_keeps_the_pipeline_and_says_why_per_type() -> None:
+    plan = _plan(_job(), 0.1)
+    assert plan.pipeline is not None and plan.memory is None
+    assert [r.stage for r in plan.ranks] == [0, 1]
+    choice = plan.layout
+    assert choice is not None and choice.chosen == "Pipeline"
+    assert choice.pipeline_samples_per_s == pytest.approx(32 / plan.pipeline.step_s, rel=1e-12)
+    flat = _plan(_job(sharding="Full"), 0.1)
+    assert choice.flat_samples_per_s == pytest.approx(_full(flat), rel=1e-12)
+    # 4 blocks: the T4's 1 block of 1/300 s per sample / 0.21 speed; 4.7 MiB of Full's
+    # parameters per step at 0.1 Gbit/s
+    assert choice.pipeline_samples_per_s / choice.flat_samples_per_s == pytest.approx(2.464,
+                                                                                      abs=1e-3)
+    assert choice.reasons[0] == (f"Pipeline chosen: predicted {choice.pipeline_samples_per_s:.4g} "
+                                 f"samples/s, 2.46x Full's (the best mode without a pipeline)")
+    assert choice.reasons[2:4] == (f"None: {SHORT}", f"Group: {SHORT}")
+    assert choice.reasons[4].startswith(f"Full: predicted {choice.flat_samples_per_s:.4g} "
+                                        "samples/s (its model; no run of it measured yet)")
+
+
+def test_on_a_fast_link_auto_drops_the_pipeline_for_full_sharding() -> None:
+    plan = _plan(_job(), 100.0)
+    assert plan.pipeline is None and plan.memory is not None and plan.memory.mode == "Full"
+    assert [r.stage for r in plan.ranks] == [None, None]
+    assert [r.precision for r in plan.ranks] == ["bf16", "fp16"]  # the flat plan's own precisions
+    choice = plan.layout
+    assert choice is not None and choice.chosen == "Full"
+    assert choice.flat_samples_per_s == pytest.approx(_full(plan), rel=1e-12)
+    piped = _plan(_job(sharding="None"), 100.0)
+    assert choice.pipeline_samples_per_s == pytest.approx(32 / piped.pipeline.step_s, rel=1e-12)
+    assert choice.flat_samples_per_s > choice.pipeline_samples_per_s
+    assert choice.reasons[0].startswith(f"Full chosen: predicted {choice.flat_samples_per_s:.4g}")
+
+
+def test_sharding_none_runs_the_pipeline_without_weighing() -> None:
+    plan = _plan(_job(sharding="None"), 100.0)
+    assert plan.pipeline is not None and plan.layout is None
+
+
+def test_without_seconds_per_sample_the_pipeline_is_kept_and_the_reason_says_so() -> None:
+    plan = _plan(_job(reference=None), 100.0)
+    assert plan.pipeline is not None
+    choice = plan.layout
+    assert choice is not None and choice.chosen == "Pipeline"
+    assert (choice.pipeline_samples_per_s, choice.flat_samples_per_s) == (None, None)
+    assert choice.reasons[0].startswith("Pipeline: kept, not weighed: the planner has no seconds "
+                                        "per sample (give spec.training.referenceSamplesPerSecond")
+    assert choice.reasons[1:] == (f"None: {SHORT}", f"Group: {SHORT}",
+                                  "Full: fits, 4.7 MiB per step across GPU types")
+
+
+def test_a_learned_measured_over_predicted_ratio_turns_the_choice() -> None:
+    raw = _plan(_job(), 100.0)
+    assert raw.layout is not None and raw.layout.chosen == "Full"
+    full_model = raw.layout.flat_samples_per_s
+    learned = {(layoutchoice.LEARNED_LAYOUT, "Full"): (_ratio("Full", 0.4, runs=2),)}
+    plan = _plan(_job(), 100.0, learned)
+    choice = plan.layout
+    assert choice is not None and choice.chosen == "Pipeline" and plan.pipeline is not None
+    assert choice.flat_samples_per_s == pytest.approx(0.4 * full_model, rel=1e-12)
+    assert choice.pipeline_samples_per_s == pytest.approx(raw.layout.pipeline_samples_per_s,
+                                                          rel=1e-12)
+    assert choice.reasons[-1].startswith(
+        f"Full: predicted {0.4 * full_model:.4g} samples/s ({full_model:.4g} by its model x "
+        "0.400, the measured / predicted ratio learned over 2 runs)")
+    # a learned Pipeline ratio scales the pipeline's prediction the same way
+    both = {**learned, (layoutchoice.LEARNED_LAYOUT, "Pipeline"): _ratio("Pipeline", 0.5)}
+    halved = _plan(_job(), 100.0, both).layout
+    assert halved is not None and halved.chosen == "Full"
+    assert halved.pipeline_samples_per_s == pytest.approx(
+        0.5 * raw.layout.pipeline_samples_per_s, rel=1e-12)
+
+
+def test_layout_in_status_plan_is_declared_in_the_crd() -> None:
+    plan = _plan(_job(), 0.1)
+    status = plan_status("lm", plan, master_addr="lm-0", master_port=29500)
+    assert status["layout"] == {"chosen": "Pipeline", "reasons": list(plan.layout.reasons)}
+    schema = crdcheck.load_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    kept = crdcheck.prune(schema["properties"]["status"], {"plan": copy.deepcopy(status)})
+    assert kept["plan"]["layout"] == status["layout"]  # declared, so not pruned
+
+
+def test_a_run_learns_its_layouts_measured_over_predicted() -> None:
+    piped = _plan(_job(sharding="None"), 0.1)
+    assert piped.pipeline is not None and piped.pipeline.absolute
+    [obs] = layout_observations(piped, 40.0, _job())
+    predicted = 32 / piped.pipeline.step_s
+    assert (obs.gpu_type, obs.precision) == ("layout", "Pipeline")
+    assert obs.samples_per_s == pytest.approx(40.0 / predicted, rel=1e-12)
+    flat = _plan(_job(sharding="Full"), 0.1)
+    [obs] = layout_observations(flat, 20.0, _job())
+    assert (obs.precision, obs.samples_per_s) == ("Full", pytest.approx(20.0 / _full(flat)))
+    assert layout_observations(flat, 0.0, _job()) == []  # a rank without statistics
+    relative = _plan(_job(sharding="None", reference=None), 0.1)
+    assert layout_observations(relative, 40.0, _job()) == []  # no seconds to compare with
