@@ -6,6 +6,7 @@ example states."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,35 @@ def test_heterotrain_run_trains_it_to_the_stated_loss(tmp_path: Path) -> None:
     result = json.loads((work / "result.json").read_text())
     assert result["steps"] == 40 and result["train_loss"] < LOSS_THRESHOLD, result
     assert "pipeline: stage 0: ranks [0], 3 blocks, stage 1: ranks [1], 1 blocks" in done.stdout
+
+
+@pytest.mark.timeout(150)
+def test_when_auto_drops_the_pipeline_the_example_trains_flat_and_learns_the_ratio(
+        tmp_path: Path) -> None:
+    """``sharding Auto`` with seconds per sample on a fast link predicts Full sharding faster
+    than the pipeline (docs/pipeline.md): the same script trains the whole model, and the run
+    learns Full's measured / predicted ratio that the next plan weighs with."""
+    body = _body()
+    body["spec"]["training"]["sharding"] = "Auto"
+    body["spec"]["training"]["referenceSamplesPerSecond"] = 300
+    body["spec"]["worker"]["args"] = ["--max-steps", "12"]
+    job = tmp_path / "auto.yaml"
+    job.write_text(yaml.safe_dump(body))
+    work, learned = tmp_path / "work", tmp_path / "profiles.json"
+    done = subprocess.run([sys.executable, "-m", "hetero_operator.cli", "run", str(job), "--nodes",
+                           str(NODES), "--workdir", str(work), "--learned-speeds", str(learned),
+                           "--link-inter-node-gbps", "100"],
+                          capture_output=True, text=True, timeout=140, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    plan = json.loads((work / "plan.json").read_text())
+    assert plan["layout"]["chosen"] == "Full" and plan["pipeline"] is None
+    assert plan["memory"]["mode"] == "Full"
+    assert "no pipeline: data parallel over 2 ranks, sharding full" in done.stdout
+    result = json.loads((work / "result.json").read_text())
+    first = float(re.search(r"first (\d+\.\d+), 12 steps", done.stdout).group(1))
+    assert result["steps"] == 12 and result["train_loss"] < first - 1.0, (first, result)
+    prediction = json.loads((work / "prediction.json").read_text())
+    ratio = prediction["sharding"]["ratio_measured_to_predicted"]
+    entry = json.loads(learned.read_text())["profiles"]["lm-pipeline"]["layout/Full"]
+    assert entry["observations"] == 1
+    assert entry["samples_per_s"] == pytest.approx(ratio, abs=1e-4)  # prediction.json rounds
