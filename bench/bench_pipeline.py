@@ -12,7 +12,8 @@ pipelined worker runs the same number of replicas on every stage, so the pipelin
 of each type, and Full gets the same two devices):
 
 - **Pipeline**: ``examples/lm-pipeline.yaml`` as it is (the LM as 4 blocks, 4 micro-batches,
-  1F1B; the planner puts 3 blocks on the A100 and 1 on the T4);
+  1F1B, ``sharding: None`` so that it always runs the pipeline; the planner puts 3 blocks on the
+  A100 and 1 on the T4);
 - **Full**: ``examples/lm-large.yaml`` with ``sharding: Full`` and ``gpus.ranks: 2``.
 
 **The link.** Each rank runs in a network namespace of :mod:`netns` (the A100 in node ``A``, the
@@ -37,6 +38,10 @@ hits both. Figures per run:
   slowest stage plus its replicas' all-reduce) for Pipeline, and global batch / the Full mode's
   ``predicted_samples_per_s_by_mode`` (the per-mode step-time model, ``planning.steptime``) for
   Full;
+- Auto's choice: after the calibration runs, ``heterotrain plan`` of the pipelined job with
+  ``sharding: Auto`` over both runs' learned figures (:func:`auto_choice`); its target row is the
+  chosen layout's samples/s over the faster layout's, per repeat (at least 0.95: the issue's
+  "within 5 %");
 - bubble fraction: the plan's ``(s - 1) / (m + s - 1)``, and beside it the measured wait fraction
   (the largest over ranks of ``comm_wait_seconds / step_seconds``: the bubble and the transfers
   together; the worker does not time the bubble alone).
@@ -185,9 +190,42 @@ def figures(workdir: Path) -> dict[str, Any]:
             "stages": [(s["gpu_type"], s["blocks"]) for s in pipe["stages"]] if pipe else None}
 
 
+def auto_choice(link_mbit: int | None, caches: dict[str, Path], tmp: Path) -> dict[str, Any]:
+    """What ``spec.training.sharding Auto`` plans for the pipelined job after the calibration runs.
+
+    The learned figures of both calibration runs (Full's speeds and ``layout/Full`` ratio,
+    Pipeline's ``layout/Pipeline`` ratio: the same model, so one profile, as a user's store would
+    hold after running both layouts) go into one store under the pipelined job's profile; then
+    ``heterotrain plan`` of ``examples/lm-pipeline.yaml`` with ``sharding: Auto`` and the run's link
+    setting. Returns ``{"chosen": ..., "reasons": [...]}`` (``status.plan.layout``).
+    """
+    import yaml
+    entries: dict[str, Any] = {}
+    for mode in MODES:
+        store = json.loads((caches[mode] / "heterotrain" / "profiles.json").read_text())
+        for profile in store["profiles"].values():
+            entries.update(profile)
+    merged = tmp / f"learned-auto-{link_mbit or 'unshaped'}.json"
+    merged.write_text(json.dumps({"version": 1, "profiles": {"lm-pipeline": entries}}))
+    doc = yaml.safe_load(PIPE_JOB.read_text())
+    doc["spec"]["training"]["sharding"] = "Auto"
+    job = tmp / "job-Auto.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    cmd = [sys.executable, "-m", "hetero_operator.cli", "plan", str(job), "--nodes", str(NODES),
+           "--learned-speeds", str(merged), "-o", "json"]
+    if link_mbit is not None:
+        cmd += ["--link-inter-node-gbps", str(link_mbit / 1000)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, check=True,
+                          env={**os.environ, "PYTHONPATH": PYTHONPATH})
+    layout = json.loads(done.stdout)["layout"]
+    return {"chosen": layout["chosen"], "reasons": layout["reasons"]}
+
+
 def measure_link(link_mbit: int | None, netns: bool, repeats: int, tmp: Path,
-                 deadline: benchlib.Deadline) -> dict[str, list[dict[str, Any]]]:
-    """Calibration run per mode, then ``repeats`` runs of each, the modes alternating."""
+                 deadline: benchlib.Deadline) -> tuple[dict[str, list[dict[str, Any]]],
+                                                       dict[str, Any]]:
+    """Calibration run per mode, ``Auto``'s choice after them (:func:`auto_choice`), then
+    ``repeats`` runs of each mode, the modes alternating."""
     label = LINK_LABELS[link_mbit].replace(" ", "-").replace("/", "")
     jobs = {mode: _job(mode, tmp) for mode in MODES}
     caches = {mode: tmp / f"learned-{label}-{mode}" for mode in MODES}
@@ -196,6 +234,9 @@ def measure_link(link_mbit: int | None, netns: bool, repeats: int, tmp: Path,
                               netns, deadline)
         print(f"{LINK_LABELS[link_mbit]}: {mode} calibration run {cal['samples_per_s']:.1f} "
               "samples/s", flush=True)
+    auto = auto_choice(link_mbit, caches, tmp)
+    print(f"{LINK_LABELS[link_mbit]}: Auto chooses {auto['chosen']}: {auto['reasons'][0]}",
+          flush=True)
     out: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
     for r in range(repeats):
         for mode in MODES:
@@ -207,16 +248,29 @@ def measure_link(link_mbit: int | None, netns: bool, repeats: int, tmp: Path,
                   f"{fig['predicted_step_s'] * 1000:.1f} ms predicted = "
                   f"{fig['measured_over_predicted_step']:.3f}, wait {fig['wait_fraction']:.3f}",
                   flush=True)
-    return out
+    return out, auto
 
 
-def targets_of(links: dict[str, dict[str, list[dict[str, Any]]]]) -> list[benchlib.Target]:
-    """The issue's target rows (named so a reader finds them) and the figures beside them."""
+def targets_of(links: dict[str, dict[str, list[dict[str, Any]]]],
+               autos: dict[str, dict[str, Any]] | None = None) -> list[benchlib.Target]:
+    """The issue's target rows (named so a reader finds them) and the figures beside them;
+    ``autos``: per link, :func:`auto_choice`'s answer."""
     out: list[benchlib.Target] = []
     slow, fast = LINK_LABELS[LINK_MBIT], LINK_LABELS[None]
 
     def runs(link: str, mode: str, key: str) -> list[float]:
         return [f[key] for f in links[link][mode]]
+
+    for link, auto in (autos or {}).items():
+        chosen = "Pipeline" if auto["chosen"] == "Pipeline" else "Full"
+        picked = [mine / max(p, f) for mine, p, f in zip(
+            runs(link, chosen, "samples_per_s"), runs(link, "Pipeline", "samples_per_s"),
+            runs(link, "Full", "samples_per_s"), strict=True)]
+        out.append(benchlib.Target(
+            f"Auto's choice / fastest measured samples/s, {link}", ">=", 0.95, "x", picked,
+            f"Auto chose {auto['chosen']} after one calibration run of each layout (learned "
+            "speeds and measured / predicted ratios); per repeat, the chosen layout's samples/s "
+            "over the faster of the two"))
 
     if slow in links:
         ratios = [p / f for p, f in zip(runs(slow, "Pipeline", "samples_per_s"),
@@ -276,18 +330,21 @@ def main() -> int:
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     links: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    autos: dict[str, dict[str, Any]] = {}
     why_not = available()
     if why_not is None:
         with VethLink(rate_mbit=None) as link:
             for rate in (None, LINK_MBIT):
                 link.set_rate(rate)
-                links[LINK_LABELS[rate]] = measure_link(rate, True, args.repeats, tmp, deadline)
+                links[LINK_LABELS[rate]], autos[LINK_LABELS[rate]] = measure_link(
+                    rate, True, args.repeats, tmp, deadline)
     else:
         print(f"network namespaces cannot be made here ({why_not}): unshaped loopback only",
               flush=True)
-        links[LINK_LABELS[None]] = measure_link(None, False, args.repeats, tmp, deadline)
+        links[LINK_LABELS[None]], autos[LINK_LABELS[None]] = measure_link(
+            None, False, args.repeats, tmp, deadline)
     details: dict[str, Any] = {
-        "runs": links, "steps_per_run": STEPS, "link_mbit": LINK_MBIT,
+        "runs": links, "auto": autos, "steps_per_run": STEPS, "link_mbit": LINK_MBIT,
         "links": "netns veth (bench/netns.py)" if why_not is None else "loopback",
         "medians": {link: {mode: {k: statistics.median(f[k] for f in fs)
                                   for k in ("samples_per_s", "measured_step_s", "predicted_step_s")}
@@ -296,7 +353,7 @@ def main() -> int:
         details["not_measured"] = {f"Pipeline / Full samples/s, {LINK_LABELS[LINK_MBIT]}": why_not}
     run_meta["wall_s"] = round(time.monotonic() - started, 1)
     doc = benchlib.write_results(args.out, benchmark="pipeline", run_meta=run_meta,
-                                 targets=targets_of(links), details=details)
+                                 targets=targets_of(links, autos), details=details)
     benchlib.print_targets(doc)
     print(f"wrote {args.out}")
     return 0

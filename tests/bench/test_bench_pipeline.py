@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,40 @@ def test_figures_of_a_pipelined_run_directory(tmp_path: Path) -> None:
     assert fig["measured_step_s"] == pytest.approx(0.1)  # 32 samples at 320 samples/s
     assert fig["measured_over_predicted_step"] == pytest.approx(1.25)
     assert (fig["planned_bubble_fraction"], fig["wait_fraction"]) == (0.2, 0.3)
+
+
+@pytest.mark.parametrize(("chosen", "median", "met"), [("Pipeline", 1.0, True),
+                                                       ("Full", pytest.approx(1 / 3), False)])
+def test_autos_row_compares_its_choice_with_the_faster_layout(chosen: str, median: object,
+                                                               met: bool) -> None:
+    links = {"unshaped link": _link(300.0, 100.0)}
+    rows = {t.name: t.as_dict() for t in bench_pipeline.targets_of(
+        links, {"unshaped link": {"chosen": chosen, "reasons": ["..."]}})}
+    row = rows["Auto's choice / fastest measured samples/s, unshaped link"]
+    assert (row["op"], row["target"], row["median"], row["met"]) == (">=", 0.95, median, met)
+
+
+def _entry(gpu_type: str, precision: str, value: float, batch: float = 0.0) -> dict:
+    now = time.time()
+    return {"gpu_type": gpu_type, "precision": precision, "samples_per_s": value,
+            "observations": 1, "first_unix_s": now, "updated_unix_s": now, "local_batch": batch}
+
+
+@pytest.mark.parametrize(("full_ratio", "chosen"), [(0.2, "Pipeline"), (5.0, "Full")])
+def test_auto_choice_plans_over_both_calibration_stores(tmp_path: Path, full_ratio: float,
+                                                        chosen: str) -> None:
+    """The real ``heterotrain plan`` over the two calibration runs' stores merged: Full's learned
+    ratio decides between the layouts."""
+    caches = {mode: tmp_path / mode for mode in ("Full", "Pipeline")}
+    stores = {"Full": {"lm-large": {
+        "NVIDIA-A100-SXM4-40GB/bf16/16-31": _entry("NVIDIA-A100-SXM4-40GB", "bf16", 160.0, 26.0),
+        "layout/Full": _entry("layout", "Full", full_ratio)}},
+        "Pipeline": {"lm-pipeline": {"layout/Pipeline": _entry("layout", "Pipeline", 1.0)}}}
+    for mode, profiles in stores.items():
+        (caches[mode] / "heterotrain").mkdir(parents=True)
+        (caches[mode] / "heterotrain" / "profiles.json").write_text(
+            json.dumps({"version": 1, "profiles": profiles}))
+    auto = bench_pipeline.auto_choice(None, caches, tmp_path)
+    assert auto["chosen"] == chosen
+    full_line = next(r for r in auto["reasons"] if r.startswith("Full: predicted"))
+    assert f"x {full_ratio:.3f}, the measured / predicted ratio learned over 1 run" in full_line
