@@ -32,9 +32,12 @@ part; the script is the same as for data parallelism)::
   RNG, so a killed run resumes bit-identical (:mod:`hetero_worker.ckpt.stagestate`). A SIGTERM
   stops every rank after the same step with one checkpoint, as under data parallelism
   (:class:`~hetero_worker.stop.GracefulStop`).
+* **Simulated devices.** Each block of the stage sleeps its share of the simulated per-sample
+  delay in its forward and its backward, per micro-batch (:mod:`hetero_worker.stages.simdelay`),
+  so a slower type's stage takes longer inside the schedule, as the planner models it.
 * **Not built here.** fp16/bf16 (the stages run in the model's dtype; the planner plans fp32),
   CUDA tensors through the Gloo sends (the stages run on the CPU), resuming on another stage cut,
-  the simulated per-sample delay, rebalancing and compression.
+  rebalancing and compression.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from torch import nn
 from hetero_worker.loading import TrainData
 from hetero_worker.stages.layout import StageLayout, build_stage_groups, reduce_stage_gradients_
 from hetero_worker.stages.runner import StageRunner
+from hetero_worker.stages.simdelay import simulate_stage_compute
 from hetero_worker.stages.split import stage_module
 from hetero_worker.stepping import StepResult
 from heterotrain_common.contract import Contract
@@ -123,6 +127,8 @@ class PipelinePart:
         self._model = model
         self._groups = build_stage_groups(self.layout, self.rank)
         self._module = stage_module(model, settings.stage_blocks, self.stage)
+        simulate_stage_compute(model, settings.stage_blocks, self.stage, self.contract.device,
+                               self.contract.run.sim_delay_per_sample_s)  # simulated devices only
         if self.layout.replicas > 1:  # replicas start from replica 0's parameters
             first = self.layout.stage_ranks[self.stage][0]
             with torch.no_grad():
