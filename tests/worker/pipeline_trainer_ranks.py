@@ -69,11 +69,14 @@ def main() -> None:
     part = t.pipeline
     facts: dict = {"stage": settings.stage, "replica": part.replica, "blocks": end - first,
                    "pipeline_batches": part.pipeline_batches, "diffs": [], "loss_diffs": [],
-                   "batch_sizes": [], "dtype": str(next(stage.parameters()).dtype)}
+                   "batch_sizes": [], "dtype": str(next(stage.parameters()).dtype),
+                   "speed": t.contract.device.relative_speed,
+                   "delay_per_sample_s": t.contract.run.sim_delay_per_sample_s, "times": []}
     start = [p.detach().clone() for p in stage.parameters()]
     step = 0
     for x, y in t.loader(data, shuffle=False):
         result = t.step(opt, F.mse_loss, batch=(x, y))
+        facts["times"].append([result.step_s, result.compute_s, result.comm_wait_s])
         facts["batch_sizes"].append(len(x))
         gx, gy = data.tensors[0][step * global_batch:(step + 1) * global_batch], \
             data.tensors[1][step * global_batch:(step + 1) * global_batch]
@@ -89,6 +92,9 @@ def main() -> None:
     facts["steps"] = step
     facts["global_step"] = t.global_step
     facts["moved"] = max(float((a - b).abs().max()) for a, b in zip(stage.parameters(), start))
+    facts["gauges"] = {name: t.metrics.registry.get_sample_value(f"htj_pipeline_{name}",
+                                                                 t.metrics.labels)
+                       for name in ("stage", "planned_bubble_ratio", "wait_ratio")}
     Path(args.out, f"rank{t.rank}.json").write_text(json.dumps(facts))
     t.close()
 

@@ -56,6 +56,24 @@ def test_three_stages_on_three_gpu_types_train_equal_to_one_process(
         assert max(f["diffs"]) < TOL, (rank, f["diffs"])
         assert max(f["loss_diffs"]) < TOL, (rank, f["loss_diffs"])  # every rank reports the loss
         assert f["moved"] > 1e-3, rank  # the steps really changed the stage
+        _assert_stage_times(f, total_blocks=12, pipeline_batch=24, micro_batches=4, stages=3)
+
+
+def _assert_stage_times(f: dict, *, total_blocks: int, pipeline_batch: int, micro_batches: int,
+                        stages: int) -> None:
+    """The stage's compute (its forward and backward, the optimizer) holds at least its simulated
+    device's sleep (blocks / total of the whole model's per-sample delay, hetero_worker.stages.
+    simdelay), the rest of the step is waiting (bubble, transfers, reductions), and the pipeline
+    gauges say so."""
+    sleep_s = f["blocks"] / total_blocks * pipeline_batch * f["delay_per_sample_s"] / f["speed"]
+    for step_s, compute_s, wait_s in f["times"]:
+        assert sleep_s <= compute_s <= step_s, (sleep_s, compute_s, step_s)
+        assert wait_s == pytest.approx(step_s - compute_s, abs=1e-9)
+        assert wait_s > 0  # every stage of a 2+ stage pipeline waits on a send or a receive
+    last_step_s, _, last_wait_s = f["times"][-1]
+    assert f["gauges"] == {"stage": f["stage"],
+                           "planned_bubble_ratio": (stages - 1) / (micro_batches + stages - 1),
+                           "wait_ratio": pytest.approx(last_wait_s / last_step_s)}
 
 
 @pytest.mark.timeout(200)
@@ -72,3 +90,4 @@ def test_two_replicas_per_stage_train_equal_to_one_process(
         assert max(f["diffs"]) < TOL, (rank, f["diffs"])
         assert max(f["loss_diffs"]) < TOL, (rank, f["loss_diffs"])
         assert f["moved"] > 1e-3, rank
+        _assert_stage_times(f, total_blocks=6, pipeline_batch=12, micro_batches=3, stages=2)

@@ -56,6 +56,13 @@ _DOCS: dict[str, tuple[type, str]] = {
                                             "first step completed after it."),
     mn.STEPS_REDONE_TOTAL: (Counter, "Elastic jobs: interrupted steps redone by the survivors "
                                      "of a lost rank."),
+    mn.PIPELINE_STAGE: (Gauge, "Pipelined jobs: this rank's stage, 0 takes the input."),
+    mn.PIPELINE_PLANNED_BUBBLE_RATIO: (Gauge, "Pipelined jobs: the schedule's idle share of a "
+                                              "step, (stages - 1) / (micro-batches + stages - 1)."),
+    mn.PIPELINE_WAIT_RATIO: (Gauge, "Pipelined jobs: share of the last step this rank spent "
+                                    "outside its stage's forward and backward and the optimizer "
+                                    "(the bubble, activation sends and receives, the stage "
+                                    "replicas' gradient reduction), measured."),
     mn.INTER_GROUP_BYTES_TOTAL: (Counter, "Gradient bytes this rank sent between groups."),
     mn.THROUGHPUT_SAMPLES_PER_SECOND: (Gauge, "Samples per second of the last step "
                                           "(local batch / step time)."),
@@ -320,6 +327,18 @@ class WorkerMetrics:
         self._child(mn.MEMBERSHIP_RECOVERY_SECONDS).set(float(seconds))
         with self._lock:
             self._last["membership_recovery_s"] = float(seconds)
+
+    def observe_pipeline_step(self, stage: int, planned_bubble_ratio: float,
+                              wait_ratio: float) -> None:
+        """Set the pipeline gauges (``rank-<R>.json``'s ``pipeline_stage`` and
+        ``pipeline_wait_ratio``): this rank's stage, the planned bubble and the last step's
+        measured share outside compute (0..1)."""
+        self._child(mn.PIPELINE_STAGE).set(int(stage))
+        self._child(mn.PIPELINE_PLANNED_BUBBLE_RATIO).set(float(planned_bubble_ratio))
+        self._child(mn.PIPELINE_WAIT_RATIO).set(float(wait_ratio))
+        with self._lock:
+            self._last["pipeline_stage"] = int(stage)
+            self._last["pipeline_wait_ratio"] = float(wait_ratio)
 
     def record_step_redone(self) -> None:
         """Count one interrupted step redone after a membership change."""

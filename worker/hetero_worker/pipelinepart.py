@@ -174,20 +174,25 @@ class PipelinePart:
         optimizer.zero_grad(set_to_none=False)
         losses = runner.step(inputs if runner.is_first else None,
                              target if runner.is_last else None)
-        compute_s = time.perf_counter() - start
         grads = [p.grad for p in runner.module.parameters() if p.grad is not None]
         if self.layout.replicas > 1:
             for g in grads:
                 g.mul_(self.weight)
             reduce_stage_gradients_(runner.module, self._groups.stage)
         loss = self._job_loss(losses)
+        optimizer_start = time.perf_counter()
         optimizer.step()
         step_s = time.perf_counter() - start
+        # compute: the stage's forward and backward and the optimizer; the rest is waiting
+        compute_s = runner.compute_s + (step_s - (optimizer_start - start))
         self.steps.global_step += 1
         local = self.contract.local_batch
         wait_s = max(0.0, step_s - compute_s)
         self.metrics.set_local_batch(local)  # its share of the samples, not the pipeline's batch
         self.metrics.observe_step(step_s, compute_s, wait_s, local, loss)
+        stages, micro = len(self.layout.stage_ranks), self.contract.pipeline.micro_batches
+        self.metrics.observe_pipeline_step(self.stage, (stages - 1) / (micro + stages - 1),
+                                           wait_s / step_s if step_s > 0 else 0.0)
         return StepResult(loss=loss, skipped=False, step_s=step_s, compute_s=compute_s,
                           comm_wait_s=wait_s)
 

@@ -17,7 +17,9 @@ built yet).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +31,9 @@ from heterotrain_common.pipelineschedules import SCHEDULES
 
 SCHEDULE_CLASSES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
 """The schedule classes that run each ``spec.training.pipeline.schedule`` value."""
+COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+"""``PipelineStage`` methods that run the stage's forward and backward of one micro-batch (the
+schedule's sends and receives are separate operations): their time is the stage's compute."""
 
 
 class StageRunner:
@@ -37,6 +42,8 @@ class StageRunner:
     Attributes:
         module: the stage's blocks (share parameters with the model given); give its
             ``parameters()`` to the optimiser.
+        compute_s: seconds of the last :meth:`step` spent in the stage's forward and backward
+            (the rest of the schedule's time is the bubble and the activation transfers).
         stage_index: this stage's place, 0 = first.
         stage_count: stages in the pipeline.
     """
@@ -80,6 +87,19 @@ class StageRunner:
         self._stage = PipelineStage(self.module, stage_index, self.stage_count, device, group=group)
         self._schedule = SCHEDULE_CLASSES[schedule](self._stage, n_microbatches=micro_batches,
                                                     loss_fn=loss_fn, scale_grads=True)
+        self.compute_s = 0.0
+        for name in COMPUTE_METHODS:  # the schedule calls them on the stage object
+            setattr(self._stage, name, self._timed(getattr(self._stage, name)))
+
+    def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        """``method`` adding its wall time to :attr:`compute_s`."""
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.compute_s += time.perf_counter() - start
+        return timed
 
     @property
     def is_first(self) -> bool:
@@ -110,6 +130,7 @@ class StageRunner:
             raise ValueError("the inputs go to the first stage only")
         if (target is not None) != self.is_last:
             raise ValueError("the target goes to the last stage only")
+        self.compute_s = 0.0
         if self.is_first and self.is_last:
             losses: list[torch.Tensor] = []
             self._schedule.step(inputs, target=target, losses=losses)
