@@ -27,9 +27,10 @@ WIDTH, LR, SAMPLES = 5, 0.1, 144
 
 
 def make_model(blocks: int) -> nn.Sequential:
-    """Equal blocks (Linear + Tanh), float64, the same on every rank."""
+    """Equal blocks (Linear + Tanh + Dropout), float64, the same on every rank: dropout draws
+    from the global RNG, which a resume restores and the loader must not move."""
     torch.manual_seed(7)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh())
+    return nn.Sequential(*[nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.Tanh(), nn.Dropout(0.1))
                            for _ in range(blocks)]).double()
 
 

@@ -270,3 +270,29 @@ def test_work_stealing_refuses_a_stream_naming_the_fix() -> None:
     with pytest.raises(RuntimeError, match=r"^work stealing takes each step's samples by index .*"
                                            r"train it with Trainer.step"):
         WorkStealing.steal_step(t, None, None, None)
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """The samples 0..SAMPLES-1 as a stream."""
+
+    def __iter__(self):
+        return iter(range(SAMPLES))
+
+
+@pytest.mark.parametrize("dataset", [list(range(SAMPLES)), Stream()], ids=["map", "stream"])
+def test_iterating_the_loader_leaves_the_global_rng_alone(dataset: object) -> None:
+    """A DataLoader without a ``generator`` draws its workers' base seed from the global RNG at
+    every iteration; the Trainer's loaders draw from their own, so a run resumed mid-epoch (its
+    global RNG restored, its loader iterated from the resumed step) draws the same dropout masks
+    as the uninterrupted run (tests/worker/test_pipeline_checkpoint.py has dropout)."""
+    t = FakeTrainer(0)
+    loader = t.loader(dataset, shuffle=False)
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    for _ in loader:
+        t.global_step += 1
+    assert t.global_step == 5
+    assert torch.equal(torch.get_rng_state(), before)
+    plain = torch.utils.data.DataLoader(dataset, batch_size=8)
+    next(iter(plain))
+    assert not torch.equal(torch.get_rng_state(), before)  # what the loaders avoid

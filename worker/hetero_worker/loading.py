@@ -221,11 +221,22 @@ class HeteroLoader(torch.utils.data.DataLoader):
                  **kwargs: Any) -> None:
         self.position, self.steps = position, steps
         self._dispatch = _Dispatch(position, steps)
+        self._own_generator = kwargs.get("generator") is None
+        if self._own_generator:
+            kwargs["generator"] = torch.Generator()
         super().__init__(dataset, batch_sampler=self._dispatch, **kwargs)
 
     def _fetching(self) -> Iterator[Any]:
-        """A fresh fetch from the trained position (the batches fetched ahead are forgotten)."""
+        """A fresh fetch from the trained position (the batches fetched ahead are forgotten).
+
+        Each fetch draws the workers' base seed from the loader's own generator, seeded from the
+        position, never from the global RNG (``DataLoader`` draws from it when it has no
+        ``generator``): a run resumed at a step draws the same dropout masks after it as the
+        uninterrupted run (the global RNG is part of the checkpoint)."""
         self._dispatch.ahead.clear()
+        if self._own_generator:
+            p = self.position
+            self.generator.manual_seed((p.seed * 1_000_003 + p.epoch) * 1_000_033 + p.cursor)
         return super().__iter__()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]

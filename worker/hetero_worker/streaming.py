@@ -94,6 +94,9 @@ class StreamLoader:
         self.dataset, self.position, self.steps = dataset, position, steps
         self.collate_fn = collate_fn or default_collate
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        self._own_generator = dataloader_args.get("generator") is None
+        if self._own_generator:  # not the global RNG (see HeteroLoader._fetching)
+            dataloader_args["generator"] = torch.Generator()
         self.samples = torch.utils.data.DataLoader(dataset, batch_size=None, **dataloader_args)
         self.num_workers = self.samples.num_workers
 
@@ -104,6 +107,8 @@ class StreamLoader:
             return
         if callable(getattr(self.dataset, "set_epoch", None)):
             self.dataset.set_epoch(position.epoch)
+        if self._own_generator:  # a pass starts alike whether or not the run resumed in it
+            self.samples.generator.manual_seed(position.epoch)
         stream = iter(self.samples)
         skipped = sum(1 for _ in islice(stream, position.cursor))  # resumed mid-pass
         if skipped == position.cursor:
