@@ -173,3 +173,31 @@ def test_checkpoint_path_is_planned_with_stages_and_reaches_every_rank() -> None
     assert [r.stage for r in plan.ranks] == [0, 1, 2]
     envs = render_rank_envs(plan, job, master_addr="127.0.0.1", master_port=29500, simulated=True)
     assert [env[envnames.CHECKPOINT_DIR] for env in envs] == ["/ckpt"] * 3
+
+
+def _costs(compute: list[int], parameters: int = 1000) -> list[dict]:
+    return [{"parameters": parameters, "compute": c, "activationBytesPerSample": "1k"}
+            for c in compute]
+
+
+def test_block_costs_move_the_cut_where_equal_blocks_would_not() -> None:
+    nodes = [make_node("node-a"), make_node("node-t", product="Tesla-T4", memory_mib=15360,
+                                            cc="7.5")]
+    equal = _plan(nodes, ranks=2, pipeline={"blocks": 4, "microBatches": 4})
+    assert isinstance(equal, model.Plan), equal.message
+    assert equal.pipeline.block_counts == [3, 1]  # A100 3/4 = 0.75 s, T4 (0.21) 1/4 -> 1.19 s
+    # block 0 holds 10 of the 13 compute units: A100 blocks 0-1 (11/13 = 0.85) and T4 blocks
+    # 2-3 (2/13 / 0.21 = 0.73) beat [3, 1] (12/13 = 0.92) and [1, 3] (3/13 / 0.21 = 1.10)
+    heavy = _plan(nodes, ranks=2, pipeline={"microBatches": 4,
+                                            "blockCosts": _costs([10, 1, 1, 1])})
+    assert isinstance(heavy, model.Plan), heavy.message
+    assert heavy.pipeline.block_counts == [2, 2]
+    assert [s.memory_bytes > 0 for s in heavy.pipeline.stages] == [True, True]
+
+
+def test_block_costs_that_disagree_with_the_model_size_are_refused_naming_both() -> None:
+    refused = _plan(pipeline={"microBatches": 4, "blockCosts": _costs([1, 1, 1])},
+                    model={"parameters": 5000})
+    assert isinstance(refused, model.Unschedulable) and refused.reason == "PipelineNotPlanned"
+    assert ("spec.training.pipeline.blockCosts count 3,000 parameters in all and "
+            "spec.training.model.parameters says 5,000: make them agree") in refused.message

@@ -37,7 +37,7 @@ def test_pipeline_values(raw: object, expected: PipelineSpec | None) -> None:
 @pytest.mark.parametrize(("raw", "path", "message"), [
     ("3", P, "must be a mapping (stages, microBatches, schedule), got str"),
     ({"stage": 3}, f"{P}.stage", "is no pipeline field: did you mean stages?"),
-    ({"zzz": 1}, f"{P}.zzz", "is no pipeline field (known: blocks, boundaryBytesPerSample, microBatches, schedule, stages)"),
+    ({"zzz": 1}, f"{P}.zzz", "is no pipeline field (known: blockCosts, blocks, boundaryBytesPerSample, microBatches, schedule, stages)"),
     ({"stages": 1}, f"{P}.stages", "must be Auto or an integer in 2..16, got 1"),
     ({"stages": "auto"}, f"{P}.stages", "must be Auto or an integer in 2..16, got 'auto'"),
     ({"stages": True}, f"{P}.stages", "must be Auto or an integer in 2..16, got True"),
@@ -92,3 +92,45 @@ def test_parse_job_names_a_bad_pipeline_field() -> None:
         crdcheck.validate(_digits_with({"microBatches": 0}), crd=crdcheck.load_crd())
     with pytest.raises(crdcheck.Invalid, match="schedule"):
         crdcheck.validate(_digits_with({"schedule": "ZeroBubble"}), crd=crdcheck.load_crd())
+
+
+@pytest.mark.parametrize(("raw", "field", "needle"), [
+    ({"blockCosts": []}, "spec.training.pipeline.blockCosts", "must be a list of 1..4096 entries"),
+    ({"blockCosts": [{"parameters": 3, "flops": 2}]}, "spec.training.pipeline.blockCosts[0].flops",
+     "is no block cost field"),
+    ({"blockCosts": [{"compute": 1}]}, "spec.training.pipeline.blockCosts[0].parameters",
+     "must be the block's parameter count, an integer >= 0, got None"),
+    ({"blockCosts": [{"parameters": 3, "compute": 0}]},
+     "spec.training.pipeline.blockCosts[0].compute", "must be a positive integer or decimal"),
+    ({"blockCosts": [{"parameters": 3, "compute": 1.5}]},
+     "spec.training.pipeline.blockCosts[0].compute", "got 1.5"),
+    ({"blocks": 3, "blockCosts": [{"parameters": 3}, {"parameters": 4}]},
+     "spec.training.pipeline.blockCosts", "has 2 entries and blocks is 3"),
+])
+def test_bad_block_costs_are_refused_naming_the_entry(raw: dict, field: str, needle: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_pipeline(raw)
+    assert err.value.path == field and needle in str(err.value)
+
+
+def test_block_costs_give_the_block_count_and_their_figures() -> None:
+    spec = parse_pipeline({"blockCosts": [
+        {"parameters": 40960, "activationBytesPerSample": "1Ki", "compute": "0.5"},
+        {"parameters": 198272, "outputBytesPerSample": 32768}]})
+    assert spec is not None and spec.blocks == 2
+    assert [(c.parameters, c.activation_bytes_per_sample, c.output_bytes_per_sample, c.compute)
+            for c in spec.block_costs] == [(40960, 1024, None, 0.5), (198272, 0, 32768, 1.0)]
+
+
+def test_the_crd_admits_measured_block_costs_and_refuses_a_float() -> None:
+    costs = [{"parameters": 40960, "activationBytesPerSample": 512, "outputBytesPerSample": 32768,
+              "compute": "0.076"},
+             {"parameters": 198272, "activationBytesPerSample": "386Ki", "compute": 2}]
+    job = _digits_with({"blockCosts": costs})
+    crdcheck.validate(copy.deepcopy(job), crd=crdcheck.load_crd())
+    parsed = spec_mod.parse_job(job).training.pipeline
+    assert parsed is not None and parsed.blocks == 2
+    assert [c.compute for c in parsed.block_costs] == [0.076, 2.0]
+    with pytest.raises(crdcheck.Invalid, match="compute"):
+        crdcheck.validate(_digits_with({"blockCosts": [{"parameters": 1, "compute": "fast"}]}),
+                          crd=crdcheck.load_crd())

@@ -6,7 +6,9 @@ any placement); :func:`plan_pipeline` turns the placed groups into the stage pla
 replica and batch.
 
 **The problem.** One stage per placed GPU type; a type's ranks are the stage's replicas. The model
-is ``spec.training.pipeline.blocks`` equal blocks: each holds ``1 / blocks`` of the fp32
+is ``spec.training.pipeline.blockCosts`` as given (each block's parameters, activation and output
+bytes per sample, and share of the compute), or else ``spec.training.pipeline.blocks`` equal
+blocks: each holds ``1 / blocks`` of the fp32
 parameter bytes (``4 x spec.training.model.parameters``), of the activations per sample
 (``spec.training.model.activationBytesPerSample``) and of one sample's compute
 (``1 / spec.training.referenceSamplesPerSecond`` seconds at speed 1.0, or 1 relative unit), and
@@ -56,6 +58,12 @@ def refusal(job: JobSpec) -> str:
     if not pipe.blocks:
         problems.append("spec.training.pipeline.blocks is needed: the number of blocks of the "
                         "model (its nn.Sequential's length), which the planner cuts into stages")
+    costs = pipe.block_costs
+    if costs and t.model_parameters and sum(c.parameters for c in costs) != t.model_parameters:
+        problems.append(f"spec.training.pipeline.blockCosts count "
+                        f"{sum(c.parameters for c in costs):,} parameters in all and "
+                        f"spec.training.model.parameters says {t.model_parameters:,}: make them "
+                        f"agree (measure both with hetero_worker.stages.probe)")
     if t.sharding in ("Group", "Full"):
         problems.append(f"spec.training.sharding {t.sharding} does not combine with a pipeline (a "
                         "stage holds its blocks whole; the pipeline is the answer to a model "
@@ -165,14 +173,24 @@ def plan_pipeline(job: JobSpec, groups_spec: Sequence[tuple[Any, int]], *, link:
 
 
 def _blocks(job: JobSpec, reference_samples_per_s: float | None) -> list[BlockCost]:
-    """Equal blocks (see the module docstring); parameter and activation bytes split exactly."""
+    """The blocks as ``spec.training.pipeline.blockCosts`` gives them, else equal blocks (see the
+    module docstring; parameter and activation bytes split exactly)."""
     t = job.training
     pipe = t.pipeline
     assert pipe is not None
     n = pipe.blocks
+    sample_s = 1.0 / reference_samples_per_s if reference_samples_per_s else 1.0
+    if pipe.block_costs:  # the whole model's compute shared by the blocks' relative figures
+        total = sum(c.compute for c in pipe.block_costs)
+        return [BlockCost(param_bytes=BYTES_PER_PARAMETER * c.parameters,
+                          activation_bytes_per_sample=c.activation_bytes_per_sample,
+                          output_bytes_per_sample=(pipe.boundary_bytes_per_sample
+                                                   if c.output_bytes_per_sample is None
+                                                   else c.output_bytes_per_sample),
+                          compute_s_per_sample=sample_s * c.compute / total)
+                for c in pipe.block_costs]
     params = _even(BYTES_PER_PARAMETER * t.model_parameters, n)
     acts = _even(t.activation_bytes_per_sample, n)
-    sample_s = 1.0 / reference_samples_per_s if reference_samples_per_s else 1.0
     return [BlockCost(param_bytes=params[j], activation_bytes_per_sample=acts[j],
                       output_bytes_per_sample=pipe.boundary_bytes_per_sample,
                       compute_s_per_sample=sample_s / n) for j in range(n)]
