@@ -17,7 +17,7 @@ from hetero_operator.api import types as model
 from hetero_operator.api.spec import parse_job
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.lifecycle.status import plan_status
-from hetero_operator.local.valueview import layout_observations
+from hetero_operator.local.valueview import layout_observations, resumed_layout
 from hetero_operator.planning import layoutchoice
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
 from hetero_operator.planning.plan import plan_job
@@ -156,3 +156,31 @@ def test_a_run_learns_its_layouts_measured_over_predicted() -> None:
     assert layout_observations(flat, 0.0, _job()) == []  # a rank without statistics
     relative = _plan(_job(sharding="None", reference=None), 0.1)
     assert layout_observations(relative, 40.0, _job()) == []  # no seconds to compare with
+
+
+def test_a_resumed_checkpoints_layout_is_kept_not_weighed() -> None:
+    inventory = build_inventory(NODES)
+    fast = PlanInputs(link=LinkSettings(inter_node_gbps=100.0), layout_pin="Pipeline")
+    kept = plan_job(_job(), inventory, inputs=fast)
+    assert isinstance(kept, model.Plan) and kept.pipeline is not None  # Full would be predicted
+    assert kept.layout is not None and kept.layout.chosen == "Pipeline"
+    assert kept.layout.reasons == (
+        "Pipeline: the run resumes a checkpoint written under Pipeline, which the other layout "
+        "would refuse (a pipelined checkpoint holds each stage's optimizer state): kept, not "
+        "weighed",)
+    slow = PlanInputs(link=LinkSettings(inter_node_gbps=0.1), layout_pin="Full")
+    flat = plan_job(_job(), inventory, inputs=slow)  # the pipeline would be predicted
+    assert isinstance(flat, model.Plan) and flat.pipeline is None
+    assert flat.memory is not None and flat.layout is not None
+    assert (flat.memory.mode, flat.layout.chosen) == ("Full", "Full")
+
+
+def test_resumed_layout_reads_the_run_it_continues(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "plan.json").write_text('{"pipeline": {"step_s": 0.1}, "memory": null}')
+    assert resumed_layout(run) == ""  # no checkpoint in it: nothing to keep
+    (run / "checkpoints" / "step-00000005-x").mkdir()
+    assert resumed_layout(run) == "Pipeline"
+    (run / "plan.json").write_text('{"pipeline": null, "memory": {"mode": "Full"}}')
+    assert resumed_layout(run) == "Full"

@@ -64,11 +64,25 @@ def plan_inputs(args: argparse.Namespace, job: JobSpec, *,
     store = store_for(args)
     now = time.time()
     learned = store.load(profile_key(job), now_s=now) if store else {}
+    resumed = getattr(args, "resume", None)
     return PlanInputs(learned=learned, prices=prices, now_s=now,
                       link=LinkSettings(intra_node_gbps=args.link_intra_node_gbps,
                                         inter_node_gbps=args.link_inter_node_gbps),
                       reference_samples_per_s=reference_samples_per_s,
-                      target_samples_per_s=getattr(args, "target_throughput", None))
+                      target_samples_per_s=getattr(args, "target_throughput", None),
+                      layout_pin=resumed_layout(Path(resumed)) if resumed else "")
+
+
+def resumed_layout(run_dir: Path) -> str:
+    """The layout of the checkpoints ``--resume RUNDIR`` continues from: ``Pipeline`` or the
+    sharding mode of its ``plan.json``; ``""`` when it left no checkpoint (nothing to keep)."""
+    checkpoints = run_dir / "checkpoints"
+    if not checkpoints.is_dir() or not any(checkpoints.iterdir()):
+        return ""
+    plan = rundir.read_json(run_dir / "plan.json") or {}
+    if plan.get("pipeline"):
+        return layoutchoice.PIPELINE
+    return str((plan.get("memory") or {}).get("mode") or "")
 
 
 def print_value(value: PlanValue | None, console: Any, *, profile: str = "") -> None:

@@ -22,7 +22,9 @@ say which figure is calibrated and by how many runs.
 A tie keeps the pipeline (the user configured it). Without seconds per sample the predictions
 are relative and the link's seconds are not: the pipeline is kept and the reason says so. Where
 no mode fits without a pipeline, the pipeline is kept and the reason names each type's shortfall.
-``spec.training.sharding None`` with a pipeline runs the pipeline without weighing.
+``spec.training.sharding None`` with a pipeline runs the pipeline without weighing. A run that
+resumes a checkpoint keeps that checkpoint's layout (``pin``): a pipelined checkpoint holds per
+stage optimizer state that a data-parallel run refuses, and the other way round.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def learned_ratios(learned: Mapping[tuple[str, str], Any]) -> dict[str, LearnedS
 
 
 def weigh(piped: Plan, flat: Plan | Unschedulable, *, global_batch: int,
-          ratios: Mapping[str, LearnedSpeed] | None = None) -> Plan:
+          ratios: Mapping[str, LearnedSpeed] | None = None, pin: str = "") -> Plan:
     """The plan ``Auto`` keeps, with its :class:`LayoutChoice` as ``Plan.layout``.
 
     Args:
@@ -82,6 +84,8 @@ def weigh(piped: Plan, flat: Plan | Unschedulable, *, global_batch: int,
         global_batch: ``spec.training.globalBatchSize``, samples.
         ratios: layout -> learned measured / predicted (:func:`learned_ratios`); a layout
             without one is weighed by its model alone.
+        pin: the layout of the checkpoint the run resumes (``""``: none): kept, not weighed
+            (where the job still plans without a pipeline, for a data-parallel pin).
 
     Returns:
         ``piped`` or ``flat`` with ``layout`` set.
@@ -100,6 +104,15 @@ def weigh(piped: Plan, flat: Plan | Unschedulable, *, global_batch: int,
     pipe_words = (f"{PIPELINE}: {_predicted_words(pipe_model, ratios.get(PIPELINE))} "
                   f"({len(piped.pipeline.stages)} stages: {_stages_words(piped)}; bubble "
                   f"{100 * piped.pipeline.bubble_fraction:.1f}% of the step)" if pipe_sps else "")
+    pinned = (f"the run resumes a checkpoint written under {pin}, which the other layout "
+              f"would refuse (a pipelined checkpoint holds each stage's optimizer state): kept, "
+              f"not weighed")
+    if pin == PIPELINE:
+        return _keep(piped, None, None, (f"{PIPELINE}: {pinned}",))
+    if pin and isinstance(flat, Plan) and flat.memory is not None:
+        return dataclasses.replace(flat, layout=LayoutChoice(
+            chosen=flat.memory.mode, pipeline_samples_per_s=None, flat_samples_per_s=None,
+            reasons=(f"{flat.memory.mode}: {pinned}",)))
     if isinstance(flat, Unschedulable):
         return _keep(piped, pipe_sps, None, (
             f"{PIPELINE}: kept, the job does not plan without a pipeline: {flat.message}",))

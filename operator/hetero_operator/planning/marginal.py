@@ -59,6 +59,9 @@ class PlanInputs:
             figures do not say (e.g. the embedded runner's simulated delay).
         target_samples_per_s: ask for the cheapest mix reaching this throughput.
         now_s: Unix seconds for the learned figures' age (None: not reported).
+        layout_pin: the layout of a checkpoint the run resumes (``Pipeline``, or a sharding
+            mode; ``""`` = none): ``Auto`` keeps it rather than weigh the pipeline again
+            (:mod:`hetero_operator.planning.layoutchoice`).
     """
 
     learned: Mapping[tuple[str, str], Any] = field(default_factory=dict)
@@ -67,6 +70,7 @@ class PlanInputs:
     reference_samples_per_s: float | None = None
     target_samples_per_s: float | None = None
     now_s: float | None = None
+    layout_pin: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -125,7 +125,7 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
             return piped
         flat = dataclasses.replace(job, training=dataclasses.replace(job.training, pipeline=None))
         return layoutchoice.weigh(piped, plan_job(flat, inventory, inputs=inputs, suggest=False),
-                                  global_batch=global_batch,
+                                  global_batch=global_batch, pin=inputs.layout_pin,
                                   ratios=layoutchoice.learned_ratios(inputs.learned))
     weights = speeds if job.training.batch_split == "Proportional" else [1.0] * n
     batches = split_batch(global_batch, weights, caps)
