@@ -279,20 +279,19 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
             f.close()
         return (procs.Outcome(exit_code=127, failed_index=0),
                 failures.RankFailure(rank=0, exit_code=127, error=str(exc), collateral=False))
-    if planned is not None:  # run.json: ranks[].pid, so a user (or a test) can kill one
-        rundirs.write_ranks(workdir, [{"rank": r, "pid": p.pid, "gpu_product": placed.product,
-                                       "node": placed.node}
-                                      for r, (p, placed) in enumerate(zip(gang.procs,
-                                                                         planned.plan.ranks))])
     view = _ProgressView(console, workdir, log_dir=output.log_dir)
     echoes = [threading.Thread(target=_echo, args=(stream, files[r], view, r, bool(output.tee & bit)),
                                daemon=True)
               for r, p in enumerate(gang.procs) if shown[r]
               for stream, bit in ((p.stdout, 1), (p.stderr, 2))]
-    for echo in echoes:
-        echo.start()
-    try:
-        with view, procs.forwarding_signals(gang, as_sigterm=True):  # Ctrl-C: a preemption's stop
+    try:  # the ranks run from here: a Ctrl-C from now on is forwarded, never a KeyboardInterrupt
+        with procs.forwarding_signals(gang, as_sigterm=True), view:  # a preemption's stop
+            if planned is not None:  # run.json: ranks[].pid, so a user (or a test) can kill one
+                rundirs.write_ranks(workdir, [
+                    {"rank": r, "pid": p.pid, "gpu_product": placed.product, "node": placed.node}
+                    for r, (p, placed) in enumerate(zip(gang.procs, planned.plan.ranks))])
+            for echo in echoes:
+                echo.start()
             outcome = gang.wait(on_tick=view.tick, grace_s=grace_s, deadline_s=deadline_s,
                                 signal_grace_s=grace_s,
                                 on_failure=elastic.on_failure(gang) if elastic else None)
