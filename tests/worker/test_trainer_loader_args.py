@@ -272,14 +272,15 @@ def test_work_stealing_refuses_a_stream_naming_the_fix() -> None:
         WorkStealing.steal_step(t, None, None, None)
 
 
-class Stream(torch.utils.data.IterableDataset):
+class CountingStream(torch.utils.data.IterableDataset):
     """The samples 0..SAMPLES-1 as a stream."""
 
     def __iter__(self):
         return iter(range(SAMPLES))
 
 
-@pytest.mark.parametrize("dataset", [list(range(SAMPLES)), Stream()], ids=["map", "stream"])
+@pytest.mark.parametrize("dataset", [list(range(SAMPLES)), CountingStream()],
+                         ids=["map", "stream"])
 def test_iterating_the_loader_leaves_the_global_rng_alone(dataset: object) -> None:
     """A DataLoader without a ``generator`` draws its workers' base seed from the global RNG at
     every iteration; the Trainer's loaders draw from their own, so a run resumed mid-epoch (its
