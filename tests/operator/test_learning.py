@@ -72,6 +72,8 @@ def test_one_pod_per_gpu_type_and_precision_is_read() -> None:
     assert learning.reading_pods(plan) == {("A100", "bf16"): "j-g0", ("Tesla-T4", "fp16"): "j-g1",
                                            ("Tesla-T4", "fp32"): "j-g3"}
     assert learning.reading_pods(None) == {}
+    # a pipelined plan: each rank's samples per compute second are its stage's, not its device's
+    assert learning.reading_pods({**plan, "pipeline": {"stages": [{"stage": 0}]}}) == {}
 
 
 class FakeConfigMaps:

@@ -16,6 +16,8 @@ When the job turns Succeeded, :func:`record` merges the readings (long enough to
 ``resourceVersion`` read (optimistic concurrency: two jobs finishing at once both land, the loser
 re-reads and merges again).  The ConfigMap has no owner: it outlives the jobs that filled it.
 
+A pipelined job (``status.plan.pipeline``) is not read: its ranks' figures are their stages'.
+
 Limits: a job that ends before one reading long enough to measure
 (``profiles.MIN_STEPS`` steps, ``MIN_COMPUTE_S`` compute seconds, ``MIN_SAMPLES`` samples)
 records nothing; readings live in the
@@ -75,8 +77,12 @@ def rank_stats(metrics_text: str) -> dict[str, Any] | None:
 
 
 def reading_pods(plan: Mapping[str, Any] | None) -> dict[tuple[str, str], str]:
-    """``(gpuType, precision) -> pod`` to read: the first group of each type in ``status.plan``."""
+    """``(gpuType, precision) -> pod`` to read: the first group of each type in ``status.plan``;
+    none for a pipelined plan (``status.plan.pipeline``): a stage's samples per compute second
+    are its blocks', not its device's, and would mislead every later plan of the profile."""
     out: dict[tuple[str, str], str] = {}
+    if (plan or {}).get("pipeline"):
+        return out
     for g in (plan or {}).get("groups") or ():
         if g.get("gpuType") and g.get("precision") and g.get("pod"):
             out.setdefault((str(g["gpuType"]), str(g["precision"])), str(g["pod"]))
