@@ -69,6 +69,9 @@ sys.path.insert(0, str(HERE))
 
 import benchlib  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "common"))
+from heterotrain_common.defaults import SIM_DELAY_PER_SAMPLE_S  # noqa: E402
+
 PIPE_JOB = ROOT / "examples" / "lm-pipeline.yaml"
 FULL_JOB = ROOT / "examples" / "lm-large.yaml"
 NODES = ROOT / "examples" / "clusters" / "scaled-memory.yaml"
@@ -209,6 +212,10 @@ def auto_choice(link_mbit: int | None, caches: dict[str, Path], tmp: Path) -> di
     merged.write_text(json.dumps({"version": 1, "profiles": {"lm-pipeline": entries}}))
     doc = yaml.safe_load(PIPE_JOB.read_text())
     doc["spec"]["training"]["sharding"] = "Auto"
+    # the seconds per sample heterotrain run planned the calibration runs with (its simulated
+    # delay's reference, which the learned ratios are relative to): a 10-step run is too short
+    # to learn a device speed (profiles.MIN_COMPUTE_S)
+    doc["spec"]["training"]["referenceSamplesPerSecond"] = round(1 / SIM_DELAY_PER_SAMPLE_S)
     job = tmp / "job-Auto.yaml"
     job.write_text(yaml.safe_dump(doc))
     cmd = [sys.executable, "-m", "hetero_operator.cli", "plan", str(job), "--nodes", str(NODES),
