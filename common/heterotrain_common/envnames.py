@@ -96,6 +96,11 @@ not elastic and rank 0 hosts the rendezvous store as before."""
 ELASTIC_MEMBER = "HTJ_ELASTIC_MEMBER"
 """An elastic rank's member id: its rank at launch, which it keeps while its ``RANK`` changes from
 one membership generation to the next (:mod:`heterotrain_common.membership`)."""
+ELASTIC_JOIN_GENERATION = "HTJ_ELASTIC_JOIN_GENERATION"
+"""Set on a rank started to *grow* a running elastic job: the membership generation that adds it
+(announced before the process starts). The rank builds its Trainer alone, then joins that
+generation at its first step and receives the state from a peer, never from a checkpoint
+(:mod:`heterotrain_common.membership`); unset: a rank of the launch (generation 0)."""
 # --- worker knobs beside the contract (set by `heterotrain run`, tests and benchmarks) ----------
 SIM_DELAY_PER_SAMPLE_S = "HTJ_SIM_DELAY_PER_SAMPLE_S"
 """Simulated seconds per sample at relative speed 1.0 (default

@@ -4,7 +4,11 @@ announced through a store that the supervisor hosts, so that it outlives any ran
 A *member* is a rank process named by its rank at launch (``HTJ_ELASTIC_MEMBER``); generation 0 is
 every member. When a member is lost (its process exits, is SIGKILLed, its node goes), the
 supervisor announces generation ``g + 1``: the surviving members in launch order, and who was lost
-(:meth:`MembershipHost.announce`). A survivor's new ``RANK`` is its index in that list and the new
+(:meth:`MembershipHost.announce`). When a lost member's GPU is free again, the supervisor announces
+a generation that adds it back (:meth:`MembershipHost.grow`; ``joined``) and starts its process
+with ``HTJ_ELASTIC_JOIN_GENERATION``; the process says it is ready (``READY_KEY``) at its first
+step, and the running members switch to the new generation at the next step every one of them
+agrees on (the stop agreement's third integer), so the job grows at a step boundary. A survivor's new ``RANK`` is its index in that list and the new
 world size its length; the process groups of generation ``g`` rendezvous under the store prefix
 :func:`generation_prefix` (``gen<g>/``), so a new generation never meets an old one's keys.
 
@@ -14,8 +18,13 @@ torch's ``TCPStore``, which this module, like all of ``heterotrain_common``, doe
 
 * ``elastic/generation/<g>``: JSON ``{"members": [...], "lost": [{"member", "gpu_product",
   "node", "exit_code"}], "reason": str}``, written once per generation ``g >= 1``;
-* ``elastic/steps/<g>``: JSON ``{"step": int, "redone": int, "recovery_s": float}``, written by the
-  new generation's rank 0 once it has re-formed (the step it continues from).
+* ``elastic/steps/<g>``: JSON ``{"step": int, "redone": int, "recovery_s": float, "reform_s":
+  float}``, written by the
+  new generation's rank 0 once it has re-formed (the step it continues from);
+* ``elastic/ready/<g>/<member>``: written by a joining member once its Trainer is built (the
+  running members wait for it before they agree to switch);
+* ``elastic/admitted/<g>``: written by the running ranks' rank 0 once they agreed to switch (the
+  joining member waits for it, or for ``elastic/finished``: the job ended before it could join).
 """
 
 from __future__ import annotations
@@ -28,6 +37,14 @@ GENERATION_KEY = "elastic/generation/{generation}"
 """The announcement of generation ``generation`` (>= 1)."""
 RESUMED_KEY = "elastic/steps/{generation}"
 """What the new generation's rank 0 reports once re-formed."""
+READY_KEY = "elastic/ready/{generation}/{member}"
+"""A joining member's "my Trainer is built" for generation ``generation``."""
+ADMITTED_KEY = "elastic/admitted/{generation}"
+"""Set by the running ranks' rank 0 when they agreed to switch to generation ``generation``: its
+joining members stop waiting and join."""
+FINISHED_KEY = "elastic/finished"
+"""Set by the supervisor when every running rank ended well while a member still waited to join:
+the job is done, and the waiting member exits 0 without joining."""
 
 
 def generation_prefix(generation: int) -> str:
@@ -44,6 +61,8 @@ class Generation:
         members: the member ids (launch ranks) in it, in launch order; a member's rank is its index.
         lost: what was lost since the previous generation (``member``, ``gpu_product``, ``node``,
             ``exit_code`` each).
+        joined: what joins in this generation (``member``, ``gpu_product``, ``node`` each; a
+            generation either loses or adds members).
         reason: why the generation changed, in words.
         lost_at_s: when the loss was seen (``time.time()``; 0.0: unknown).
     """
@@ -51,18 +70,21 @@ class Generation:
     generation: int
     members: tuple[int, ...]
     lost: tuple[dict[str, Any], ...] = field(default=())
+    joined: tuple[dict[str, Any], ...] = field(default=())
     reason: str = ""
     lost_at_s: float = 0.0
 
     def to_json(self) -> str:
         """The announcement's JSON."""
         return json.dumps({"members": list(self.members), "lost": list(self.lost),
-                           "reason": self.reason, "lost_at_s": self.lost_at_s})
+                           "joined": list(self.joined), "reason": self.reason,
+                           "lost_at_s": self.lost_at_s})
 
     @classmethod
     def from_json(cls, generation: int, text: str | bytes) -> Generation:
         """Parse an announcement of ``generation``."""
         data = json.loads(text)
         return cls(generation=generation, members=tuple(int(m) for m in data["members"]),
-                   lost=tuple(data.get("lost") or ()), reason=str(data.get("reason") or ""),
+                   lost=tuple(data.get("lost") or ()),
+                   joined=tuple(data.get("joined") or ()), reason=str(data.get("reason") or ""),
                    lost_at_s=float(data.get("lost_at_s") or 0.0))

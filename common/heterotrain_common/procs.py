@@ -102,6 +102,25 @@ class Gang:
             self.stop(grace_s=0)
             raise
 
+    def restart(self, i: int, argv: Sequence[str], env: Mapping[str, str], *, stdout: Any = None,
+                stderr: Any = None, cwd: str | None = None) -> subprocess.Popen[bytes]:
+        """Start process ``i`` again (it exited and was absorbed: an elastic job's lost rank
+        started again to join the running job); it is watched like the others from now on.
+
+        Raises:
+            ValueError: process ``i`` is still running.
+            OSError: the program cannot be started.
+        """
+        if self.procs[i].poll() is None:
+            raise ValueError(f"process {i} is still running")
+        self.procs[i] = subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stdout=stdout,
+                                         stderr=stderr, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+        self.absorbed.discard(i)
+        if i in self.exit_order:
+            self.exit_order.remove(i)
+        return self.procs[i]
+
     def send_signal(self, signum: int) -> None:
         """Send ``signum`` to every live process."""
         for p in self.procs:

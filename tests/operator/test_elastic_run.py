@@ -1,6 +1,7 @@
-"""``heterotrain run`` with ``spec.elastic`` (issue 31, item 4): a rank SIGKILLed by the user
-mid-run shrinks the job; the survivors go on without a restart and without reading a checkpoint,
-and the report says so."""
+"""``heterotrain run`` with ``spec.elastic`` (issue 31, items 2 and 4): a rank SIGKILLed by the
+user mid-run shrinks the job; the survivors go on without a restart and without reading a
+checkpoint; the supervisor starts the lost rank again, it joins at a step boundary with a peer's
+state (the job grows back), and the report says both."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _elastic_digits(tmp_path: Path, repo_root: Path) -> Path:
     body["spec"]["elastic"] = {"minRanks": 2}
     body["spec"]["training"]["collectiveTimeoutSeconds"] = 5  # the detection bound (docs/elastic.md)
     body["spec"]["training"]["checkpoint"]["path"] = str(tmp_path / "ckpt")
-    body["spec"]["worker"]["args"] = ["--epochs", "2"]
+    body["spec"]["worker"]["args"] = ["--epochs", "6"]  # 66 steps: time for the rank to rejoin
     job = tmp_path / "elastic-digits.yaml"
     job.write_text(yaml.safe_dump(body))
     return job
@@ -67,5 +68,14 @@ def test_a_sigkilled_t4_rank_shrinks_the_run_and_it_succeeds(repo_root: Path, tm
     assert (f"Elastic: shrank from 4 to 3 ranks at step {event['step']} (Tesla-T4 on "
             f"{victim['node']} lost)") in text
     assert "Job succeeded" in text
-    stats = [_read(work / f"rank-{r}.json") for r in range(4) if r != victim["rank"]]
-    assert {s.get("membership_generation") for s in stats} == {1}
+    grow = _read(work / "membership.json")["events"][1]
+    assert (grow["kind"], grow["from"], grow["to"], grow["rank"]) == ("grow", 3, 4, victim["rank"])
+    assert grow["step"] > event["step"]
+    assert (f"Elastic: grew from 3 to 4 ranks at step {grow['step']} (Tesla-T4 on "
+            f"{victim['node']} joined with a peer's state)") in text
+    joined = (work / f"rank-{victim['rank']}.log").read_text()
+    assert "joined; generation 2: 1 -> 4 ranks, split [70, 28, 15, 15]" in joined, joined[-3000:]
+    assert _read(work / "run.json")["ranks"][victim["rank"]]["pid"] != victim["pid"]
+    stats = [_read(work / f"rank-{r}.json") for r in range(4)]
+    assert {s.get("membership_generation") for s in stats} == {2}
+    assert stats[victim["rank"]]["steps"] == 66 - grow["step"] + 1  # from the step it joined at

@@ -1,9 +1,12 @@
 """A rank of the elastic tests (tests/worker/test_elastic.py): float64 MLP, Adam, the Trainer's
 loader over a synthetic dataset that carries each sample's index.
 
-Usage: ``python elastic_ranks.py OUT_DIR EPOCHS KILL_MEMBER KILL_AT_STEP``: the member
-``KILL_MEMBER`` SIGKILLs itself inside the forward of step ``KILL_AT_STEP`` (deterministic: its
-completed steps are exactly those before). Each rank appends one JSON line per completed step to
+Usage: ``python elastic_ranks.py OUT_DIR EPOCHS KILL_MEMBER KILL_AT_STEP [HOLD_AT_STEP]``: the
+member ``KILL_MEMBER`` SIGKILLs itself inside the forward of step ``KILL_AT_STEP`` (deterministic:
+its completed steps are exactly those before). With ``HOLD_AT_STEP`` (the growing test) every rank
+of generation 1 waits after that step until the member ``KILL_MEMBER``, started again to join
+generation 2, says it is ready: the next step's stop agreement then lets it in (deterministic,
+whatever the joiner's start-up time). Each rank appends one JSON line per completed step to
 ``OUT_DIR/member<m>.jsonl`` (its batch's sample indices, the epoch, the generation); the final
 generation's rank 0 writes ``OUT_DIR/final.pt`` (the parameters).
 """
@@ -20,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from hetero_worker import trainer as ht
-from heterotrain_common import envnames
+from heterotrain_common import envnames, membership
 
 N_SAMPLES, N_IN, N_CLASSES = 60, 8, 4
 
@@ -42,6 +45,7 @@ def make_model() -> torch.nn.Module:
 def main() -> int:
     out, epochs = Path(sys.argv[1]), int(sys.argv[2])
     kill_member, kill_at = int(sys.argv[3]), int(sys.argv[4])
+    hold_at = int(sys.argv[5]) if len(sys.argv) > 5 else None
     member = int(os.environ[envnames.ELASTIC_MEMBER])
     t = ht.init(seed=0)
     model = t.wrap(make_model())
@@ -50,7 +54,7 @@ def main() -> int:
     log = (out / f"member{member}.jsonl").open("a")
     while t.epoch < epochs:
         for idx, x, y in loader:
-            epoch = t.epoch
+            epoch, generation = t.epoch, t.membership.generation  # those the step runs in
 
             def loss_fn(m: torch.nn.Module) -> torch.Tensor:
                 if member == kill_member and t.global_step + 1 == kill_at:
@@ -61,9 +65,12 @@ def main() -> int:
             if result.loss != result.loss:  # NaN: interrupted by a lost member; redone next
                 continue
             log.write(json.dumps({"step": t.global_step, "epoch": epoch,
-                                  "generation": t.membership.generation, "rank": t.rank,
+                                  "generation": generation, "rank": t.rank,
                                   "indices": idx.tolist()}) + "\n")
             log.flush()
+            if t.global_step == hold_at and t.membership.generation == 1:
+                t.membership.store.wait([membership.READY_KEY.format(generation=2,
+                                                                     member=kill_member)])
     if t.rank == 0:
         torch.save([p.detach().clone() for p in t.module.parameters()], out / "final.pt")
         (out / "membership.json").write_text(json.dumps({

@@ -1,6 +1,8 @@
 """Elastic membership with real Gloo processes (issue 31): a rank SIGKILLed mid-step shrinks the
 job; the survivors redo the interrupted step with the same global batch, so every sample of each
-epoch is trained exactly once and every update equals one float64 process's full-batch update."""
+epoch is trained exactly once and every update equals one float64 process's full-batch update.
+Started again, the lost member joins the running job at a step boundary with a peer's state (the
+job grows back), with the same two guarantees."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from hetero_worker.sampler import HeteroBatchSampler
 from hetero_operator.local.membership import MembershipHost
 from heterotrain_common import envnames
 from rankproc import HERE, mixed_cluster_envs, start_rank
+from waiting import wait_until
 
 LOCAL_BATCHES = [4, 3, 3]
 EPOCHS, KILL_MEMBER = 3, 1  # 6 steps per epoch
@@ -47,6 +50,75 @@ def _run_elastic(out: Path, kill_at_step: int) -> tuple[list, float]:
         _, err = p.communicate(timeout=60)
         results.append((p.returncode, err))
     return results, time.monotonic() - started
+
+
+def _run_shrink_then_grow(out: Path, kill_at_step: int) -> tuple[list, dict]:
+    """Like :func:`_run_elastic`, then, once the survivors completed a step (what heterotrain
+    run's supervisor waits for), announce the lost member's return and start it again with
+    ``HTJ_ELASTIC_JOIN_GENERATION``; the survivors hold after ``kill_at_step`` until it is ready.
+    Returns each process's (returncode, stderr), the joiner's last, and the grow generation."""
+    host = MembershipHost(len(LOCAL_BATCHES))
+    envs = mixed_cluster_envs(LOCAL_BATCHES, hierarchy="flat")
+    argv = [sys.executable, str(HERE / "elastic_ranks.py"), str(out), str(EPOCHS)]
+    extra = {envnames.ELASTIC_STORE: host.address, envnames.COLLECTIVE_TIMEOUT_S: "20"}
+    procs = [start_rank([*argv, str(KILL_MEMBER), str(kill_at_step), str(kill_at_step)], env,
+                        **extra, **{envnames.ELASTIC_MEMBER: str(r)})
+             for r, env in enumerate(envs)]
+    procs[KILL_MEMBER].wait(timeout=60)
+    lost = {"member": KILL_MEMBER, "gpu_product": "Tesla-V100-SXM2-16GB", "node": "node-a"}
+    host.announce([{**lost, "exit_code": 128 + signal.SIGKILL}], reason="process killed",
+                  lost_at_s=time.time())
+    wait_until(lambda: host.resumed(1), timeout_s=60, what="a step completed by generation 1")
+    grown = host.grow([lost], reason="its GPU is free again", announced_at_s=time.time())
+    procs.append(start_rank([*argv, "-1", "0"], envs[KILL_MEMBER], **extra,
+                            **{envnames.ELASTIC_MEMBER: str(KILL_MEMBER),
+                               envnames.ELASTIC_JOIN_GENERATION: str(grown.generation)}))
+    results = []
+    for p in procs:
+        _, err = p.communicate(timeout=90)
+        results.append((p.returncode, err))
+    return results, {"generation": grown.generation, "resumed": host.resumed(grown.generation)}
+
+
+@pytest.mark.parametrize("kill_at_step", [5, 7])  # it joins after epoch 0's last step; mid-epoch 1
+def test_the_lost_member_joins_back_at_a_step_boundary_with_a_peers_state(tmp_path: Path,
+                                                                          kill_at_step: int) -> None:
+    results, grown = _run_shrink_then_grow(tmp_path, kill_at_step)
+    for i, (code, err) in enumerate(results):
+        if i == KILL_MEMBER:
+            assert code == -signal.SIGKILL
+        else:
+            assert code == 0, f"process {i} exit {code}:\n{err[-4000:]}"
+            assert "resumed at step" not in err
+    joined = results[-1][1]
+    assert "joined; generation 2: 1 -> 3 ranks, split [4, 3, 3]" in joined, joined[-3000:]
+    info = json.loads((tmp_path / "membership.json").read_text())
+    global_batch = sum(LOCAL_BATCHES)
+    steps_per_epoch = len(dataset()) // global_batch
+    assert info["generation"] == grown["generation"] == 2 and info["members"] == [0, 1, 2]
+    assert info["split"] == LOCAL_BATCHES  # the launch split again
+    assert info["global_step"] == EPOCHS * steps_per_epoch and info["steps_redone"] == 1
+    join_step = kill_at_step + 1  # the survivors hold after the redone step; the next one agrees
+    assert grown["resumed"] is not None and grown["resumed"]["step"] == join_step + 1
+
+    rows = [json.loads(line) for m in range(len(LOCAL_BATCHES))
+            for line in (tmp_path / f"member{m}.jsonl").read_text().splitlines()]
+    for epoch in range(EPOCHS):
+        seen = sorted(i for row in rows if row["epoch"] == epoch for i in row["indices"])
+        assert seen == list(range(len(dataset()))), f"epoch {epoch}"
+    per_step: dict[int, int] = {}
+    for row in rows:
+        per_step[row["step"]] = per_step.get(row["step"], 0) + len(row["indices"])
+    assert per_step == {s: global_batch for s in range(1, EPOCHS * steps_per_epoch + 1)}
+    by_generation = {g: sorted({row["step"] for row in rows if row["generation"] == g})
+                     for g in (0, 1, 2)}
+    assert by_generation[1] == list(range(kill_at_step, join_step + 1))
+    assert by_generation[2] == list(range(join_step + 1, EPOCHS * steps_per_epoch + 1))
+    assert {row["rank"] for row in rows if row["generation"] == 2} == {0, 1, 2}
+
+    final = torch.load(tmp_path / "final.pt")
+    for got, want in zip(final, _reference_params(steps_per_epoch), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
 def _reference_params(steps_per_epoch: int) -> list[torch.Tensor]:
@@ -127,8 +199,10 @@ def test_the_survivors_topology_split_and_contract() -> None:
     assert [(e.rank, e.group, e.node, e.gpu_product) for e in topology] == [
         (0, 0, "a", "NVIDIA-A100-SXM4-40GB"), (1, 1, "b", "Tesla-V100-SXM2-16GB"),
         (2, 2, "c", "Tesla-T4")]
-    assert reform.survivor_split(128, [0, 1, 2, 3], [70, 28, 15, 15], [0, 1, 2]) == [79, 32, 17]
-    assert reform.survivor_split(128, [0, 1, 2], [79, 32, 17], [0, 2]) == [105, 23]
+    assert reform.member_split(128, launch.topology, [0, 1, 2]) == [79, 32, 17]
+    assert reform.member_split(128, launch.topology, [0, 2]) == [105, 23]
+    assert reform.member_split(128, launch.topology, [0, 1, 2, 3]) == [70, 28, 15, 15]  # grown back
+    assert reform.member_split(128, launch.topology, [0, 2, 3]) == [90, 19, 19]
     two = reform.shrunk_topology(launch.topology, [0, 3])  # the second T4 is now rank 1
     contract = reform.rank_contract(parse_contract(envs[3]), two, 1)
     assert (contract.dist.rank, contract.dist.world_size, contract.dist.group,

@@ -3,9 +3,10 @@ a step every rank agrees on, with one checkpoint, and exit code 75 (the narrativ
 interval rule :func:`~hetero_worker.runtime.preemption.agreement_interval_steps`, are
 :mod:`hetero_worker.runtime.preemption`'s).
 
-Each agreement is an asynchronous element-wise ``MAX`` of two integers (:func:`hetero_worker.comm.
-agree.start_max`): "have I been asked to stop" and minus "how many steps until the next
-agreement", started at the beginning of an agreement step and waited for at its end.
+Each agreement is an asynchronous element-wise ``MAX`` of three integers (:func:`hetero_worker.comm.
+agree.start_max`): "have I been asked to stop", minus "how many steps until the next agreement",
+and "does a member wait to join" (an elastic job growing, :meth:`GracefulStop.watch_joins`),
+started at the beginning of an agreement step and waited for at its end.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ class GracefulStop:
         stopping: every rank agreed to stop after :attr:`stop_step`.
         stop_step: the agreed step (None before).
         agreements: agreements started so far (a test's and a profile's view of the cost).
+        join_due: every rank agreed, after :attr:`join_step`, that a member waiting to join is
+            let in now (an elastic job; :meth:`regroup` clears it).
+        join_step: the step after which the ranks agreed to let it in (None before).
     """
 
     def __init__(self, rank: int, group: Any, *, termination_grace_s: float) -> None:
@@ -49,6 +53,9 @@ class GracefulStop:
         self.stopping = False
         self.stop_step: int | None = None
         self.agreements = 0
+        self.join_due = False
+        self.join_step: int | None = None
+        self._join_waiting: Callable[[], bool] = lambda: False
         self._pending: PendingMax | None = None
         self._agree_at_step = 0  # the global step at which the next agreement starts
         self._agreed_from: tuple[int, float] | None = None  # (global step, perf_counter) of the last start
@@ -60,6 +67,11 @@ class GracefulStop:
     def watch(self, global_step: Callable[[], int]) -> None:
         """Name the step count the SIGTERM line reports."""
         self._step_at_sigterm = global_step
+
+    def watch_joins(self, waiting: Callable[[], bool]) -> None:
+        """Name the question each agreement also asks: "does a member wait to join" (an elastic
+        job's membership part; cheap: asked once per agreement)."""
+        self._join_waiting = waiting
 
     def _on_sigterm(self, signum: int, _frame: object) -> None:
         if self.stop_requested:  # a second one: no more grace
@@ -81,7 +93,8 @@ class GracefulStop:
             step_s = (now - self._agreed_from[1]) / (global_step - self._agreed_from[0])
         self._agreed_from = (global_step, now)
         self._pending = start_max([1 if self.stop_requested else 0,
-                                   -agreement_interval_steps(step_s)], self.group)
+                                   -agreement_interval_steps(step_s),
+                                   1 if self._join_waiting() else 0], self.group)
         self.agreements += 1
 
     def end(self, global_step: int) -> None:
@@ -90,18 +103,21 @@ class GracefulStop:
             if self.stop_requested and not dist.is_initialized():
                 self.stopping, self.stop_step = True, global_step  # a lone process
             return
-        stop, neg_interval = self._pending.wait()
+        stop, neg_interval, join = self._pending.wait()
         self._pending = None
         assert self._agreed_from is not None
         self._agree_at_step = self._agreed_from[0] + max(1, -neg_interval)
         if stop:
             self.stopping, self.stop_step = True, global_step
+        elif join:
+            self.join_due, self.join_step = True, global_step
 
     def regroup(self, rank: int, group: Any, *, at_step: int) -> None:
         """Continue on a new group as ``rank`` (an elastic job's new generation): an agreement in
         flight died with the old group, so the next one starts at ``at_step``."""
         self.rank, self.group = rank, group
         self._pending, self._agreed_from, self._agree_at_step = None, None, at_step
+        self.join_due = False
 
     def exit(self, global_step: int, *, save: Callable[[], str] | None,
              close: Callable[[], None]) -> None:

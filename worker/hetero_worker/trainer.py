@@ -37,7 +37,6 @@ plan's DDP group. Speed features compose through :meth:`Trainer.use_speed` (the 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -47,7 +46,8 @@ import torch.distributed as dist
 from hetero_worker import membership, profiling
 from hetero_worker.ckpt.trainer_state import Checkpointing
 from hetero_worker.comm.commplan import CommRank
-from hetero_worker.comm.groups import ProcessGroups, build_hierarchy_groups, gather_comm_ranks
+from hetero_worker.comm.groups import (ProcessGroups, build_hierarchy_groups, gather_comm_ranks,
+                                       warn_mixed_builds)
 from hetero_worker.comm.sync import WeightedGradSync
 from hetero_worker.efficiency import EfficiencyWindow
 from hetero_worker.loading import TrainData
@@ -86,6 +86,8 @@ class Trainer:
             group; after the fp16 unscale; :meth:`clip_grad_norm_`); None: no clipping.
         tracking: experiment tracking in the spec's form (``{"wandb": {"project": "p"}}``), over
             ``spec.training.tracking`` per backend (:func:`hetero_worker.tracking.with_tracking`).
+        metrics_contract: the contract the metrics name the rank by (an elastic member joining a
+            running job: its launch rank; None: ``contract``).
 
     Attributes:
         global_step: optimizer steps taken (skipped ones included), restored by :meth:`resume`.
@@ -96,7 +98,8 @@ class Trainer:
     def __init__(self, contract: Contract, *, delay_per_sample_s: float | None = None,
                  seed: int = 0, sync_mode: str = "hook",
                  max_grad_norm: float | None = None,
-                 tracking: Mapping[str, Any] | None = None) -> None:
+                 tracking: Mapping[str, Any] | None = None,
+                 metrics_contract: Contract | None = None) -> None:
         if sync_mode not in ("hook", "manual"):
             raise ValueError(f"sync_mode must be 'hook' or 'manual', got {sync_mode!r}")
         self.contract = contract = with_tracking(contract, tracking)
@@ -110,10 +113,7 @@ class Trainer:
         self.precision = PrecisionPolicy(precision=contract.precision,
                                          device_type=self.device.type)
         self.comm_ranks: list[CommRank] = gather_comm_ranks(contract.topology, self.device)
-        builds = sorted({r.torch_build for r in self.comm_ranks})
-        if len(builds) > 1:
-            warnings.warn(f"ranks run different PyTorch builds ({', '.join(builds)}); groups that "
-                          "would cross them use Gloo (plan one build per job)", stacklevel=2)
+        warn_mixed_builds(self.comm_ranks)
         groups = self.build_groups(contract.comm.hierarchy)
         # checkpoints and the stop agreement: their own group and timeout (slow storage)
         self.ckpt_group = (rendezvous.checkpoint_group(contract.checkpoint.timeout_s)
@@ -123,7 +123,7 @@ class Trainer:
                                  termination_grace_s=contract.run.termination_grace_s)
         self.stop.watch(lambda: self.steps.global_step)
         self.membership: Any = None  # elastic jobs: hetero_worker.membership.Membership (init)
-        self.metrics = make_metrics(contract)
+        self.metrics = make_metrics(contract if metrics_contract is None else metrics_contract)
         self.profiler = profiling.from_contract(contract, cuda=use_cuda)  # None unless asked
         # The memory model's cap (issue 12): counted when the plan set one, enforced on a
         # simulated device (a real GPU's allocator enforces its own).
@@ -221,8 +221,7 @@ class Trainer:
         return build_hierarchy_groups(self.contract.topology, self.comm_ranks, self.rank, mode)
 
     def use_layout(self, mode: str) -> None:
-        """Switch to hierarchy ``mode`` before :meth:`wrap` (collective); the old groups are
-        destroyed."""
+        """Switch to hierarchy ``mode`` before :meth:`wrap` (collective; old groups destroyed)."""
         if self.model is not None:
             raise RuntimeError("use_layout() must run before wrap()")
         if mode == self.layout.mode:
@@ -232,15 +231,13 @@ class Trainer:
         old.destroy()
 
     def use_speed(self, controller: Any) -> None:
-        """Compose a speed controller (``before_wrap(model)``, ``after_step(compute_s, batch)``;
-        :func:`hetero_worker.speed.controller.attach` calls this)."""
+        """Compose a speed controller (``before_wrap``, ``after_step``; ``speed.controller.attach``)."""
         if self.model is not None:
             raise RuntimeError("use_speed() must run before wrap()")
         self.stepper.speed = controller
 
     def epochs(self, default: int) -> int:
-        """Epochs to train: ``HTJ_EPOCHS`` (``heterotrain run --epochs``) when set, else
-        ``default`` (the script's own number)."""
+        """Epochs to train: ``HTJ_EPOCHS`` (``heterotrain run --epochs``), else ``default``."""
         epochs = self.contract.batch.epochs
         return epochs if epochs is not None else int(default)
 
@@ -426,6 +423,8 @@ class Trainer:
         registered gets its saved state back. Call it after :meth:`wrap`, :meth:`loader` and
         :meth:`track`, before the first step.
         """
+        if self.membership is not None and self.membership.joining is not None:
+            return False  # joining a running elastic job: its state comes from a peer
         return self.checkpoints.resume(optimizer, directory)
 
     def stop_now(self, optimizer: torch.optim.Optimizer) -> None:
@@ -491,8 +490,9 @@ def init(environ: Mapping[str, str] | None = None, *, seed: int = 0,
     # spec.elastic: through the supervisor's store; else rank 0's (Gloo only)
     elastic = membership.join_job(env, contract, rendezvous_timeout_s=rendezvous_timeout_s)
     seed_everything(seed)
-    trainer = Trainer(contract, delay_per_sample_s=delay_per_sample_s, seed=seed,
-                      sync_mode=sync_mode, max_grad_norm=max_grad_norm, tracking=tracking)
+    trainer = Trainer(elastic.trainer_contract(contract) if elastic else contract,
+                      delay_per_sample_s=delay_per_sample_s, seed=seed, sync_mode=sync_mode,
+                      max_grad_norm=max_grad_norm, tracking=tracking, metrics_contract=contract)
     if elastic is not None:
         elastic.attach(trainer)
     if wants_speed_features(contract) and sync_mode == "hook":

@@ -32,8 +32,9 @@ class ElasticSpec:
     Attributes:
         min_ranks: the fewest live ranks the job goes on with; one more loss falls back to the gang
             restart from the last checkpoint.
-        max_ranks: the most ranks the job may run with (growing back is not built yet:
-            docs/elastic.md).
+        max_ranks: the most ranks the job may run with: ``heterotrain run`` starts a lost rank
+            again while the job has fewer, and it joins the running job (docs/elastic.md; the
+            operator does not grow a job yet).
     """
 
     min_ranks: int

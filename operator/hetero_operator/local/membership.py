@@ -51,6 +51,33 @@ class MembershipHost:
         self.store.set(membership.GENERATION_KEY.format(generation=self.generation), generation.to_json())
         return generation
 
+    def grow(self, joined: list[dict[str, Any]], reason: str, *,
+             announced_at_s: float = 0.0) -> membership.Generation:
+        """Announce the next generation with the ``joined`` members added (each a dict with at
+        least ``member``; members stay in launch order), at ``announced_at_s`` (``time.time()``:
+        the new generation's rank 0 reports the seconds from it to its first completed step).
+        Start the joining processes after this (``HTJ_ELASTIC_JOIN_GENERATION``). Returns it.
+
+        Raises:
+            ValueError: a joining member is already a member.
+        """
+        adding = {int(x["member"]) for x in joined}
+        if adding & set(self.members):
+            raise ValueError(f"members {sorted(adding & set(self.members))} are already in "
+                             f"generation {self.generation}")
+        self.generation += 1
+        self.members = tuple(sorted((*self.members, *adding)))
+        generation = membership.Generation(generation=self.generation, members=self.members,
+                                           joined=tuple(joined), reason=reason,
+                                           lost_at_s=announced_at_s)
+        self.store.set(membership.GENERATION_KEY.format(generation=self.generation),
+                       generation.to_json())
+        return generation
+
+    def finished(self) -> None:
+        """Say that the job is done: a member still waiting to join exits 0 without joining."""
+        self.store.set(membership.FINISHED_KEY, "1")
+
     def resumed(self, generation: int) -> dict[str, Any] | None:
         """What generation ``generation``'s rank 0 reported once re-formed (None before)."""
         key = membership.RESUMED_KEY.format(generation=generation)

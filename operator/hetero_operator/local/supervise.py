@@ -131,7 +131,9 @@ def supervise(planned: Planned, argv: list[str], *, workdir: Path, port_base: in
             env[envnames.RESTART_GENERATION] = str(first_generation + attempt)
             env[envnames.TORCHELASTIC_RESTART_COUNT] = str(attempt)  # torchrun's: this launch's
             env[envnames.TERMINATION_GRACE_S] = f"{grace_s:g}"  # ours, not the pod's 300 s
-        watch = (ElasticWatch(planned.plan, min_ranks=job.elastic.min_ranks, console=console,
+        watch = (ElasticWatch(planned.plan, min_ranks=job.elastic.min_ranks,
+                              max_ranks=job.elastic.max_ranks,
+                              restart_limit=job.run_policy.backoff_limit, console=console,
                               workdir=workdir) if job.elastic is not None else None)
         if watch is not None:  # spec.elastic: a lost rank shrinks the job (local.elastic)
             watch.add_env(envs)
@@ -287,13 +289,21 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
     try:  # the ranks run from here: a Ctrl-C from now on is forwarded, never a KeyboardInterrupt
         with procs.forwarding_signals(gang, as_sigterm=True), view:  # a preemption's stop
             if planned is not None:  # run.json: ranks[].pid, so a user (or a test) can kill one
-                rundirs.write_ranks(workdir, [
-                    {"rank": r, "pid": p.pid, "gpu_product": placed.product, "node": placed.node}
-                    for r, (p, placed) in enumerate(zip(gang.procs, planned.plan.ranks))])
+                _write_ranks(workdir, gang, planned)
             for echo in echoes:
                 echo.start()
-            outcome = gang.wait(on_tick=view.tick, grace_s=grace_s, deadline_s=deadline_s,
-                                signal_grace_s=grace_s,
+
+            def start_again(r: int, extra: dict[str, str]) -> None:  # an elastic rank rejoins
+                files[r].write(f"--- rank {r} started again to join the running job ---\n".encode())
+                files[r].flush()
+                gang.restart(r, argv, {**envs[r], **extra}, stdout=files[r], stderr=files[r],
+                             cwd=os.getcwd())
+                if planned is not None:
+                    _write_ranks(workdir, gang, planned)
+
+            regrow = elastic.regrow(start_again) if elastic else None
+            outcome = gang.wait(on_tick=(lambda: (regrow(), view.tick())) if regrow else view.tick,
+                                grace_s=grace_s, deadline_s=deadline_s, signal_grace_s=grace_s,
                                 on_failure=elastic.on_failure(gang) if elastic else None)
         for echo in echoes:
             echo.join(timeout=5)
@@ -311,6 +321,13 @@ def _attempt(argv: list[str], envs: list[dict[str, str]], *, workdir: Path, cons
                   f"Last lines of {logs[r]}:", highlight=False)
     console.print(procs.tail(logs[r]), markup=False, highlight=False)
     return dataclasses.replace(outcome, failed_index=r, exit_code=cause.exit_code), cause
+
+
+def _write_ranks(workdir: Path, gang: procs.Gang, planned: Planned) -> None:
+    """run.json's ``ranks[]``: each rank's pid (the process running now), GPU product and node."""
+    rundirs.write_ranks(workdir, [
+        {"rank": r, "pid": p.pid, "gpu_product": placed.product, "node": placed.node}
+        for r, (p, placed) in enumerate(zip(gang.procs, planned.plan.ranks))])
 
 
 def _cause(gang: procs.Gang, first_seen: int,

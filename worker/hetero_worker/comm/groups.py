@@ -18,6 +18,7 @@ copy (Gloo has no CUDA ``reduce``; torch.distributed backend table).
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -194,6 +195,15 @@ def physical_gpu_id(device: torch.device) -> str:
         return ""
     return (f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:"
             f"{getattr(props, 'pci_device_id', 0):02x}")
+
+
+def warn_mixed_builds(ranks: Sequence[CommRank]) -> None:
+    """Warn when ``ranks`` run different PyTorch builds: groups that would cross them use Gloo
+    (one build per job is the plan's rule)."""
+    builds = sorted({r.torch_build for r in ranks})
+    if len(builds) > 1:
+        warnings.warn(f"ranks run different PyTorch builds ({', '.join(builds)}); groups that "
+                      "would cross them use Gloo (plan one build per job)", stacklevel=3)
 
 
 def gather_comm_ranks(topology: Sequence[Any], device: torch.device) -> list[CommRank]:

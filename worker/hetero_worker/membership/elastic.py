@@ -16,6 +16,15 @@ scaler state are broadcast to the others, so every survivor continues from the s
 step. The global batch is re-split over the survivors and the data position moved to the start
 of the first step not completed; the step returns a skipped :class:`StepResult` and the loader's
 next batch is that step again, cut for the new world.
+
+Growing (a lost member's GPU free again): the supervisor announces a generation that adds the
+member and starts its process with ``HTJ_ELASTIC_JOIN_GENERATION``. That process builds its
+Trainer alone (a world of one, :meth:`Membership.trainer_contract`), says it is ready at its first
+step and waits; the running ranks ask at each stop agreement whether a member waits
+(:meth:`Membership.join_waiting`) and, once every one of them agrees, switch to the new generation
+after that step (:meth:`Membership.guarded_step`): the same re-forming, the joiner taking a
+running rank's model, optimizer and scaler state (no checkpoint is read) and the global batch
+re-split over every member by its planned share (:func:`hetero_worker.membership.reform.member_split`).
 """
 
 from __future__ import annotations
@@ -42,13 +51,19 @@ ANNOUNCE_WAIT_S = 30.0
 it treats the failure as an ordinary error (the supervisor announces within its 0.1 s poll)."""
 
 
+JOIN_POLL_S = 0.05
+"""How often a member waiting to join asks whether it is let in (or the job finished), seconds."""
+
+
 def from_env(env: Mapping[str, str], contract: Contract) -> Membership | None:
     """The membership part when ``HTJ_ELASTIC_STORE`` is set (an elastic job), else None."""
     address = env.get(envnames.ELASTIC_STORE, "")
     if not address:
         return None
     member = int(env.get(envnames.ELASTIC_MEMBER, contract.dist.rank))
-    return Membership(address, member=member, contract=contract)
+    joining = env.get(envnames.ELASTIC_JOIN_GENERATION, "")
+    return Membership(address, member=member, contract=contract,
+                      join_generation=int(joining) if joining else None)
 
 
 def join_job(env: Mapping[str, str], contract: Contract, *,
@@ -56,7 +71,9 @@ def join_job(env: Mapping[str, str], contract: Contract, *,
     """Join the job's default group (Gloo only: never a world-wide NCCL communicator).
 
     An elastic job (``HTJ_ELASTIC_STORE`` set) joins generation 0 through the supervisor's store
-    and gets its :class:`Membership` back; any other job joins rank 0's TCPStore
+    and gets its :class:`Membership` back (a rank started to grow the job,
+    ``HTJ_ELASTIC_JOIN_GENERATION``, starts in a world of one and joins at its first step); any
+    other job joins rank 0's TCPStore
     (:func:`hetero_worker.runtime.rendezvous.init_distributed`) and gets None.
 
     Raises:
@@ -81,33 +98,75 @@ class Membership:
         address: ``host:port`` of the supervisor's store (``HTJ_ELASTIC_STORE``).
         member: this process's member id (its launch rank, ``HTJ_ELASTIC_MEMBER``).
         contract: the launch contract (its topology is generation 0's).
+        join_generation: the generation that adds this member to a running job (a rank started
+            to grow it); None: a rank of the launch.
 
     Attributes:
+        joining: the generation this member still has to join (None once joined, or at launch).
         generation: the current generation (0 at launch).
         members: the current generation's members (launch ranks), in rank order.
         steps_redone: interrupted steps this rank redid.
-        last_recovery_s: seconds from the loss to the first step completed after it (None before).
+        last_recovery_s: seconds from the loss (or a grow's announcement) to the first step
+            completed after it (None before).
+        last_reform_s: seconds this rank spent in the last re-forming (groups, state, split).
     """
 
-    def __init__(self, address: str, *, member: int, contract: Contract) -> None:
+    def __init__(self, address: str, *, member: int, contract: Contract,
+                 join_generation: int | None = None) -> None:
         self.address, self.member = address, member
+        self.joining = join_generation
         self.launch_topology: tuple[RankEntry, ...] = contract.topology
         self.collective_timeout_s = contract.comm.collective_timeout_s
         self.rendezvous_timeout_s = contract.comm.rendezvous_timeout_s
         self.store = _connect(address, timeout_s=contract.comm.rendezvous_timeout_s)
         self.generation = 0
-        self.members: tuple[int, ...] = tuple(range(contract.dist.world_size))
+        self.members: tuple[int, ...] = (tuple(range(contract.dist.world_size))
+                                         if join_generation is None else (member,))
         self.steps_redone = 0
         self.last_recovery_s: float | None = None
+        self.last_reform_s: float | None = None  # seconds the last re-forming took on this rank
         self._lost_at_s: float | None = None  # wall time of the last loss, until a step completes
         self.metrics: Any = None
         self._sockets_before: dict[int, str] = {}
         self.sockets: dict[int, str] = {}  # the current generation's connections (fd -> inode)
 
     def join(self) -> None:
-        """Initialise the default process group of generation 0 (Gloo) through the store."""
+        """Initialise the default process group of generation 0 (Gloo) through the store; a
+        joining member (:attr:`joining`) a world of one until its first step."""
+        import torch.distributed as dist
+
         self._sockets_before = sockets.snapshot()  # the generation's connections: until attach
+        if self.joining is not None:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            return
         self._init_group(self.members.index(self.member), len(self.members))
+
+    def trainer_contract(self, contract: Contract) -> Contract:
+        """The contract the Trainer is built with: ``contract``, or for a joining member the
+        same rank alone (rank 0 of a world of one) until it joins."""
+        if self.joining is None:
+            return contract
+        return reform.rank_contract(contract, reform.shrunk_topology(self.launch_topology,
+                                                                     [self.member]), 0)
+
+    def join_waiting(self) -> bool:
+        """True when a newer generation is announced and every member it adds said it is ready
+        (the stop agreement's question; one store round trip, two or more when one is)."""
+        announced = self._newest(self.generation)
+        if announced is None:
+            return False
+        return all(self.store.check([membership.READY_KEY.format(
+            generation=announced.generation, member=int(j["member"]))]) for j in announced.joined)
+
+    def _newest(self, after: int) -> membership.Generation | None:
+        """The newest generation announced after ``after`` (None when none is)."""
+        generation = after
+        while self.store.check([membership.GENERATION_KEY.format(generation=generation + 1)]):
+            generation += 1
+        if generation == after:
+            return None
+        return membership.Generation.from_json(
+            generation, self.store.get(membership.GENERATION_KEY.format(generation=generation)))
 
     def _init_group(self, rank: int, world_size: int) -> None:
         import torch.distributed as dist
@@ -129,6 +188,7 @@ class Membership:
         """Become ``trainer``'s membership part (its metrics report the generation)."""
         trainer.membership = self
         self.metrics = trainer.metrics
+        trainer.stop.watch_joins(self.join_waiting)
         self.sockets = sockets.opened_since(self._sockets_before)  # the groups the Trainer built
         self._metric("set_membership_generation", self.generation)
 
@@ -140,7 +200,12 @@ class Membership:
     def guarded_step(self, trainer: ElasticHost, optimizer: torch.optim.Optimizer,
                      run: Callable[[], StepResult]) -> StepResult:
         """Run one step (``run``); when it fails because a member was lost, re-form and return a
-        skipped result (the loader's next batch redoes the step). Other errors are raised."""
+        skipped result (the loader's next batch redoes the step). Other errors are raised. A
+        joining member joins instead of its first step (a skipped result too); after a step every
+        rank agreed to let a waiting member in, every running rank switches to the new
+        generation."""
+        if self.joining is not None:
+            return self._join_running_job(trainer, optimizer)
         entry_step = trainer.global_step
         position = trainer.data.position
         entry = (position.epoch, position.cursor, position.global_batch)
@@ -157,9 +222,7 @@ class Membership:
             epoch, cursor = entry[0], entry[1] if completed else entry[1] - entry[2]
             self._reform(trainer, optimizer, announced, epoch=epoch, cursor=cursor,
                          completed=completed, global_batch=entry[2], error=exc)
-            elapsed = time.perf_counter() - started
-            return StepResult(loss=math.nan, skipped=True, step_s=elapsed, compute_s=0.0,
-                              comm_wait_s=elapsed)
+            return _skipped(started)
         if self._lost_at_s is not None:  # the first step completed since the loss
             self.last_recovery_s = time.time() - self._lost_at_s
             self._lost_at_s = None
@@ -168,8 +231,42 @@ class Membership:
                 self.store.set(membership.RESUMED_KEY.format(generation=self.generation),
                                json.dumps({"step": trainer.global_step,
                                            "redone": self.steps_redone,
-                                           "recovery_s": self.last_recovery_s}))
+                                           "recovery_s": self.last_recovery_s,
+                                           "reform_s": self.last_reform_s}))
+        if trainer.stop.join_due:  # every rank agreed: a waiting member joins after this step
+            announced = self._newest(self.generation)
+            assert announced is not None, "join agreed with no generation announced"
+            if trainer.rank == 0:  # the joining members stop waiting and join
+                self.store.set(membership.ADMITTED_KEY.format(generation=announced.generation), "1")
+            now = trainer.data.position  # the start of the next step
+            self._reform(trainer, optimizer, announced, epoch=now.epoch, cursor=now.cursor,
+                         completed=True, global_batch=now.global_batch, error=None)
         return result
+
+    def _join_running_job(self, trainer: ElasticHost,
+                          optimizer: torch.optim.Optimizer) -> StepResult:
+        """Say ready, wait for the running ranks to let this member in, take their state."""
+        started = time.perf_counter()
+        generation = int(self.joining)  # type: ignore[arg-type]
+        key = membership.GENERATION_KEY.format(generation=generation)
+        self.store.set(membership.READY_KEY.format(generation=generation, member=self.member), "1")
+        admitted = membership.ADMITTED_KEY.format(generation=generation)
+        deadline = time.monotonic() + self.rendezvous_timeout_s
+        while not self.store.check([admitted]):
+            if self.store.check([membership.FINISHED_KEY]):  # the job ended before we could join
+                print(f"heterotrain: member {self.member}: the job finished before this rank "
+                      "could join it; exiting", file=sys.stderr, flush=True)
+                sys.exit(0)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"member {self.member} was not let into generation "
+                                   f"{generation} within {self.rendezvous_timeout_s:g} s "
+                                   "(HTJ_RENDEZVOUS_TIMEOUT_S)")
+            time.sleep(JOIN_POLL_S)
+        announced = membership.Generation.from_json(generation, self.store.get(key))
+        self.joining = None
+        self._reform(trainer, optimizer, announced, epoch=0, cursor=0, completed=False,
+                     global_batch=0, error=None, fresh=True)
+        return _skipped(started)
 
     def _await_generation(self) -> membership.Generation | None:
         """The newest generation announced after ours, waiting up to :data:`ANNOUNCE_WAIT_S` for
@@ -179,21 +276,23 @@ class Membership:
             self.store.wait([key], timedelta(seconds=ANNOUNCE_WAIT_S))
         except RuntimeError:  # DistStoreError: no announcement in time
             return None
-        generation = self.generation + 1
-        while self.store.check([membership.GENERATION_KEY.format(generation=generation + 1)]):
-            generation += 1  # several losses: go straight to the newest generation
-        return membership.Generation.from_json(
-            generation, self.store.get(membership.GENERATION_KEY.format(generation=generation)))
+        return self._newest(self.generation)  # several losses: straight to the newest
 
     def _reform(self, trainer: ElasticHost, optimizer: torch.optim.Optimizer,
                 announced: membership.Generation, *, epoch: int, cursor: int,
-                completed: bool, global_batch: int, error: BaseException) -> None:
-        """Join ``announced`` and point the trainer at it (see the module's docstring)."""
+                completed: bool, global_batch: int, error: BaseException | None,
+                fresh: bool = False) -> None:
+        """Join ``announced`` and point the trainer at it (see the module's docstring); ``fresh``:
+        this member holds no state of the job yet (it is joining)."""
         import torch.distributed as dist
 
+        started = time.perf_counter()
         if self.member not in announced.members:  # we were counted lost: leave as a loss
-            raise error
-        old_members, old_split = self.members, list(trainer.data.position.local_batches)
+            if error is not None:
+                raise error
+            raise RuntimeError(f"member {self.member} is not in generation "
+                               f"{announced.generation} ({list(announced.members)})")
+        old_members = self.members
         sockets.cut(self.sockets)  # peers blocked on us notice now, not at their timeout
         dist.destroy_process_group()  # every group of the old generation
         before = sockets.snapshot()
@@ -201,30 +300,39 @@ class Membership:
         self._lost_at_s = announced.lost_at_s
         rank = self.members.index(self.member)
         self._init_group(rank, len(self.members))
-        mine = [trainer.global_step, epoch, cursor, completed]
+        mine = [-1 if fresh else trainer.global_step, epoch, cursor, completed, global_batch]
         views: list[Any] = [None] * len(self.members)
         dist.all_gather_object(views, mine)
         source = max(range(len(views)), key=lambda r: (views[r][0], -r))
-        if any(v[0] != views[source][0] for v in views):  # some survivor completed the step
+        if any(v[0] != views[source][0] for v in views):  # a survivor completed it; a joiner
             _adopt_state(trainer, optimizer, source)
-        trainer.global_step, epoch, cursor, source_completed = views[source]
+        trainer.global_step, epoch, cursor, source_completed, global_batch = views[source]
         redone = not source_completed  # nobody completed the interrupted step: it is redone
         topology = reform.shrunk_topology(self.launch_topology, self.members)
-        split = reform.survivor_split(global_batch, old_members, old_split, self.members)
+        split = reform.member_split(global_batch, self.launch_topology, self.members)
         reform.apply(trainer, reform.rank_contract(trainer.contract, topology, rank),
                      split=split, epoch=epoch, cursor=cursor)
         self.sockets = sockets.opened_since(before)
+        self.last_reform_s = time.perf_counter() - started
         if redone:
             self.steps_redone += 1
             self._metric("record_step_redone")
         self._metric("set_membership_generation", self.generation)
-        lost = ", ".join(f"{x.get('gpu_product', '?')} on {x.get('node', '?')}"
-                         for x in announced.lost)
-        print(f"heterotrain: rank {rank} (member {self.member}): {lost or 'a rank'} lost; "
+        change = "; ".join(
+            f"{', '.join(x.get('gpu_product', '?') + ' on ' + x.get('node', '?') for x in xs)} {what}"
+            for xs, what in ((announced.lost, "lost"), (announced.joined, "joined")) if xs)
+        print(f"heterotrain: rank {rank} (member {self.member}): {change or 'a rank lost'}; "
               f"generation {self.generation}: {len(old_members)} -> {len(self.members)} ranks, "
               f"split {split}, continuing at step {trainer.global_step + 1} "
               f"({'redone' if redone else 'next'}; no checkpoint read)",
               file=sys.stderr, flush=True)
+
+
+def _skipped(started: float) -> StepResult:
+    """The skipped result of a step spent re-forming (from ``started``, ``perf_counter``)."""
+    elapsed = time.perf_counter() - started
+    return StepResult(loss=math.nan, skipped=True, step_s=elapsed, compute_s=0.0,
+                      comm_wait_s=elapsed)
 
 
 PEER_FAILURE_MARKS = ("gloo", "nccl", "connection closed", "connection reset", "timed out",

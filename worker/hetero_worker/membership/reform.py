@@ -1,6 +1,7 @@
-"""Re-form one rank's Trainer for a new membership generation (the survivors of a lost rank).
+"""Re-form one rank's Trainer for a new membership generation (the survivors of a lost rank, or
+the members of a grown job).
 
-Pure parts (:func:`shrunk_topology`, :func:`survivor_split`) say what the new world is; the
+Pure parts (:func:`shrunk_topology`, :func:`member_split`) say what the new world is; the
 :func:`apply` step points the Trainer's parts at it: the contract's rank and topology, the
 communicator facts, the gradient sync's groups, the checkpoint group (the graceful stop's and the
 checkpoints'), the data position (new rank, new split, where to continue) and the DDP wrapper,
@@ -29,13 +30,12 @@ def shrunk_topology(launch: Sequence[RankEntry], members: Sequence[int]) -> tupl
     return tuple(entries)
 
 
-def survivor_split(global_batch: int, old_members: Sequence[int], old_split: Sequence[int],
-                   members: Sequence[int]) -> list[int]:
-    """The same global batch over ``members``, by the project's one splitter, each survivor
-    weighted by its share of the old split (which the planner or the rebalancer made from its
-    speed)."""
-    speeds = [float(old_split[old_members.index(m)]) for m in members]
-    return split_batch(global_batch, speeds)
+def member_split(global_batch: int, launch: Sequence[RankEntry],
+                 members: Sequence[int]) -> list[int]:
+    """The same global batch over ``members`` (launch ranks), by the project's one splitter, each
+    weighted by its launch batch (the planner's from its speed; an elastic job runs without the
+    rebalancer): every member of the launch back gives the launch split again."""
+    return split_batch(global_batch, [float(launch[m].local_batch) for m in members])
 
 
 def rank_contract(contract: Contract, topology: tuple[RankEntry, ...], rank: int) -> Contract:
