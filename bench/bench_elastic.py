@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Elastic shrink vs gang restart (issue 31): seconds from losing a rank to the next completed
+"""Elastic shrink vs gang restart, and growing back (issue 31): seconds from losing a rank to the next completed
 step, and to being back at the step the job was at, ``spec.elastic`` against today's gang restart
 from the checkpoint, on the same job.
 
@@ -15,7 +15,11 @@ step-20 checkpoint. The times are read by polling ``rank-0.json`` every 20 ms (t
 ``resumed_step + steps``); the restart backoff is 0 (``HTJ_BACKOFF_BASE_S``), the restart's most
 favourable setting. The elastic runs' own figure (``membership.json``: the supervisor's loss time
 to the first step rank 0 completed after it) and every run's held-out accuracy are kept in the
-details. Figures are CPU ones on a shared machine: they say how the two compare, not what a GPU
+details. A third set of runs (``grow``: 6 epochs, the T4 rank SIGKILLed after step 10) measures
+growing back: the supervisor starts the lost rank again once the survivors stepped, and it joins
+at a step boundary; ``membership.json`` gives the running ranks' pause at the switch
+(``reform_s``) and the seconds from the announcement to the first step with 4 ranks. Figures are
+CPU ones on a shared machine: they say how the two compare, not what a GPU
 cluster takes.
 
 Writes ``bench/results/elastic.json`` in the shape of :mod:`benchlib` (all figures ``info``; the
@@ -40,10 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 KILL_AFTER_STEP = 25
+GROW_KILL_AFTER_STEP = 10  # the grow runs: 6 epochs (66 steps), time for the rank to rejoin
 POLL_S = 0.02
 
 
-def _job(work: Path, elastic: bool) -> Path:
+def _job(work: Path, elastic: bool, epochs: int = 3) -> Path:
     import yaml
 
     body = yaml.safe_load((ROOT / "examples" / "digits.yaml").read_text())
@@ -51,7 +56,7 @@ def _job(work: Path, elastic: bool) -> Path:
         body["spec"]["elastic"] = {"minRanks": 2}
     body["spec"]["training"]["collectiveTimeoutSeconds"] = 10
     body["spec"]["training"]["checkpoint"]["path"] = str(work / "ckpt")
-    body["spec"]["worker"]["args"] = ["--epochs", "3"]
+    body["spec"]["worker"]["args"] = ["--epochs", str(epochs)]
     job = work / "job.yaml"
     job.write_text(yaml.safe_dump(body))
     return job
@@ -67,8 +72,10 @@ def _progress(run_dir: Path) -> tuple[int, int]:
     return int(stats.get("resumed_step") or 0), int(stats.get("steps") or 0)
 
 
-def one_run(work: Path, *, elastic: bool, timeout_s: float) -> dict[str, Any]:
-    """One ``heterotrain run`` with a T4 rank SIGKILLed after step 25; its figures."""
+def one_run(work: Path, *, elastic: bool, timeout_s: float, epochs: int = 3,
+            kill_after: int = KILL_AFTER_STEP) -> dict[str, Any]:
+    """One ``heterotrain run`` with a T4 rank SIGKILLed after step ``kill_after``; its figures
+    (with the growing back's when the lost rank rejoined before the end)."""
     import benchlib
 
     work.mkdir(parents=True)
@@ -76,13 +83,13 @@ def one_run(work: Path, *, elastic: bool, timeout_s: float) -> dict[str, Any]:
     env = {**os.environ, "XDG_CACHE_HOME": str(work / "xdg"), "HTJ_BACKOFF_BASE_S": "0",
            "HTJ_BACKOFF_MAX_S": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "hetero_operator.cli", "run",
-                             str(_job(work, elastic)), "--workdir", str(run_dir),
+                             str(_job(work, elastic, epochs)), "--workdir", str(run_dir),
                              "--metrics-port-base", "0"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = benchlib.Deadline(timeout_s)
     try:
-        while sum(_progress(run_dir)) < KILL_AFTER_STEP:
-            deadline.left_s("rank 0's step 25")
+        while sum(_progress(run_dir)) < kill_after:
+            deadline.left_s(f"rank 0's step {kill_after}")
             time.sleep(POLL_S)  # sync-ok: polls the run file the measurement starts from
         lost_step = sum(_progress(run_dir))
         ranks = json.loads((run_dir / "run.json").read_text())["ranks"]
@@ -116,7 +123,8 @@ def one_run(work: Path, *, elastic: bool, timeout_s: float) -> dict[str, Any]:
             "accuracy": float(accuracy.group(1)) if accuracy else None,
             "steps": int(accuracy.group(2)) if accuracy else None,
             "attempts": (run_dir / "rank-0.log").read_text().count("--- attempt "),
-            "reported_recovery_s": events[0]["recovery_s"] if events else None}
+            "reported_recovery_s": events[0]["recovery_s"] if events else None,
+            "grow": next((e for e in events if e.get("kind") == "grow"), None)}
 
 
 def main() -> int:
@@ -130,13 +138,17 @@ def main() -> int:
 
     run_meta = benchlib.meta()
     started = time.monotonic()
-    runs: dict[str, list[dict[str, Any]]] = {"elastic": [], "gang": []}
+    runs: dict[str, list[dict[str, Any]]] = {"elastic": [], "gang": [], "grow": []}
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
             for mode in runs:
-                runs[mode].append(one_run(Path(tmp) / f"{mode}-{repeat}", elastic=mode == "elastic",
-                                          timeout_s=240))
+                longer = {"epochs": 6, "kill_after": GROW_KILL_AFTER_STEP} if mode == "grow" else {}
+                runs[mode].append(one_run(Path(tmp) / f"{mode}-{repeat}", elastic=mode != "gang",
+                                          timeout_s=240, **longer))
                 print(mode, runs[mode][-1], flush=True)
+    grown = [r["grow"] for r in runs["grow"]]
+    if any(g is None or g.get("step") is None for g in grown):
+        raise ValueError(f"a grow run ended before the lost rank rejoined: {grown}")
     run_meta["wall_s"] = time.monotonic() - started
     how = "polled from rank-0.json every 20 ms; T4 rank SIGKILLed after step 25"
     targets = [
@@ -152,6 +164,13 @@ def main() -> int:
                         [g["back_at_lost_step_s"] / e["back_at_lost_step_s"]
                          for g, e in zip(runs["gang"], runs["elastic"], strict=True)],
                         "per repeat"),
+        benchlib.Target("growing back 3 -> 4, the running ranks' pause to let the rank in", "info",
+                        0.0, " s", [g["reform_s"] for g in grown],
+                        "rank 0's re-forming at the agreed step (membership.json reform_s)"),
+        benchlib.Target("growing back 3 -> 4, announcement -> first step with 4 ranks", "info",
+                        0.0, " s", [g["recovery_s"] for g in grown],
+                        "the restarted rank's start-up (Python, torch, its Trainer, the data) "
+                        "included; the other ranks train meanwhile"),
     ]
     doc = benchlib.write_results(args.results, benchmark="elastic", run_meta=run_meta,
                                  targets=targets, details=runs)
