@@ -100,7 +100,10 @@ ELASTIC_JOIN_GENERATION = "HTJ_ELASTIC_JOIN_GENERATION"
 """Set on a rank started to *grow* a running elastic job: the membership generation that adds it
 (announced before the process starts). The rank builds its Trainer alone, then joins that
 generation at its first step and receives the state from a peer, never from a checkpoint
-(:mod:`heterotrain_common.membership`); unset: a rank of the launch (generation 0)."""
+(:mod:`heterotrain_common.membership`); unset: a rank of the launch (generation 0). ``next``
+(:data:`heterotrain_common.membership.JOIN_NEXT`, on Kubernetes): the rank asks the membership
+keeper for the generation that adds it (``elastic/want/<member>``) and joins the one it is
+assigned."""
 # --- worker knobs beside the contract (set by `heterotrain run`, tests and benchmarks) ----------
 SIM_DELAY_PER_SAMPLE_S = "HTJ_SIM_DELAY_PER_SAMPLE_S"
 """Simulated seconds per sample at relative speed 1.0 (default

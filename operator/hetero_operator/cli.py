@@ -35,6 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("hetero_operator.local.plan", "dry-run placement of a job over a node list"),
     "operator": ("hetero_operator.controller.serve", "run the Kubernetes operator (kopf)"),
     "launch": ("hetero_worker.runtime.launch", "in a pod: start one process per local rank, like torchrun"),
+    "keeper": ("hetero_worker.membership.keeper", "in a pod: an elastic job's membership keeper (spec.elastic)"),
     "cluster": ("hetero_operator.devcluster.cluster_cli", "a real local Kubernetes control plane: cluster up / down"),
     "convert": ("hetero_operator.convert.command", "write a HeteroTrainingJob from a Kubeflow PyTorchJob"),
     "status": ("hetero_operator.jobview.status", "a job's plan, state, progress and result (a local run or a cluster job)"),

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from k8s import crdcheck  # noqa: E402
 
 from hetero_operator.api import spec as spec_mod  # noqa: E402
+from hetero_operator.lifecycle.elastic import ELASTIC_KEYS, LOST_POD_KEYS
 from hetero_operator.lifecycle.status import (GROUP_KEYS, MEMORY_KEYS,  # noqa: E402
                                               MEMORY_TYPE_KEYS, PLAN_KEYS, PROGRESS_KEYS,
                                               STATUS_KEYS)
@@ -197,6 +198,9 @@ def test_status_declares_every_field_the_operator_writes() -> None:
     assert set(status["properties"]["plan"]["properties"]) == PLAN_KEYS
     assert set(status["properties"]["plan"]["properties"]["groups"]["items"]["properties"]) == GROUP_KEYS
     assert set(status["properties"]["progress"]["properties"]) == PROGRESS_KEYS
+    elastic = status["properties"]["elastic"]["properties"]
+    assert set(elastic) == ELASTIC_KEYS
+    assert set(elastic["lostPods"]["items"]["properties"]) == LOST_POD_KEYS
     memory = status["properties"]["plan"]["properties"]["memory"]
     assert set(memory["properties"]) == MEMORY_KEYS
     assert set(memory["properties"]["gpuTypes"]["items"]["properties"]) == MEMORY_TYPE_KEYS

@@ -53,6 +53,7 @@ DISPATCHES: dict[str, set[str]] = {
     # heterotrain <subcommand>: cli.SUBCOMMANDS, imported by name once the subcommand is chosen
     "hetero_operator.cli": {"hetero_operator.local.run", "hetero_operator.local.plan",
                             "hetero_operator.controller.serve", "hetero_worker.runtime.launch",
+                            "hetero_worker.membership.keeper",
                             "hetero_operator.devcluster.cluster_cli", "hetero_operator.convert.command",
                             "hetero_operator.jobview.status", "hetero_operator.jobview.logs"},
     # heterotrain cluster up: python -m hetero_operator.devcluster.kubelet, a detached process
@@ -64,6 +65,8 @@ DISPATCHES: dict[str, set[str]] = {
 COMMANDS: dict[str, set[str]] = {
     # the pod's command: settings.launcher = heterotrain launch -- <spec.worker.command>
     "hetero_operator.api.settings": {"launch"},
+    # an elastic job's keeper pod: heterotrain keeper
+    "hetero_operator.render.keeper": {"keeper"},
 }
 """Every argv literal starting with the ``heterotrain`` console script (``module -> subcommands``):
 it runs :mod:`hetero_operator.cli` in another process (a pod), which dispatches as above."""

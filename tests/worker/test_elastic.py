@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from elastic_ranks import dataset, make_model
-from hetero_worker.runtime.startup import seed_everything
-from hetero_worker.sampler import HeteroBatchSampler
+from elastic_ranks import dataset, make_model, reference_params
 from hetero_operator.local.membership import MembershipHost
 from heterotrain_common import envnames
 from rankproc import HERE, mixed_cluster_envs, start_rank
@@ -122,22 +119,9 @@ def test_the_lost_member_joins_back_at_a_step_boundary_with_a_peers_state(tmp_pa
 
 
 def _reference_params(steps_per_epoch: int) -> list[torch.Tensor]:
-    """One float64 process: the same model, Adam, and each step's full global batch (the
-    sampler's permutation, ``sum(LOCAL_BATCHES)`` samples per step)."""
-    data = dataset()
-    seed_everything(0)
-    model = make_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    global_batch = sum(LOCAL_BATCHES)
-    sampler = HeteroBatchSampler(len(data), [global_batch], 0, seed=0)
-    for epoch in range(EPOCHS):
-        order = sampler.permutation(epoch)
-        for s in range(steps_per_epoch):
-            _, x, y = data[order[s * global_batch:(s + 1) * global_batch]]
-            optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            optimizer.step()
-    return [p.detach() for p in model.parameters()]
+    """One float64 process's parameters after the same epochs of full global batches."""
+    assert steps_per_epoch == len(dataset()) // sum(LOCAL_BATCHES)
+    return reference_params(sum(LOCAL_BATCHES), EPOCHS)
 
 
 @pytest.mark.parametrize("kill_at_step", [6, 7, 8])  # epoch 0's last step, epoch 1's first, second

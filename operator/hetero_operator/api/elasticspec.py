@@ -6,8 +6,9 @@
 
 Parsed here into :class:`ElasticSpec`; what the planner refuses with it (a Kueue queue, sharded
 model state, pipeline stages) is :mod:`hetero_operator.planning.elasticplan`; ``heterotrain run``
-supervises it (:mod:`hetero_operator.local.supervise`) and the worker re-forms
-(``hetero_worker.membership``). See docs/elastic.md.
+supervises it (:mod:`hetero_operator.local.supervise`), the operator shrinks and grows it
+(:mod:`hetero_operator.lifecycle.elastic`, the keeper pod :mod:`hetero_operator.render.keeper`)
+and the worker re-forms (``hetero_worker.membership``). See docs/elastic.md.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class ElasticSpec:
         min_ranks: the fewest live ranks the job goes on with; one more loss falls back to the gang
             restart from the last checkpoint.
         max_ranks: the most ranks the job may run with: ``heterotrain run`` starts a lost rank
-            again while the job has fewer, and it joins the running job (docs/elastic.md; the
-            operator does not grow a job yet).
+            again while the job has fewer, the operator creates a lost pod again once its node
+            is healthy, and its ranks join the running job (docs/elastic.md).
     """
 
     min_ranks: int

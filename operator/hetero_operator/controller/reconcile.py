@@ -35,6 +35,7 @@ from hetero_operator.api.types import Plan, Unschedulable
 from hetero_operator.cluster.dra import DraInventory
 from hetero_operator.cluster.nodehealth import FirstSeen, NodeHealth, node_health
 from hetero_operator.controller.egress import restricts_egress
+from hetero_operator.controller.elasticpods import ElasticPods
 from hetero_operator.controller.events import EventRecorder
 from hetero_operator.controller.k8s import Api
 from hetero_operator.controller.leadership import Leadership
@@ -111,6 +112,7 @@ class Reconciler:
         self.reservations = Reservations()  # planned pods the pod index has not seen yet
         self.ckpt_events = RankCheckpointEvents(self.events)  # CheckpointFallback / NotResumed
         self.node_first_seen = FirstSeen()  # time-less NotReady marks, dated at first sight
+        self.elastic = ElasticPods()  # an elastic job's keeper pod and the pods it grows back
 
     # --- kicks -----------------------------------------------------------------------------
 
@@ -140,6 +142,7 @@ class Reconciler:
         self.ckpt_events.forget(namespace, name)
         self.progress.forget(namespace, name)
         self.learner.forget(namespace, name)
+        self.elastic.forget(namespace, name)
         self._phases.pop(key, None)
         self._job_nodes.pop(key, None)
         self.reservations.release(key)
@@ -185,16 +188,18 @@ class Reconciler:
         attach = await self._attach_events(namespace, pods, now)  # Multi-Attach (lifecycle.stuck)
         states = [st.pod_state(p, planned_nodes.get(p["metadata"]["name"], ""),
                                attach.get(p["metadata"]["name"], ())) for p in pods]
-        used = frozenset(p.node for p in states if p.node)
-        self._job_nodes[(namespace, name)] = used
         state, gate = st.job_state(status), None
+        elastic = self.elastic.job(spec, status, state.attempt)  # its lost pods' nodes: to grow back
+        used = frozenset(p.node for p in states if p.node) | (elastic.nodes if elastic else frozenset())
+        self._job_nodes[(namespace, name)] = used
         if state.phase not in c.FINISHED_PHASES:  # one queue source (objects.KueueGate.gate)
             gate = await self.kueue.gate(job, spec, lambda: self._plan(spec, capacity=True)[0],
                                          has_pods=bool(pods), require_queue=self.config.kueue.require_queue)
         decision = lc.decide(state, gate.policy(spec) if gate else spec.run_policy,
                              states, nodes=self._node_health(used, now), now_s=now, timing=self.timing,
                              checkpointing=bool(spec.training.checkpoint_path),
-                             restart_from=ckptplace.restart_source(spec))
+                             restart_from=ckptplace.restart_source(spec),
+                             elastic=elastic)
         decision = gate.explain(decision) if gate else decision
         refused = st.refusals(status)
         if refused.retry_s is not None:  # a refused start (_refused): back off, keep the server's word
@@ -212,6 +217,8 @@ class Reconciler:
             self.forget(namespace, name)
             return None
         extra: dict[str, Any] = {}
+        if decision.action == lc.GROW:  # created before the status says so; or a wait saying why
+            decision = await self.elastic.grow(self.api, job, state.attempt, decision)
         if decision.action == lc.RUNNING:
             extra = await self.progress.read(namespace, name, pods, metrics_port=spec.worker.metrics_port,
                                              global_batch=spec.training.global_batch_size, now_s=now)
@@ -300,11 +307,11 @@ class Reconciler:
             await self._record(job, status, plan_too_large(spec, result), [], now, event_type="Warning")
             return None
         attempt = st.job_state(status).attempt + 1
-        maddr = rendering.master_addr(spec.name, spec.namespace, result, self.config.pods.service_domain)
-        envs = render_rank_envs(result, spec, master_addr=maddr, master_port=self.config.ports.master,
-                                simulated=self.config.pods.simulate_devices,
-                                restart_generation=attempt - 1,
-                                job_uid=str(job["metadata"].get("uid", "")))
+        maddr = self.elastic.master_addr(spec, result, self.config.pods.service_domain)
+        envs = self.elastic.rank_envs(spec, render_rank_envs(
+            result, spec, master_addr=maddr, master_port=self.config.ports.master,
+            simulated=self.config.pods.simulate_devices, restart_generation=attempt - 1,
+            job_uid=str(job["metadata"].get("uid", ""))), master_addr=maddr, master_port=self.config.ports.master)
         # The pods' inputs first (Kueue's admitted flavors, DRA's claims), then the pods, once.
         inputs = rendering.PodInputs()
         if gate is not None and gate.allowed:  # the admitted flavors' nodeSelector/tolerations
@@ -313,6 +320,8 @@ class Reconciler:
                                              labels=labels.selector(spec.name), attempt=attempt)
         pods = rendering.render_pods(spec, result, envs, launcher=self.config.pods.launcher, attempt=attempt,
                                      run_as_non_root=self.config.pods.run_as_non_root, inputs=inputs)
+        pods += self.elastic.keeper_pods(spec, result, master_port=self.config.ports.master, attempt=attempt,
+                                         run_as_non_root=self.config.pods.run_as_non_root)
 
         # Held before the first await: a start planned meanwhile counts these GPUs as used.
         self.reservations.hold((spec.namespace, spec.name), planned_gpu_pods(
@@ -324,6 +333,7 @@ class Reconciler:
                 egress=await restricts_egress(self.api, self.config.network.egress, spec, pods),
                 dns_namespace=self.config.network.dns_namespace, dns_labels=self.config.network.dns_labels))
         kopf.append_owner_reference([*children, *claim_templates, *pods], owner=job)
+        self.elastic.remember(spec, attempt, pods)  # a pod a shrink removes is created again as it was
         plan = st.plan_status(spec.name, result, master_addr=maddr, master_port=self.config.ports.master)
         started = st.started_status(status, spec, result, plan, attempt=attempt, generation=gen,
                                     now_s=now)
@@ -461,7 +471,7 @@ class Reconciler:
         self._set_phase(job, d.phase)
         if not d.message:
             return
-        kind = event_type or ("Warning" if d.action in (lc.FAIL, lc.RESTART, lc.REPLAN)
+        kind = event_type or ("Warning" if d.action in (lc.FAIL, lc.RESTART, lc.REPLAN, lc.SHRINK)
                               or d.reason in WARNING_WAITS else "Normal")
         waiting = kind == "Warning" and d.action == lc.WAIT
         if d.message != status.get("message") or (

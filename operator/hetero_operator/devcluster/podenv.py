@@ -19,6 +19,9 @@ POD_IP = "127.0.0.1"
 KUBELET_VERSION = "v1.35.4"
 REMAPPED = ("MASTER_PORT", "HTJ_METRICS_PORT", "HTJ_HEALTH_PORT")
 """Env variables holding a port that the caller remaps per pod (or per job attempt)."""
+STORE_AT_MASTER_PORT = "HTJ_ELASTIC_STORE"
+"""``host:port`` of an elastic job's membership keeper, which listens on the job's ``MASTER_PORT``:
+its port is remapped as that attempt's ``MASTER_PORT`` (the keeper pod's own ``MASTER_PORT``)."""
 
 
 def now() -> str:
@@ -78,6 +81,9 @@ def container_env(pod: Mapping[str, Any], container: Mapping[str, Any], base: Ma
         if name in REMAPPED and env[name] not in ("", "0"):
             count = int(env.get("LOCAL_WORLD_SIZE", "1") or 1) if name == "HTJ_METRICS_PORT" else 1
             env[name] = str(port_for(name, count))
+        elif name == STORE_AT_MASTER_PORT and ":" in env[name]:
+            host, _, _port = env[name].rpartition(":")
+            env[name] = f"{resolve_dns(host, ns)}:{port_for('MASTER_PORT', 1)}"
         elif name not in base:
             env[name] = resolve_dns(env[name], ns)
     return env

@@ -36,22 +36,24 @@ and the reconciler records the new phase before it deletes any pod, so pods stil
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from hetero_operator.api import conditions as c
 from hetero_operator.api.settings import RestartSettings
 from hetero_operator.api.spec import RunPolicy
 from hetero_operator.cluster.nodehealth import NodeHealth
 from hetero_operator.lifecycle import restart
+from hetero_operator.lifecycle.elastic import ElasticJob, elastic_decision, without_removed
 from hetero_operator.lifecycle.startup import STARTUP_ERROR, result_text
 from hetero_operator.lifecycle.stuck import stuck_decision
 from hetero_operator.lifecycle.disruptions import (STOPPED_AT_CHECKPOINT, NodeView, disrupted,
                                                    next_unstick_s, removal, stuck)
-from hetero_operator.lifecycle.values import (CLEANUP, DELETE_JOB, FAIL, NOTHING, POLL_DELETING_S,
-                                              REPLAN, RESTART, RUNNING, START, SUCCEED, SUSPEND,
-                                              TERMINATED, WAIT, Decision, JobState, NodeLoss,
+from hetero_operator.lifecycle.values import (CLEANUP, DELETE_JOB, FAIL, GROW, NOTHING,
+                                              POLL_DELETING_S, REPLAN, RESTART, RUNNING, SHRINK,
+                                              START, SUCCEED, SUSPEND, TERMINATED, WAIT, Decision, JobState, NodeLoss,
                                               PodState, pod_names)
 
-__all__ = ["CLEANUP", "DELETE_JOB", "FAIL", "NOTHING", "POLL_DELETING_S", "REPLAN", "RESTART",
+__all__ = ["CLEANUP", "DELETE_JOB", "FAIL", "GROW", "NOTHING", "SHRINK", "ElasticJob", "POLL_DELETING_S", "REPLAN", "RESTART",
            "RUNNING", "START", "SUCCEED", "SUSPEND", "WAIT", "Decision", "JobState", "NodeLoss",
            "PodState", "RestartSettings", "RunPolicy", "STOPPED_AT_CHECKPOINT", "backoff_s", "decide"]
 """The lifecycle's entry point: :func:`decide` and the values it takes and returns (defined in
@@ -70,7 +72,8 @@ def backoff_s(restarts: int, timing: RestartSettings) -> float:
 
 def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
            nodes: Mapping[str, NodeHealth] | None, now_s: float, timing: RestartSettings = RestartSettings(),
-           checkpointing: bool = True, restart_from: str = "") -> Decision:
+           checkpointing: bool = True, restart_from: str = "",
+           elastic: ElasticJob | None = None) -> Decision:
     """Decide the next step of one job.
 
     Args:
@@ -86,6 +89,9 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
             last checkpoint; without, from step 0: :mod:`hetero_operator.lifecycle.restart`).
         restart_from: where a restart continues, for its message
             (:func:`hetero_operator.lifecycle.ckptplace.restart_source`); ``""``: from ``checkpointing``.
+        elastic: a job with ``spec.elastic``: a lost pod shrinks it instead of restarting the
+            gang while ``minRanks`` ranks are left, and a removed pod grows back
+            (:mod:`hetero_operator.lifecycle.elastic`); None: not elastic.
 
     Returns:
         The :class:`Decision`.
@@ -106,6 +112,15 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
         return Decision(action=FAIL, phase=c.FAILED, reason="DeadlineExceeded",
                         message=f"The job ran longer than activeDeadlineSeconds={deadline}.",
                         delete_pods=delete, force_delete_pods=tuple(sorted({*force, *overdue})))
+    if job.phase in (c.CREATED, c.RUNNING) and elastic is not None:
+        changed = elastic_decision(job, policy, elastic, pods, health, now_s)
+        if changed is not None:
+            return changed
+    if elastic is not None and elastic.state.lost:  # the gang rules never see the removed pods
+        pods = without_removed(pods, elastic.state)
+        live = [p for p in pods if not p.deleting]
+        job = replace(job, planned_pods=tuple(n for n in job.planned_pods
+                                              if n not in elastic.state.removed))
     if job.phase in (c.CREATED, c.RUNNING):
         current = [p for p in pods if p.attempt == job.attempt]
         cluster_did = disrupted(job, policy, current, health, now_s, restart_from=restart_from)
@@ -123,8 +138,11 @@ def decide(job: JobState, policy: RunPolicy, pods: Sequence[PodState], *,
                         delete_pods=delete, force_delete_pods=force, requeue_s=POLL_DELETING_S)
     if not live:
         return _no_pods(job, now_s)
-    return _with_pods(job, policy, live, now_s=now_s, timing=timing, checkpointing=checkpointing,
-                      restart_from=restart_from)
+    d = _with_pods(job, policy, live, now_s=now_s, timing=timing, checkpointing=checkpointing,
+                   restart_from=restart_from)
+    if elastic is not None and job.phase == c.RUNNING and d.phase == c.CREATED:
+        return replace(d, phase=c.RUNNING)  # a pod growing back: the others train meanwhile
+    return d
 
 
 def _no_pods(job: JobState, now_s: float) -> Decision:

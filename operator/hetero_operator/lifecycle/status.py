@@ -14,14 +14,14 @@ from typing import Any
 from hetero_operator.api import conditions as c
 from hetero_operator.api import limits
 from hetero_operator.api.labels import (ANNOTATION_GPU_TYPE, ANNOTATION_RANKS, LABEL_ATTEMPT,
-                                        LABEL_RANK)
+                                        LABEL_RANK, LABEL_ROLE, ROLE_KEEPER)
 from hetero_operator.api.memoryplan import MemoryPlan
 from hetero_operator.api.pipelineplan import PipelinePlan
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import ExcludedNode, Plan
 from hetero_operator.lifecycle.disruptions import SHUTDOWN_REASONS, STOPPED_AT_CHECKPOINT
 from hetero_operator.lifecycle.restart import BACKOFF_LIMIT_EXCEEDED
-from hetero_operator.lifecycle import startup
+from hetero_operator.lifecycle import elastic, startup
 from hetero_operator.lifecycle.stuck import stuck_of
 from hetero_operator.lifecycle.values import FAIL, REPLAN, Decision, JobState, NodeLoss, PodState
 from hetero_operator.planning.marginal import VALUE_STATUS_KEYS, value_status
@@ -33,7 +33,7 @@ STATUS_KEYS = frozenset({
     "infrastructureRestarts", "lastDisruption", "lastNodeLoss",
     "ranksWanted", "ranksRunning", "ranksSummary", "gpuTypes", "startTime", "lastStartTime",
     "completionTime", "restartNotBefore", "lastFailure", "plan", "progress",
-    "createRefusals", "createRetryTime", "result",
+    "createRefusals", "createRetryTime", "result", "elastic",
 })
 PLAN_KEYS = frozenset({"worldSize", "masterAddr", "masterPort", "expectedSpeedupOverEqual",
                        "groups", "excluded", "excludedCount", "excludedReasons", "pods",
@@ -80,8 +80,9 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "",
     annotations = meta.get("annotations") or {}
     stuck, stuck_message = stuck_of(pod, events)
     done = startup.worker_terminated(st)
+    keeper = labels.get(LABEL_ROLE) == ROLE_KEEPER  # no rank: never "rank 0", no rank counted
     return PodState(
-        name=meta.get("name", ""), first_rank=int(labels.get(LABEL_RANK, "0")),
+        name=meta.get("name", ""), first_rank=-1 if keeper else int(labels.get(LABEL_RANK, "0")),
         phase=st.get("phase") or "Pending",
         node=(pod.get("spec") or {}).get("nodeName") or planned_node,
         deleting=bool(meta.get("deletionTimestamp")),
@@ -89,7 +90,7 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "",
         created_s=c.parse_iso(meta.get("creationTimestamp")),
         attempt=int(labels.get(LABEL_ATTEMPT, "0")),
         gpu_type=annotations.get(ANNOTATION_GPU_TYPE, ""),
-        ranks=ranks_of(annotations.get(ANNOTATION_RANKS, "")),
+        ranks=0 if keeper else ranks_of(annotations.get(ANNOTATION_RANKS, "")),
         failure=_failure(st),
         disruption=disruption(st),
         stuck=stuck, stuck_message=stuck_message,
@@ -278,6 +279,8 @@ def decided_status(status: Mapping[str, Any], d: Decision, states: Iterable[PodS
         new["lastNodeLoss"] = node_loss_status(d.node_loss)
     if d.restart_not_before_s is not None:
         new["restartNotBefore"] = c.now_iso(d.restart_not_before_s)
+    if d.elastic is not None:
+        new["elastic"] = dict(d.elastic)
     if d.action == REPLAN:
         new["replans"] = int(status.get("replans") or 0) + 1
     if d.action == FAIL and d.reason == BACKOFF_LIMIT_EXCEEDED:
@@ -398,6 +401,10 @@ def started_status(status: Mapping[str, Any], spec: JobSpec, plan: Plan, plan_st
                phase=c.CREATED, message=message, observedGeneration=generation)
     new.setdefault("startTime", c.now_iso(now_s))
     new.pop("restartNotBefore", None)
+    new.pop("elastic", None)
+    if spec.elastic is not None:  # generation 0 of this attempt: every planned rank
+        new["elastic"] = elastic.started(plan.world_size, [
+            (g["gpuType"], int(g["ranks"])) for g in plan_status["groups"]], attempt)
     new["conditions"] = c.apply_phase(status.get("conditions") or [], phase=c.CREATED,
                                       reason="PodsCreated", message=message, now_s=now_s,
                                       generation=generation)

@@ -22,6 +22,8 @@ SUSPEND = "Suspend"
 CLEANUP = "Cleanup"        # finished job: delete pods per cleanPodPolicy
 DELETE_JOB = "DeleteJob"   # ttlSecondsAfterFinished passed
 NOTHING = "Nothing"
+SHRINK = "Shrink"          # elastic: delete the lost pods only, the survivors go on
+GROW = "Grow"              # elastic: create removed pods again, they join the running job
 
 TERMINATED = ("Succeeded", "Failed")
 POLL_DELETING_S = 1.0
@@ -149,6 +151,10 @@ class Decision:
         restart_not_before_s: new ``status.restartNotBefore``, epoch seconds.
         node_loss: the node lost, for ``status.lastNodeLoss``.
         disruption: what the cluster did, for ``status.lastDisruption``.
+        create_pods: pod names to create again (:data:`GROW`: removed by an elastic shrink,
+            their node healthy again).
+        elastic: the new ``status.elastic`` (:mod:`hetero_operator.lifecycle.elastic`); None:
+            unchanged.
     """
 
     action: str
@@ -163,6 +169,8 @@ class Decision:
     restart_not_before_s: float | None = None
     node_loss: NodeLoss | None = None
     disruption: str = ""
+    create_pods: tuple[str, ...] = ()
+    elastic: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 def pod_names(pods: Sequence[PodState]) -> tuple[str, ...]:

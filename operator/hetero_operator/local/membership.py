@@ -42,14 +42,13 @@ class MembershipHost:
     def announce(self, lost: list[dict[str, Any]], reason: str, *,
                  lost_at_s: float = 0.0) -> membership.Generation:
         """Announce the next generation without the ``lost`` members (each a dict with at least
-        ``member``), seen lost at ``lost_at_s`` (``time.time()``). Returns it."""
-        gone = {int(x["member"]) for x in lost}
-        self.generation += 1
-        self.members = tuple(m for m in self.members if m not in gone)
-        generation = membership.Generation(generation=self.generation, members=self.members,
-                                lost=tuple(lost), reason=reason, lost_at_s=lost_at_s)
-        self.store.set(membership.GENERATION_KEY.format(generation=self.generation), generation.to_json())
-        return generation
+        ``member``), seen lost at ``lost_at_s`` (``time.time()``). Returns it.
+
+        Raises:
+            ValueError: a lost member is not a member (:func:`membership.next_generation`).
+        """
+        return self._publish(membership.next_generation(
+            self.generation, self.members, lost=lost, reason=reason, at_s=lost_at_s))
 
     def grow(self, joined: list[dict[str, Any]], reason: str, *,
              announced_at_s: float = 0.0) -> membership.Generation:
@@ -61,15 +60,12 @@ class MembershipHost:
         Raises:
             ValueError: a joining member is already a member.
         """
-        adding = {int(x["member"]) for x in joined}
-        if adding & set(self.members):
-            raise ValueError(f"members {sorted(adding & set(self.members))} are already in "
-                             f"generation {self.generation}")
-        self.generation += 1
-        self.members = tuple(sorted((*self.members, *adding)))
-        generation = membership.Generation(generation=self.generation, members=self.members,
-                                           joined=tuple(joined), reason=reason,
-                                           lost_at_s=announced_at_s)
+        return self._publish(membership.next_generation(
+            self.generation, self.members, joined=joined, reason=reason, at_s=announced_at_s))
+
+    def _publish(self, generation: membership.Generation) -> membership.Generation:
+        """Write ``generation``'s announcement and make it the current one."""
+        self.generation, self.members = generation.generation, generation.members
         self.store.set(membership.GENERATION_KEY.format(generation=self.generation),
                        generation.to_json())
         return generation

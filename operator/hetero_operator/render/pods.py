@@ -230,12 +230,12 @@ def _pod(job: JobSpec, unit: PodUnit, rank_envs: Sequence[Mapping[str, str]], *,
         "restartPolicy": "Never",
         # workers never talk to the API server, unless the template asks (object-store identity)
         "automountServiceAccountToken": bool(tspec.get("automountServiceAccountToken", False)),
-        "securityContext": _pod_security_context(job, tspec.get("securityContext") or {},
+        "securityContext": pod_security_context(job, tspec.get("securityContext") or {},
                                                  run_as_non_root=run_as_non_root),
         "hostname": unit.name,
         "subdomain": job.name,
         "enableServiceLinks": bool(tspec.get("enableServiceLinks", False)),
-        "affinity": _affinity(tspec.get("affinity") or {}, g.node),
+        "affinity": node_affinity(tspec.get("affinity") or {}, g.node),
         "tolerations": _add(_add([dict(GPU_TOLERATION)], tspec.get("tolerations") or ()),
                             extra.tolerations),
         "terminationGracePeriodSeconds": job.worker.termination_grace_s,
@@ -284,7 +284,7 @@ def quantity_text(n_bytes: int) -> str:
     return str(n_bytes)
 
 
-def _affinity(user: Mapping[str, Any], node: str) -> dict[str, Any]:
+def node_affinity(user: Mapping[str, Any], node: str) -> dict[str, Any]:
     """The template's affinity with our node pin ANDed into each of its required node terms
     (node selector terms OR; the expressions of one term AND), so every term still holds and the
     pod lands on its planned node."""
@@ -374,7 +374,7 @@ def tracking_secret_env(job: JobSpec) -> list[dict[str, Any]]:
     return out
 
 
-def _pod_security_context(job: JobSpec, user: Mapping[str, Any], *,
+def pod_security_context(job: JobSpec, user: Mapping[str, Any], *,
                           run_as_non_root: bool) -> dict[str, Any]:
     ctx: dict[str, Any] = copy.deepcopy(dict(user))  # seccompProfile, runAsNonRoot: refused there
     ctx["seccompProfile"] = {"type": "RuntimeDefault"}

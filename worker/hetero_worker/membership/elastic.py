@@ -25,13 +25,22 @@ step and waits; the running ranks ask at each stop agreement whether a member wa
 after that step (:meth:`Membership.guarded_step`): the same re-forming, the joiner taking a
 running rank's model, optimizer and scaler state (no checkpoint is read) and the global batch
 re-split over every member by its planned share (:func:`hetero_worker.membership.reform.member_split`).
+
+On Kubernetes the membership keeper (:mod:`hetero_worker.membership.keeper`) hosts the store: every
+rank writes its info (GPU product, node) when it joins and beats from a daemon thread
+(:mod:`hetero_worker.membership.heartbeat`), which also cuts the rank's connections the moment a
+loss is announced. A rank started with ``HTJ_ELASTIC_JOIN_GENERATION=next`` asks the keeper for
+its generation (``elastic/want/<member>``) and joins the one it is assigned. A rank whose training
+ended well says so (``elastic/done/<member>``) as the process exits (:meth:`Membership.at_exit`).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -40,6 +49,7 @@ from typing import Any
 import torch
 
 from hetero_worker.membership import reform, sockets
+from hetero_worker.membership.heartbeat import Heartbeat
 from hetero_worker.membership.host import ElasticHost
 from hetero_worker.runtime import rendezvous
 from hetero_worker.stepping import StepResult
@@ -63,7 +73,8 @@ def from_env(env: Mapping[str, str], contract: Contract) -> Membership | None:
     member = int(env.get(envnames.ELASTIC_MEMBER, contract.dist.rank))
     joining = env.get(envnames.ELASTIC_JOIN_GENERATION, "")
     return Membership(address, member=member, contract=contract,
-                      join_generation=int(joining) if joining else None)
+                      join_generation=(None if not joining else joining
+                                       if joining == membership.JOIN_NEXT else int(joining)))
 
 
 def join_job(env: Mapping[str, str], contract: Contract, *,
@@ -99,20 +110,25 @@ class Membership:
         member: this process's member id (its launch rank, ``HTJ_ELASTIC_MEMBER``).
         contract: the launch contract (its topology is generation 0's).
         join_generation: the generation that adds this member to a running job (a rank started
-            to grow it); None: a rank of the launch.
+            to grow it), or :data:`~heterotrain_common.membership.JOIN_NEXT` (the keeper assigns
+            it); None: a rank of the launch.
 
     Attributes:
-        joining: the generation this member still has to join (None once joined, or at launch).
+        joining: the generation this member still has to join, or ``"next"`` until the keeper
+            assigned one (None once joined, or at launch).
         generation: the current generation (0 at launch).
         members: the current generation's members (launch ranks), in rank order.
         steps_redone: interrupted steps this rank redid.
         last_recovery_s: seconds from the loss (or a grow's announcement) to the first step
             completed after it (None before).
         last_reform_s: seconds this rank spent in the last re-forming (groups, state, split).
+        lock: held while :meth:`_reform` switches :attr:`sockets` and :attr:`generation` (the
+            heartbeat's cut takes it without waiting).
+        heartbeat: the beating thread (None before :meth:`join` and after :meth:`close`).
     """
 
     def __init__(self, address: str, *, member: int, contract: Contract,
-                 join_generation: int | None = None) -> None:
+                 join_generation: int | str | None = None) -> None:
         self.address, self.member = address, member
         self.joining = join_generation
         self.launch_topology: tuple[RankEntry, ...] = contract.topology
@@ -129,12 +145,24 @@ class Membership:
         self.metrics: Any = None
         self._sockets_before: dict[int, str] = {}
         self.sockets: dict[int, str] = {}  # the current generation's connections (fd -> inode)
+        entry = contract.topology[member] if member < len(contract.topology) else None
+        self.info = json.dumps({"gpu_product": entry.gpu_product if entry else membership.UNKNOWN,
+                                "node": entry.node if entry else membership.UNKNOWN})
+        self.lock = threading.Lock()
+        self.heartbeat: Heartbeat | None = None
+        self._trainer: ElasticHost | None = None
 
     def join(self) -> None:
         """Initialise the default process group of generation 0 (Gloo) through the store; a
         joining member (:attr:`joining`) a world of one until its first step."""
         import torch.distributed as dist
 
+        self.store.set(membership.INFO_KEY.format(member=self.member), self.info)
+        # its own connection, made before the snapshot: the cut never shuts the heartbeat's
+        self.heartbeat = Heartbeat(_connect(self.address, timeout_s=self.rendezvous_timeout_s),
+                                   self).start()
+        atexit.register(self.at_exit)
+        _watch_uncaught()
         self._sockets_before = sockets.snapshot()  # the generation's connections: until attach
         if self.joining is not None:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -187,6 +215,7 @@ class Membership:
     def attach(self, trainer: ElasticHost) -> None:
         """Become ``trainer``'s membership part (its metrics report the generation)."""
         trainer.membership = self
+        self._trainer = trainer
         self.metrics = trainer.metrics
         trainer.stop.watch_joins(self.join_waiting)
         self.sockets = sockets.opened_since(self._sockets_before)  # the groups the Trainer built
@@ -245,28 +274,72 @@ class Membership:
 
     def _join_running_job(self, trainer: ElasticHost,
                           optimizer: torch.optim.Optimizer) -> StepResult:
-        """Say ready, wait for the running ranks to let this member in, take their state."""
+        """Say ready (a ``next`` joiner: first ask the keeper which generation adds it), wait for
+        the running ranks to let this member in, take their state."""
         started = time.perf_counter()
+        if self.joining == membership.JOIN_NEXT:
+            assigned = membership.ASSIGNED_KEY.format(member=self.member)
+            if self.store.check([assigned]):  # a previous incarnation's answer
+                self.store.delete_key(assigned)
+            self.store.set(membership.WANT_KEY.format(member=self.member), self.info)
+            self._wait_or_finish(assigned, "assigned a generation by the membership keeper")
+            self.joining = int(self.store.get(assigned))
         generation = int(self.joining)  # type: ignore[arg-type]
         key = membership.GENERATION_KEY.format(generation=generation)
         self.store.set(membership.READY_KEY.format(generation=generation, member=self.member), "1")
-        admitted = membership.ADMITTED_KEY.format(generation=generation)
-        deadline = time.monotonic() + self.rendezvous_timeout_s
-        while not self.store.check([admitted]):
-            if self.store.check([membership.FINISHED_KEY]):  # the job ended before we could join
-                print(f"heterotrain: member {self.member}: the job finished before this rank "
-                      "could join it; exiting", file=sys.stderr, flush=True)
-                sys.exit(0)
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"member {self.member} was not let into generation "
-                                   f"{generation} within {self.rendezvous_timeout_s:g} s "
-                                   "(HTJ_RENDEZVOUS_TIMEOUT_S)")
-            time.sleep(JOIN_POLL_S)
+        self._wait_or_finish(membership.ADMITTED_KEY.format(generation=generation),
+                             f"let into generation {generation}")
         announced = membership.Generation.from_json(generation, self.store.get(key))
         self.joining = None
         self._reform(trainer, optimizer, announced, epoch=0, cursor=0, completed=False,
                      global_batch=0, error=None, fresh=True)
         return _skipped(started)
+
+    def _wait_or_finish(self, key: str, what: str) -> None:
+        """Poll (:data:`JOIN_POLL_S`) until ``key`` is set; exit 0 when the job finished first.
+
+        Raises:
+            RuntimeError: not ``what`` within the rendezvous timeout.
+        """
+        deadline = time.monotonic() + self.rendezvous_timeout_s
+        while not self.store.check([key]):
+            if self.store.check([membership.FINISHED_KEY]):  # the job ended before we could join
+                print(f"heterotrain: member {self.member}: the job finished before this rank "
+                      "could join it; exiting", file=sys.stderr, flush=True)
+                sys.exit(0)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"member {self.member} was not {what} within "
+                                   f"{self.rendezvous_timeout_s:g} s (HTJ_RENDEZVOUS_TIMEOUT_S)")
+            time.sleep(JOIN_POLL_S)
+
+    def ended_well(self) -> bool:
+        """True when this rank's training ended well: it joined, the Trainer left the process
+        group (:meth:`hetero_worker.trainer.Trainer.close` passed its leaving barrier with every
+        rank), not for a graceful stop (exit 75), and no exception reached ``sys.excepthook``."""
+        import torch.distributed as dist
+
+        trainer = self._trainer
+        return (trainer is not None and self.joining is None and not dist.is_initialized()
+                and not trainer.stop.stopping and not _UNCAUGHT)
+
+    def at_exit(self) -> None:
+        """At interpreter exit (``atexit``): set ``elastic/done/<member>`` when the training
+        ended well (:meth:`ended_well`), then :meth:`close`. A SIGKILLed process or ``os._exit``
+        never gets here, so it is never counted done. Store errors are ignored (the keeper
+        may be gone)."""
+        try:
+            if self.ended_well():
+                self.store.set(membership.DONE_KEY.format(member=self.member), "1")
+        except Exception as exc:  # noqa: BLE001  exiting anyway
+            print(f"heterotrain: member {self.member}: could not say done ({exc})",
+                  file=sys.stderr, flush=True)
+        self.close()
+
+    def close(self) -> None:
+        """Stop the heartbeat (idempotent)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
+            self.heartbeat = None
 
     def _await_generation(self) -> membership.Generation | None:
         """The newest generation announced after ours, waiting up to :data:`ANNOUNCE_WAIT_S` for
@@ -293,26 +366,27 @@ class Membership:
             raise RuntimeError(f"member {self.member} is not in generation "
                                f"{announced.generation} ({list(announced.members)})")
         old_members = self.members
-        sockets.cut(self.sockets)  # peers blocked on us notice now, not at their timeout
-        dist.destroy_process_group()  # every group of the old generation
-        before = sockets.snapshot()
-        self.generation, self.members = announced.generation, announced.members
-        self._lost_at_s = announced.lost_at_s
-        rank = self.members.index(self.member)
-        self._init_group(rank, len(self.members))
-        mine = [-1 if fresh else trainer.global_step, epoch, cursor, completed, global_batch]
-        views: list[Any] = [None] * len(self.members)
-        dist.all_gather_object(views, mine)
-        source = max(range(len(views)), key=lambda r: (views[r][0], -r))
-        if any(v[0] != views[source][0] for v in views):  # a survivor completed it; a joiner
-            _adopt_state(trainer, optimizer, source)
-        trainer.global_step, epoch, cursor, source_completed, global_batch = views[source]
-        redone = not source_completed  # nobody completed the interrupted step: it is redone
-        topology = reform.shrunk_topology(self.launch_topology, self.members)
-        split = reform.member_split(global_batch, self.launch_topology, self.members)
-        reform.apply(trainer, reform.rank_contract(trainer.contract, topology, rank),
-                     split=split, epoch=epoch, cursor=cursor)
-        self.sockets = sockets.opened_since(before)
+        with self.lock:  # from the cut until the new sockets are known: no heartbeat cut
+            sockets.cut(self.sockets)  # peers blocked on us notice now, not at their timeout
+            dist.destroy_process_group()  # every group of the old generation
+            before = sockets.snapshot()
+            self.generation, self.members = announced.generation, announced.members
+            self._lost_at_s = announced.lost_at_s
+            rank = self.members.index(self.member)
+            self._init_group(rank, len(self.members))
+            mine = [-1 if fresh else trainer.global_step, epoch, cursor, completed, global_batch]
+            views: list[Any] = [None] * len(self.members)
+            dist.all_gather_object(views, mine)
+            source = max(range(len(views)), key=lambda r: (views[r][0], -r))
+            if any(v[0] != views[source][0] for v in views):  # a survivor completed it; a joiner
+                _adopt_state(trainer, optimizer, source)
+            trainer.global_step, epoch, cursor, source_completed, global_batch = views[source]
+            redone = not source_completed  # nobody completed the interrupted step: it is redone
+            topology = reform.shrunk_topology(self.launch_topology, self.members)
+            split = reform.member_split(global_batch, self.launch_topology, self.members)
+            reform.apply(trainer, reform.rank_contract(trainer.contract, topology, rank),
+                         split=split, epoch=epoch, cursor=cursor)
+            self.sockets = sockets.opened_since(before)  # every group of the new generation
         self.last_reform_s = time.perf_counter() - started
         if redone:
             self.steps_redone += 1
@@ -326,6 +400,24 @@ class Membership:
               f"split {split}, continuing at step {trainer.global_step + 1} "
               f"({'redone' if redone else 'next'}; no checkpoint read)",
               file=sys.stderr, flush=True)
+
+
+_UNCAUGHT: list[BaseException] = []
+"""Exceptions that reached ``sys.excepthook`` (such a process did not end well)."""
+
+
+def _watch_uncaught() -> None:
+    """Wrap ``sys.excepthook`` (once) so that :data:`_UNCAUGHT` records an uncaught exception."""
+    hook = sys.excepthook
+    if getattr(hook, "_heterotrain_notes", False):
+        return
+
+    def note(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        _UNCAUGHT.append(value)
+        hook(kind, value, tb)
+
+    note._heterotrain_notes = True  # type: ignore[attr-defined]
+    sys.excepthook = note
 
 
 def _skipped(started: float) -> StepResult:
