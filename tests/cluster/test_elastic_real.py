@@ -2,7 +2,8 @@
 of 4 ranks on 3 nodes (A100, V100, node-t4 with 2x T4) loses node-t4 when its kubelet stops; the
 job goes on with 2 ranks, the survivors' pods never restart (same uids, same processes); the node
 comes back and the job grows back to 4 at a step boundary; ``status.elastic`` and Events show both
-changes, and neither counts as a restart.
+changes, and neither counts as a restart. Then node-t4 dies again while the spare T4 node is free:
+the lost pod comes back on the spare (a reclaimed spot node replaced by a new one).
 
 The operator (kopf, in process), the real kube-apiserver, scheduler and controller-manager (its
 node lifecycle controller turns the node ``Ready=Unknown`` once the lease is stale) and the local
@@ -18,14 +19,14 @@ from typing import Any
 
 import pytest
 from builders import digits_job
-from realcluster import GRACE_S, RealCluster
+from realcluster import GRACE_S, SPARE, RealCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-MAX_STEPS = 160
-"""Long enough that the job still runs after the node came back and its ranks joined (about 0.3 s
-a step with the simulated delay below, on this 2-core machine: one run grew back at step 27); the
-job is checked to end well."""
+MAX_STEPS = 200
+"""Long enough that the job still runs after its ranks joined twice (about 0.3 s a step with the
+simulated delay below, on this 2-core machine: one run grew back at step 30 and again at step 52);
+the job is checked to end well."""
 
 
 def _elastic(job: dict[str, Any]) -> dict[str, Any]:
@@ -82,8 +83,26 @@ def test_an_elastic_job_shrinks_when_its_t4_node_dies_and_grows_back_when_it_ret
         assert (_elastic(grown)["ranks"], _elastic(grown)["reason"], _elastic(grown)["regrows"]) == \
             (4, "ElasticGrow", 1)
         cluster.wait_for(lambda: re.search(r"generation 2: 2 -> 4 ranks", cluster.log(ns, "el-membership")),
-                         120, "the keeper's growth (the T4 ranks joined at a step boundary)")
+                         120, "the keeper's growth")
+        # the ranks re-formed with the T4 ranks (rank 0 prints it once the switch is done); a loss
+        # during a re-formation is not handled (docs/elastic.md), so the next one waits for this
+        cluster.wait_for(lambda: re.search(r"joined; generation 2: 2 -> 4 ranks, split \[70, 28, 15, 15\]",
+                                           cluster.log(ns, "el-g0")), 60, "the T4 ranks joined at a step boundary")
+        # node-t4 dies again while the spare T4 node is free: the pod comes back there
+        cluster.core.patch_node(SPARE, {"spec": {"unschedulable": False}})
+        revived = False
+        cluster.loop.call_soon_threadsafe(cluster.kubelet.stop_heartbeat, "node-t4")
+        moved = cluster.wait_for(lambda: _elastic(cluster.job("el", ns) or {}).get("generation") == 4
+                                 and cluster.job("el", ns), GRACE_S + 90, "the shrink and the move")
+        assert (_elastic(moved)["ranks"], _elastic(moved)["reason"], _elastic(moved)["regrows"]) == \
+            (4, "ElasticGrow", 2)
+        assert _elastic(moved)["message"].startswith(f"Pod el-g2 on {SPARE} (node-t4 is not healthy")
+        cluster.wait_for(lambda: re.search(r"joined; generation 4: 2 -> 4 ranks", cluster.log(ns, "el-g0")),
+                         120, "the T4 ranks joined again from the spare")
+        assert {p["metadata"]["name"]: p["spec"].get("nodeName") for p in cluster.pods(ns, job="el")}[
+            "el-g2"] == SPARE
     finally:
+        cluster.core.patch_node(SPARE, {"spec": {"unschedulable": True}})
         if not revived:
             _revived(cluster)
     done = cluster.finished("el", ns, 300)
@@ -93,7 +112,7 @@ def test_an_elastic_job_shrinks_when_its_t4_node_dies_and_grows_back_when_it_ret
     after = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods(ns, job="el")}
     assert {n: after.get(n) for n in survivors} == survivors  # never restarted
     counts = cluster.event_counts("el", ns)
-    assert (counts.get("ElasticShrink"), counts.get("ElasticGrow")) == (1, 1), counts
+    assert (counts.get("ElasticShrink"), counts.get("ElasticGrow")) == (2, 2), counts
     rank0 = cluster.log(ns, "el-g0")
     assert "resumed at step" not in rank0 and "no checkpoint read" in rank0
     t4 = cluster.log(ns, "el-g2")

@@ -41,10 +41,11 @@ def _pods(*phases: str, **over: Any) -> list[lc.PodState]:
 
 def _decide(pods: list[lc.PodState], *, nodes: dict[str, NodeHealth] = NODES, min_ranks: int = 2,
             max_ranks: int = 4, state: ElasticStatus | None = None,
-            policy: RunPolicy = POLICY) -> lc.Decision:
+            policy: RunPolicy = POLICY, spares: dict[str, dict[str, int]] | None = None) -> lc.Decision:
     job = lc.JobState(phase="Running", attempt=1, start_s=NOW - 200, planned_pods=PLANNED)
     ej = lc.ElasticJob(spec=ElasticSpec(min_ranks=min_ranks, max_ranks=max_ranks),
-                       state=state or ElasticStatus(attempt=1, ranks=4), keeper=KEEPER)
+                       state=state or ElasticStatus(attempt=1, ranks=4), keeper=KEEPER,
+                       spares=spares or {})
     return lc.decide(job, policy, pods, nodes=nodes, now_s=NOW, timing=TIMING, elastic=ej)
 
 
@@ -113,8 +114,9 @@ def test_the_removed_pod_is_created_again_when_its_node_is_healthy() -> None:
     assert _decide(pods, nodes=LOST_T4, state=state).action == lc.RUNNING  # still down: wait
     d = _decide(pods, nodes=NODES, state=state)
     assert (d.action, d.reason, d.create_pods) == (lc.GROW, GROW_REASON, ("job-g2",))
-    assert d.message.startswith("Node node-t4 healthy again: pod job-g2 (2 Tesla-T4 ranks) created "
-                                "again to join the running job at a step boundary (2 -> 4 ranks")
+    assert d.message.startswith("Pod job-g2 on node-t4 (node-t4 healthy again): 2 Tesla-T4 ranks "
+                                "created again to join the running job at a step boundary (2 -> 4 ranks")
+    assert d.create_on == {}
     grown = _state(d)
     assert (grown.generation, grown.ranks, grown.lost, grown.regrows) == (2, 4, (), 1)
     assert grown.gpu_types == (("A100", 1), ("V100", 1), ("Tesla-T4", 2))
@@ -150,3 +152,18 @@ def test_while_a_pod_grows_back_the_job_stays_running() -> None:
     state = ElasticStatus(attempt=1, ranks=4, generation=2, regrows=1)
     d = _decide(_pods("Running", "Running", "Pending"), state=state)
     assert (d.action, d.phase, d.reason) == (lc.WAIT, "Running", "PodsPending")
+
+
+def test_while_its_node_is_down_a_removed_pod_comes_back_on_another_node_of_its_gpu_type() -> None:
+    """A spot T4 node reclaimed, another T4 node free: the pod comes back there; a node with too
+    few free T4s, or one that is not healthy, is passed over."""
+    state = _state(_decide(_pods("Running", "Running", "Running"), nodes=LOST_T4))
+    pods = [p for p in _pods("Running", "Running", "Running") if p.name != "job-g2"]
+    nodes = {**LOST_T4,  # the health view knows only the job's nodes (node-t4-c is not one)
+             "node-t4-sick": NodeHealth(name="node-t4-sick", unhealthy_since_s=NOW - 5, why="Ready=False")}
+    spares = {"Tesla-T4": {"node-t4-b": 1, "node-t4-c": 2, "node-t4-sick": 2}, "Tesla-V100": {"node-v": 4}}
+    d = _decide(pods, nodes=nodes, state=state, spares=spares)
+    assert (d.action, d.create_pods, d.create_on) == (lc.GROW, ("job-g2",), {"job-g2": "node-t4-c"})
+    assert d.message.startswith("Pod job-g2 on node-t4-c (node-t4 is not healthy; node-t4-c has free "
+                                "Tesla-T4s): 2 Tesla-T4 ranks created again")
+    assert _decide(pods, nodes=nodes, state=state, spares={"Tesla-T4": {"node-t4-b": 1}}).action == lc.RUNNING

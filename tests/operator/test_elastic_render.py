@@ -11,6 +11,7 @@ from hetero_operator.api import types as model
 from hetero_operator.cluster.inventory import build_inventory
 from hetero_operator.controller.elasticpods import ElasticPods
 from hetero_operator.devcluster import podenv
+from hetero_operator.lifecycle import status as st
 from hetero_operator.planning.plan import plan_job
 from hetero_operator.render import keeper
 from hetero_operator.render.env import render_rank_envs
@@ -85,6 +86,12 @@ def test_every_rank_meets_through_the_keepers_store_and_a_regrown_pod_joins_next
     assert env[envnames.ELASTIC_JOIN_GENERATION] == "next"
     assert envnames.ELASTIC_JOIN_GENERATION not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert again["metadata"] == pod["metadata"] and again["spec"]["affinity"] == pod["spec"]["affinity"]
+    moved = keeper.on_node(again, "node-t4-b")
+    terms = moved["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [{"matchFields": [{"key": "metadata.name", "operator": "In",
+                                                            "values": ["node-t4-b"]}]}]
+    assert st.pod_state(moved, planned_node="node-t4").node == "node-t4-b"  # pinned, not yet bound
+    assert st.pod_state(pod, planned_node="node-t4").node == "node-t4"
 
 
 def test_the_local_kubelet_remaps_the_store_address_to_the_attempts_master_port() -> None:
@@ -100,3 +107,17 @@ def test_the_local_kubelet_remaps_the_store_address_to_the_attempts_master_port(
     env = podenv.container_env(pod, container, {}, lookup=lambda *a: None, port_for=port_for)
     assert (env["MASTER_PORT"], env["HTJ_ELASTIC_STORE"]) == ("41234", "127.0.0.1:41234")
     assert asked == ["MASTER_PORT", "MASTER_PORT"]
+
+
+def test_free_whole_gpus_counts_what_no_pod_holds_on_usable_nodes_only() -> None:
+    from builders import make_pod
+
+    from hetero_operator.controller.planner import free_whole_gpus
+
+    nodes = [make_node("node-t4", product="Tesla-T4", count=2, memory_mib=15360, cc="7.5"),
+             make_node("node-t4-b", product="Tesla-T4", count=2, memory_mib=15360, cc="7.5"),
+             make_node("node-t4-c", product="Tesla-T4", count=2, memory_mib=15360, cc="7.5",
+                       unschedulable=True),
+             make_node("node-mig", mig_single="1g.5gb")]
+    pods = [make_pod("node-t4-b", {"nvidia.com/gpu": 1}), make_pod("node-t4", {"nvidia.com/gpu": 2})]
+    assert free_whole_gpus(_job(), nodes, pods) == {"Tesla-T4": {"node-t4": 0, "node-t4-b": 1}}

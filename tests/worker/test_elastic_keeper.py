@@ -18,8 +18,8 @@ import torch
 
 from elastic_ranks import (N_SAMPLES, SIGNAL_ENV, assert_each_sample_once, read_rows,
                            reference_params, start_member)
-from hetero_worker.membership.keeper import (Change, Finish, Keeper, KeeperRules, Refusal,
-                                             startup_bound_s)
+from hetero_worker.membership.keeper import (JOIN_BATCH_S, Change, Finish, Keeper, KeeperRules,
+                                             Refusal, startup_bound_s)
 from hetero_worker.membership.keeper import main as keeper_main
 from hetero_worker.runtime.simulation import free_port
 from heterotrain_common import envnames, membership
@@ -129,6 +129,23 @@ def test_a_member_grows_back_only_after_the_shrink_resumed_and_up_to_max_ranks()
     assert _tick(rules, 121.9, {0: 4, 1: 5, 2: 5, 3: 4}, wants={2: T4}, resumed=True) == []
     [shrink] = _tick(rules, 122.0, {0: 5, 1: 5, 2: 5, 3: 5}, resumed=True)
     assert shrink.generation.members == (0, 3) and shrink.generation.lost[0]["member"] == 1
+
+
+def test_the_ranks_of_one_pod_started_again_join_in_one_generation() -> None:
+    """Members 2 and 3 (one pod) lost; 3 asks in first: the keeper waits for 2 (up to
+    JOIN_BATCH_S), then adds both at once; alone, 3 is added once the window has passed."""
+    for second_at_s, expected in ((115.0, (2, 3)), (None, (3,))):
+        rules = _rules()
+        _tick(rules, 100.0, {0: 1, 1: 1, 2: 1, 3: 1})
+        [_] = _tick(rules, 110.0, {0: 2, 1: 2, 2: 1, 3: 1})
+        assert _tick(rules, 111.0, {0: 3, 1: 3}, wants={3: T4}, resumed=True) == []
+        if second_at_s is not None:
+            [grow] = _tick(rules, second_at_s, {0: 4, 1: 4}, wants={2: T4, 3: T4}, resumed=True)
+        else:
+            assert _tick(rules, 111.0 + JOIN_BATCH_S - 0.01, {0: 4, 1: 4}, wants={3: T4},
+                         resumed=True) == []
+            [grow] = _tick(rules, 111.0 + JOIN_BATCH_S, {0: 5, 1: 5}, wants={3: T4}, resumed=True)
+        assert tuple(j["member"] for j in grow.generation.joined) == expected
 
 
 def test_a_current_member_that_wants_in_again_is_lost_at_once() -> None:

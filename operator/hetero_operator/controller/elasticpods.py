@@ -14,7 +14,7 @@ attempt renders the pods anew (docs/elastic.md).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -32,11 +32,21 @@ log = logging.getLogger(__name__)
 NOT_REMEMBERED = "ElasticGrowUnavailable"
 
 
-class ElasticPods:
-    """The rendered rank pods of every elastic job's current attempt, by ``(namespace, name)``."""
+FreeGpus = Callable[[JobSpec], Mapping[str, Mapping[str, int]]]
+"""Free whole GPUs per GFD product and node for a job's pods
+(:func:`hetero_operator.controller.planner.free_whole_gpus` over the indexes)."""
 
-    def __init__(self) -> None:
+
+class ElasticPods:
+    """The rendered rank pods of every elastic job's current attempt, by ``(namespace, name)``.
+
+    Args:
+        free: where a lost pod may come back (read only while a job has lost pods).
+    """
+
+    def __init__(self, free: FreeGpus | None = None) -> None:
         self._pods: dict[tuple[str, str], tuple[int, dict[str, dict[str, Any]]]] = {}
+        self._free = free
 
     @staticmethod
     def master_addr(spec: JobSpec, plan: Plan, domain: str) -> str:
@@ -75,13 +85,15 @@ class ElasticPods:
         """Drop what is kept of a deleted job."""
         self._pods.pop((namespace, name), None)
 
-    @staticmethod
-    def job(spec: JobSpec, status: Mapping[str, Any], attempt: int) -> ElasticJob | None:
-        """What the lifecycle needs of an elastic job; None when ``spec`` is not elastic."""
+    def job(self, spec: JobSpec, status: Mapping[str, Any], attempt: int) -> ElasticJob | None:
+        """What the lifecycle needs of an elastic job (with the free GPUs when it has lost pods);
+        None when ``spec`` is not elastic."""
         if spec.elastic is None:
             return None
-        return ElasticJob(spec=spec.elastic, state=ElasticStatus.from_status(status, attempt),
-                          keeper=keeper.keeper_name(spec.name))
+        state = ElasticStatus.from_status(status, attempt)
+        spares = self._free(spec) if state.lost and self._free is not None else {}
+        return ElasticJob(spec=spec.elastic, state=state, keeper=keeper.keeper_name(spec.name),
+                          spares=spares)
 
     async def grow(self, api: Any, job: Mapping[str, Any], attempt: int,
                    d: lc.Decision) -> lc.Decision:
@@ -96,9 +108,15 @@ class ElasticPods:
                                  "that has since restarted, so this one cannot create them again "
                                  "as planned; the job goes on with the ranks it has (a restart of "
                                  "the job renders every pod anew)")
+        claimed = [n for n in d.create_pods if n in d.create_on and kept[n]["spec"].get("resourceClaims")]
+        if claimed:  # a DRA claim template is made for its node's devices
+            return _not_grown(d, f"pod(s) {', '.join(claimed)} claim their GPUs through DRA and "
+                                 "come back only on their own node")
         try:
             for name in d.create_pods:
-                await create_core_owned(api, keeper.joining(kept[name]), job)
+                pod = keeper.joining(kept[name])
+                await create_core_owned(api, keeper.on_node(pod, d.create_on[name])
+                                        if name in d.create_on else pod, job)
         except Exception as exc:  # noqa: BLE001 - the next reconcile decides again
             log.warning("%s/%s: cannot create %s again: %s", meta["namespace"], meta["name"],
                         ", ".join(d.create_pods), exc)

@@ -83,6 +83,27 @@ def plan_on_indexes(spec: JobSpec, nodes: Sequence[Mapping[str, Any]],
     return result, replace(drainv, inventory=Inventory(nodes=(), excluded=()))
 
 
+def free_whole_gpus(spec: JobSpec, nodes: Sequence[Mapping[str, Any]],
+                    pods: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Free whole GPUs (``nvidia.com/gpu``, neither MIG nor shared) per GFD product and node, on
+    the nodes ``spec``'s pods may use now (healthy, not cordoned, not tainted against them, the
+    template's node selector): where an elastic job's lost pod may come back
+    (:mod:`hetero_operator.lifecycle.elastic`).
+
+    Args:
+        spec: the job (its template's tolerations and node selector).
+        nodes: the node index's Nodes.
+        pods: every GPU pod the nodes hold or will hold, the job's own included.
+    """
+    inventory = restrict_to_template(build_indexed_inventory(
+        nodes, list(pods), tolerations=pod_tolerations(spec.worker.template)), spec.worker.template)
+    free: dict[str, dict[str, int]] = {}
+    for d in inventory.devices():
+        if not d.mig_profile and d.time_sliced_replicas == 1 and d.resource_name == "nvidia.com/gpu":
+            free.setdefault(d.product, {})[d.node] = d.free
+    return free
+
+
 async def plan_inputs(api: Any, spec: JobSpec, config: OperatorConfig, *, now_s: float) -> PlanInputs:
     """Prices and links from the settings; learned speeds of the job's profileKey from the
     namespace's ``heterotrain-profiles`` ConfigMap (:mod:`hetero_operator.planning.profiles`); an

@@ -45,7 +45,8 @@ from hetero_operator.controller.metrics import OperatorMetrics
 from hetero_operator.controller.objects import (Gate, KueueGate, replace_claim_templates,
                                                 dra_objects, WARNED_GATE_REASONS)
 from hetero_operator.controller.ownership import NotOwned, create_core_owned
-from hetero_operator.controller.planner import plan_inputs, plan_on_indexes, with_default_images
+from hetero_operator.controller.planner import (free_whole_gpus, plan_inputs, plan_on_indexes,
+                                                with_default_images)
 from hetero_operator.controller.progress import (METRICS_UNREADABLE, MetricsUrlFn, ProgressReader,
                                                  default_metrics_url)
 from hetero_operator.controller.rankevents import RankCheckpointEvents
@@ -112,7 +113,9 @@ class Reconciler:
         self.reservations = Reservations()  # planned pods the pod index has not seen yet
         self.ckpt_events = RankCheckpointEvents(self.events)  # CheckpointFallback / NotResumed
         self.node_first_seen = FirstSeen()  # time-less NotReady marks, dated at first sight
-        self.elastic = ElasticPods()  # an elastic job's keeper pod and the pods it grows back
+        self.elastic = ElasticPods(free=lambda spec: free_whole_gpus(  # where a lost pod may come back
+            spec, self.nodes(), [*self.gpu_pods(), *self.reservations.held_by_others(
+                (spec.namespace, spec.name), self.gpu_pods(), now_s=self.clock())]))
 
     # --- kicks -----------------------------------------------------------------------------
 

@@ -11,9 +11,10 @@ the job is ``Created``/``Running``:
   announces the new generation: ``hetero_worker.membership.keeper``), nothing is counted in
   ``status.restarts`` or ``status.infrastructureRestarts``. Below ``minRanks`` this module says
   nothing and the gang restart of a job without ``spec.elastic`` happens;
-* **grow**: a pod removed by a shrink whose planned node is healthy again is created again (same
-  name, same node, with ``HTJ_ELASTIC_JOIN_GENERATION=next``: its ranks join the running job at a
-  step boundary with a peer's state) while the job would have at most ``spec.elastic.maxRanks``
+* **grow**: a pod removed by a shrink is created again (same name, with
+  ``HTJ_ELASTIC_JOIN_GENERATION=next``: its ranks join the running job at a step boundary with a
+  peer's state) on its node once that is healthy again, or, while it is not, on another healthy
+  node with as many free whole GPUs of its GPU type (a spot node replaced by a new one), while the job would have at most ``spec.elastic.maxRanks``
   ranks, at most ``spec.runPolicy.backoffLimit`` times per attempt (a pod that fails each time it
   starts would otherwise loop, as in ``heterotrain run``);
 * **success**: when rank 0's pod was lost, the job has succeeded once every remaining rank pod has.
@@ -141,11 +142,14 @@ class ElasticJob:
         spec: ``spec.elastic``.
         state: ``status.elastic`` of the current attempt.
         keeper: the name of its membership keeper pod.
+        spares: free whole GPUs per GFD product and node (where a lost pod whose node is still
+            not healthy may come back; read only while the job has lost pods).
     """
 
     spec: ElasticSpec
     state: ElasticStatus
     keeper: str
+    spares: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def nodes(self) -> frozenset[str]:
@@ -189,16 +193,31 @@ def elastic_decision(job: JobState, policy: RunPolicy, ej: ElasticJob, pods: Seq
                                 f"{alive_ranks + sum(p.ranks for p in state.lost)} ranks; "
                                 f"{', '.join(sorted(gone))} lost).")
     present = {p.name for p in pods}
-    back = [lp for lp in state.lost if lp.pod not in present and _healthy(health, lp.node)]
     room = elastic.max_ranks - alive_ranks
-    joining: list[LostPod] = []
-    for lp in back:
-        if lp.ranks <= room and state.regrows + len(joining) < policy.backoff_limit:
-            joining.append(lp)
+    free = {t: dict(by_node) for t, by_node in ej.spares.items()}
+    joining: list[tuple[LostPod, str]] = []
+    for lp in state.lost:
+        if lp.pod in present or lp.ranks > room or state.regrows + len(joining) >= policy.backoff_limit:
+            continue
+        node = lp.node if _healthy(health, lp.node) else _spare(free, lp, health)
+        if node:
+            joining.append((lp, node))
             room -= lp.ranks
     if joining and job.phase in (c.CREATED, c.RUNNING):
         return _grow(elastic, state, joining, alive, alive_ranks, now_s)
     return None
+
+
+def _spare(free: dict[str, dict[str, int]], lp: LostPod, health: NodeView) -> str:
+    """A node other than ``lp``'s with ``lp.ranks`` free GPUs of its type (the first by name; the
+    spares list usable nodes only, and one the job's health view knows as unhealthy is passed
+    over), taken from ``free``; ``""`` when none."""
+    by_node = free.get(lp.gpu_type) or {}
+    node = next((n for n in sorted(by_node) if n != lp.node and by_node[n] >= lp.ranks
+                 and _not_known_unhealthy(health, n)), "")
+    if node:
+        by_node[node] -= lp.ranks
+    return node
 
 
 def _lost(p: PodState, health: NodeView) -> bool:
@@ -209,6 +228,12 @@ def _lost(p: PodState, health: NodeView) -> bool:
     if p.phase == "Failed":
         return not p.startup_error
     return health.lost(p.node) or p.deleting or p.disruption not in ("", STOPPED_AT_CHECKPOINT)
+
+
+def _not_known_unhealthy(health: NodeView, node: str) -> bool:
+    """The spares come from usable nodes only; the health view knows just the job's nodes."""
+    h = health.health(node)
+    return h is None or h.healthy
 
 
 def _healthy(health: NodeView, node: str) -> bool:
@@ -255,13 +280,17 @@ def _shrink(job: JobState, elastic: ElasticSpec, state: ElasticStatus, lost: Seq
                     requeue_s=POLL_DELETING_S)
 
 
-def _grow(elastic: ElasticSpec, state: ElasticStatus, joining: Sequence[LostPod],
+def _grow(elastic: ElasticSpec, state: ElasticStatus, placed: Sequence[tuple[LostPod, str]],
           alive: Sequence[PodState], alive_ranks: int, now_s: float) -> Decision:
+    joining = [lp for lp, _ in placed]
+    moved = {lp.pod: node for lp, node in placed if node != lp.node}
     added = sum(lp.ranks for lp in joining)
-    nodes = sorted({lp.node for lp in joining})
-    message = (f"Node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)} healthy again: pod"
-               f"{'s' if len(joining) > 1 else ''} {', '.join(lp.pod for lp in joining)} "
-               f"({added} {joining[0].gpu_type or 'unknown GPU'} rank{'s' if added > 1 else ''}) "
+    where = "; ".join(f"{lp.pod} on {node}" + (f" ({lp.node} is not healthy; {node} has free "
+                                                f"{lp.gpu_type or 'GPU'}s)" if node != lp.node
+                                                else f" ({node} healthy again)")
+                      for lp, node in placed)
+    message = (f"Pod{'s' if len(joining) > 1 else ''} {where}: "
+               f"{added} {joining[0].gpu_type or 'unknown GPU'} rank{'s' if added > 1 else ''} "
                f"created again to join the running job at a step boundary ({alive_ranks} -> "
                f"{alive_ranks + added} ranks, spec.elastic.maxRanks {elastic.max_ranks}); its "
                "ranks take a peer's state, no checkpoint is read.")
@@ -274,7 +303,7 @@ def _grow(elastic: ElasticSpec, state: ElasticStatus, joining: Sequence[LostPod]
                   changed_s=now_s, lost=tuple(lp for lp in state.lost if lp.pod not in names),
                   regrows=state.regrows + len(joining))
     return Decision(action=GROW, phase=c.RUNNING, reason=GROW_REASON, message=message,
-                    create_pods=tuple(sorted(names)), elastic=new.to_status())
+                    create_pods=tuple(sorted(names)), create_on=moved, elastic=new.to_status())
 
 
 def started(ranks: int, gpu_types: Sequence[tuple[str, int]], attempt: int) -> dict[str, Any]:

@@ -84,7 +84,7 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "",
     return PodState(
         name=meta.get("name", ""), first_rank=-1 if keeper else int(labels.get(LABEL_RANK, "0")),
         phase=st.get("phase") or "Pending",
-        node=(pod.get("spec") or {}).get("nodeName") or planned_node,
+        node=(pod.get("spec") or {}).get("nodeName") or pinned_node(pod) or planned_node,
         deleting=bool(meta.get("deletionTimestamp")),
         deletion_s=c.parse_iso(meta.get("deletionTimestamp")),
         created_s=c.parse_iso(meta.get("creationTimestamp")),
@@ -97,6 +97,19 @@ def pod_state(pod: Mapping[str, Any], planned_node: str = "",
         log_tail=startup.log_tail(done), startup_error=startup.startup_error(done),
         result=startup.result(done), unschedulable=startup.unschedulable(st),
     )
+
+
+def pinned_node(pod: Mapping[str, Any]) -> str:
+    """The node a pod not yet bound is pinned to (its required node affinity's ``metadata.name``
+    field, as :func:`hetero_operator.render.pods.node_affinity` writes it); ``""`` when none (an
+    elastic pod coming back on another node than ``status.plan`` says)."""
+    affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
+    terms = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ()
+    for term in terms:
+        for f in term.get("matchFields") or ():
+            if f.get("key") == "metadata.name" and f.get("operator") == "In" and len(f.get("values") or ()) == 1:
+                return str(f["values"][0])
+    return ""
 
 
 def ranks_of(text: str) -> int:

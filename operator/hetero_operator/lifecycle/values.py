@@ -152,7 +152,8 @@ class Decision:
         node_loss: the node lost, for ``status.lastNodeLoss``.
         disruption: what the cluster did, for ``status.lastDisruption``.
         create_pods: pod names to create again (:data:`GROW`: removed by an elastic shrink,
-            their node healthy again).
+            their node healthy again, or another node of their GPU type free).
+        create_on: of those, the ones that come back on another node than planned: pod -> node.
         elastic: the new ``status.elastic`` (:mod:`hetero_operator.lifecycle.elastic`); None:
             unchanged.
     """
@@ -170,6 +171,7 @@ class Decision:
     node_loss: NodeLoss | None = None
     disruption: str = ""
     create_pods: tuple[str, ...] = ()
+    create_on: Mapping[str, str] = field(default_factory=dict, hash=False)
     elastic: Mapping[str, Any] | None = field(default=None, hash=False)
 
 

@@ -67,6 +67,19 @@ def joining(pod: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def on_node(pod: Mapping[str, Any], node: str) -> dict[str, Any]:
+    """A copy of rank pod ``pod`` pinned to ``node`` instead of its planned node (an elastic pod
+    coming back on another node of its GPU type): the node pin of each required node term
+    (:func:`hetero_operator.render.pods.node_affinity`) names ``node``."""
+    out = copy.deepcopy(dict(pod))
+    required = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for term in required["nodeSelectorTerms"]:
+        for field in term.get("matchFields") or ():
+            if field.get("key") == "metadata.name":
+                field["values"] = [node]
+    return out
+
+
 def render_keeper(job: JobSpec, elastic: ElasticSpec, plan: Plan, *, master_port: int,
                   attempt: int, run_as_non_root: bool = True) -> dict[str, Any]:
     """The keeper pod of ``job``'s attempt ``attempt`` (``v1/Pod`` dict, no owner reference).

@@ -99,7 +99,8 @@ class Heartbeat:
             except Exception as exc:  # noqa: BLE001  the keeper gone or slow: keep trying
                 if not self._warned:
                     self._warned = True
-                    print(f"heterotrain: member {self.owner.member}: heartbeat failed ({exc}); "
+                    first = (str(exc).splitlines() or [type(exc).__name__])[0]  # not torch's C++ trace
+                    print(f"heterotrain: member {self.owner.member}: heartbeat failed ({first}); "
                           "retrying", file=sys.stderr, flush=True)
             self._stop.wait(self.interval_s)
 

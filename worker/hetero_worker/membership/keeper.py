@@ -47,6 +47,10 @@ POLL_S = 0.2
 """Seconds between two looks of the keeper at the store."""
 FINISH_GRACE_S = 2.0
 """Seconds the keeper keeps serving after it set ``elastic/finished`` (a waiting joiner sees it)."""
+JOIN_BATCH_S = 10.0
+"""How long the keeper holds a grow while fewer members ask in than are missing (and fit): the
+ranks of one pod started again ask within seconds of each other, and one generation re-forms the
+running ranks once instead of once per rank. All missing members asking: no wait."""
 STARTUP_FLOOR_S = 60.0
 """The least seconds a member has, from the keeper's start, to beat a first time."""
 UNKNOWN = membership.UNKNOWN
@@ -129,6 +133,7 @@ class KeeperRules:
     _beats: dict[int, _Beat] = field(default_factory=dict, init=False, repr=False)
     _joined: tuple[int, ...] = field(default=(), init=False, repr=False)  # the last grow's
     _refused: tuple[int, ...] = field(default=(), init=False, repr=False)  # said once
+    _first_want_s: float | None = field(default=None, init=False, repr=False)  # of a partial batch
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ranks <= min(self.launch, self.max_ranks):
@@ -168,8 +173,8 @@ class KeeperRules:
         lost = [m for m in self.members
                 if m not in done and (m in wants or self._timed_out(m, now_s))]
         if any(m not in wants for m in lost):  # one dead machine's ranks go in one generation
-            lost += [m for m in self.members if m not in done and m not in lost
-                     and self._timed_out(m, now_s, early_s=self._window_s)]
+            lost = sorted({*lost, *(m for m in self.members if m not in done
+                                    and self._timed_out(m, now_s, early_s=self._window_s))})
         if lost:
             action = self._lose(lost, wants, infos, at_s)
             return [action] if action is not None else []
@@ -226,7 +231,15 @@ class KeeperRules:
         room = self.max_ranks - len(self.members)
         wanting = sorted(m for m in wants if 0 <= m < self.launch and m not in self.members)
         if room <= 0 or not wanting:
+            self._first_want_s = None
             return None
+        missing = self.launch - len(self.members)
+        if len(wanting) < min(room, missing):  # the pod's other ranks may still be starting
+            if self._first_want_s is None:
+                self._first_want_s = now_s
+            if now_s - self._first_want_s < JOIN_BATCH_S:
+                return None
+        self._first_want_s = None
         joining = wanting[:room]  # launch order
         entries = [{"member": m, "gpu_product": str(wants[m].get("gpu_product", UNKNOWN)),
                     "node": str(wants[m].get("node", UNKNOWN))} for m in joining]
