@@ -44,6 +44,7 @@ def test_parsed_with_defaults() -> None:
     ({"minRank": 2}, "spec.elastic.minRank", "did you mean minRanks?"),
     ({"minRanks": 3, "maxRanks": 2}, "spec.elastic.minRanks", "lower minRanks to 2 or less"),
     ({"minRanks": 4, "maxRanks": 5}, "spec.elastic.minRanks", "above spec.gpus.ranks 3"),
+    ({"maxRanks": 4}, "spec.elastic.maxRanks", "lower maxRanks to 3 or less, or raise spec.gpus.ranks"),
     ({"minRanks": 0}, "spec.elastic.minRanks", "must be in 1..65536"),
     ("yes", "spec.elastic", "e.g. elastic: {minRanks: 2}"),
 ])

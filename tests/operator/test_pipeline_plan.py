@@ -134,7 +134,6 @@ def test_the_plan_json_and_status_give_every_rank_its_stage(tmp_path: Path) -> N
      "spec.training.compression.mode PowerSGD: the stage replicas' gradient all-reduce is not "
      "compressed: leave spec.training.compression out"),
     ({"rebalance": {"intervalSteps": 10}}, PIPE, "spec.training.rebalance.intervalSteps 10"),
-    ({"precision": "FP16"}, PIPE, "set spec.training.precision Auto or FP32"),
     ({}, {"microBatches": 4}, "spec.training.pipeline.blocks is needed"),
     ({}, {"blocks": 12, "stages": 2, "microBatches": 4},
      "spec.training.pipeline.stages 2: the planner makes one stage per placed GPU type, 3 here"),
@@ -144,7 +143,7 @@ def test_the_plan_json_and_status_give_every_rank_its_stage(tmp_path: Path) -> N
      "spec.training.globalBatchSize 8 gives 1 pipeline(s) batches of 8 samples, not multiples of "
      "spec.training.pipeline.microBatches 3 (torch.distributed.pipelining cuts equal "
      "micro-batches): set globalBatchSize to a multiple of 3 (e.g. 6)"),
-], ids=["full", "group", "compression", "rebalancing", "fp16", "no blocks",
+], ids=["full", "group", "compression", "rebalancing", "no blocks",
         "stages", "micro-batches", "uneven micro-batches"])
 def test_unsupported_combinations_are_refused_naming_field_and_fix(
         training: dict, pipeline: dict, needle: str) -> None:
@@ -152,6 +151,19 @@ def test_unsupported_combinations_are_refused_naming_field_and_fix(
     assert isinstance(result, model.Unschedulable)
     assert result.reason == "PipelineNotPlanned"
     assert needle in result.message
+
+
+def test_a_forced_precision_runs_every_stage_in_it_and_auto_plans_fp32() -> None:
+    """One loss scale spans the stages (hetero_worker.pipelinepart), so FP16 is planned on every
+    rank; Auto stays fp32 (the stage model's bytes and times are fp32's); BF16 leaves out the
+    pre-Ampere types as for data parallelism, and the V100 and T4 here then leave one type."""
+    fp16 = _plan(pipeline=PIPE, global_batch=8, precision="FP16")
+    assert isinstance(fp16, model.Plan) and fp16.pipeline is not None
+    assert {r.precision for r in fp16.ranks} == {"fp16"} and {g.precision for g in fp16.groups} == {"fp16"}
+    auto = _plan(pipeline=PIPE, global_batch=8)
+    assert isinstance(auto, model.Plan) and {r.precision for r in auto.ranks} == {"fp32"}
+    bf16 = _plan(pipeline=PIPE, global_batch=8, precision="BF16")
+    assert isinstance(bf16, model.Unschedulable)
 
 
 def test_uneven_replicas_and_one_type_are_refused() -> None:

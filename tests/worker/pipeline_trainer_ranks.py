@@ -32,8 +32,9 @@ def make_model(blocks: int) -> nn.Sequential:
 
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-                   pipeline_batches: list[int], micro_batches: int) -> float:
-    """One process: every pipeline's slice of the global batch in the same micro-batches."""
+                   pipeline_batches: list[int], micro_batches: int, skip: bool = False) -> float:
+    """One process: every pipeline's slice of the global batch in the same micro-batches (``skip``:
+    no optimizer step, as every rank skips a step whose gradients had inf/NaN somewhere)."""
     opt.zero_grad()
     total, start, loss_sum = sum(pipeline_batches), 0, 0.0
     for b in pipeline_batches:
@@ -43,7 +44,8 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor
             loss.backward()
             loss_sum += float(loss)
         start += b
-    opt.step()
+    if not skip:
+        opt.step()
     return loss_sum
 
 
@@ -51,6 +53,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--inf-step", type=int, default=-1,
+                        help="at this step, stage --inf-stage's first gradient turns inf")
+    parser.add_argument("--inf-stage", type=int, default=0)
     args = parser.parse_args()
     t = ht.init(seed=0)
     settings = t.contract.pipeline
@@ -73,9 +78,17 @@ def main() -> None:
                    "speed": t.contract.device.relative_speed,
                    "delay_per_sample_s": t.contract.run.sim_delay_per_sample_s, "times": []}
     start = [p.detach().clone() for p in stage.parameters()]
+    facts.update(skipped=[], scales=[])
+    poison = {"now": False}
+    if settings.stage == args.inf_stage:
+        next(stage.parameters()).register_hook(
+            lambda g: torch.full_like(g, float("inf")) if poison["now"] else g)
     step = 0
     for x, y in t.loader(data, shuffle=False):
+        poison["now"] = step == args.inf_step
         result = t.step(opt, F.mse_loss, batch=(x, y))
+        facts["skipped"].append(result.skipped)
+        facts["scales"].append(t.scaler.get_scale() if t.scaler is not None else None)
         facts["times"].append([result.step_s, result.compute_s, result.comm_wait_s])
         facts["batch_sizes"].append(len(x))
         gx, gy = data.tensors[0][step * global_batch:(step + 1) * global_batch], \
@@ -83,7 +96,7 @@ def main() -> None:
         offset = sum(part.pipeline_batches[:part.replica])
         assert torch.equal(x, gx[offset:offset + len(x)]), "the loader's batch is the pipeline's slice"
         ref_loss = reference_step(reference, ref_opt, gx, gy, part.pipeline_batches,
-                                  settings.micro_batches)
+                                  settings.micro_batches, skip=step == args.inf_step)
         mine = list(stage.parameters())
         theirs = list(reference[first:end].parameters())
         facts["diffs"].append(max(float((a - b).abs().max()) for a, b in zip(mine, theirs)))

@@ -28,15 +28,17 @@ TOL = 1e-6
 STEPS = 3
 
 
-def _run(tmp: Path, nodes: list[dict], *, ranks: int, global_batch: int, pipeline: dict) -> list[dict]:
+def _run(tmp: Path, nodes: list[dict], *, ranks: int, global_batch: int, pipeline: dict,
+         precision: str = "Auto", args: tuple[str, ...] = ()) -> list[dict]:
     job = parse_job(job_manifest(ranks=ranks, global_batch=global_batch, gpus={"selection": "All"},
-                                 training={"memoryReserveMiB": 0, "pipeline": pipeline}))
+                                 training={"memoryReserveMiB": 0, "pipeline": pipeline,
+                                           "precision": precision}))
     plan = plan_job(job, build_inventory(nodes))
     assert plan.pipeline is not None, plan.message
     envs = render_rank_envs(plan, job, master_addr="127.0.0.1", master_port=free_port(),
                             simulated=True)
     envs = [{**env, "HTJ_METRICS_PORT": "0"} for env in envs]  # no port shared between tests
-    runs = run_ranks([sys.executable, str(SCRIPT), "--out", str(tmp), "--steps", str(STEPS)],
+    runs = run_ranks([sys.executable, str(SCRIPT), "--out", str(tmp), "--steps", str(STEPS), *args],
                      envs, timeout_s=170)
     failed = [f"rank {r.rank} exit {r.returncode}:\n{r.stderr[-1500:]}" for r in runs if r.returncode]
     assert not failed, "\n".join(failed)
@@ -91,3 +93,21 @@ def test_two_replicas_per_stage_train_equal_to_one_process(
         assert max(f["loss_diffs"]) < TOL, (rank, f["loss_diffs"])
         assert f["moved"] > 1e-3, rank
         _assert_stage_times(f, total_blocks=6, pipeline_batch=12, micro_batches=3, stages=2)
+
+
+@pytest.mark.timeout(200)
+def test_fp16_one_loss_scale_spans_the_stages_and_an_inf_in_one_stage_skips_the_step_everywhere(
+        tmp_path: Path) -> None:
+    """spec.training.precision FP16 on the 3-stage plan: the last stage scales the loss by 65536,
+    every stage unscales (exact in float64: autocast leaves float64 alone, the scale is a power of
+    two), so every step still equals one process's; an inf in stage 1's gradients at step 1 makes
+    every stage skip that step (the reference skips it too) and halves the one scale everywhere."""
+    facts = _run(tmp_path, MIXED, ranks=3, global_batch=24, precision="FP16",
+                 pipeline={"blocks": 12, "microBatches": 4}, args=("--inf-step", "1", "--inf-stage", "1"))
+    assert [(f["stage"], f["blocks"]) for f in facts] == [(0, 8), (1, 3), (2, 1)]
+    for rank, f in enumerate(facts):
+        assert f["skipped"] == [False, True, False], rank
+        assert f["scales"] == [65536.0, 32768.0, 32768.0], rank
+        assert max(f["diffs"]) < TOL, (rank, f["diffs"])
+        assert max(f["loss_diffs"]) < TOL, (rank, f["loss_diffs"])  # the unscaled loss
+        assert f["moved"] > 1e-3, rank

@@ -35,9 +35,13 @@ part; the script is the same as for data parallelism)::
 * **Simulated devices.** Each block of the stage sleeps its share of the simulated per-sample
   delay in its forward and its backward, per micro-batch (:mod:`hetero_worker.stages.simdelay`),
   so a slower type's stage takes longer inside the schedule, as the planner models it.
-* **Not built here.** fp16/bf16 (the stages run in the model's dtype; the planner plans fp32),
-  CUDA tensors through the Gloo sends (the stages run on the CPU), resuming on another stage cut,
-  rebalancing and compression.
+* **Precision.** A forced ``spec.training.precision`` runs each stage's forward under the rank's
+  autocast, its output handed on in the parameters' dtype; with fp16 anywhere in the job one loss
+  scale spans every stage: the last stage scales the loss, every rank unscales its gradients, and
+  the ranks of all stages agree on skipping a step with inf/NaN (:meth:`step`); the scale is in
+  the checkpoint.
+* **Not built here.** CUDA tensors through the Gloo sends (the stages run on the CPU), resuming on
+  another stage cut, rebalancing and compression.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ class PipelinePart:
         self.data = TrainData(self.pipeline_batches, self.replica, seed=seed, steps=steps,
                               metrics=metrics)
         self.runner: StageRunner | None = None
+        self._scaler: Any = None  # the job's loss scaler (fp16), set with the runner
         self._groups: Any = None
         self._module: nn.Module | None = None
         self._last_rank = self.layout.pipelines()[self.replica][-1]
@@ -138,24 +143,42 @@ class PipelinePart:
             self._build(loss_fn)
         return self._module
 
-    def _build(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        """The stage runner (its stage module shares the parameters :meth:`wrap` returned)."""
+    def _build(self, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+               precision: Any = None, scaler: Any = None) -> None:
+        """The stage runner (its stage module shares the parameters :meth:`wrap` returned), its
+        forward under ``precision``'s autocast and its loss scaled by ``scaler`` (the job's one
+        loss scale: every stage's gradients carry the same scale)."""
         settings = self.contract.pipeline
+        self._scaler = scaler
+        if scaler is not None:  # only the last stage scales a loss; every stage holds the scale
+            scaler.scale(torch.zeros(()))
+        scaled = loss_fn if scaler is None else (lambda out, target: scaler.scale(loss_fn(out, target)))
+        autocast = precision.autocast if precision is not None and precision.dtype is not None else None
         self.runner = StageRunner(self._model, settings.stage_blocks, stage_index=self.stage,
                                   group=self._groups.pipeline,
-                                  micro_batches=settings.micro_batches, loss_fn=loss_fn,
-                                  schedule=settings.schedule)
+                                  micro_batches=settings.micro_batches, loss_fn=scaled,
+                                  schedule=settings.schedule, autocast=autocast)
 
     def step(self, optimizer: torch.optim.Optimizer,
              loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-             batch: Sequence[torch.Tensor] | None) -> StepResult:
+             batch: Sequence[torch.Tensor] | None, *, precision: Any = None,
+             scaler: Any = None) -> StepResult:
         """One optimizer step of every stage: the pipeline's forward and backward over its
         micro-batches, the stage replicas' gradient reduction, the optimizer step.
+
+        With a loss scaler (some rank of the job runs fp16) the last stage scales each
+        micro-batch's loss, so every stage's gradients carry the same scale; every rank unscales
+        its own and the ranks of all stages agree whether any found inf/NaN
+        (:class:`hetero_worker.precision.AgreeingGradScaler`, one all-reduce over the job): then
+        every stage skips the step and the one scale backs off everywhere alike.
 
         Args:
             optimizer: over the stage module's parameters (what :meth:`wrap` returned).
             loss_fn: ``loss_fn(output, target)``, a mean over the micro-batch.
             batch: ``(inputs, target)``, the pipeline's batch (from the Trainer's loader).
+            precision: the rank's :class:`~hetero_worker.precision.PrecisionPolicy` (its
+                autocast), fixed at the first step; None: none.
+            scaler: the job's loss scaler (None: no fp16 rank), fixed at the first step.
 
         Raises:
             RuntimeError: no :meth:`wrap` yet, or no batch.
@@ -166,7 +189,7 @@ class PipelinePart:
             raise RuntimeError("a pipelined step takes batch=(inputs, target): the pipeline's "
                                "batch from Trainer.loader")
         if self.runner is None:
-            self._build(loss_fn)
+            self._build(loss_fn, precision, scaler)
         runner = self.runner
         assert runner is not None
         start = time.perf_counter()
@@ -179,9 +202,20 @@ class PipelinePart:
             for g in grads:
                 g.mul_(self.weight)
             reduce_stage_gradients_(runner.module, self._groups.stage)
-        loss = self._job_loss(losses)
+        scaler = self._scaler
+        loss_scale = scaler.get_scale() if scaler is not None else 1.0
+        loss = self._job_loss(losses) / loss_scale
         optimizer_start = time.perf_counter()
-        optimizer.step()
+        skipped = False
+        if scaler is None:
+            optimizer.step()
+        else:  # agreed over every stage: all step, or all skip and back off
+            scaler.unscale_(optimizer)
+            scaler.step(optimizer)
+            scaler.update()
+            skipped = scaler.last_found_inf
+            if skipped:
+                self.metrics.record_skipped_step()
         step_s = time.perf_counter() - start
         # compute: the stage's forward and backward and the optimizer; the rest is waiting
         compute_s = runner.compute_s + (step_s - (optimizer_start - start))
@@ -193,7 +227,7 @@ class PipelinePart:
         stages, micro = len(self.layout.stage_ranks), self.contract.pipeline.micro_batches
         self.metrics.observe_pipeline_step(self.stage, (stages - 1) / (micro + stages - 1),
                                            wait_s / step_s if step_s > 0 else 0.0)
-        return StepResult(loss=loss, skipped=False, step_s=step_s, compute_s=compute_s,
+        return StepResult(loss=loss, skipped=skipped, step_s=step_s, compute_s=compute_s,
                           comm_wait_s=wait_s)
 
     def _job_loss(self, losses: list[torch.Tensor] | None) -> float:

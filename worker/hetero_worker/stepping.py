@@ -266,7 +266,8 @@ class Stepper:
         """A pipelined rank's step (:meth:`hetero_worker.pipelinepart.PipelinePart.step`: the
         job's loss on every rank, the rank's share of the batch as its samples), tracked like a
         data-parallel one (:meth:`track`)."""
-        return self.track(pipeline.step(optimizer, loss_fn, batch), self.contract.local_batch)
+        return self.track(pipeline.step(optimizer, loss_fn, batch, precision=self.precision,
+                                        scaler=self.scaler), self.contract.local_batch)
 
     def steal_step(self, optimizer: torch.optim.Optimizer, dispenser: stealing.MicroBatchDispenser,
                    loss_sum_fn: Callable[[torch.nn.Module, list[int]], torch.Tensor]

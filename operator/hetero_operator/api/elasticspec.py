@@ -51,7 +51,8 @@ def parse_elastic(raw: Any, *, ranks: int, path: str = "spec.elastic") -> Elasti
 
     Raises:
         SpecError: naming the field and the fix (unknown field, a count out of range,
-            ``minRanks`` above ``maxRanks`` or above ``spec.gpus.ranks``).
+            ``minRanks`` above ``maxRanks`` or above ``spec.gpus.ranks``, ``maxRanks`` above
+            ``spec.gpus.ranks``).
     """
     if raw is None:
         return None
@@ -71,4 +72,9 @@ def parse_elastic(raw: Any, *, ranks: int, path: str = "spec.elastic") -> Elasti
     if min_ranks > ranks:
         raise SpecError(f"{path}.minRanks", f"{min_ranks} is above spec.gpus.ranks {ranks}: the job "
                         f"would start below its own minimum; lower minRanks to {ranks} or less")
+    if max_ranks > ranks:
+        raise SpecError(f"{path}.maxRanks", f"{max_ranks} is above spec.gpus.ranks {ranks}: a job "
+                        "grows back to the ranks it was planned with (lost ranks rejoin), it does "
+                        "not add ranks beyond them yet; lower maxRanks to "
+                        f"{ranks} or less, or raise spec.gpus.ranks")
     return ElasticSpec(min_ranks=min_ranks, max_ranks=max_ranks)

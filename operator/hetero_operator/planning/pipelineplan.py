@@ -23,8 +23,9 @@ equal micro-batches), and a pipeline's batch equally over its stages' ranks (the
 share of the samples). Every rank of pipeline ``r`` reads the pipeline's whole batch: the first
 stage its inputs, the last its targets.
 
-**Precision.** The stages run in fp32 (one loss scale across stages and autocast per stage are
-not built): ``Auto`` plans fp32 and a forced ``BF16``/``FP16`` is refused.
+**Precision.** ``Auto`` plans fp32 on every stage (the stage model's bytes and times are fp32's);
+a forced ``BF16`` or ``FP16`` runs every stage under that autocast, and with fp16 one dynamic loss
+scale spans every stage (:func:`stage_precision`; the worker: ``hetero_worker.pipelinepart``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,15 @@ PIPELINE_NOT_PLANNED = "PipelineNotPlanned"
 """Unschedulable reason: ``spec.training.pipeline`` combined with what the pipelined worker does
 not run, or a placement it cannot cut into stages; the message names the field and the fix."""
 PIPELINE_PRECISION = "fp32"
-"""What every pipelined rank runs in (see the module docstring)."""
+"""What every pipelined rank runs in under ``spec.training.precision: Auto`` (see the module
+docstring)."""
+
+
+def stage_precision(job: JobSpec) -> str:
+    """Every pipelined rank's precision: :data:`PIPELINE_PRECISION` for ``Auto``, else the forced
+    one (``bf16``/``fp16``/``fp32``; ``BF16`` excludes pre-Ampere devices as for data parallelism)."""
+    policy = job.training.precision
+    return PIPELINE_PRECISION if policy == "Auto" else policy.lower()
 BYTES_PER_PARAMETER = 4
 """fp32 parameter bytes per parameter (the stage planner's ``param_bytes``)."""
 
@@ -78,10 +87,6 @@ def refusal(job: JobSpec) -> str:
                         f"{t.rebalance_interval_steps}: a pipeline's blocks and batches are fixed "
                         "for the run (rebalancing moves samples between ranks of one model): set "
                         "it to 0")
-    if t.precision in ("BF16", "FP16"):
-        problems.append(f"spec.training.precision {t.precision}: pipeline stages run in fp32 "
-                        "(one loss scale across stages is not built): set spec.training.precision "
-                        "Auto or FP32")
     return "; ".join(problems)
 
 

@@ -162,7 +162,8 @@ def _pipelined(job: JobSpec, groups_spec: list[tuple[Pool, int]], taken: list[tu
                excluded: tuple[model.ExcludedNode, ...], inventory: Inventory,
                ) -> Plan | model.Unschedulable:
     """The plan of a job with ``spec.training.pipeline``: every rank's stage, replica and batch
-    (:func:`hetero_operator.planning.pipelineplan.plan_pipeline`), fp32 on every rank; the stage
+    (:func:`hetero_operator.planning.pipelineplan.plan_pipeline`), one precision on every rank
+    (:func:`~hetero_operator.planning.pipelineplan.stage_precision`); the stage
     planner checks memory per stage, so no sharding decision (``Plan.memory`` is None)."""
     planned = pipelineplan.plan_pipeline(job, groups_spec, link=inputs.link,
                                          reference_samples_per_s=reference_sps)
@@ -172,10 +173,10 @@ def _pipelined(job: JobSpec, groups_spec: list[tuple[Pool, int]], taken: list[tu
                                    warnings=inventory.warnings)
     pipe, stages, replicas, batches = planned
     ranks, groups = _placements(groups_spec, batches)
+    precision = pipelineplan.stage_precision(job)
     ranks = tuple(dataclasses.replace(r, stage=stages[r.rank], stage_replica=replicas[r.rank],
-                                      precision=pipelineplan.PIPELINE_PRECISION) for r in ranks)
-    groups = tuple(dataclasses.replace(g, precision=pipelineplan.PIPELINE_PRECISION)
-                   for g in groups)
+                                      precision=precision) for r in ranks)
+    groups = tuple(dataclasses.replace(g, precision=precision) for g in groups)
     return Plan(ranks=ranks, groups=groups, excluded=excluded, expected_speedup_over_equal=1.0,
                 warnings=(*inventory.warnings, *image_warnings(taken)), pipeline=pipe)
 

@@ -86,7 +86,7 @@ def save_stage_checkpoint(directory: str | Path, *, step: int, stage: int, repli
                           plan: Mapping[str, Any] | None = None,
                           extra: Mapping[str, Any] | None = None,
                           keep: int = defaults.CHECKPOINT_KEEP, group: Any = None,
-                          owner: Owner | None = None) -> Path:
+                          owner: Owner | None = None, scaler: Any = None) -> Path:
     """Write a pipelined job's checkpoint; collective: every rank at the same step.
 
     Args:
@@ -98,6 +98,7 @@ def save_stage_checkpoint(directory: str | Path, *, step: int, stage: int, repli
         optimizer: over ``module``'s parameters.
         sampler: the pipeline data's sampler (its ``state_dict`` is the global data position).
         plan, extra, keep, group, owner: as :func:`hetero_worker.ckpt.checkpoint.save_checkpoint`.
+        scaler: the job's loss scaler (fp16; one scale for every stage: rank 0's is saved).
 
     Returns:
         The published ``checkpoint.pt`` (on every rank, once rank 0 has verified it).
@@ -125,7 +126,7 @@ def save_stage_checkpoint(directory: str | Path, *, step: int, stage: int, repli
                                    f"{len(stage_blocks)} stages")
             tmp.mkdir(parents=True, exist_ok=True)
             state = manifest(checkpoint_id=checkpoint_id, step=step, model=None, optimizer=None,
-                             scaler=None, sampler=sampler, plan=plan, ranks=ranks, extra=extra)
+                             scaler=scaler, sampler=sampler, plan=plan, ranks=ranks, extra=extra)
             model: dict[str, torch.Tensor] = {}
             for index in sorted(stages):
                 model.update(stages[index].pop("model"))
@@ -166,7 +167,8 @@ def load_stage_checkpoint(directory: str | Path | None, *, stage: int,
                           optimizer: torch.optim.Optimizer, sampler: Any = None,
                           plan: Mapping[str, Any] | None = None, seed: int = 0,
                           group: Any = None, accept: Any = None,
-                          last_resume: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                          last_resume: dict[str, Any] | None = None,
+                          scaler: Any = None) -> dict[str, Any] | None:
     """Agree on and restore this rank's stage from a pipelined job's checkpoint; collective.
 
     Args:
@@ -176,6 +178,7 @@ def load_stage_checkpoint(directory: str | Path | None, *, stage: int,
         sampler: the pipeline data's sampler (its data position is restored).
         plan, seed, group, accept: as :func:`hetero_worker.ckpt.checkpoint.load_checkpoint`.
         last_resume: updated like :data:`hetero_worker.ckpt.checkpoint.LAST_RESUME`.
+        scaler: the job's loss scaler, restored when the checkpoint has one.
 
     Returns:
         The checkpoint dict with ``resumed_same_plan`` added, or None when no rank has one.
@@ -206,6 +209,8 @@ def load_stage_checkpoint(directory: str | Path | None, *, stage: int,
     mine = {k: full[global_key(k, first)] for k in module.state_dict()}
     module.load_state_dict(mine)
     optimizer.load_state_dict(state[PIPELINE_KEY]["stages"][str(stage)]["optimizer"])
+    if scaler is not None and state.get("scaler"):  # one loss scale for every stage (fp16)
+        scaler.load_state_dict(state["scaler"])
     if sampler is not None and state["data"] is not None:
         sampler.load_state_dict(state["data"])
     state["resumed_same_plan"] = same_plan(state["plan"], plan)

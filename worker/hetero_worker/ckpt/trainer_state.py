@@ -161,7 +161,8 @@ class Checkpointing:
                 directory, step=common["step"], stage=part.stage, replica=part.replica,
                 stage_blocks=self.contract.pipeline.stage_blocks, module=module,
                 optimizer=optimizer, sampler=common["sampler"], plan=common["plan"],
-                extra=extra, keep=common["keep"], group=self.group, owner=common["owner"]))
+                extra=extra, keep=common["keep"], group=self.group, owner=common["owner"],
+                scaler=common["scaler"]))
         if self.model.shard_sync is not None:  # Group sharding: DCP, one group writes
             from hetero_worker.ckpt import \
                 sharded as shardckpt  # noqa: PLC0415 (imports torch.distributed.checkpoint)
@@ -233,7 +234,8 @@ class Checkpointing:
                 directory, stage=self.stages.stage,
                 stage_blocks=self.contract.pipeline.stage_blocks, module=self.module,
                 optimizer=optimizer, sampler=self.data.sampler, plan=current, seed=self.seed,
-                group=self.group, accept=mine.accepts, last_resume=checkpoint.LAST_RESUME)
+                group=self.group, accept=mine.accepts, last_resume=checkpoint.LAST_RESUME,
+                scaler=self.scaler)
         else:
             state = checkpoint.load_checkpoint(
                 directory, model=self.module, optimizer=optimizer, scaler=self.scaler,

@@ -36,6 +36,30 @@ COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_o
 schedule's sends and receives are separate operations): their time is the stage's compute."""
 
 
+class AutocastStage(nn.Module):
+    """A stage module whose forward runs under ``autocast`` and hands its output on in the dtype
+    of its parameters (fp32 master weights: what crosses to the next stage and what the loss
+    sees), so the activations between stages keep one dtype whatever a stage computes in.
+
+    Args:
+        inner: the stage's blocks (its parameters are this module's).
+        autocast: a context manager factory (the rank's precision).
+    """
+
+    def __init__(self, inner: nn.Module, autocast: Callable[[], Any]) -> None:
+        super().__init__()
+        self.inner, self._autocast = inner, autocast
+        self._dtype = next((p.dtype for p in inner.parameters()), torch.float32)
+
+    def forward(self, *args: Any) -> Any:
+        """The blocks' output under autocast, floating tensors cast to the parameters' dtype."""
+        with self._autocast():
+            out = self.inner(*args)
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            return out.to(self._dtype)
+        return out
+
+
 class StageRunner:
     """Runs this rank's stage of a pipelined model.
 
@@ -51,7 +75,8 @@ class StageRunner:
     def __init__(self, model: nn.Sequential, block_counts: Sequence[int], *, stage_index: int,
                  group: dist.ProcessGroup, micro_batches: int,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                 schedule: str = SCHEDULES[0], device: torch.device | None = None) -> None:
+                 schedule: str = SCHEDULES[0], device: torch.device | None = None,
+                 autocast: Callable[[], Any] | None = None) -> None:
         """Build the stage.
 
         Args:
@@ -63,6 +88,9 @@ class StageRunner:
             loss_fn: ``loss_fn(output, target)`` per micro-batch (a mean over the micro-batch).
             schedule: ``1F1B`` (default) or ``GPipe``.
             device: where the stage runs (CPU by default).
+            autocast: a context manager factory the stage's forward runs under (the rank's
+                precision, :meth:`hetero_worker.precision.PrecisionPolicy.autocast`); its output
+                goes to the next stage in the parameters' dtype. None: no autocast.
 
         Raises:
             ValueError: an unknown schedule, a non-Gloo group, counts that do not match the group
@@ -84,7 +112,8 @@ class StageRunner:
         self.stage_count = len(block_counts)
         self.module = stage_module(model, block_counts, stage_index)
         device = device or torch.device("cpu")
-        self._stage = PipelineStage(self.module, stage_index, self.stage_count, device, group=group)
+        runs = self.module if autocast is None else AutocastStage(self.module, autocast)
+        self._stage = PipelineStage(runs, stage_index, self.stage_count, device, group=group)
         self._schedule = SCHEDULE_CLASSES[schedule](self._stage, n_microbatches=micro_batches,
                                                     loss_fn=loss_fn, scale_grads=True)
         self.compute_s = 0.0
