@@ -188,12 +188,76 @@ def test_stage_state_keys_blocks_by_global_index() -> None:
     assert stagestate.global_key("", 3) == ""
 
 
-def test_other_cut_and_other_mode_are_refused_naming_both() -> None:
-    state = {"step": 4, stagestate.PIPELINE_KEY: {"stage_blocks": [8, 3, 1], "stages": {}}}
+def test_another_cut_of_the_same_blocks_resumes_and_the_rest_is_refused_naming_both() -> None:
+    one_group = {str(i): {"optimizer": {"param_groups": [{"params": []}]}} for i in range(3)}
+    state = {"step": 4, stagestate.PIPELINE_KEY: {"stage_blocks": [8, 3, 1], "stages": one_group}}
     assert stagestate.cut_problem(state, [8, 3, 1]) == ""
-    problem = stagestate.cut_problem(state, [6, 6])
-    assert "stages of [8, 3, 1] blocks and this plan into [6, 6]" in problem
+    assert stagestate.cut_problem(state, [6, 6]) == ""  # the optimizer state moves by name
+    assert "holds a model of 12 blocks (stages of [8, 3, 1]) and this plan cuts 10" in \
+        stagestate.cut_problem(state, [5, 5])
+    two_groups = {"0": {"optimizer": {"param_groups": [{"params": []}, {"params": []}]}}}
+    several = {"step": 4, stagestate.PIPELINE_KEY: {"stage_blocks": [8, 4], "stages": two_groups}}
+    assert "stages of [8, 4] blocks and this plan into [6, 6], and its stage optimizers have " \
+        "several parameter groups" in stagestate.cut_problem(several, [6, 6])
     assert "written by a data-parallel job" in stagestate.cut_problem({"step": 4}, [6, 6])
     with pytest.raises(ValueError, match="written by a pipelined job"):
         refuse_pipeline_checkpoint(state)
     refuse_pipeline_checkpoint({"step": 4, "model": {}})  # data-parallel: fine
+
+
+def _blocks(count: int) -> nn.Sequential:
+    return nn.Sequential(*[nn.Sequential(nn.Linear(3, 3), nn.Tanh()) for _ in range(count)]).double()
+
+
+def _stage_of(whole: nn.Sequential, whole_opt: torch.optim.Optimizer, make_opt, first: int,
+              count: int, *, with_state: bool) -> tuple[nn.Sequential, torch.optim.Optimizer]:
+    """Blocks ``first .. first+count`` of ``whole`` as a stage module of their own, and its
+    optimizer (``with_state``: holding the whole optimizer's state of those parameters, as the
+    stage's own optimizer would after the same steps)."""
+    module = _blocks(count)
+    module.load_state_dict({k: whole.state_dict()[stagestate.global_key(k, first)].clone()
+                            for k in module.state_dict()})
+    opt = make_opt(module.parameters())
+    if with_state:
+        named = dict(whole.named_parameters())
+        for name, p in module.named_parameters():
+            opt.state[p] = {k: (v.clone() if torch.is_tensor(v) else v)
+                            for k, v in whole_opt.state[named[stagestate.global_key(name, first)]].items()}
+    return module, opt
+
+
+@pytest.mark.parametrize("make_opt", [lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                                      lambda ps: torch.optim.Adam(ps, lr=0.01)], ids=["sgd", "adam"])
+def test_the_optimizer_state_moves_to_another_stage_cut_by_parameter_name(make_opt) -> None:
+    """A model of 4 blocks trained 2 steps, saved as stages of [2, 2]; resumed as stages of
+    [3, 1]: each new stage's optimizer state is the whole model's for its parameters, and the next
+    step gives every block the same parameters as the whole model's next step (float64, exact)."""
+    torch.manual_seed(3)
+    whole, x = _blocks(4), torch.randn(6, 3, dtype=torch.float64)
+    whole_opt = make_opt(whole.parameters())
+
+    def gradients() -> None:
+        whole_opt.zero_grad()
+        whole(x).pow(2).mean().backward()
+
+    for _ in range(2):
+        gradients()
+        whole_opt.step()
+    saved = {"stage_blocks": [2, 2], "stages": {}}
+    for i, first in enumerate((0, 2)):
+        module, opt = _stage_of(whole, whole_opt, make_opt, first, 2, with_state=True)
+        saved["stages"][str(i)] = stagestate.stage_state(module, opt, first)
+    new = [(first, *_stage_of(whole, whole_opt, make_opt, first, count, with_state=False))
+           for first, count in ((0, 3), (3, 1))]
+    for first, module, opt in new:
+        opt.load_state_dict(stagestate.restaged_optimizer_state(saved, module, opt, first))
+    gradients()
+    named = dict(whole.named_parameters())
+    for first, module, opt in new:  # the same gradients, one step each
+        for name, p in module.named_parameters():
+            p.grad = named[stagestate.global_key(name, first)].grad.clone()
+        opt.step()
+    whole_opt.step()
+    for first, module, _ in new:
+        for name, p in module.named_parameters():
+            assert torch.equal(p, named[stagestate.global_key(name, first)]), (first, name)

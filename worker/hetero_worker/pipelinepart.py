@@ -29,7 +29,8 @@ part; the script is the same as for data parallelism)::
   work as under data parallelism: replica 0 of every stage hands its blocks (keyed by their global
   index in the model) and its optimizer state to rank 0, which writes one checkpoint; a resume on
   the same stage cut restores every rank's stage, the data position, the step and (same plan) the
-  RNG, so a killed run resumes bit-identical (:mod:`hetero_worker.ckpt.stagestate`). A SIGTERM
+  RNG, so a killed run resumes bit-identical (:mod:`hetero_worker.ckpt.stagestate`); on another
+  cut of the same blocks each parameter's optimizer state moves with it. A SIGTERM
   stops every rank after the same step with one checkpoint, as under data parallelism
   (:class:`~hetero_worker.stop.GracefulStop`).
 * **Simulated devices.** Each block of the stage sleeps its share of the simulated per-sample
@@ -40,8 +41,8 @@ part; the script is the same as for data parallelism)::
   scale spans every stage: the last stage scales the loss, every rank unscales its gradients, and
   the ranks of all stages agree on skipping a step with inf/NaN (:meth:`step`); the scale is in
   the checkpoint.
-* **Not built here.** CUDA tensors through the Gloo sends (the stages run on the CPU), resuming on
-  another stage cut, rebalancing and compression.
+* **Not built here.** CUDA tensors through the Gloo sends (the stages run on the CPU), rebalancing
+  and compression.
 """
 
 from __future__ import annotations

@@ -173,6 +173,5 @@ def refuse_pipeline_checkpoint(state: Mapping[str, Any]) -> None:
     """
     if state.get(PIPELINE_KEY):
         raise ValueError(f"the checkpoint of step {state.get('step')} was written by a pipelined "
-                         "job (optimizer state per stage): it resumes under a pipeline plan with "
-                         "the same stage cut only; point spec.training.checkpoint.path at a new "
-                         "directory")
+                         "job (optimizer state per stage): it resumes under a pipeline plan only; "
+                         "point spec.training.checkpoint.path at a new directory")

@@ -20,9 +20,11 @@ over the checkpoint group, as :func:`hetero_worker.ckpt.checkpoint.save_checkpoi
 A resume (:func:`load_stage_checkpoint`) agrees on the newest checkpoint every rank can read (and
 this job may resume: another job's are passed over), then every rank loads its stage's blocks by
 global key and its stage's optimizer state; the data position and the step continue, and under
-the same plan every rank's RNG. The stage cut must be the plan's (the optimizer state is per
-stage): a checkpoint of another cut is refused on every rank alike, naming both cuts; a
-checkpoint without ``pipeline`` (data parallelism) is refused by a pipelined job, and a pipelined
+the same plan every rank's RNG. On another stage cut of the same blocks (a re-plan onto other GPU
+types) each parameter's optimizer state moves with it by its global name
+(:func:`restaged_optimizer_state`); another number of blocks, or stage optimizers with several
+parameter groups, is refused on every rank alike, naming both cuts; a checkpoint without
+``pipeline`` (data parallelism) is refused by a pipelined job, and a pipelined
 job's checkpoint by a data-parallel one
 (:func:`hetero_worker.ckpt.files.refuse_pipeline_checkpoint`).
 """
@@ -51,7 +53,7 @@ from hetero_worker.runtime.ranklog import log
 from heterotrain_common import defaults
 
 __all__ = ["PIPELINE_KEY", "cut_problem", "global_key", "load_stage_checkpoint",
-           "save_stage_checkpoint", "stage_state"]
+           "restaged_optimizer_state", "save_stage_checkpoint", "stage_state"]
 
 def global_key(local_key: str, first_block: int) -> str:
     """A stage module's state-dict key as the whole ``nn.Sequential``'s: its leading block index
@@ -147,19 +149,61 @@ def save_stage_checkpoint(directory: str | Path, *, step: int, stage: int, repli
 
 def cut_problem(state: Mapping[str, Any], stage_blocks: Sequence[int]) -> str:
     """Why a pipelined job cannot resume ``state`` (``""``: it can): no ``pipeline`` entry (a
-    data-parallel checkpoint), or another stage cut."""
+    data-parallel checkpoint), another number of blocks, or another stage cut whose optimizer
+    state cannot be moved (a stage optimizer with several parameter groups)."""
     saved = state.get(PIPELINE_KEY)
     if not saved:
         return (f"the checkpoint of step {state.get('step')} was written by a data-parallel job "
                 "(no stage states): a pipelined job resumes pipeline checkpoints only; point "
                 "spec.training.checkpoint.path at a new directory")
     cut = [int(b) for b in saved["stage_blocks"]]
-    if cut != [int(b) for b in stage_blocks]:
+    if cut == [int(b) for b in stage_blocks]:
+        return ""
+    if sum(cut) != sum(int(b) for b in stage_blocks):
+        return (f"the checkpoint of step {state.get('step')} holds a model of {sum(cut)} blocks "
+                f"(stages of {cut}) and this plan cuts {sum(stage_blocks)} "
+                f"({list(stage_blocks)}): set spec.training.pipeline.blocks to {sum(cut)}, or "
+                "point spec.training.checkpoint.path at a new directory")
+    groups = {len(s["optimizer"]["param_groups"]) for s in saved["stages"].values()}
+    if groups != {1}:
         return (f"the checkpoint of step {state.get('step')} cuts the model into stages of "
-                f"{cut} blocks and this plan into {list(stage_blocks)}: the optimizer state is "
-                "saved per stage, so a pipeline resumes on the same stage cut only (the same "
-                "GPU types and spec.training.pipeline)")
+                f"{cut} blocks and this plan into {list(stage_blocks)}, and its stage optimizers "
+                "have several parameter groups, which are not moved between stages: resume on "
+                "the same stage cut (the same GPU types and spec.training.pipeline) or use one "
+                "parameter group")
     return ""
+
+
+def restaged_optimizer_state(saved: Mapping[str, Any], module: nn.Module,
+                             optimizer: torch.optim.Optimizer, first_block: int) -> dict[str, Any]:
+    """The optimizer state of a stage of *another* cut than the checkpoint's: each parameter's
+    state (momentum, Adam's moments and step) taken by its global name from whichever saved stage
+    held it, in ``optimizer``'s parameter order, with the saved hyperparameters (one parameter
+    group, :func:`cut_problem`). Load it with ``optimizer.load_state_dict``.
+
+    Args:
+        saved: the checkpoint's ``pipeline`` entry (``stages[str(i)]``: ``optimizer``,
+            ``optimizer_fqns``).
+        module, optimizer: this rank's new stage module and its optimizer (one parameter group).
+        first_block: the new stage's first block.
+
+    Raises:
+        KeyError: a parameter of the new stage is in no saved stage (another model).
+    """
+    by_name: dict[str, Any] = {}
+    group: dict[str, Any] = {}
+    for stage in saved["stages"].values():
+        sd = stage["optimizer"]
+        ids = [i for g in sd["param_groups"] for i in g["params"]]
+        group = group or {k: v for k, v in sd["param_groups"][0].items() if k != "params"}
+        for pid, name in zip(ids, stage["optimizer_fqns"], strict=True):
+            by_name[name] = sd["state"].get(pid)
+    names = [global_key(n, first_block) for n in optimizer_fqns(module, optimizer)]
+    missing = [n for n in names if n not in by_name]
+    if missing:
+        raise KeyError(f"parameters {missing[:3]} of this stage are in no stage of the checkpoint")
+    return {"state": {i: by_name[n] for i, n in enumerate(names) if by_name[n] is not None},
+            "param_groups": [{**group, "params": list(range(len(names)))}]}
 
 
 def load_stage_checkpoint(directory: str | Path | None, *, stage: int,
@@ -185,7 +229,7 @@ def load_stage_checkpoint(directory: str | Path | None, *, stage: int,
 
     Raises:
         hetero_worker.ckpt.agreement.ResumeDisagreement: the ranks found different checkpoints.
-        ValueError: a data-parallel checkpoint, or another stage cut (:func:`cut_problem`).
+        ValueError: a data-parallel checkpoint, or a cut it cannot move to (:func:`cut_problem`).
     """
     last_resume = {} if last_resume is None else last_resume
     chosen, _, note = agree_on_newest(directory, group, accept)
@@ -208,7 +252,15 @@ def load_stage_checkpoint(directory: str | Path | None, *, stage: int,
     full = state["model"]
     mine = {k: full[global_key(k, first)] for k in module.state_dict()}
     module.load_state_dict(mine)
-    optimizer.load_state_dict(state[PIPELINE_KEY]["stages"][str(stage)]["optimizer"])
+    saved = state[PIPELINE_KEY]
+    if [int(b) for b in saved["stage_blocks"]] == [int(b) for b in stage_blocks]:
+        optimizer.load_state_dict(saved["stages"][str(stage)]["optimizer"])
+    else:  # another cut (a re-plan onto other GPU types): each parameter's state by its name
+        optimizer.load_state_dict(restaged_optimizer_state(saved, module, optimizer, first))
+        if rank == 0:
+            log(f"checkpoint: resuming step {state['step']} on stages of {list(stage_blocks)} "
+                f"blocks (saved as {list(saved['stage_blocks'])}); the optimizer state moved "
+                "with its parameters")
     if scaler is not None and state.get("scaler"):  # one loss scale for every stage (fp16)
         scaler.load_state_dict(state["scaler"])
     if sampler is not None and state["data"] is not None:
