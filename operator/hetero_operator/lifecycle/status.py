@@ -105,11 +105,10 @@ def pinned_node(pod: Mapping[str, Any]) -> str:
     elastic pod coming back on another node than ``status.plan`` says)."""
     affinity = ((pod.get("spec") or {}).get("affinity") or {}).get("nodeAffinity") or {}
     terms = (affinity.get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms") or ()
-    for term in terms:
-        for f in term.get("matchFields") or ():
-            if f.get("key") == "metadata.name" and f.get("operator") == "In" and len(f.get("values") or ()) == 1:
-                return str(f["values"][0])
-    return ""
+    pins = [str(f["values"][0]) for term in terms[:1] for f in term.get("matchFields") or ()
+            if f.get("key") == "metadata.name" and f.get("operator") == "In"
+            and len(f.get("values") or ()) == 1]
+    return pins[-1] if pins else ""  # ours comes after a template's own fields
 
 
 def ranks_of(text: str) -> int:
