@@ -1,10 +1,12 @@
 """The membership keeper of an elastic job on Kubernetes (``spec.elastic``, issue 31).
 
 On Kubernetes no supervisor process sees the rank processes, so the operator runs one extra pod
-per elastic job, from the worker image::
+per elastic job, from the worker image (``hetero_operator.render.keeper``)::
 
-    python -m hetero_worker.membership.keeper --members N --min-ranks m --max-ranks M \\
+    heterotrain keeper --members N --min-ranks m --max-ranks M \\
         [--heartbeat-timeout-s S] [--host 0.0.0.0]
+
+(or ``python -m hetero_worker.membership.keeper`` with the same arguments)
 
 with ``MASTER_PORT`` (the store's port) and ``HTJ_METRICS_PORT`` (the status port; unset or 0:
 none). It hosts the job's membership store (a ``TCPStore``; the keys:
@@ -13,7 +15,8 @@ none). It hosts the job's membership store (a ``TCPStore``; the keys:
 * **loss**: a current member whose beat counter has not changed for the heartbeat timeout (or
   that never beat within :func:`startup_bound_s` of the keeper's start), and that is not done, is
   lost: the keeper announces the next generation without it while at least ``--min-ranks``
-  survive (several lost in one poll: one generation); below that it announces nothing and says
+  survive (several lost in one poll, and those silent within two beats of the timeout with them:
+  one generation); below that it announces nothing and says
   why (the ranks' own wait for an announcement ends and they fail; the gang is restarted);
 * **grow**: a launch member that is not a current member and asks to join
   (``elastic/want/<member>``, a rank started with ``HTJ_ELASTIC_JOIN_GENERATION=next``) is added
