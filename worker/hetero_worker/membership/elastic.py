@@ -149,7 +149,6 @@ class Membership:
         self.info = json.dumps({"gpu_product": entry.gpu_product if entry else membership.UNKNOWN,
                                 "node": entry.node if entry else membership.UNKNOWN})
         self.lock = threading.Lock()
-        self._retired: list[Any] = []  # the last generation's process groups, kept one step
         self.heartbeat: Heartbeat | None = None
         self._trainer: ElasticHost | None = None
 
@@ -253,7 +252,6 @@ class Membership:
             self._reform(trainer, optimizer, announced, epoch=epoch, cursor=cursor,
                          completed=completed, global_batch=entry[2], error=exc)
             return _skipped(started)
-        self._retired = []  # the old generation's groups: their worker threads are long idle
         if self._lost_at_s is not None:  # the first step completed since the loss
             self.last_recovery_s = time.time() - self._lost_at_s
             self._lost_at_s = None
@@ -370,7 +368,7 @@ class Membership:
         old_members = self.members
         with self.lock:  # from the cut until the new sockets are known: no heartbeat cut
             sockets.cut(self.sockets)  # peers blocked on us notice now, not at their timeout
-            self._retired = _live_groups()  # released after a step of the new generation
+            _retire(_live_groups())  # never destroyed: see _retire
             dist.destroy_process_group()  # every group of the old generation
             before = sockets.snapshot()
             self.generation, self.members = announced.generation, announced.members
@@ -406,19 +404,29 @@ class Membership:
 
 
 def _live_groups() -> list[Any]:
-    """Every process group this process holds (references kept while a generation is replaced).
-
-    Destroying a Gloo group joins its worker threads while the destroying thread holds the GIL;
-    a worker thread that is just releasing a finished asynchronous collective (the stop
-    agreement's, a DDP bucket's) needs the GIL to drop its tensors, so a group destroyed right
-    after such a collective can deadlock the rank (seen once in CI: the running rank stuck in
-    ``~ProcessGroupGloo`` under ``Reducer::~Reducer`` at a grow). Holding a reference defers the
-    destruction past the new generation's first step, when those threads are idle.
-    """
+    """Every process group this process holds (``torch.distributed``'s group map)."""
     import torch.distributed.distributed_c10d as c10d
 
     world = getattr(c10d, "_world", None)
     return list(getattr(world, "pg_map", {}) or {})
+
+
+def _retire(groups: list[Any]) -> None:
+    """Keep an old generation's process groups alive until the process ends (one reference each
+    that is never dropped: not even the interpreter's shutdown destroys them).
+
+    Destroying a Gloo group joins its worker threads. A worker may still be inside an operation
+    the generation abandoned (seen in CI: a ``reduce`` waiting to send until the collective
+    timeout), or releasing a just-finished one's tensors, which needs the GIL that the destroying
+    thread may hold (seen in CI: ``~ProcessGroupGloo`` under ``~Reducer``). Either way the rank
+    hung at a re-formation. Left alone, such a worker ends by its timeout and nobody waits on it;
+    the cost is the old groups' threads and already shut-down sockets, per re-formation, until the
+    process exits.
+    """
+    import ctypes
+
+    for group in groups:
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
 
 
 _UNCAUGHT: list[BaseException] = []
