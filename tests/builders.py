@@ -140,6 +140,19 @@ def job_manifest(*, name: str = "job", ranks: int = 2, min_ranks: int | None = N
                      "gpus": g, "training": train}}
 
 
+def a100_and_two_t4_plan(job: JobSpec) -> Any:
+    """``job`` planned on node-a100 (1x A100-40GB) and node-t4 (2x T4); asserts it is a Plan."""
+    from hetero_operator.api import types as model
+    from hetero_operator.cluster.inventory import build_inventory
+    from hetero_operator.planning.plan import plan_job
+
+    nodes = [make_node("node-a100", product="NVIDIA-A100-SXM4-40GB", memory_mib=40960),
+             make_node("node-t4", product="Tesla-T4", count=2, memory_mib=15360, cc="7.5")]
+    result = plan_job(job, build_inventory(nodes))
+    assert isinstance(result, model.Plan)
+    return result
+
+
 def make_job(**kwargs: Any) -> JobSpec:
     """A parsed :class:`JobSpec`; keyword arguments as :func:`job_manifest`."""
     return parse_job(job_manifest(**kwargs))

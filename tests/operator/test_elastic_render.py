@@ -4,7 +4,7 @@ store address."""
 
 from __future__ import annotations
 
-from builders import job_manifest, make_node
+from builders import a100_and_two_t4_plan, job_manifest, make_node
 
 from hetero_operator.api.spec import parse_job
 from hetero_operator.api import types as model
@@ -32,11 +32,7 @@ def _job(elastic: bool = True):
 
 
 def _plan(job) -> model.Plan:
-    nodes = [make_node("node-a100", product=A100, memory_mib=40960),
-             make_node("node-t4", product="Tesla-T4", count=2, memory_mib=15360, cc="7.5")]
-    result = plan_job(job, build_inventory(nodes))
-    assert isinstance(result, model.Plan)
-    return result
+    return a100_and_two_t4_plan(job)
 
 
 def test_the_keeper_pod_hosts_the_store_on_rank_0s_node_with_no_gpu_and_no_token() -> None:

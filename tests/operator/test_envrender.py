@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from builders import make_job, make_node
+from builders import a100_and_two_t4_plan, make_job, make_node
 
 from hetero_operator.api import types as model
 from hetero_operator.cluster.inventory import build_inventory
@@ -17,11 +17,7 @@ A100 = "NVIDIA-A100-SXM4-40GB"
 
 
 def _plan(job) -> model.Plan:
-    nodes = [make_node("node-a100", product=A100, memory_mib=40960),
-             make_node("node-t4", product="Tesla-T4", count=2, memory_mib=15360, cc="7.5")]
-    result = plan_job(job, build_inventory(nodes))
-    assert isinstance(result, model.Plan)
-    return result
+    return a100_and_two_t4_plan(job)
 
 
 def test_exact_rank_env_of_the_second_t4() -> None:

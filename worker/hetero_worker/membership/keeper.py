@@ -1,7 +1,7 @@
 """The membership keeper of an elastic job on Kubernetes (``spec.elastic``, issue 31).
 
 On Kubernetes no supervisor process sees the rank processes, so the operator runs one extra pod
-per elastic job, from the worker image (``hetero_operator.render.keeper``)::
+per elastic job, from the worker image (docs/elastic.md, "On Kubernetes")::
 
     heterotrain keeper --members N --min-ranks m --max-ranks M \\
         [--heartbeat-timeout-s S] [--host 0.0.0.0]

@@ -1,7 +1,7 @@
 """Measure a pipelined model's per-block costs for ``spec.training.pipeline.blockCosts`` (issue 30).
 
 The planner cuts an ``nn.Sequential`` into stages by each block's parameters, activation bytes,
-output bytes and compute (:mod:`hetero_operator.planning.stages`); without ``blockCosts`` it takes
+output bytes and compute (docs/pipeline.md, "In the plan"); without ``blockCosts`` it takes
 the blocks as equal. Run this once on a sample batch, where the model runs (a CPU measures the
 shares of compute well enough when the blocks are of the same kind; measure on the GPU for
 blocks of different kinds)::

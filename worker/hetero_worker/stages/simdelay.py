@@ -7,8 +7,8 @@ each block of the rank's stage sleeps its share, ``1 / blocks`` of the whole mod
 delay, for every micro-batch it runs: :data:`FORWARD_SHARE` before its forward (a forward
 pre-hook) and the rest in its backward (an identity ``autograd.Function`` on its output). A
 stage of ``k`` of ``B`` blocks thus takes ``k / B`` of what the whole model would take on its
-device, which is the planner's model of a stage (:mod:`hetero_operator.planning.stages`: equal
-blocks, compute divided by the device's speed). A real GPU (``simulated`` false) sleeps nothing.
+device, which is the planner's model of a stage (docs/pipeline.md: equal blocks, compute divided
+by the device's speed). A real GPU (``simulated`` false) sleeps nothing.
 """
 
 from __future__ import annotations
