@@ -70,12 +70,18 @@ def test_on_a_slow_link_auto_keeps_the_pipeline_and_says_why_per_type() -> None:
     assert choice.pipeline_samples_per_s == pytest.approx(32 / plan.pipeline.step_s, rel=1e-12)
     flat = _plan(_job(sharding="Full"), 0.1)
     assert choice.flat_samples_per_s == pytest.approx(_full(flat), rel=1e-12)
-    # 4 blocks: the T4's 1 block of 1/300 s per sample / 0.21 speed; 4.7 MiB of Full's
-    # parameters per step at 0.1 Gbit/s
-    assert choice.pipeline_samples_per_s / choice.flat_samples_per_s == pytest.approx(2.464,
+    # The pipeline (4 blocks of 1/1200 s per sample; micro-batches of 8): A100 3 blocks (F 6.67,
+    # B 13.33 ms), T4 1 block at speed 0.21 (F 10.67, B 21.33 ms); one activation of 8 x 32 KiB
+    # at 0.1 Gbit/s + 0.1 ms = 21.07 ms each way. The T4 runs its 4 micro-batches in turn and
+    # asks for the next activation only after a backward (1F1B's fused wait), so 3 transfers
+    # fall between them: 6.67 + 21.07 + 4 x 32 + 3 x 21.07 + 21.07 (last gradient) + 13.33
+    # (A100's last backward) = 253.4 ms, 126.3 samples/s. Full moves 4.7 MiB of parameters per
+    # step at 0.1 Gbit/s: 35.0 samples/s
+    assert plan.pipeline.step_s == pytest.approx(0.25336, abs=1e-5)
+    assert choice.pipeline_samples_per_s / choice.flat_samples_per_s == pytest.approx(3.606,
                                                                                       abs=1e-3)
     assert choice.reasons[0] == (f"Pipeline chosen: predicted {choice.pipeline_samples_per_s:.4g} "
-                                 f"samples/s, 2.46x Full's (the best mode without a pipeline)")
+                                 f"samples/s, 3.61x Full's (the best mode without a pipeline)")
     assert choice.reasons[2:4] == (f"None: {SHORT}", f"Group: {SHORT}")
     assert choice.reasons[4].startswith(f"Full: predicted {choice.flat_samples_per_s:.4g} "
                                         "samples/s (its model; no run of it measured yet)")
@@ -127,11 +133,11 @@ def test_a_learned_measured_over_predicted_ratio_turns_the_choice() -> None:
         f"Full: predicted {0.4 * full_model:.4g} samples/s ({full_model:.4g} by its model x "
         "0.400, the measured / predicted ratio learned over 2 runs)")
     # a learned Pipeline ratio scales the pipeline's prediction the same way
-    both = {**learned, (layoutchoice.LEARNED_LAYOUT, "Pipeline"): _ratio("Pipeline", 0.5)}
-    halved = _plan(_job(), 100.0, both).layout
-    assert halved is not None and halved.chosen == "Full"
-    assert halved.pipeline_samples_per_s == pytest.approx(
-        0.5 * raw.layout.pipeline_samples_per_s, rel=1e-12)
+    both = {**learned, (layoutchoice.LEARNED_LAYOUT, "Pipeline"): _ratio("Pipeline", 0.4)}
+    scaled = _plan(_job(), 100.0, both).layout
+    assert scaled is not None and scaled.chosen == "Full"
+    assert scaled.pipeline_samples_per_s == pytest.approx(
+        0.4 * raw.layout.pipeline_samples_per_s, rel=1e-12)
 
 
 def test_layout_in_status_plan_is_declared_in_the_crd() -> None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from hetero_operator.planning.stages import (BlockCost, StageDevice, StagePlanError, in_flight,
-                                             plan_stages)
+from hetero_operator.planning.schedulesim import simulate
+from hetero_operator.planning.stages import (BlockCost, BlockTime, StageDevice, StagePlanError,
+                                             in_flight, plan_stages)
 from heterotrain_common.linkcost import LinkModel
 
 MIB = 2**20
@@ -39,8 +40,14 @@ def test_three_types_twelve_equal_blocks_split_by_speed() -> None:
     assert [s.blocks for s in plan.stages] == [(0, 8), (8, 11), (11, 12)]
     assert [s.slot_s for s in plan.stages] == pytest.approx([8.0, 7.5, 5.0])
     assert plan.slowest_slot_s == pytest.approx(8.0)
-    # (m + s - 1) = 4 + 3 - 1 = 6 slots of 8 s; the bubble is 2 of the 6
-    assert plan.step_s == pytest.approx(48.0)
+    # The schedule played (1F1B, F = slot / 3, B = 2 slot / 3; A 8/3 + 16/3, B 2.5 + 5, C 5/3 +
+    # 10/3): A runs its 3 warm-up forwards by 8; micro-batch 0 goes A, B, C forward and C, B back
+    # (B's backward waits for B's own 2 warm-up forwards: 15.17); from then A alternates backward
+    # and forward and waits for B's backwards: A's B0 15.17-20.5, F3 -23.17, B1 -28.5, B2 (B's
+    # ends 30.67) -36.0, B3 (B's ends 35.67) -41.33 = 124/3 s. The closed form, (m + s - 1) =
+    # 6 slots of the slowest 8 s (48 s), counts B and C as slow as A; the bubble stays 2 of 6
+    assert plan.step_s == pytest.approx(124 / 3)
+    assert plan.step_s < (4 + 3 - 1) * plan.slowest_slot_s
     assert plan.bubble_fraction == pytest.approx(2 / 6)
 
 
@@ -57,14 +64,18 @@ def test_a_stage_s_replicas_add_their_speed() -> None:
 def test_a_stage_s_replicas_all_reduce_their_gradients_in_the_step() -> None:
     # As above, with 1 MiB of parameters per block: B's 5 blocks (5 MiB) are all-reduced between
     # its 2 ranks once per step: 2 rounds of 2.5 MiB at 1e9 B/s inside the node, 0.00524288 s;
-    # A and C have one rank each and sync nothing. Step = 6 x 6.25 s + 0.00524288 s.
+    # A and C have one rank each and sync nothing. Step = the schedule played on the stages
+    # (planning.schedulesim) + 0.00524288 s.
     link = LinkModel(intra_bw_bytes_per_s=1e9, inter_bw_bytes_per_s=1e12, intra_latency_s=0.0,
                      inter_latency_s=0.0)
     plan = plan_stages(blocks(12, param_bytes=MIB), three_types(b_ranks=2), global_batch=4,
                        micro_batches=4, link=link)
     assert plan.block_counts == [6, 5, 1]
     assert [s.sync_s for s in plan.stages] == pytest.approx([0.0, 0.00524288, 0.0])
-    assert plan.step_s == pytest.approx(6 * 6.25 + 0.00524288)
+    played = simulate([s.forward_s for s in plan.stages], [s.backward_s for s in plan.stages],
+                      [0.0, 0.0], 4)
+    assert [s.forward_s for s in plan.stages] == pytest.approx([2.0, 6.25 / 3, 5 / 3])
+    assert plan.step_s == pytest.approx(played.step_s + 0.00524288)
 
 
 def test_memory_caps_the_fast_stage() -> None:
@@ -93,7 +104,11 @@ def test_the_boundary_transfer_moves_the_cut_and_enters_the_step() -> None:
     assert plan.block_counts == [1, 2]
     assert [s.transfer_s for s in plan.stages] == pytest.approx([0.002, 0.002])
     assert plan.slowest_slot_s == pytest.approx(4.002)
-    assert plan.step_s == pytest.approx((4 + 2 - 1) * 4.002)
+    # Played: X's F0 (2/3 s) and 1 ms to Y; Y runs its 4 micro-batches (4 s each), each next
+    # activation reaching it 1 ms after it asks (X sent them long before; Gloo moves the bytes
+    # once both sides posted); Y's last gradient reaches X 1 ms later, X's last backward 4/3 s:
+    # 2/3 + 16 + 4/3 + 5 x 0.001 = 18.005 s (the closed form, 5 slots of 4.002 s, is 20.01 s)
+    assert plan.step_s == pytest.approx(18.005)
     untimed = plan_stages(blocks(3), devices, global_batch=8, micro_batches=4, link=link)
     assert untimed.block_counts == [2, 1]
 
@@ -147,3 +162,27 @@ def test_bad_pipeline_settings_name_the_field(kwargs: dict, message: str) -> Non
 def test_fewer_blocks_than_types_is_refused() -> None:
     with pytest.raises(ValueError, match="2 blocks cannot fill 3 stages"):
         plan_stages(blocks(2), three_types(), global_batch=4, micro_batches=4, link=FREE_LINK)
+
+
+def test_measured_block_times_replace_the_speed_model() -> None:
+    # Two types of equal speed, 4 equal blocks (1 s/sample, micro-batch 1, 4 micro-batches). The
+    # model splits 2 + 2 (2 s each). Measured on Y: blocks 0 and 3 take 3 s/sample, 1 and 2 as
+    # modelled (1 s). X first: 3 + 1 gives X 3 s, Y 3 s; 2 + 2 gives Y 4 s. Y first: 1 + 3 gives
+    # 3 s and 3 s as well, and the tie keeps the order given (X, then Y by name): 3 + 1.
+    devices = [StageDevice(gpu_type="X", speed=1.0, memory_bytes=BIG),
+               StageDevice(gpu_type="Y", speed=1.0, memory_bytes=BIG)]
+    modelled = plan_stages(blocks(4), devices, global_batch=4, micro_batches=4, link=FREE_LINK)
+    assert modelled.block_counts == [2, 2]
+    slow, as_modelled = BlockTime(forward_s=1.0, backward_s=2.0), BlockTime(forward_s=1 / 3,
+                                                                            backward_s=2 / 3)
+    on_y = [slow, as_modelled, as_modelled, slow]
+    plan = plan_stages(blocks(4), devices, global_batch=4, micro_batches=4, link=FREE_LINK,
+                       measured={"Y": on_y})
+    assert [(s.gpu_type, s.block_count) for s in plan.stages] == [("X", 3), ("Y", 1)]
+    assert [t for s in plan.stages for t in (s.forward_s, s.backward_s)] == pytest.approx(
+        [1.0, 2.0, 1.0, 2.0])
+    # equal stages of 3 s: (4 + 2 - 1) slots
+    assert plan.step_s == pytest.approx(15.0)
+    with pytest.raises(ValueError, match="Y: 3 measured block times for 4 blocks"):
+        plan_stages(blocks(4), devices, global_batch=4, micro_batches=4, link=FREE_LINK,
+                    measured={"Y": on_y[:3]})

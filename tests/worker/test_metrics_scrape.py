@@ -216,16 +216,24 @@ def test_run_dir_statistics_accumulate_and_result_is_written(tmp_path: Path):
     environ = {rundir.RUN_DIR: str(tmp_path)}
     m = WorkerMetrics(_contract(simulated=True), environ=environ)
     m.set_total_steps(4)
-    m.observe_step(0.5, 0.3, 0.2, 5, 2.0)
+    m.observe_step(0.7, 0.3, 0.4, 5, 2.0)
+    m.observe_stage_compute(0.2, 0.3, 0.05, 16)  # the first step's: warm-up, not counted
     m.observe_step(0.5, 0.4, 0.1, 5, 1.0)
+    m.observe_stage_compute(0.1, 0.2, 0.01, 16)
+    m.observe_step(0.5, 0.4, 0.1, 5, 1.0)
+    m.observe_stage_compute(0.1, 0.25, 0.02, 16)
     m.record_skipped_step()
     m.flush()
     stats = json.loads((tmp_path / "rank-1.json").read_text())
     assert {k: stats[k] for k in ("rank", "group", "gpu_product", "steps", "samples", "total_steps",
                                   "skipped_steps", "local_batch", "loss", "simulated")} == {
-        "rank": 1, "group": 1, "gpu_product": "NVIDIA-A100-SXM4-40GB", "steps": 2, "samples": 10,
+        "rank": 1, "group": 1, "gpu_product": "NVIDIA-A100-SXM4-40GB", "steps": 3, "samples": 15,
         "total_steps": 4, "skipped_steps": 1, "local_batch": 5, "loss": 1.0, "simulated": True}
-    assert math.isclose(stats["step_seconds"], 1.0) and math.isclose(stats["comm_wait_seconds"], 0.3)
+    assert math.isclose(stats["step_seconds"], 1.7) and math.isclose(stats["comm_wait_seconds"], 0.6)
+    assert (stats["first_step_seconds"], stats["first_step_samples"]) == (0.7, 5)
+    assert {k: round(v, 9) for k, v in stats.items() if k.startswith("stage_")} == {
+        "stage_forward_seconds": 0.2, "stage_backward_seconds": 0.45,
+        "stage_optimizer_seconds": 0.03, "stage_samples": 32, "stage_steps": 2}
     assert rundir.write_result({"accuracy": 0.97}, environ) == tmp_path / "result.json"
     assert json.loads((tmp_path / "result.json").read_text()) == {"accuracy": 0.97}
     assert rundir.write_result({"accuracy": 0.97}, {}) is None

@@ -153,7 +153,8 @@ class WorkerMetrics:
         self._stats_dir = (rundir.run_dir(environ) if environ is not None
                            else Path(contract.run.dir) if contract.run.dir else None)
         self._totals = {"steps": 0, "samples": 0, "skipped_steps": 0, "rebalances": 0,
-                        "step_seconds": 0.0, "compute_seconds": 0.0, "comm_wait_seconds": 0.0}
+                        "step_seconds": 0.0, "compute_seconds": 0.0, "comm_wait_seconds": 0.0,
+                        "first_step_seconds": 0.0, "first_step_samples": 0}
         self._last: dict[str, Any] = {"loss": None, "throughput_samples_per_second": None,
                                       "total_steps": None}
         self._last_device_s = -math.inf
@@ -239,6 +240,8 @@ class WorkerMetrics:
             self._child(mn.LOSS).set(loss_value)
         with self._lock:
             t = self._totals
+            if t["steps"] == 0:  # warm-up (first collectives, allocator): kept apart as well
+                t["first_step_seconds"], t["first_step_samples"] = step_s, samples
             t["steps"] += 1
             t["samples"] += samples
             t["step_seconds"] += step_s
@@ -339,6 +342,32 @@ class WorkerMetrics:
         with self._lock:
             self._last["pipeline_stage"] = int(stage)
             self._last["pipeline_wait_ratio"] = float(wait_ratio)
+
+    def observe_stage_compute(self, forward_s: float, backward_s: float, optimizer_s: float,
+                              samples: int) -> None:
+        """Add one step's pipeline-stage compute to the statistics (``rank-<R>.json``'s
+        ``stage_forward_seconds``, ``stage_backward_seconds``, ``stage_optimizer_seconds``,
+        ``stage_samples`` and ``stage_steps``): what the planner learns each stage's block times
+        from. Call it after :meth:`observe_step`; the first step (warm-up) is not counted.
+
+        Args:
+            forward_s / backward_s: seconds in the stage's forward / backward of every
+                micro-batch of the step.
+            optimizer_s: seconds of the step's own work outside the schedule: zeroing the
+                gradients and the optimizer step.
+            samples: samples that went through the stage in the step (its pipeline's batch).
+        """
+        with self._lock:
+            t = self._totals
+            if t["steps"] <= 1:
+                return
+            t["stage_forward_seconds"] = t.get("stage_forward_seconds", 0.0) + max(0.0, forward_s)
+            t["stage_backward_seconds"] = (t.get("stage_backward_seconds", 0.0)
+                                           + max(0.0, backward_s))
+            t["stage_optimizer_seconds"] = (t.get("stage_optimizer_seconds", 0.0)
+                                            + max(0.0, optimizer_s))
+            t["stage_samples"] = t.get("stage_samples", 0) + int(samples)
+            t["stage_steps"] = t.get("stage_steps", 0) + 1
 
     def record_step_redone(self) -> None:
         """Count one interrupted step redone after a membership change."""

@@ -196,6 +196,7 @@ class PipelinePart:
         start = time.perf_counter()
         inputs, target = batch
         optimizer.zero_grad(set_to_none=False)
+        zeroed_s = time.perf_counter() - start
         losses = runner.step(inputs if runner.is_first else None,
                              target if runner.is_last else None)
         grads = [p.grad for p in runner.module.parameters() if p.grad is not None]
@@ -228,6 +229,9 @@ class PipelinePart:
         stages, micro = len(self.layout.stage_ranks), self.contract.pipeline.micro_batches
         self.metrics.observe_pipeline_step(self.stage, (stages - 1) / (micro + stages - 1),
                                            wait_s / step_s if step_s > 0 else 0.0)
+        self.metrics.observe_stage_compute(runner.forward_s, runner.backward_s,
+                                           zeroed_s + step_s - (optimizer_start - start),
+                                           self.pipeline_batches[self.replica])
         return StepResult(loss=loss, skipped=skipped, step_s=step_s, compute_s=compute_s,
                           comm_wait_s=wait_s)
 

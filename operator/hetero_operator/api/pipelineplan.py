@@ -42,10 +42,13 @@ class PipelinePlan:
         stages: in pipeline order.
         micro_batches: micro-batches per step.
         schedule: ``1F1B`` or ``GPipe``.
-        step_s: predicted step (the slowest slot times ``m + s - 1``, plus its all-reduce),
-            seconds at the planner's scale (relative without an absolute reference).
+        step_s: predicted step (the schedule played on the stages' times,
+            ``hetero_operator.planning.schedulesim``, plus the replicas' all-reduce), seconds at
+            the planner's scale (relative without an absolute reference).
         bubble_fraction: ``(s - 1) / (m + s - 1)``.
         absolute: ``step_s`` is in seconds (the planner had samples/s of a speed-1.0 device).
+        measured_stages: the GPU types whose block times earlier pipelined runs measured
+            (``hetero_operator.planning.stagetimes``), sorted; ``()``: all modelled.
     """
 
     stages: tuple[StageAssignment, ...]
@@ -54,6 +57,7 @@ class PipelinePlan:
     step_s: float
     bubble_fraction: float
     absolute: bool = False
+    measured_stages: tuple[str, ...] = ()
 
     @property
     def block_counts(self) -> list[int]:

@@ -21,7 +21,7 @@ from hetero_operator.api.prices import load_prices
 from hetero_operator.api.spec import JobSpec, profile_key
 from hetero_operator.api.planvalue import PlanValue
 from hetero_operator.api.types import Plan
-from hetero_operator.planning import layoutchoice
+from hetero_operator.planning import layoutchoice, stagetimes
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
 from hetero_operator.planning.profiles import (JOB_EFFICIENCY, TABLE_DIFFERENCE, FileStore,
                                                LearnedSpeed, Observation, batch_band,
@@ -195,6 +195,8 @@ def layout_observations(plan: Plan, measured_samples_per_s: float,
     if plan.pipeline is not None:
         layout = layoutchoice.PIPELINE
         predicted = None
+        if plan.pipeline.measured_stages:  # its ratio calibrates the modelled stage times only
+            return []
         if plan.pipeline.absolute and plan.pipeline.step_s > 0:
             predicted = sum(r.local_batch for r in plan.ranks) / plan.pipeline.step_s
     elif plan.memory is not None:
@@ -267,6 +269,20 @@ def apply_simulated_speeds(rank_envs: Sequence[dict[str, str]], plan: Plan,
             env[envnames.DEVICE_PROFILE] = replace(profile, relative_speed=speeds[r.node]).to_json()
 
 
+def steady_samples_per_s(stats: Sequence[Mapping[str, Any]]) -> float | None:
+    """The job's samples/s over the steps after the first (the first step's warm-up left out):
+    the sum over ranks of ``(samples - first_step_samples) / (step_seconds -
+    first_step_seconds)``; None where a rank ran fewer than 2 steps or wrote no first step."""
+    total = 0.0
+    for s in stats:
+        seconds = float(s.get("step_seconds") or 0) - float(s.get("first_step_seconds") or 0)
+        samples = float(s.get("samples") or 0) - float(s.get("first_step_samples") or 0)
+        if int(s.get("steps") or 0) < 2 or "first_step_seconds" not in s or seconds <= 0:
+            return None
+        total += samples / seconds
+    return total or None
+
+
 def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Plan,
               workdir: Path, exit_code: int) -> dict[str, Any]:
     """Predicted vs measured throughput, and the run's speeds into the learned store.
@@ -286,12 +302,15 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
     stats_ok = [s for s in stats if s]
     measured = sum(float(s.get("samples") or 0) / float(s["step_seconds"])
                    for s in stats_ok if float(s.get("step_seconds") or 0) > 0)
+    steady = steady_samples_per_s(stats_ok) if len(stats_ok) == len(stats) else None
     value = plan.value
     predicted = value.predicted_throughput if value is not None and value.absolute else None
     ratio = measured / predicted if predicted and measured and len(stats_ok) == len(stats) else None
     window = (stats[0] or {}).get("job_prediction_ratio") if stats else None
     out: dict[str, Any] = {"profile_key": profile_key(job), "predicted_samples_per_s": predicted,
                            "measured_samples_per_s": round(measured, 3) if measured else None,
+                           "measured_steady_samples_per_s": (None if steady is None
+                                                             else round(steady, 3)),
                            "ratio_measured_to_predicted": None if ratio is None else round(ratio, 4),
                            "ratio_last_window": None if window is None else round(float(window), 4),
                            "speed_sources": {t.gpu_type: t.speed_source for t in value.types}
@@ -323,9 +342,13 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
                       f"{steady})", highlight=False)
     store = store_for(args)
     if store is not None and exit_code == 0:
-        # a pipelined rank's samples / compute seconds is its stage's, not its device's speed
-        observations = [] if plan.pipeline is not None else observations_from_stats(
-            stats_ok, unix_s=time.time(), job=job.name, namespace=job.namespace)
+        # a pipelined rank's samples / compute seconds is its stage's, not its device's speed:
+        # its stage's forward and backward times are learned instead (planning.stagetimes)
+        observations = (stagetimes.observations(
+            plan.pipeline.stages, [s or {} for s in stats], micro_batches=plan.pipeline.micro_batches,
+            unix_s=time.time(), job=job.name, namespace=job.namespace)
+            if plan.pipeline is not None else observations_from_stats(
+                stats_ok, unix_s=time.time(), job=job.name, namespace=job.namespace))
         observations += layout_observations(plan, measured if len(stats_ok) == len(stats) else 0.0,
                                             job)
         try:

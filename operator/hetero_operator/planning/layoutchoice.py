@@ -6,8 +6,8 @@ one without a pipeline, where the memory model's ``Auto`` already took the faste
 ``Group`` and ``Full`` that fits (:mod:`hetero_operator.planning.memory`). :func:`weigh` keeps the
 one with the higher predicted throughput:
 
-* the pipeline's ``global batch / PipelinePlan.step_s`` (``(m + s - 1)`` slots of the slowest
-  stage plus its replicas' all-reduce; :mod:`hetero_operator.planning.stages`);
+* the pipeline's ``global batch / PipelinePlan.step_s`` (the schedule played on the stages' times
+  plus the replicas' all-reduce; :mod:`hetero_operator.planning.stages`);
 * the chosen mode's ``predicted_samples_per_s`` (compute with recomputation, cross-type and
   in-group traffic; :mod:`hetero_operator.planning.steptime`).
 
@@ -18,7 +18,10 @@ earlier run of the job's ``profileKey`` measured one (a learned entry ``layout/<
 speeds, :func:`layout_observation`): what the model leaves out (a precision the devices emulate,
 per-collective costs, data loading) is then counted for the layout that paid it. A layout never
 run is weighed by its model alone, so a job's first runs may try each layout once; the reasons
-say which figure is calibrated and by how many runs.
+say which figure is calibrated and by how many runs. A pipeline whose stage times earlier runs
+measured (``PipelinePlan.measured_stages``, :mod:`hetero_operator.planning.stagetimes`) is weighed
+by that prediction without the ratio: the ratio was learned against the model's stage times, and
+the measured ones already hold what it corrected.
 A tie keeps the pipeline (the user configured it). Without seconds per sample the predictions
 are relative and the link's seconds are not: the pipeline is kept and the reason says so. Where
 no mode fits without a pipeline, the pipeline is kept and the reason names each type's shortfall.
@@ -100,8 +103,13 @@ def weigh(piped: Plan, flat: Plan | Unschedulable, *, global_batch: int,
     ratios = ratios or {}
     pipe_model = (global_batch / piped.pipeline.step_s if absolute and piped.pipeline.step_s
                   else None)
-    pipe_sps = _calibrated(pipe_model, ratios.get(PIPELINE))
-    pipe_words = (f"{PIPELINE}: {_predicted_words(pipe_model, ratios.get(PIPELINE))} "
+    measured = piped.pipeline.measured_stages
+    pipe_ratio = None if measured else ratios.get(PIPELINE)
+    pipe_sps = _calibrated(pipe_model, pipe_ratio)
+    predicted = (f"predicted {pipe_model:.4g} samples/s (the schedule played on the stage times "
+                 f"earlier runs measured on {', '.join(measured)})" if measured and pipe_model
+                 else _predicted_words(pipe_model, pipe_ratio))
+    pipe_words = (f"{PIPELINE}: {predicted} "
                   f"({len(piped.pipeline.stages)} stages: {_stages_words(piped)}; bubble "
                   f"{100 * piped.pipeline.bubble_fraction:.1f}% of the step)" if pipe_sps else "")
     pinned = (f"the run resumes a checkpoint written under {pin}, which the other layout "

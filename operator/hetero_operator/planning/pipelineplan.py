@@ -26,16 +26,22 @@ stage its inputs, the last its targets.
 **Precision.** ``Auto`` plans fp32 on every stage (the stage model's bytes and times are fp32's);
 a forced ``BF16`` or ``FP16`` runs every stage under that autocast, and with fp16 one dynamic loss
 scale spans every stage (:func:`stage_precision`; the worker: ``hetero_worker.pipelinepart``).
+
+**Measured stage times.** Where an earlier pipelined run of the job's profile measured its
+stages (:mod:`hetero_operator.planning.stagetimes`), their forward and backward seconds replace
+the model's block times of those GPU types, so the stage split and the predicted step
+(``PipelinePlan.step_s``) follow what the stages really took.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hetero_operator.api.pipelineplan import PipelinePlan, StageAssignment
 from hetero_operator.api.spec import JobSpec
+from hetero_operator.planning import stagetimes
 from hetero_operator.planning.marginal import LinkSettings
 from hetero_operator.planning.stages import BlockCost, StageDevice, StagePlanError, plan_stages
 from heterotrain_common.split import split_batch
@@ -92,6 +98,7 @@ def refusal(job: JobSpec) -> str:
 
 def plan_pipeline(job: JobSpec, groups_spec: Sequence[tuple[Any, int]], *, link: LinkSettings,
                   reference_samples_per_s: float | None,
+                  learned: Mapping[tuple[str, str], Any] | None = None,
                   ) -> tuple[PipelinePlan, list[int], list[int], list[int]] | str:
     """The stages of the placed groups.
 
@@ -101,6 +108,9 @@ def plan_pipeline(job: JobSpec, groups_spec: Sequence[tuple[Any, int]], *, link:
             (:func:`hetero_operator.planning.pools.group_specs`).
         link: the planner's link settings (the inter-node link joins the stages).
         reference_samples_per_s: samples/s of a speed-1.0 device, None for relative seconds.
+        learned: the job's learned table; the stage times earlier pipelined runs measured
+            (:mod:`hetero_operator.planning.stagetimes`) replace the model's where the plan is
+            absolute.
 
     Returns:
         ``(pipeline plan, stage per rank, replica per rank, local batch per rank)``, or a
@@ -149,10 +159,14 @@ def plan_pipeline(job: JobSpec, groups_spec: Sequence[tuple[Any, int]], *, link:
         devices.append(StageDevice(gpu_type=gpu_type, speed=pools[0].speed,
                                    memory_bytes=max(1, memory_mib) * 2**20,
                                    ranks=counts[gpu_type]))
+    blocks = _blocks(job, reference_samples_per_s)
+    measured = (stagetimes.block_times(learned, blocks, devices, precision=stage_precision(job),
+                                       micro_batch=min(pipeline_batches) / pipe.micro_batches)
+                if learned and reference_samples_per_s else {})
     try:
-        planned = plan_stages(_blocks(job, reference_samples_per_s), devices,
-                              global_batch=t.global_batch_size, micro_batches=pipe.micro_batches,
-                              link=link.model(), schedule=pipe.schedule)
+        planned = plan_stages(blocks, devices, global_batch=t.global_batch_size,
+                              micro_batches=pipe.micro_batches, link=link.model(),
+                              schedule=pipe.schedule, measured=measured)
     except StagePlanError as exc:
         return f"spec.training.pipeline: {exc}"
     stage_of = {s.gpu_type: s.index for s in planned.stages}
@@ -173,7 +187,8 @@ def plan_pipeline(job: JobSpec, groups_spec: Sequence[tuple[Any, int]], *, link:
     plan = PipelinePlan(stages=assignments, micro_batches=pipe.micro_batches,
                         schedule=pipe.schedule, step_s=round(planned.step_s, 9),
                         bubble_fraction=round(planned.bubble_fraction, 6),
-                        absolute=bool(reference_samples_per_s))
+                        absolute=bool(reference_samples_per_s),
+                        measured_stages=tuple(sorted(measured)))
     return plan, stage, replica, batches
 
 

@@ -166,7 +166,8 @@ def _pipelined(job: JobSpec, groups_spec: list[tuple[Pool, int]], taken: list[tu
     (:func:`~hetero_operator.planning.pipelineplan.stage_precision`); the stage
     planner checks memory per stage, so no sharding decision (``Plan.memory`` is None)."""
     planned = pipelineplan.plan_pipeline(job, groups_spec, link=inputs.link,
-                                         reference_samples_per_s=reference_sps)
+                                         reference_samples_per_s=reference_sps,
+                                         learned=inputs.learned)
     if isinstance(planned, str):
         return model.Unschedulable(shortfalls=(), excluded=excluded, message=planned,
                                    reason=pipelineplan.PIPELINE_NOT_PLANNED,

@@ -17,12 +17,20 @@ of :class:`heterotrain_common.linkcost.LinkModel`: ``inter_bw_bytes_per_s`` and
 ``inter_latency_s``); the first and last stage have no outer boundary. Compute and transfer are
 added, not overlapped (conservative, as :mod:`hetero_operator.planning.steptime`).
 
-**Step** under GPipe or 1F1B with ``m`` micro-batches and ``s`` stages: ``(m + s - 1)`` slots of
-the slowest stage (the bubble is ``(s - 1) / (m + s - 1)`` of the step; Huang et al., "GPipe",
-2019; Narayanan et al., "PipeDream", 2019), then the slowest stage's gradient all-reduce among its
-replicas (a ring inside one node: :func:`heterotrain_common.linkcost.collective_s`, the stage's
-parameter bytes, ``intra_bw_bytes_per_s``), after the pipeline drains. The all-reduce enters the
-predicted step but not the choice of the split.
+**A block's compute** on a GPU type is its measured forward and backward seconds per sample
+where an earlier run measured them (``measured``: :mod:`hetero_operator.planning.stagetimes`), else
+``compute_s_per_sample / speed`` split :data:`~heterotrain_common.pipelineschedules.FORWARD_SHARE`
+forward, the rest backward.
+
+**Step** under GPipe or 1F1B with ``m`` micro-batches and ``s`` stages: the schedule played
+operation by operation (:func:`hetero_operator.planning.schedulesim.simulate`: each stage's
+forward and backward of one micro-batch, each boundary's one-way transfer, which overlaps
+compute), then the slowest stage's gradient all-reduce among its replicas (a ring inside one node:
+:func:`heterotrain_common.linkcost.collective_s`, the stage's parameter bytes,
+``intra_bw_bytes_per_s``), after the pipeline drains. With equal stages and free transfers the
+played schedule takes ``(m + s - 1)`` slots (the bubble is ``(s - 1) / (m + s - 1)`` of the step;
+Huang et al., "GPipe", 2019; Narayanan et al., "PipeDream", 2019). The split is chosen by the
+slowest slot (below); the played schedule and the all-reduce give the predicted step.
 
 **Memory of a rank** of stage ``i`` (bytes)::
 
@@ -45,11 +53,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hetero_operator.planning.schedulesim import simulate
 from heterotrain_common.linkcost import LinkModel, collective_s
-from heterotrain_common.pipelineschedules import SCHEDULES
+from heterotrain_common.pipelineschedules import FORWARD_SHARE, SCHEDULES
 
 STATE_BYTES_PER_PARAM_BYTE = 4
 """Resident bytes per fp32 parameter byte in a stage: the parameter, its gradient and Adam's two
@@ -86,6 +95,19 @@ class BlockCost:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class BlockTime:
+    """One block's compute on one device of a GPU type, measured (seconds per sample, >= 0).
+
+    Attributes:
+        forward_s: forward seconds per sample.
+        backward_s: backward seconds per sample.
+    """
+
+    forward_s: float
+    backward_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StageDevice:
     """The placed ranks of one GPU type.
 
@@ -115,7 +137,8 @@ class Stage:
         gpu_type: the GPU type whose ranks run it.
         ranks: its data-parallel replicas.
         blocks: ``(first, end)``: blocks ``first <= j < end``.
-        compute_s: compute of one micro-batch, seconds.
+        compute_s: compute of one micro-batch, seconds (``forward_s + backward_s``).
+        forward_s / backward_s: of one micro-batch, seconds.
         transfer_s: boundary sends and receives of one micro-batch, seconds.
         slot_s: ``compute_s + transfer_s``.
         sync_s: the gradient all-reduce among the stage's replicas once per step, seconds.
@@ -127,6 +150,8 @@ class Stage:
     ranks: int
     blocks: tuple[int, int]
     compute_s: float
+    forward_s: float
+    backward_s: float
     transfer_s: float
     slot_s: float
     sync_s: float
@@ -147,7 +172,8 @@ class StagePlan:
         micro_batches: ``m``.
         schedule: ``GPipe`` or ``1F1B``.
         slowest_slot_s: the largest ``slot_s``.
-        step_s: ``(m + s - 1) x slowest_slot_s`` + the slowest stage's ``sync_s``.
+        step_s: the played schedule's step (:func:`hetero_operator.planning.schedulesim.simulate`)
+            + the slowest stage's ``sync_s``.
         bubble_fraction: ``(s - 1) / (m + s - 1)``.
     """
 
@@ -171,28 +197,39 @@ def in_flight(stage_index: int, stage_count: int, micro_batches: int, schedule: 
     return min(micro_batches, stage_count - stage_index)
 
 
-def step_s(slowest_slot_s: float, micro_batches: int, stage_count: int) -> float:
-    """Predicted step: ``(m + s - 1)`` slots of the slowest stage (bubble included)."""
-    return (micro_batches + stage_count - 1) * slowest_slot_s
-
-
 class _Costs:
     """Prefix sums and per-segment costs for one problem (internal)."""
 
     def __init__(self, blocks: Sequence[BlockCost], link: LinkModel, micro_batch: float,
-                 micro_batches: int, schedule: str, stage_count: int) -> None:
+                 micro_batches: int, schedule: str, devices: Sequence[StageDevice],
+                 measured: Mapping[str, Sequence[BlockTime]]) -> None:
         self.blocks = blocks
         self.micro_batch = micro_batch
         self.m = micro_batches
         self.schedule = schedule
-        self.s = stage_count
-        self.compute = list(itertools.accumulate((b.compute_s_per_sample for b in blocks), initial=0.0))
+        self.s = len(devices)
+        self.forward: dict[str, list[float]] = {}   # GPU type -> prefix sums, s per sample
+        self.backward: dict[str, list[float]] = {}
+        for d in devices:
+            times = measured.get(d.gpu_type)
+            if times is not None and len(times) != len(blocks):
+                raise ValueError(f"{d.gpu_type}: {len(times)} measured block times for "
+                                 f"{len(blocks)} blocks")
+            if times is None:
+                times = [BlockTime(forward_s=FORWARD_SHARE * b.compute_s_per_sample / d.speed,
+                                   backward_s=(1 - FORWARD_SHARE) * b.compute_s_per_sample / d.speed)
+                         for b in blocks]
+            self.forward[d.gpu_type] = list(itertools.accumulate((t.forward_s for t in times),
+                                                                 initial=0.0))
+            self.backward[d.gpu_type] = list(itertools.accumulate((t.backward_s for t in times),
+                                                                  initial=0.0))
         self.params = list(itertools.accumulate((b.param_bytes for b in blocks), initial=0))
         self.acts = list(itertools.accumulate((b.activation_bytes_per_sample for b in blocks), initial=0))
-        self.boundary = [0.0] * (len(blocks) + 1)
+        self.one_way = [0.0] * (len(blocks) + 1)   # one micro-batch's transfer after block k-1
         for k in range(1, len(blocks)):
             nbytes = blocks[k - 1].output_bytes_per_sample * micro_batch
-            self.boundary[k] = 2 * (nbytes / link.inter_bw_bytes_per_s + link.inter_latency_s)
+            self.one_way[k] = nbytes / link.inter_bw_bytes_per_s + link.inter_latency_s
+        self.boundary = [2 * t for t in self.one_way]   # forward and backward
 
     def memory(self, a: int, b: int, device: StageDevice, index: int) -> int:
         per_rank = math.ceil(self.micro_batch / device.ranks)
@@ -200,8 +237,16 @@ class _Costs:
                 + (self.acts[b] - self.acts[a]) * per_rank
                 * in_flight(index, self.s, self.m, self.schedule))
 
+    def forward_s(self, a: int, b: int, device: StageDevice) -> float:
+        prefix = self.forward[device.gpu_type]
+        return (prefix[b] - prefix[a]) * self.micro_batch / device.ranks
+
+    def backward_s(self, a: int, b: int, device: StageDevice) -> float:
+        prefix = self.backward[device.gpu_type]
+        return (prefix[b] - prefix[a]) * self.micro_batch / device.ranks
+
     def compute_s(self, a: int, b: int, device: StageDevice) -> float:
-        return (self.compute[b] - self.compute[a]) * self.micro_batch / (device.ranks * device.speed)
+        return self.forward_s(a, b, device) + self.backward_s(a, b, device)
 
     def slot(self, a: int, b: int, device: StageDevice, index: int) -> float:
         """Slot seconds of blocks ``[a, b)`` on ``device`` as stage ``index``; inf if it does not fit."""
@@ -253,7 +298,8 @@ def _why_not(costs: _Costs, devices: Sequence[StageDevice]) -> str:
 
 
 def plan_stages(blocks: Sequence[BlockCost], devices: Sequence[StageDevice], *, global_batch: int,
-                micro_batches: int, link: LinkModel, schedule: str = SCHEDULES[0]) -> StagePlan:
+                micro_batches: int, link: LinkModel, schedule: str = SCHEDULES[0],
+                measured: Mapping[str, Sequence[BlockTime]] | None = None) -> StagePlan:
     """Stages for ``blocks`` on ``devices``, one stage per GPU type (see the module docstring).
 
     Args:
@@ -263,6 +309,8 @@ def plan_stages(blocks: Sequence[BlockCost], devices: Sequence[StageDevice], *, 
         micro_batches: ``m`` >= 1; a micro-batch holds ``global_batch / m`` samples.
         link: the link between GPU types (bandwidth, latency).
         schedule: ``GPipe`` or ``1F1B``.
+        measured: per GPU type, every block's measured time on one of its devices; a type
+            without an entry is modelled from ``compute_s_per_sample`` and its speed.
 
     Returns:
         The plan with the smallest slowest slot.
@@ -286,7 +334,8 @@ def plan_stages(blocks: Sequence[BlockCost], devices: Sequence[StageDevice], *, 
                          f"batch), got {micro_batches}")
     ranked = sorted(devices, key=lambda d: (-d.ranks * d.speed, d.gpu_type))
     orders = (itertools.permutations(ranked) if len(ranked) <= MAX_ORDERED_TYPES else [tuple(ranked)])
-    costs = _Costs(blocks, link, global_batch / micro_batches, micro_batches, schedule, len(devices))
+    costs = _Costs(blocks, link, global_batch / micro_batches, micro_batches, schedule, devices,
+                   measured or {})
     chosen: tuple[float, Sequence[StageDevice], list[int]] | None = None
     for order in orders:
         found = _best_split(costs, order)
@@ -297,16 +346,20 @@ def plan_stages(blocks: Sequence[BlockCost], devices: Sequence[StageDevice], *, 
     slowest, order, ends = chosen
     stages, a = [], 0
     for i, (device, b) in enumerate(zip(order, ends)):
-        compute = costs.compute_s(a, b, device)
+        forward, backward = costs.forward_s(a, b, device), costs.backward_s(a, b, device)
+        compute = forward + backward
         transfer = costs.boundary[a] + costs.boundary[b]
         sync = collective_s([list(range(device.ranks))], ["one node"] * device.ranks,
                             costs.params[b] - costs.params[a], link, kind="allreduce")
         stages.append(Stage(index=i, gpu_type=device.gpu_type, ranks=device.ranks, blocks=(a, b),
-                            compute_s=compute, transfer_s=transfer, slot_s=compute + transfer,
+                            compute_s=compute, forward_s=forward, backward_s=backward,
+                            transfer_s=transfer, slot_s=compute + transfer,
                             sync_s=sync, memory_bytes=costs.memory(a, b, device, i)))
         a = b
     s = len(stages)
+    played = simulate([st.forward_s for st in stages], [st.backward_s for st in stages],
+                      [costs.one_way[st.blocks[1]] for st in stages[:-1]], micro_batches, schedule)
     return StagePlan(stages=tuple(stages), micro_batches=micro_batches, schedule=schedule,
                      slowest_slot_s=slowest,
-                     step_s=step_s(slowest, micro_batches, s) + max(st.sync_s for st in stages),
+                     step_s=played.step_s + max(st.sync_s for st in stages),
                      bubble_fraction=(s - 1) / (micro_batches + s - 1))

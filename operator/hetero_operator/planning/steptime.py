@@ -29,11 +29,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hetero_operator.api.memoryplan import RankMemory, RankSlot
+from heterotrain_common.pipelineschedules import FORWARD_SHARE
 
-RECOMPUTE_SHARE = 1.0 / 3.0
-"""Extra compute of recomputing a block's forward in backward, as a share of forward + backward
-(backward costs about twice the forward: Chen et al. 2016, "Training Deep Nets with Sublinear
-Memory Cost", count one extra forward)."""
+RECOMPUTE_SHARE = FORWARD_SHARE
+"""Extra compute of recomputing a block's forward in backward, as a share of forward + backward:
+one extra forward (:data:`heterotrain_common.pipelineschedules.FORWARD_SHARE`)."""
 TRANSFERS_PER_MICRO_BATCH = 3
 """Parameter-sized transfers per micro-batch under sharding: all-gather for forward, all-gather for
 backward, reduce-scatter of the gradients."""

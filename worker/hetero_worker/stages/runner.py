@@ -31,9 +31,11 @@ from heterotrain_common.pipelineschedules import SCHEDULES
 
 SCHEDULE_CLASSES = {"1F1B": Schedule1F1B, "GPipe": ScheduleGPipe}
 """The schedule classes that run each ``spec.training.pipeline.schedule`` value."""
-COMPUTE_METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+COMPUTE_METHODS = {"forward_one_chunk": "forward", "backward_one_chunk": "backward",
+                   "backward_weight_one_chunk": "backward"}
 """``PipelineStage`` methods that run the stage's forward and backward of one micro-batch (the
-schedule's sends and receives are separate operations): their time is the stage's compute."""
+schedule's sends and receives are separate operations), and which part of the stage's compute
+their time is."""
 
 
 class AutocastStage(nn.Module):
@@ -68,6 +70,7 @@ class StageRunner:
             ``parameters()`` to the optimiser.
         compute_s: seconds of the last :meth:`step` spent in the stage's forward and backward
             (the rest of the schedule's time is the bubble and the activation transfers).
+        forward_s / backward_s: the forward and the backward part of ``compute_s``.
         stage_index: this stage's place, 0 = first.
         stage_count: stages in the pipeline.
     """
@@ -116,18 +119,23 @@ class StageRunner:
         self._stage = PipelineStage(runs, stage_index, self.stage_count, device, group=group)
         self._schedule = SCHEDULE_CLASSES[schedule](self._stage, n_microbatches=micro_batches,
                                                     loss_fn=loss_fn, scale_grads=True)
-        self.compute_s = 0.0
-        for name in COMPUTE_METHODS:  # the schedule calls them on the stage object
-            setattr(self._stage, name, self._timed(getattr(self._stage, name)))
+        self.compute_s = self.forward_s = self.backward_s = 0.0
+        for name, part in COMPUTE_METHODS.items():  # the schedule calls them on the stage object
+            setattr(self._stage, name, self._timed(getattr(self._stage, name), part))
 
-    def _timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
-        """``method`` adding its wall time to :attr:`compute_s`."""
+    def _timed(self, method: Callable[..., Any], part: str) -> Callable[..., Any]:
+        """``method`` adding its wall time to :attr:`compute_s` and to ``part``'s figure."""
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
-                self.compute_s += time.perf_counter() - start
+                elapsed = time.perf_counter() - start
+                self.compute_s += elapsed
+                if part == "forward":
+                    self.forward_s += elapsed
+                else:
+                    self.backward_s += elapsed
         return timed
 
     @property
@@ -159,7 +167,7 @@ class StageRunner:
             raise ValueError("the inputs go to the first stage only")
         if (target is not None) != self.is_last:
             raise ValueError("the target goes to the last stage only")
-        self.compute_s = 0.0
+        self.compute_s = self.forward_s = self.backward_s = 0.0
         if self.is_first and self.is_last:
             losses: list[torch.Tensor] = []
             self._schedule.step(inputs, target=target, losses=losses)

@@ -22,10 +22,8 @@ from torch import nn
 
 from hetero_worker.runtime.simulation import simulated_delay_s
 from heterotrain_common.contract import DeviceProfile
+from heterotrain_common.pipelineschedules import FORWARD_SHARE
 
-FORWARD_SHARE = 1.0 / 3.0
-"""Share of a block's simulated compute spent in its forward (backward costs about twice the
-forward), as the planner's recomputation share counts it."""
 
 
 class _SleepInBackward(torch.autograd.Function):
