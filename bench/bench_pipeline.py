@@ -31,13 +31,17 @@ store, as a user's second run of the same job; :mod:`bench_memory` does the same
 :data:`benchlib.REPEATS` runs of :data:`STEPS` steps, the modes alternating so that load drift
 hits both. Figures per run:
 
-- samples/s: ``prediction.json``'s ``measured_samples_per_s`` (the sum over ranks of samples /
-  step seconds over the training steps; start-up and rendezvous not counted);
-- measured / predicted step time: measured step = global batch / measured samples/s; predicted
-  step = the plan's ``pipeline.step_s`` (``planning.stages.step_s``: ``(m + s - 1)`` slots of the
-  slowest stage plus its replicas' all-reduce) for Pipeline, and global batch / the Full mode's
-  ``predicted_samples_per_s_by_mode`` (the per-mode step-time model, ``planning.steptime``) for
-  Full;
+- samples/s: ``prediction.json``'s ``measured_steady_samples_per_s`` (the sum over ranks of
+  samples / step seconds over the training steps after the first; start-up, rendezvous and the
+  first step's warm-up not counted);
+- measured / predicted step time: measured step = global batch / those samples/s; predicted
+  step = the plan's ``pipeline.step_s`` for Pipeline (the 1F1B schedule played on the stage
+  times the earlier runs of this mode and link measured, ``planning.schedulesim`` and
+  ``planning.stagetimes``, plus the replicas' all-reduce), and global batch / the Full mode's
+  ``predicted_samples_per_s_by_mode`` for Full (the per-mode step-time model,
+  ``planning.steptime``, with the speeds the earlier runs learned). Each run of a mode learns
+  into the mode's store, so repeat ``r`` is predicted from the calibration run and repeats
+  before it (as a user's next run is);
 - Auto's choice: after the calibration runs, ``heterotrain plan`` of the pipelined job with
   ``sharding: Auto`` over both runs' learned figures (:func:`auto_choice`); its target row is the
   chosen layout's samples/s over the faster layout's, per repeat (at least 0.95: the issue's
@@ -167,9 +171,9 @@ def figures(workdir: Path) -> dict[str, Any]:
     plan = json.loads((workdir / "plan.json").read_text())
     job_batch = sum(r["local_batch"] for r in plan["ranks"])
     stats = [json.loads((workdir / f"rank-{r}.json").read_text()) for r in range(plan["world_size"])]
-    measured = prediction.get("measured_samples_per_s")
+    measured = prediction.get("measured_steady_samples_per_s")
     if not measured:
-        raise ValueError(f"{workdir}: no measured samples/s in prediction.json")
+        raise ValueError(f"{workdir}: no measured steady samples/s in prediction.json")
     pipe = plan.get("pipeline")
     if pipe:
         predicted_step_s = pipe["step_s"]
@@ -189,6 +193,7 @@ def figures(workdir: Path) -> dict[str, Any]:
             "planned_bubble_fraction": bubble,
             "wait_fraction": max(s["comm_wait_seconds"] / s["step_seconds"] for s in stats),
             "rank0_step_s": stats[0]["step_seconds"] / stats[0]["steps"],
+            "measured_stages": pipe.get("measured_stages") if pipe else None,
             "global_batch": job_batch,
             "stages": [(s["gpu_type"], s["blocks"]) for s in pipe["stages"]] if pipe else None}
 
@@ -292,9 +297,11 @@ def targets_of(links: dict[str, dict[str, list[dict[str, Any]]]],
         suffix = "" if link == fast else f", {link}"
         for mode in ("Pipeline", "Full"):
             values = runs(link, mode, "measured_over_predicted_step")
-            note = ("plan.json pipeline.step_s (planning.stages.step_s)" if mode == "Pipeline" else
-                    "prediction.json's Full step-time model (planning.steptime), calibrated by one "
-                    "learning run")
+            note = ("plan.json pipeline.step_s: the schedule played on the stage times the "
+                    "earlier runs measured (planning.schedulesim, planning.stagetimes)"
+                    if mode == "Pipeline" else
+                    "prediction.json's Full step-time model (planning.steptime) with the speeds "
+                    "the earlier runs learned")
             out.append(benchlib.Target(f"measured / predicted, {mode}{suffix}", ">=", 0.90, "",
                                        values, f"step time, measured over predicted; {note}; "
                                        "the band is 0.90-1.10 (this row and the next)"))
@@ -312,7 +319,8 @@ def targets_of(links: dict[str, dict[str, list[dict[str, Any]]]],
         for mode in MODES:
             out.append(benchlib.Target(f"{mode} samples/s, {link}", "info", 0.0, " samples/s",
                                        runs(link, mode, "samples_per_s"),
-                                       "prediction.json measured_samples_per_s (training steps only)"))
+                                       "prediction.json measured_steady_samples_per_s (training "
+                                       "steps after the first)"))
         out.append(benchlib.Target(
             f"planned bubble fraction, Pipeline, {link}", "info", 0.0, "",
             runs(link, "Pipeline", "planned_bubble_fraction"), "(s - 1) / (m + s - 1), s = 2, m = 4"))

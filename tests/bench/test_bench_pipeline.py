@@ -44,7 +44,8 @@ def test_without_the_slow_link_no_row_claims_it() -> None:
 
 
 def test_figures_of_a_pipelined_run_directory(tmp_path: Path) -> None:
-    (tmp_path / "prediction.json").write_text(json.dumps({"measured_samples_per_s": 320.0}))
+    (tmp_path / "prediction.json").write_text(json.dumps({"measured_samples_per_s": 300.0,
+                                                          "measured_steady_samples_per_s": 320.0}))
     (tmp_path / "plan.json").write_text(json.dumps({
         "world_size": 2, "ranks": [{"local_batch": 16}, {"local_batch": 16}],
         "pipeline": {"step_s": 0.08, "bubble_fraction": 0.2,
@@ -53,7 +54,8 @@ def test_figures_of_a_pipelined_run_directory(tmp_path: Path) -> None:
         (tmp_path / f"rank-{r}.json").write_text(json.dumps(
             {"comm_wait_seconds": wait, "step_seconds": 1.0, "steps": 10}))
     fig = bench_pipeline.figures(tmp_path)
-    assert fig["measured_step_s"] == pytest.approx(0.1)  # 32 samples at 320 samples/s
+    # 32 samples at 320 samples/s: the steady figure (the first step left out), not 300
+    assert fig["measured_step_s"] == pytest.approx(0.1)
     assert fig["measured_over_predicted_step"] == pytest.approx(1.25)
     assert (fig["planned_bubble_fraction"], fig["wait_fraction"]) == (0.2, 0.3)
 
