@@ -23,7 +23,9 @@ Run from the repository root::
    step time (``step_seconds / steps`` of ``rank-0.json``), median and range over the repeats.
    Each mode first runs once to learn its speeds (its own learned-speeds store, as a user's
    second run of the same job); every repeat then reports measured / predicted throughput of the
-   per-mode step-time model calibrated by them (``prediction.json``, issue 23).
+   per-mode step-time model calibrated by them (``prediction.json``, issue 23), measured in the
+   steady state (the steps after the first), against the band 0.85-1.15 of issue 23 and
+   0.90-1.10 of issue 30.
 
 4. ``auto`` (measured, issue 29 item 8; not part of the default run): ``trains`` again with
    ``precision: Auto`` (bf16 on the A100, fp16 with the agreed loss scale on the T4s) and a
@@ -151,13 +153,18 @@ def _step_s(job: Path, nodes: Path, workdir: Path, deadline: benchlib.Deadline,
 
 
 def _mode_ratio(workdir: Path) -> float | None:
-    """measured / predicted throughput of the run's sharding mode (``prediction.json``,
-    ``sharding``: the per-mode step-time model, issue 23); None when the run did not say."""
+    """measured / predicted throughput of the run's sharding mode in the steady state:
+    ``prediction.json``'s ``measured_steady_samples_per_s`` (the steps after the first) over its
+    mode's ``predicted_samples_per_s_by_mode`` (the per-mode step-time model, issue 23); None when
+    the run did not say."""
     try:
         doc = json.loads((workdir / "prediction.json").read_text())
     except (OSError, ValueError):
         return None
-    return (doc.get("sharding") or {}).get("ratio_measured_to_predicted")
+    sharding = doc.get("sharding") or {}
+    predicted = (sharding.get("predicted_samples_per_s_by_mode") or {}).get(sharding.get("mode"))
+    measured = doc.get("measured_steady_samples_per_s")
+    return measured / predicted if measured and predicted else None
 
 
 def _job(mode: str, *, layers: int = 2, steps: int = 40, model_bytes: tuple[int, int, int] | None = None,
@@ -393,6 +400,14 @@ def targets_of(result: dict) -> list[benchlib.Target]:
             out.append(benchlib.Target(
                 f"... |measured / predicted - 1|, {name}", "<=", 0.15, "",
                 [abs(v - 1.0) for v in values], "within 0.85-1.15 when <= 0.15"))
+            # issue 30's band, named as bench_pipeline names Pipeline's and Full's
+            label = mode if mode != "Full" else "Full (lm-large-full, T4 label raised)"
+            out.append(benchlib.Target(
+                f"measured / predicted, {label}", ">=", 0.90, "", values,
+                "the same runs; issue 30's band is 0.90-1.10 (this row and the next)"))
+            out.append(benchlib.Target(
+                f"... measured / predicted, {label}: upper end", "<=", 1.10, "", values,
+                "the same runs"))
     auto = result.get("auto_measured")
     if auto:
         for mode in memoryplan.MODES:

@@ -83,8 +83,9 @@ LINK_MBIT = 100
 """The slow link between GPU types, Mbit/s per direction (``tc tbf``)."""
 LINK_LABELS = {None: "unshaped link", LINK_MBIT: f"{LINK_MBIT} Mbit/s link"}
 MODES = ("Full", "Pipeline")
-STEPS = 10
-"""Training steps per run (``heterotrain run --max-steps``)."""
+STEPS = 20
+"""Training steps per run (``heterotrain run --max-steps``): enough for the T4 of a Full run (6
+samples a step) to pass ``profiles.MIN_SAMPLES`` so that its speed is learned too."""
 PYTHONPATH = os.pathsep.join([str(ROOT / "worker"), str(ROOT / "common"), str(ROOT / "operator")]
                              + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 """``heterotrain run`` and its ranks import this tree's packages (a second checkout's too, before
@@ -218,7 +219,7 @@ def auto_choice(link_mbit: int | None, caches: dict[str, Path], tmp: Path) -> di
     doc = yaml.safe_load(PIPE_JOB.read_text())
     doc["spec"]["training"]["sharding"] = "Auto"
     # the seconds per sample heterotrain run planned the calibration runs with (its simulated
-    # delay's reference, which the learned ratios are relative to): a 10-step run is too short
+    # delay's reference, which the learned ratios are relative to): a short run may be too short
     # to learn a device speed (profiles.MIN_COMPUTE_S)
     doc["spec"]["training"]["referenceSamplesPerSecond"] = round(1 / SIM_DELAY_PER_SAMPLE_S)
     job = tmp / "job-Auto.yaml"

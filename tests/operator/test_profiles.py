@@ -69,6 +69,18 @@ def test_observations_from_rank_statistics() -> None:
     assert [o.samples_per_s for o in got] == pytest.approx([500, (100 + 150) / 2])
 
 
+def test_a_rank_that_recomputed_counts_at_its_speed_without_recomputation() -> None:
+    # Under Full (or activation checkpointing) the compute seconds hold each block's forward
+    # twice; the step-time model adds that 4/3 back for a rank that recomputes, so the figure is
+    # kept without it: 400 samples in 1 s recomputing = 400 x 4/3 samples/s
+    stats = [{"gpu_product": "A100", "precision": "fp32", "samples": 400, "compute_seconds": 1.0,
+              "steps": 10, "recomputes": True}]
+    (got,) = p.observations_from_stats(stats, unix_s=5.0)
+    assert got.samples_per_s == pytest.approx(400 * 4 / 3)
+    (plain,) = p.observations_from_stats([{**stats[0], "recomputes": False}], unix_s=5.0)
+    assert plain.samples_per_s == pytest.approx(400)
+
+
 def test_file_store_round_trip_and_other_keys_kept(tmp_path: Path) -> None:
     store = p.FileStore(tmp_path / "cache" / "profiles.json")
     assert store.load("digits", now_s=0.0) == {}

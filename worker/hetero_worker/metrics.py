@@ -436,7 +436,10 @@ class WorkerMetrics:
         with self._lock:
             return {"rank": c.dist.rank, "group": c.dist.group, "gpu_product": c.device.product,
                     "simulated": c.device.simulated, "relative_speed": c.device.relative_speed,
-                    "precision": c.precision, **self._totals, **self._last,
+                    "precision": c.precision,
+                    # recomputed forwards are in its compute seconds (planning normalises them)
+                    "recomputes": c.memory.sharding == "full" or c.memory.activation_checkpointing,
+                    **self._totals, **self._last,
                     "updated_unix_s": time.time()}
 
     def flush(self) -> None:

@@ -39,7 +39,7 @@ from hetero_operator.api.memoryplan import (MODES, MemoryPlan, MemoryRefusal, Mo
                                             ModeOption, RankMemory, RankSlot)
 from hetero_operator.api.quantities import MIB, gib
 from hetero_operator.cluster.gputable import GPU_MODELS, PRODUCT_LABELS, GpuModel
-from hetero_operator.planning.steptime import mode_step_time
+from hetero_operator.planning.steptime import FULL_TRANSFERS_PER_MICRO_BATCH, mode_step_time
 from heterotrain_common.split import split_batch
 
 OPTIMIZER_STATE_BYTES = {"SGD": 0, "Momentum": 4, "Adam": 8, "AdamW": 8}
@@ -60,9 +60,6 @@ FULL_COMPRESSION_WHY = (
     "compresses its cross-group exchange")
 """Why the worker refuses ``spec.training.compression`` under ``Full`` sharding (issue 29, item 4;
 ``hetero_worker.memory.group.check_supported`` refuses it too): the reason and the other fix."""
-FULL_GATHERS_PER_STEP = 3
-"""Parameter-sized transfers per step under Full: all-gather for forward, all-gather for backward,
-reduce-scatter of the gradients (FSDP/ZeRO-3 with resharding after forward)."""
 
 
 def state_bytes_per_parameter(optimizer: str, precision: str) -> int:
@@ -125,7 +122,8 @@ def mode_traffic(slots: Sequence[RankSlot], mode: str, state_param_bytes: int, s
 
     ``None`` and ``Group``: one ring all-reduce of the fp32 gradients among the GPU-type groups,
     ``2 (G-1)/G x gradient bytes`` (G groups; 0 with one group).  ``Full``: each rank gathers what it
-    does not hold twice and reduce-scatters once, ``3 x (1 - share) x parameter bytes`` (only the part
+    does not hold twice and reduce-scatters once, which Gloo runs as an all-reduce:
+    ``4 x (1 - share) x parameter bytes`` (only the part
     held by other types crosses the link; counted whole here, an upper bound when a type has
     several ranks).
 
@@ -146,7 +144,7 @@ def mode_traffic(slots: Sequence[RankSlot], mode: str, state_param_bytes: int, s
     elif mode in ("None", "Group"):
         nbytes = 2 * (groups - 1) * state_param_bytes // max(groups, 1)
     else:
-        nbytes = max(FULL_GATHERS_PER_STEP * (10**6 - sh) * state_param_bytes // 10**6
+        nbytes = max(FULL_TRANSFERS_PER_MICRO_BATCH * (10**6 - sh) * state_param_bytes // 10**6
                      for sh in shares_ppm) if types > 1 else 0
     return nbytes, nbytes * 8 / (cross_gbps * 1e9)
 

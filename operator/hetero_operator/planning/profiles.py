@@ -56,6 +56,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from heterotrain_common.pipelineschedules import FORWARD_SHARE
+
 STORE_VERSION = 1
 DEFAULT_MAX_AGE_S = 30 * 24 * 3600.0
 """Observations older than this are aged out (seconds)."""
@@ -263,7 +265,12 @@ def observations_from_stats(stats: Sequence[Mapping[str, Any]], *, unix_s: float
     """Observations from the ranks' statistics (``rank-<R>.json`` of ``heterotrain run``).
 
     Per (GPU type, precision, batch band): the median over its ranks of ``samples /
-    compute_seconds``, at their mean local batch (``samples / steps``).  Ranks with fewer than
+    compute_seconds``, at their mean local batch (``samples / steps``). A rank that recomputed
+    its blocks' forward in backward (``recomputes``: ``Full`` sharding or activation
+    checkpointing) counts at what it would run without: ``x (1 +``
+    :data:`~heterotrain_common.pipelineschedules.FORWARD_SHARE` ``)``, the share the step-time
+    model adds back for a rank that recomputes (a figure is then the same whichever mode
+    measured it).  Ranks with fewer than
     ``min_steps`` steps, ``min_compute_s`` compute seconds or ``min_samples`` samples (too short or
     too small to measure) are skipped.  Plus the run's :func:`step_efficiency` under
     :data:`JOB_EFFICIENCY` when rank 0 exported its efficiency.
@@ -281,8 +288,9 @@ def observations_from_stats(stats: Sequence[Mapping[str, Any]], *, unix_s: float
         if steps < min_steps or compute_s < min_compute_s or samples < min_samples or compute_s <= 0:
             continue
         batch = samples / steps
+        without_recompute = 1 + FORWARD_SHARE if s.get("recomputes") else 1.0
         per_type.setdefault((str(s.get("gpu_product")), str(s.get("precision")), batch_band(batch)),
-                            []).append((samples / compute_s, batch))
+                            []).append((samples / compute_s * without_recompute, batch))
     out = [Observation(gpu_type=t, precision=p, samples_per_s=statistics.median(v for v, _ in vals),
                        unix_s=unix_s, local_batch=sum(b for _, b in vals) / len(vals), job=job,
                        namespace=namespace)

@@ -14,7 +14,9 @@ One step of a plan under sharding mode ``m`` (every figure per step, the slowest
     step (micro-batches accumulate locally): ``2 (G - 1) / G x P`` bytes (``P`` parameter bytes);
   - ``Full``: per micro-batch, per block, an all-gather for forward, one for backward and a
     reduce-scatter of the gradients over all ``W`` ranks on Gloo, slices padded to the largest
-    share (Gloo all-gathers equal sizes): ``3 x (W - 1) x max_share x P`` bytes per micro-batch;
+    share (Gloo all-gathers equal sizes). Gloo runs the reduce-scatter as an all-reduce of the
+    whole padded buffer (:data:`GLOO_REDUCE_SCATTER_TRANSFERS`), so
+    ``(2 + 2) x (W - 1) x max_share x P`` bytes per micro-batch;
 
 * **in-group traffic** (``Group`` only), at the intra-node bandwidth: per micro-batch, FSDP2's two
   all-gathers and one reduce-scatter inside each group of ``n`` ranks: ``3 (n - 1) / n x P``;
@@ -35,8 +37,19 @@ RECOMPUTE_SHARE = FORWARD_SHARE
 """Extra compute of recomputing a block's forward in backward, as a share of forward + backward:
 one extra forward (:data:`heterotrain_common.pipelineschedules.FORWARD_SHARE`)."""
 TRANSFERS_PER_MICRO_BATCH = 3
-"""Parameter-sized transfers per micro-batch under sharding: all-gather for forward, all-gather for
-backward, reduce-scatter of the gradients."""
+"""Parameter-sized transfers per micro-batch under sharding inside a group (FSDP2 on the group's
+backend, NCCL on GPUs): all-gather for forward, all-gather for backward, reduce-scatter of the
+gradients."""
+GLOO_REDUCE_SCATTER_TRANSFERS = 2
+"""What a reduce-scatter costs on Gloo, in all-gathers of the same slice: PyTorch 2.13's Gloo runs
+it as an all-reduce of the whole padded buffer. Measured (6 Dec 2026, 2 ranks in network
+namespaces joined by a veth shaped to 100 Mbit/s, ``tc`` byte counters): a 1.64 MB slice moved
+3.43 MB each way under ``reduce_scatter_single`` and under the list ``reduce_scatter`` alike, as
+under ``all_reduce`` of the 3.28 MB buffer (3.42 MB), against 1.70 MB under
+``all_gather_single``."""
+FULL_TRANSFERS_PER_MICRO_BATCH = 2 + GLOO_REDUCE_SCATTER_TRANSFERS
+"""Slice-sized transfers per micro-batch under ``Full`` (always Gloo: it crosses GPU types): two
+all-gathers and the reduce-scatter."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,8 +121,8 @@ def mode_step_time(slots: Sequence[RankSlot], ranks: Sequence[RankMemory], mode:
             in_group_bytes = micro * TRANSFERS_PER_MICRO_BATCH * (n - 1) * param_bytes // n
     elif mode == "Full":
         largest = max(r.state_share_ppm for r in ranks)
-        cross_bytes = (micro * TRANSFERS_PER_MICRO_BATCH * (world - 1) * largest * param_bytes
-                       // 10**6) if world > 1 else 0
+        cross_bytes = (micro * FULL_TRANSFERS_PER_MICRO_BATCH * (world - 1) * largest
+                       * param_bytes // 10**6) if world > 1 else 0
     else:
         raise ValueError(f"unknown sharding mode {mode!r}")
     cross_s = cross_bytes * 8 / (cross_gbps * 1e9)
