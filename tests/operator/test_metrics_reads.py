@@ -57,6 +57,25 @@ async def test_a_workers_metrics_are_read(endpoints) -> None:
     assert read.text == METRICS and read.problem == ""
 
 
+@pytest.mark.parametrize(("mode", "checkpointing", "expected"), [
+    ("Full", False, 630 / 6.3 * 4 / 3), ("None", True, 630 / 6.3 * 4 / 3),
+    ("None", False, 630 / 6.3)], ids=["Full", "activation checkpointing", "neither"])
+async def test_a_rank_that_recomputes_is_learned_without_the_recomputation(
+        endpoints, mode: str, checkpointing: bool, expected: float) -> None:
+    # 630 samples in 6.3 compute seconds; under Full or activation checkpointing those seconds
+    # hold every block's forward twice, and the step-time model adds the 4/3 back
+    base, _ = endpoints
+    learner = learning.SpeedLearner(url_of, interval_s=0.0)
+    plan = {"groups": [{"gpuType": "Tesla-T4", "precision": "fp16", "pod": "j-g0"}],
+            "memory": {"mode": mode, "gpuTypes": [{"gpuType": "Tesla-T4",
+                                                    "activationCheckpointing": checkpointing}]}}
+    assert await learner.observe("ns", "j", [pod(base, "ok")], plan, metrics_port=9480,
+                                 now_s=1.0) == 1
+    (obs,) = learner.observations("ns", "j", unix_s=2.0)
+    assert (obs.gpu_type, obs.precision) == ("Tesla-T4", "fp16")
+    assert obs.samples_per_s == pytest.approx(expected)
+
+
 @pytest.mark.parametrize(("path", "fragment"), [
     ("redirect", "answered HTTP 302 redirecting to /elsewhere; redirects are not followed"),
     ("huge", "sent more than 4 MiB; not read"),

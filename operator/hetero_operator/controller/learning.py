@@ -17,6 +17,9 @@ When the job turns Succeeded, :func:`record` merges the readings (long enough to
 re-reads and merges again).  The ConfigMap has no owner: it outlives the jobs that filled it.
 
 A pipelined job (``status.plan.pipeline``) is not read: its ranks' figures are their stages'.
+A type whose ranks recompute their blocks in backward (``status.plan.memory``: mode ``Full``, or
+the type's ``activationCheckpointing``) is recorded as ``recomputes``, so its figure is kept
+without the recomputation as ``heterotrain run`` keeps it (``profiles.observations_from_stats``).
 
 Limits: a job that ends before one reading long enough to measure
 (``profiles.MIN_STEPS`` steps, ``MIN_COMPUTE_S`` compute seconds, ``MIN_SAMPLES`` samples)
@@ -89,6 +92,16 @@ def reading_pods(plan: Mapping[str, Any] | None) -> dict[tuple[str, str], str]:
     return out
 
 
+def recomputing_types(plan: Mapping[str, Any] | None) -> set[str]:
+    """GPU types of ``status.plan`` whose ranks recompute their blocks' forward in backward:
+    every type under ``memory.mode`` ``Full``, else those with ``activationCheckpointing``."""
+    memory = (plan or {}).get("memory") or {}
+    types = [t for t in memory.get("gpuTypes") or () if t.get("gpuType")]
+    if memory.get("mode") == "Full":
+        return {str(t["gpuType"]) for t in types}
+    return {str(t["gpuType"]) for t in types if t.get("activationCheckpointing")}
+
+
 class SpeedLearner(ReadWarnings):
     """Newest per-type readings of each running job (see the module docstring).
 
@@ -125,6 +138,7 @@ class SpeedLearner(ReadWarnings):
             return 0
         self._read_at[key] = now_s
         reads = await asyncio.gather(*(read_metrics(u) for u in urls.values()))
+        recomputing = recomputing_types(plan)
         taken = 0
         for ((gpu_type, precision), url), read in zip(urls.items(), reads):
             self.warn(namespace, name, read.problem)
@@ -135,7 +149,8 @@ class SpeedLearner(ReadWarnings):
                 continue
             if stats is not None:
                 self._stats.setdefault(key, {})[(gpu_type, precision)] = {
-                    **stats, "gpu_product": gpu_type, "precision": precision}
+                    **stats, "gpu_product": gpu_type, "precision": precision,
+                    "recomputes": gpu_type in recomputing}
                 taken += 1
         return taken
 
