@@ -98,6 +98,8 @@ class ModeOption:
             the mode does not fit or the plan has no seconds per sample (then ``Auto`` compares
             ``cross_type_s``).
         predicted_samples_per_s: global batch / ``predicted_step_s`` (what ``Auto`` maximises).
+        step_cross_type_bytes: the step-time model's cross-type bytes per step (micro-batches
+            counted); None where ``predicted_step_s`` is.
     """
 
     mode: str
@@ -108,6 +110,7 @@ class ModeOption:
     available: bool = True
     predicted_step_s: float | None = None
     predicted_samples_per_s: float | None = None
+    step_cross_type_bytes: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -21,7 +21,7 @@ from hetero_operator.api.prices import load_prices
 from hetero_operator.api.spec import JobSpec, profile_key
 from hetero_operator.api.planvalue import PlanValue
 from hetero_operator.api.types import Plan
-from hetero_operator.planning import layoutchoice, stagetimes
+from hetero_operator.planning import layoutchoice, linklearning, stagetimes
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
 from hetero_operator.planning.profiles import (JOB_EFFICIENCY, TABLE_DIFFERENCE, FileStore,
                                                LearnedSpeed, Observation, batch_band,
@@ -166,6 +166,9 @@ def learned_summary(entries: Mapping[str, LearnedSpeed], observations: Sequence[
         if e.gpu_type == layoutchoice.LEARNED_LAYOUT:
             return (f"{e.precision} measured / predicted {e.samples_per_s:.3f} "
                     f"({e.observations} obs.)")
+        if e.gpu_type == linklearning.LEARNED_LINK:
+            return (f"{e.precision}'s cross-type link {e.samples_per_s * 8 / 1e9:.3f} Gbit/s "
+                    f"measured ({e.observations} obs.)")
         band = "" if e.band is None else f" batch {2 ** e.band}-{2 ** (e.band + 1) - 1}"
         return f"{e.gpu_type}/{e.precision}{band} {e.samples_per_s:.1f} samples/s ({e.observations} obs.)"
 
@@ -351,6 +354,11 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
                 stats_ok, unix_s=time.time(), job=job.name, namespace=job.namespace))
         observations += layout_observations(plan, measured if len(stats_ok) == len(stats) else 0.0,
                                             job)
+        link = (linklearning.observation(
+            plan.memory.mode, step_cross_type_bytes=mode_option.step_cross_type_bytes,
+            stats=stats_ok, job=job.name, namespace=job.namespace)
+            if mode_option is not None and len(stats_ok) == len(stats) else None)
+        observations += [link] if link is not None else []
         try:
             entries = store.record(profile_key(job), observations)
         except OSError as exc:

@@ -205,7 +205,8 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
                 cross_gbps: float, available: Sequence[str] = MODES,
                 unavailable_why: dict[str, str] | None = None,
                 sample_s: Mapping[str, float] | None = None,
-                intra_gbps: float | None = None, full_after: str = "") -> MemoryPlan | MemoryRefusal:
+                intra_gbps: float | None = None, full_after: str = "",
+                cross_bytes_per_s: Mapping[str, float] | None = None) -> MemoryPlan | MemoryRefusal:
     """Choose the sharding mode and each rank's micro-batches.
 
     Args:
@@ -227,6 +228,9 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
         full_after: where ``Full`` is not in ``available`` for this job only, the changes after
             which the worker runs it (``"set spec.training.precision to FP32"``): a refusal's
             Full rank count is named with them.
+        cross_bytes_per_s: per mode, the cross-type rate an earlier run measured, bytes/s
+            (:mod:`hetero_operator.planning.linklearning`); a mode without one uses
+            ``cross_gbps``.
 
     Returns:
         :class:`MemoryPlan`, or :class:`MemoryRefusal` naming the shortfall per GPU type.
@@ -237,8 +241,10 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
                                      cross_gbps=cross_gbps, available=mode in available)
                  for mode in MODES}
     if sample_s is not None:
+        learned_rate = cross_bytes_per_s or {}
         evaluated = {mode: (_with_step_time(option, slots, ranks, m, sample_s, cross_gbps,
-                                            intra_gbps or cross_gbps), ranks)
+                                            intra_gbps or cross_gbps, learned_rate.get(mode)),
+                            ranks)
                      for mode, (option, ranks) in evaluated.items()}
     options = tuple(evaluated[mode][0] for mode in MODES)
     if requested == "Auto" and sample_s is not None:
@@ -273,14 +279,15 @@ def plan_memory(slots: Sequence[RankSlot], m: ModelMemory, requested: str, *, re
 
 def _with_step_time(option: ModeOption, slots: Sequence[RankSlot], ranks: Sequence[RankMemory],
                     m: ModelMemory, sample_s: Mapping[str, float], cross_gbps: float,
-                    intra_gbps: float) -> ModeOption:
+                    intra_gbps: float, cross_bytes_per_s: float | None) -> ModeOption:
     """``option`` with its predicted step when it fits and every type has a speed."""
     if not option.fits or not ranks or any(s.gpu_type not in sample_s for s in slots):
         return option
     t = mode_step_time(slots, ranks, option.mode, sample_s=sample_s,
                        param_bytes=m.parameters * PARAM_BYTES, cross_gbps=cross_gbps,
-                       intra_gbps=intra_gbps)
-    return replace(option, predicted_step_s=t.step_s, predicted_samples_per_s=t.samples_per_s)
+                       intra_gbps=intra_gbps, cross_bytes_per_s=cross_bytes_per_s)
+    return replace(option, predicted_step_s=t.step_s, predicted_samples_per_s=t.samples_per_s,
+                   step_cross_type_bytes=t.cross_type_bytes)
 
 
 def _state_words(state: int, m: ModelMemory, per_param: int) -> str:

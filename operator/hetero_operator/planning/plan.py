@@ -35,7 +35,8 @@ from hetero_operator.api import memoryplan
 from hetero_operator.api import types as model
 from hetero_operator.api.spec import JobSpec
 from hetero_operator.api.types import GroupPlan, Inventory, Plan, RankPlacement
-from hetero_operator.planning import elasticplan, layoutchoice, memory, pipelineplan, remedies
+from hetero_operator.planning import (elasticplan, layoutchoice, linklearning, memory,
+                                      pipelineplan, remedies)
 from hetero_operator.planning.batching import step_time
 from hetero_operator.planning.marginal import (PlanInputs, Slot, SpeedFigure, StepModel,
                                                cheapest_mix, leave_out_unpaying, plan_cost,
@@ -266,7 +267,8 @@ def plan_memory(job: JobSpec, ranks: tuple[RankPlacement, ...], inputs: PlanInpu
     return memory.plan_memory(slots, facts, t.sharding, reserve_mib=t.memory_reserve_mib,
                               cross_gbps=gbps, available=available, unavailable_why=why,
                               sample_s=sample_s, intra_gbps=inputs.link.intra_node_gbps,
-                              full_after=full_after)
+                              full_after=full_after,
+                              cross_bytes_per_s=linklearning.learned_rates(inputs.learned))
 
 
 def _full_sharding_gap(job: JobSpec) -> tuple[str, str]:

@@ -266,11 +266,8 @@ def observations_from_stats(stats: Sequence[Mapping[str, Any]], *, unix_s: float
 
     Per (GPU type, precision, batch band): the median over its ranks of ``samples /
     compute_seconds``, at their mean local batch (``samples / steps``). A rank that recomputed
-    its blocks' forward in backward (``recomputes``: ``Full`` sharding or activation
-    checkpointing) counts at what it would run without: ``x (1 +``
-    :data:`~heterotrain_common.pipelineschedules.FORWARD_SHARE` ``)``, the share the step-time
-    model adds back for a rank that recomputes (a figure is then the same whichever mode
-    measured it).  Ranks with fewer than
+    its blocks' forward (``recomputes``: ``Full`` or activation checkpointing) counts without it,
+    ``x (1 + FORWARD_SHARE)``, which the step-time model adds back where a plan recomputes.  Ranks with fewer than
     ``min_steps`` steps, ``min_compute_s`` compute seconds or ``min_samples`` samples (too short or
     too small to measure) are skipped.  Plus the run's :func:`step_efficiency` under
     :data:`JOB_EFFICIENCY` when rank 0 exported its efficiency.

@@ -22,6 +22,12 @@ One step of a plan under sharding mode ``m`` (every figure per step, the slowest
   all-gathers and one reduce-scatter inside each group of ``n`` ranks: ``3 (n - 1) / n x P``;
 
 ``step = compute + cross + in-group`` (not overlapped: conservative, as the throughput model).
+
+**Learned link rate.** Where an earlier run of the job measured the rate its ``Full``
+collectives moved the modelled cross-type bytes at (``cross_bytes_per_s``;
+:mod:`hetero_operator.planning.linklearning`), the cross-type seconds use it instead of the
+configured bandwidth: Gloo's per-collective costs and a link slower than configured are then in
+the figure, as the learned speeds put the device's real compute in it.
 The micro-batch count of a mode is the largest of its ranks' (every rank runs as many units).
 """
 
@@ -79,7 +85,7 @@ class ModeStepTime:
 
 def mode_step_time(slots: Sequence[RankSlot], ranks: Sequence[RankMemory], mode: str, *,
                    sample_s: Mapping[str, float], param_bytes: int, cross_gbps: float,
-                   intra_gbps: float) -> ModeStepTime:
+                   intra_gbps: float, cross_bytes_per_s: float | None = None) -> ModeStepTime:
     """Predicted step of ``mode`` for ranks that fit (see the module docstring).
 
     Args:
@@ -90,6 +96,8 @@ def mode_step_time(slots: Sequence[RankSlot], ranks: Sequence[RankMemory], mode:
         param_bytes: fp32 parameter bytes ``P`` (= gradient bytes).
         cross_gbps: bandwidth between GPU types, Gbit/s.
         intra_gbps: bandwidth inside a node (a ``Group`` is one node, one type), Gbit/s.
+        cross_bytes_per_s: the rate an earlier run of the mode moved its cross-type bytes at,
+            bytes/s (replaces ``cross_gbps``); None: not measured.
 
     Returns:
         The :class:`ModeStepTime`.
@@ -125,7 +133,8 @@ def mode_step_time(slots: Sequence[RankSlot], ranks: Sequence[RankMemory], mode:
                        * param_bytes // 10**6) if world > 1 else 0
     else:
         raise ValueError(f"unknown sharding mode {mode!r}")
-    cross_s = cross_bytes * 8 / (cross_gbps * 1e9)
+    cross_s = (cross_bytes / cross_bytes_per_s if cross_bytes_per_s
+               else cross_bytes * 8 / (cross_gbps * 1e9))
     in_group_s = in_group_bytes * 8 / (intra_gbps * 1e9)
     step_s = compute_s + cross_s + in_group_s
     return ModeStepTime(mode=mode, compute_s=compute_s, cross_type_bytes=cross_bytes,
