@@ -191,3 +191,28 @@ def test_resumed_layout_reads_the_run_it_continues(tmp_path: Path) -> None:
     assert resumed_layout(run) == "Pipeline"
     (run / "plan.json").write_text('{"pipeline": null, "memory": {"mode": "Full"}}')
     assert resumed_layout(run) == "Full"
+
+
+def test_a_full_prediction_from_measured_speeds_and_link_is_weighed_without_its_ratio() -> None:
+    # Every placed type's speed learned and Full's cross-type link rate learned: Full's
+    # prediction is the measured figures' own, and the ratio learned against the model (0.4)
+    # no longer scales it; with one of them missing it still does
+    def entry(gpu_type: str, precision: str, value: float) -> LearnedSpeed:
+        return LearnedSpeed(gpu_type=gpu_type, precision=precision, samples_per_s=value,
+                            observations=1, first_unix_s=0.0, updated_unix_s=0.0)
+
+    speeds = {("NVIDIA-A100-SXM4-40GB", "bf16"): (entry("NVIDIA-A100-SXM4-40GB", "bf16", 300.0),),
+              ("Tesla-T4", "fp16"): (entry("Tesla-T4", "fp16", 60.0),)}
+    ratio = {(layoutchoice.LEARNED_LAYOUT, "Full"): (_ratio("Full", 0.4),)}
+    link = {("link", "Full"): (entry("link", "Full", 2e8),)}
+    measured = _plan(_job(), 100.0, {**speeds, **ratio, **link})
+    flat = _plan(_job(sharding="Full"), 100.0, {**speeds, **link})
+    assert layoutchoice.measured_flat_modes(flat, {**speeds, **link}) == {"Full"}
+    assert measured.layout is not None
+    assert measured.layout.flat_samples_per_s == pytest.approx(_full(flat), rel=1e-12)
+    unlinked = _plan(_job(), 100.0, {**speeds, **ratio})
+    no_link = _plan(_job(sharding="Full"), 100.0, speeds)
+    assert layoutchoice.measured_flat_modes(no_link, speeds) == frozenset()
+    assert unlinked.layout.flat_samples_per_s == pytest.approx(0.4 * _full(no_link), rel=1e-12)
+    # and a run so predicted records no ratio
+    assert layout_observations(flat, 20.0, _job(), {**speeds, **link}) == []

@@ -190,11 +190,15 @@ def learned_summary(entries: Mapping[str, LearnedSpeed], observations: Sequence[
     return text
 
 
-def layout_observations(plan: Plan, measured_samples_per_s: float,
-                        job: JobSpec) -> list[Observation]:
+def layout_observations(plan: Plan, measured_samples_per_s: float, job: JobSpec,
+                        learned: Mapping[tuple[str, str], Any] | None = None,
+                        ) -> list[Observation]:
     """The run's layout (``Pipeline`` or its sharding mode) with its measured / predicted
     throughput (:func:`hetero_operator.planning.layoutchoice.layout_observation`; what ``Auto``
-    weighs a pipeline with); ``[]`` without a measurement or an absolute prediction."""
+    weighs a pipeline with); ``[]`` without a measurement or an absolute prediction, and for a
+    layout predicted from measured figures (its ratio calibrates the model's alone): a pipeline
+    with measured stage times, a mode of :func:`layoutchoice.measured_flat_modes` over
+    ``learned``, the table the run was planned with."""
     if plan.pipeline is not None:
         layout = layoutchoice.PIPELINE
         predicted = None
@@ -204,6 +208,8 @@ def layout_observations(plan: Plan, measured_samples_per_s: float,
             predicted = sum(r.local_batch for r in plan.ranks) / plan.pipeline.step_s
     elif plan.memory is not None:
         layout = plan.memory.mode
+        if layout in layoutchoice.measured_flat_modes(plan, learned or {}):
+            return []
         predicted = next((o.predicted_samples_per_s for o in plan.memory.options
                           if o.mode == layout), None)
     else:
@@ -353,7 +359,7 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
             if plan.pipeline is not None else observations_from_stats(
                 stats_ok, unix_s=time.time(), job=job.name, namespace=job.namespace))
         observations += layout_observations(plan, measured if len(stats_ok) == len(stats) else 0.0,
-                                            job)
+                                            job, store.load(profile_key(job)))
         link = (linklearning.observation(
             plan.memory.mode, step_cross_type_bytes=mode_option.step_cross_type_bytes,
             stats=stats_ok, job=job.name, namespace=job.namespace)

@@ -21,7 +21,9 @@ run is weighed by its model alone, so a job's first runs may try each layout onc
 say which figure is calibrated and by how many runs. A pipeline whose stage times earlier runs
 measured (``PipelinePlan.measured_stages``, :mod:`hetero_operator.planning.stagetimes`) is weighed
 by that prediction without the ratio: the ratio was learned against the model's stage times, and
-the measured ones already hold what it corrected.
+the measured ones already hold what it corrected. Likewise ``Full`` once every placed type's speed
+and its cross-type link rate are learned (:func:`measured_flat_modes`,
+:mod:`hetero_operator.planning.linklearning`); a run of a layout predicted so records no ratio.
 A tie keeps the pipeline (the user configured it). Without seconds per sample the predictions
 are relative and the link's seconds are not: the pipeline is kept and the reason says so. Where
 no mode fits without a pipeline, the pipeline is kept and the reason names each type's shortfall.
@@ -41,6 +43,7 @@ from hetero_operator.api.memoryplan import ModeOption
 from hetero_operator.api.pipelineplan import LayoutChoice
 from hetero_operator.api.quantities import gib
 from hetero_operator.api.types import Plan, Unschedulable
+from hetero_operator.planning import linklearning
 from hetero_operator.planning.profiles import LearnedSpeed, Observation
 
 PIPELINE = "Pipeline"
@@ -67,6 +70,17 @@ def layout_observation(layout: str, *, measured_samples_per_s: float,
                        samples_per_s=measured_samples_per_s / predicted_samples_per_s)
 
 
+def measured_flat_modes(flat: Plan | Unschedulable, learned: Mapping[tuple[str, str], Any],
+                        ) -> frozenset[str]:
+    """The modes without a pipeline whose prediction in ``flat`` is measured: ``Full`` where every
+    GPU type's speed is learned and Full's cross-type link rate too (``None`` and ``Group`` keep
+    a configured link term, so their ratio still applies)."""
+    if not isinstance(flat, Plan) or flat.value is None or not flat.value.types:
+        return frozenset()
+    speeds = all(t.speed_source == "learned" for t in flat.value.types)
+    return frozenset(m for m in linklearning.learned_rates(learned) if speeds)
+
+
 def learned_ratios(learned: Mapping[tuple[str, str], Any]) -> dict[str, LearnedSpeed]:
     """Layout -> its learned measured / predicted entry (``samples_per_s`` is the ratio)."""
     out: dict[str, LearnedSpeed] = {}
@@ -78,7 +92,8 @@ def learned_ratios(learned: Mapping[tuple[str, str], Any]) -> dict[str, LearnedS
 
 
 def weigh(piped: Plan, flat: Plan | Unschedulable, *, global_batch: int,
-          ratios: Mapping[str, LearnedSpeed] | None = None, pin: str = "") -> Plan:
+          ratios: Mapping[str, LearnedSpeed] | None = None, pin: str = "",
+          measured_modes: frozenset[str] = frozenset()) -> Plan:
     """The plan ``Auto`` keeps, with its :class:`LayoutChoice` as ``Plan.layout``.
 
     Args:
@@ -89,6 +104,8 @@ def weigh(piped: Plan, flat: Plan | Unschedulable, *, global_batch: int,
             without one is weighed by its model alone.
         pin: the layout of the checkpoint the run resumes (``""``: none): kept, not weighed
             (where the job still plans without a pipeline, for a data-parallel pin).
+        measured_modes: modes without a pipeline whose prediction is measured
+            (:func:`measured_flat_modes`): weighed without their ratio.
 
     Returns:
         ``piped`` or ``flat`` with ``layout`` set.
@@ -100,7 +117,7 @@ def weigh(piped: Plan, flat: Plan | Unschedulable, *, global_batch: int,
         raise ValueError("weigh needs the pipelined plan as its first argument")
     absolute = (isinstance(flat, Plan) and flat.memory is not None
                 and any(o.predicted_step_s is not None for o in flat.memory.options))
-    ratios = ratios or {}
+    ratios = {m: r for m, r in (ratios or {}).items() if m not in measured_modes}
     pipe_model = (global_batch / piped.pipeline.step_s if absolute and piped.pipeline.step_s
                   else None)
     measured = piped.pipeline.measured_stages

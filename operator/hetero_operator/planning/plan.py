@@ -124,10 +124,13 @@ def plan_job(job: JobSpec, inventory: Inventory, *,
         piped = _pipelined(job, groups_spec, taken, inputs, reference_sps, excluded, inventory)
         if job.training.sharding != "Auto" or isinstance(piped, model.Unschedulable):
             return piped
-        flat = dataclasses.replace(job, training=dataclasses.replace(job.training, pipeline=None))
-        return layoutchoice.weigh(piped, plan_job(flat, inventory, inputs=inputs, suggest=False),
-                                  global_batch=global_batch, pin=inputs.layout_pin,
-                                  ratios=layoutchoice.learned_ratios(inputs.learned))
+        flat_job = dataclasses.replace(job, training=dataclasses.replace(job.training,
+                                                                         pipeline=None))
+        flat = plan_job(flat_job, inventory, inputs=inputs, suggest=False)
+        return layoutchoice.weigh(piped, flat, global_batch=global_batch, pin=inputs.layout_pin,
+                                  ratios=layoutchoice.learned_ratios(inputs.learned),
+                                  measured_modes=layoutchoice.measured_flat_modes(
+                                      flat, inputs.learned))
     weights = speeds if job.training.batch_split == "Proportional" else [1.0] * n
     batches = split_batch(global_batch, weights, caps)
     equal = split_batch(global_batch, [1.0] * n, caps)
