@@ -122,8 +122,10 @@ def test_case42_real_kueue_waits_for_the_check_and_its_pod_set_updates_reach_the
     try:
         flag = tmp_path / "go"
         cl.apply(queued("prov", "team-q", waiting(flag)), ns)
-        wl = cl.wait_for(lambda: wl_cond(workload(cl, ns), "QuotaReserved").get("status") == "True"
-                         and workload(cl, ns), 60, "quota reserved")
+        # Kueue may write the reserved quota and the check's state in two updates: wait for both
+        wl = cl.wait_for(lambda: (w := workload(cl, ns)) and wl_cond(w, "QuotaReserved").get(
+            "status") == "True" and (w.get("status") or {}).get("admissionChecks") and w, 60,
+                         "quota reserved and the admission check's state")
         checks = wl["status"]["admissionChecks"]
         assert [(c["name"], c["state"]) for c in checks] == [("ct-prov", "Pending")]
         assert wl_cond(wl, "Admitted").get("status") != "True"
