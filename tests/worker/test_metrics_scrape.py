@@ -230,7 +230,9 @@ def test_run_dir_statistics_accumulate_and_result_is_written(tmp_path: Path):
         "rank": 1, "group": 1, "gpu_product": "NVIDIA-A100-SXM4-40GB", "steps": 3, "samples": 15,
         "total_steps": 4, "skipped_steps": 1, "local_batch": 5, "loss": 1.0, "simulated": True}
     assert math.isclose(stats["step_seconds"], 1.7) and math.isclose(stats["comm_wait_seconds"], 0.6)
-    assert (stats["first_step_seconds"], stats["first_step_samples"]) == (0.7, 5)
+    assert {k: v for k, v in stats.items() if k.startswith("first_step_")} == {
+        "first_step_seconds": 0.7, "first_step_samples": 5, "first_step_compute_seconds": 0.3,
+        "first_step_comm_wait_seconds": 0.4}
     assert stats["recomputes"] is False  # no Full sharding, no activation checkpointing
     assert {k: round(v, 9) for k, v in stats.items() if k.startswith("stage_")} == {
         "stage_forward_seconds": 0.2, "stage_backward_seconds": 0.45,

@@ -23,6 +23,7 @@ from hetero_operator.api.planvalue import PlanValue
 from hetero_operator.api.types import Plan
 from hetero_operator.planning import layoutchoice, linklearning, stagetimes
 from hetero_operator.planning.marginal import LinkSettings, PlanInputs
+from hetero_operator.planning.steadystate import steady
 from hetero_operator.planning.profiles import (JOB_EFFICIENCY, TABLE_DIFFERENCE, FileStore,
                                                LearnedSpeed, Observation, batch_band,
                                                default_path, entry_key, observations_from_stats)
@@ -167,8 +168,8 @@ def learned_summary(entries: Mapping[str, LearnedSpeed], observations: Sequence[
             return (f"{e.precision} measured / predicted {e.samples_per_s:.3f} "
                     f"({e.observations} obs.)")
         if e.gpu_type == linklearning.LEARNED_LINK:
-            return (f"{e.precision}'s cross-type link {e.samples_per_s * 8 / 1e9:.3f} Gbit/s "
-                    f"measured ({e.observations} obs.)")
+            return (f"{e.precision}'s cross-type exchange {e.samples_per_s * 8 / 1e9:.3f} Gbit/s "
+                    f"effective (modelled bytes over measured seconds, {e.observations} obs.)")
         band = "" if e.band is None else f" batch {2 ** e.band}-{2 ** (e.band + 1) - 1}"
         return f"{e.gpu_type}/{e.precision}{band} {e.samples_per_s:.1f} samples/s ({e.observations} obs.)"
 
@@ -284,9 +285,8 @@ def steady_samples_per_s(stats: Sequence[Mapping[str, Any]]) -> float | None:
     first_step_seconds)``; None where a rank ran fewer than 2 steps or wrote no first step."""
     total = 0.0
     for s in stats:
-        seconds = float(s.get("step_seconds") or 0) - float(s.get("first_step_seconds") or 0)
-        samples = float(s.get("samples") or 0) - float(s.get("first_step_samples") or 0)
-        if int(s.get("steps") or 0) < 2 or "first_step_seconds" not in s or seconds <= 0:
+        samples, seconds, steps = steady(s, "step_seconds")
+        if steps == int(s.get("steps") or 0) or seconds <= 0:  # not steady: no first step kept
             return None
         total += samples / seconds
     return total or None

@@ -72,9 +72,10 @@ def layout_observation(layout: str, *, measured_samples_per_s: float,
 
 def measured_flat_modes(flat: Plan | Unschedulable, learned: Mapping[tuple[str, str], Any],
                         ) -> frozenset[str]:
-    """The modes without a pipeline whose prediction in ``flat`` is measured: ``Full`` where every
-    GPU type's speed is learned and Full's cross-type link rate too (``None`` and ``Group`` keep
-    a configured link term, so their ratio still applies)."""
+    """The modes without a pipeline whose prediction in ``flat`` is measured: ``Full`` and
+    ``Group`` where every GPU type's speed is learned and the mode's cross-type rate too
+    (:mod:`hetero_operator.planning.linklearning`; ``None`` keeps a configured link term, so its
+    ratio still applies)."""
     if not isinstance(flat, Plan) or flat.value is None or not flat.value.types:
         return frozenset()
     speeds = all(t.speed_source == "learned" for t in flat.value.types)

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from heterotrain_common.pipelineschedules import FORWARD_SHARE
+from hetero_operator.planning.steadystate import steady
 
 STORE_VERSION = 1
 DEFAULT_MAX_AGE_S = 30 * 24 * 3600.0
@@ -265,24 +266,24 @@ def observations_from_stats(stats: Sequence[Mapping[str, Any]], *, unix_s: float
     """Observations from the ranks' statistics (``rank-<R>.json`` of ``heterotrain run``).
 
     Per (GPU type, precision, batch band): the median over its ranks of ``samples /
-    compute_seconds``, at their mean local batch (``samples / steps``). A rank that recomputed
-    its blocks' forward (``recomputes``: ``Full`` or activation checkpointing) counts without it,
-    ``x (1 + FORWARD_SHARE)``, which the step-time model adds back where a plan recomputes.  Ranks with fewer than
-    ``min_steps`` steps, ``min_compute_s`` compute seconds or ``min_samples`` samples (too short or
-    too small to measure) are skipped.  Plus the run's :func:`step_efficiency` under
-    :data:`JOB_EFFICIENCY` when rank 0 exported its efficiency.
+    compute_seconds``, at their mean local batch (``samples / steps``), over the steps after the
+    first where the rank kept it apart (:mod:`.steadystate`). A rank that recomputed its blocks'
+    forward (``recomputes``: ``Full`` or activation checkpointing) counts without it, ``x (1 +
+    FORWARD_SHARE)``, which the step-time model adds back where a plan recomputes. Ranks with
+    fewer than ``min_steps`` steps, ``min_compute_s`` compute seconds or ``min_samples`` samples
+    (too short or too small to measure) are skipped. Plus the run's :func:`step_efficiency`
+    under :data:`JOB_EFFICIENCY` when rank 0 exported its efficiency.
 
     Args:
-        stats: one mapping per rank with ``gpu_product``, ``precision``, ``samples``,
-            ``compute_seconds`` and ``steps`` (what :class:`hetero_worker.metrics.WorkerMetrics`
-            writes).
+        stats: one mapping per rank (``rank-<R>.json`` of :class:`hetero_worker.metrics.
+            WorkerMetrics`: ``gpu_product``, ``precision``, ``samples``, ``compute_seconds``...).
         job / namespace: the job that measured them (kept in the entries).
     """
     per_type: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
     for s in stats:
-        samples, compute_s = float(s.get("samples") or 0), float(s.get("compute_seconds") or 0.0)
-        steps = int(s.get("steps") or 0)
-        if steps < min_steps or compute_s < min_compute_s or samples < min_samples or compute_s <= 0:
+        samples, compute_s, steps = steady(s, "compute_seconds")  # the thresholds: whole run's
+        if (int(s.get("steps") or 0) < min_steps or float(s.get("compute_seconds") or 0) <
+                min_compute_s or float(s.get("samples") or 0) < min_samples or compute_s <= 0):
             continue
         batch = samples / steps
         without_recompute = 1 + FORWARD_SHARE if s.get("recomputes") else 1.0

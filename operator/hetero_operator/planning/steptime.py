@@ -24,7 +24,8 @@ One step of a plan under sharding mode ``m`` (every figure per step, the slowest
 ``step = compute + cross + in-group`` (not overlapped: conservative, as the throughput model).
 
 **Learned link rate.** Where an earlier run of the job measured the rate its ``Full``
-collectives moved the modelled cross-type bytes at (``cross_bytes_per_s``;
+collectives, or ``Group``'s step-end exchange, moved the modelled cross-type bytes at
+(``cross_bytes_per_s``;
 :mod:`hetero_operator.planning.linklearning`), the cross-type seconds use it instead of the
 configured bandwidth: Gloo's per-collective costs and a link slower than configured are then in
 the figure, as the learned speeds put the device's real compute in it.
