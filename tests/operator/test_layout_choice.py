@@ -216,3 +216,41 @@ def test_a_full_prediction_from_measured_speeds_and_link_is_weighed_without_its_
     assert unlinked.layout.flat_samples_per_s == pytest.approx(0.4 * _full(no_link), rel=1e-12)
     # and a run so predicted records no ratio
     assert layout_observations(flat, 20.0, _job(), {**speeds, **link}) == []
+
+
+@pytest.mark.parametrize("handed", [True, False])
+def test_after_run_judges_the_layout_by_the_table_the_plan_used(tmp_path: Path,
+                                                                handed: bool) -> None:
+    # The plan's Full prediction came from learned speeds and a learned link; the store is empty
+    # by the time the run ends (another run rewrote it, or --learned-speeds changed). Handed the
+    # plan's table, after_run records no layout ratio; judged by the store, it would record one
+    import argparse
+    import io
+    import json
+
+    from rich.console import Console
+
+    from hetero_operator.local.valueview import after_run
+    from heterotrain_common import rundir
+
+    def entry(gpu_type: str, precision: str, value: float) -> LearnedSpeed:
+        return LearnedSpeed(gpu_type=gpu_type, precision=precision, samples_per_s=value,
+                            observations=1, first_unix_s=0.0, updated_unix_s=0.0)
+
+    table = {("NVIDIA-A100-SXM4-40GB", "bf16"): (entry("NVIDIA-A100-SXM4-40GB", "bf16", 300.0),),
+             ("Tesla-T4", "fp16"): (entry("Tesla-T4", "fp16", 60.0),),
+             ("link", "Full"): (entry("link", "Full", 2e8),)}
+    job = _job(sharding="Full")
+    plan = _plan(job, 100.0, table)
+    for r in plan.ranks:
+        rundir.write_json_atomic(rundir.rank_stats_path(tmp_path, r.rank), {
+            "rank": r.rank, "gpu_product": r.gpu_type, "precision": "fp32", "steps": 12,
+            "samples": 12 * r.local_batch, "step_seconds": 2.4, "compute_seconds": 1.2,
+            "comm_wait_seconds": 1.2})
+    store = tmp_path / "profiles.json"
+    after_run(Console(file=io.StringIO()), args=argparse.Namespace(learned_speeds=str(store)),
+              job=job, plan=plan, workdir=tmp_path, exit_code=0,
+              learned=table if handed else None)
+    recorded = json.loads(store.read_text())
+    layouts = {k for k in json.dumps(recorded).split('"') if k.startswith("layout/")}
+    assert layouts == (set() if handed else {"layout/Full"})

@@ -202,13 +202,13 @@ def _plan(args: argparse.Namespace, console: Any) -> Planned | int:
         gpu_nodes = None if (args.nodes or args.simulate) else _real_gpu_nodes()
         if gpu_nodes is not None:
             local_job = dataclasses.replace(job, images=())  # local processes use no image
-            plan = plan_job(local_job, build_inventory(gpu_nodes[0]),
-                            inputs=valueview.plan_inputs(args, local_job))
+            inputs = valueview.plan_inputs(args, local_job)
+            plan = plan_job(local_job, build_inventory(gpu_nodes[0]), inputs=inputs)
             if isinstance(plan, Plan):
                 print_result(plan, local_job, console, notes=plan_notes(plan, local_job))
                 uuids = gpu_nodes[1]
                 gpu_ids = [uuids[plan.groups[r.group].node][r.group_rank] for r in plan.ranks]
-                return Planned(local_job, plan, False, gpu_ids)
+                return Planned(local_job, plan, False, gpu_ids, learned=inputs.learned)
             console.print(f"This machine's GPUs cannot host the job ({plan.message}); "
                           f"simulating {DEFAULT_NODES} instead.")
         nodes = load_objects(Path(args.nodes) if args.nodes else default_nodes_file(), "Node")
@@ -222,7 +222,7 @@ def _plan(args: argparse.Namespace, console: Any) -> Planned | int:
     print_result(plan, job, console, notes=[*notes, *plan_notes(plan, job), *embedded_template_notes(job)])
     if not isinstance(plan, Plan):
         return EXIT_UNSCHEDULABLE
-    planned = Planned(job, plan, True, None)
+    planned = Planned(job, plan, True, None, learned=inputs.learned)
     planned.true_speeds = valueview.simulated_true_speeds(nodes)
     return planned
 
@@ -344,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{job.profile_steps[1]} were not reached, or the worker does not use "
                       "hetero_worker's Trainer", highlight=False)
     valueview.after_run(console, args=args, job=job, plan=planned.plan, workdir=workdir,
-                        exit_code=outcome.exit_code)
+                        exit_code=outcome.exit_code, learned=planned.learned)
     console.print(f"Logs and statistics: {workdir}")
     if outcome.signal_received is not None or ended.failure is not None:
         console.print(_resume_hint(workdir, workdir / "checkpoints"), highlight=False)

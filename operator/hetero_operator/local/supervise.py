@@ -63,10 +63,13 @@ def process_envs(rank_envs: Sequence[Mapping[str, str]], *, base_env: Mapping[st
 
 
 class Planned:
-    """What planning produced: the job, plan, whether simulated, and real GPU UUIDs per rank."""
+    """What planning produced: the job, plan, whether simulated, real GPU UUIDs per rank, and
+    the learned table the plan was made with (``PlanInputs.learned``)."""
 
-    def __init__(self, job: Any, plan: Any, simulated: bool, gpu_ids: list[str] | None) -> None:
+    def __init__(self, job: Any, plan: Any, simulated: bool, gpu_ids: list[str] | None, *,
+                 learned: Mapping[tuple[str, str], Any] | None = None) -> None:
         self.job, self.plan, self.simulated, self.gpu_ids = job, plan, simulated, gpu_ids
+        self.learned = dict(learned or {})
         self.true_speeds: dict[str, float] = {}  # simulated nodes' real speed (valueview)
         self.extra_env: dict[str, str] = {}  # run-wide knobs on every rank (HTJ_MAX_STEPS ...)
 

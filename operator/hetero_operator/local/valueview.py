@@ -293,7 +293,8 @@ def steady_samples_per_s(stats: Sequence[Mapping[str, Any]]) -> float | None:
 
 
 def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Plan,
-              workdir: Path, exit_code: int) -> dict[str, Any]:
+              workdir: Path, exit_code: int,
+              learned: Mapping[tuple[str, str], Any] | None = None) -> dict[str, Any]:
     """Predicted vs measured throughput, and the run's speeds into the learned store.
 
     Measured = the sum over ranks of samples / step seconds (every rank steps together) over the
@@ -301,6 +302,11 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
     (process start-up, rendezvous and evaluation are not steps); rank 0's last efficiency
     window (``htj_job_prediction_ratio``) gives the steady-state ratio. Observations (one device's
     compute samples/s per GPU type and precision) are recorded only for a job that succeeded.
+
+    Args:
+        learned: the learned table the plan was made with (``PlanInputs.learned``): whether the
+            run's layout was predicted from measured figures (then it records no layout ratio)
+            is decided on it, not on the store as it is after the run.
 
     Returns:
         What was written to ``prediction.json``.
@@ -311,15 +317,15 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
     stats_ok = [s for s in stats if s]
     measured = sum(float(s.get("samples") or 0) / float(s["step_seconds"])
                    for s in stats_ok if float(s.get("step_seconds") or 0) > 0)
-    steady = steady_samples_per_s(stats_ok) if len(stats_ok) == len(stats) else None
+    steady_rate = steady_samples_per_s(stats_ok) if len(stats_ok) == len(stats) else None
     value = plan.value
     predicted = value.predicted_throughput if value is not None and value.absolute else None
     ratio = measured / predicted if predicted and measured and len(stats_ok) == len(stats) else None
     window = (stats[0] or {}).get("job_prediction_ratio") if stats else None
     out: dict[str, Any] = {"profile_key": profile_key(job), "predicted_samples_per_s": predicted,
                            "measured_samples_per_s": round(measured, 3) if measured else None,
-                           "measured_steady_samples_per_s": (None if steady is None
-                                                             else round(steady, 3)),
+                           "measured_steady_samples_per_s": (None if steady_rate is None
+                                                             else round(steady_rate, 3)),
                            "ratio_measured_to_predicted": None if ratio is None else round(ratio, 4),
                            "ratio_last_window": None if window is None else round(float(window), 4),
                            "speed_sources": {t.gpu_type: t.speed_source for t in value.types}
@@ -359,7 +365,7 @@ def after_run(console: Any, *, args: argparse.Namespace, job: JobSpec, plan: Pla
             if plan.pipeline is not None else observations_from_stats(
                 stats_ok, unix_s=time.time(), job=job.name, namespace=job.namespace))
         observations += layout_observations(plan, measured if len(stats_ok) == len(stats) else 0.0,
-                                            job, store.load(profile_key(job)))
+                                            job, learned or {})
         link = (linklearning.observation(
             plan.memory.mode, step_cross_type_bytes=mode_option.step_cross_type_bytes,
             stats=stats_ok, job=job.name, namespace=job.namespace)
