@@ -53,6 +53,9 @@ BENCHMARKS = [  # (results file stem, title, command)
      "bench/bench_elastic.py"),
     ("pipeline", "Pipeline stages vs Full sharding, 1 A100 + 1 T4, unshaped and 100 Mbit/s link "
      "between the GPU types (issue 30, item 6)", "bench/bench_pipeline.py (as root: network namespaces)"),
+    ("gloo-bytes", "Gloo's bytes on the wire per collective, 2 ranks over a 100 Mbit/s veth (what "
+     "Full's step-time model counts; issue 30)", "bench/bench_gloo_bytes.py (as root: network "
+     "namespaces)"),
 ]
 
 
