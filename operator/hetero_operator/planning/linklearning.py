@@ -19,7 +19,8 @@ at each collective waits only for the transfer; the others wait for it too).
   benchmark's lm-large, 3 ranks: 37 ms a step against 1.5 ms for the bytes at 10 Gbit/s,
   bench/results/memory-steptime.json): right for the next plan of the same job, which is what it
   is kept for. FSDP2's gathers inside forward and backward are in the ranks' compute seconds,
-  hence in their learned speeds.
+  hence in their learned speeds. Where the run compressed (``spec.training.compression``), the
+  leaders' codec work is in the wait, and in the rate, as it will be in the next run's.
 
 The figure is a learned entry of the job's profile, ``gpu_type`` :data:`LEARNED_LINK` and
 ``precision`` the mode (``link/Full``, ``link/Group``), its ``samples_per_s`` field holding bytes
@@ -27,8 +28,9 @@ per second (as ``layout/<mode>`` holds a ratio): outliers are held as candidates
 out like every learned speed (:mod:`hetero_operator.planning.profiles`). The next plan of the job
 uses it for the mode's cross-type seconds (:func:`learned_rates`).
 
-``None`` is not learned: its ranks reduce while backward still runs (DDP's hooks), so its wait
-holds neither the whole exchange nor only it, and compression's own work is in it too.
+``None`` is not learned: its ranks reduce while backward still runs (DDP's communication hooks,
+bucket by bucket), so the wait after backward is only the part of the exchange that backward did
+not hide, not a figure the bytes per step can be divided by.
 """
 
 from __future__ import annotations
