@@ -27,6 +27,11 @@ RUN_DIR = envnames.RUN_DIR
 """Environment variable: directory for the files of this module; unset disables them (defined and
 parsed in :mod:`heterotrain_common.contract`; a parsed contract carries it as ``run.dir``)."""
 RESULT_FILE = "result.json"
+FIRST_STEP_KEYS = {"step_seconds": "first_step_seconds", "samples": "first_step_samples",
+                   "compute_seconds": "first_step_compute_seconds",
+                   "comm_wait_seconds": "first_step_comm_wait_seconds"}
+"""Each total of ``rank-<R>.json`` -> the key holding its first step's share (the warm-up, kept
+apart by the worker's metrics and left out by what the planner learns)."""
 
 
 def run_dir(environ: Mapping[str, str] | None = None) -> Path | None:

@@ -153,9 +153,9 @@ class WorkerMetrics:
         self._stats_dir = (rundir.run_dir(environ) if environ is not None
                            else Path(contract.run.dir) if contract.run.dir else None)
         self._totals = {"steps": 0, "samples": 0, "skipped_steps": 0, "rebalances": 0,
-                        "step_seconds": 0.0, "compute_seconds": 0.0, "comm_wait_seconds": 0.0,
-                        "first_step_seconds": 0.0, "first_step_samples": 0,
-                        "first_step_compute_seconds": 0.0, "first_step_comm_wait_seconds": 0.0}
+                        "step_seconds": 0.0, "compute_seconds": 0.0, "comm_wait_seconds": 0.0}
+        self._totals.update({first: self._totals[total]  # zero, of the total's type
+                             for total, first in rundir.FIRST_STEP_KEYS.items()})
         self._last: dict[str, Any] = {"loss": None, "throughput_samples_per_second": None,
                                       "total_steps": None}
         self._last_device_s = -math.inf
@@ -242,9 +242,9 @@ class WorkerMetrics:
         with self._lock:
             t = self._totals
             if t["steps"] == 0:  # warm-up (first collectives, allocator): kept apart as well
-                t["first_step_seconds"], t["first_step_samples"] = step_s, samples
-                t["first_step_compute_seconds"] = compute_s
-                t["first_step_comm_wait_seconds"] = comm_wait_s
+                first = {"step_seconds": step_s, "samples": samples,
+                         "compute_seconds": compute_s, "comm_wait_seconds": comm_wait_s}
+                t.update({rundir.FIRST_STEP_KEYS[k]: v for k, v in first.items()})
             t["steps"] += 1
             t["samples"] += samples
             t["step_seconds"] += step_s

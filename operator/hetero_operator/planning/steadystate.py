@@ -17,10 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-FIRST_STEP_KEYS = {"step_seconds": "first_step_seconds", "samples": "first_step_samples",
-                   "compute_seconds": "first_step_compute_seconds",
-                   "comm_wait_seconds": "first_step_comm_wait_seconds"}
-"""Each total of ``rank-<R>.json`` -> the key of its first step's share."""
+from heterotrain_common.rundir import FIRST_STEP_KEYS
 
 
 def steady(stats: Mapping[str, Any], key: str) -> tuple[float, float, int]:
