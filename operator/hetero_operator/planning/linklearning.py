@@ -15,9 +15,9 @@ at each collective waits only for the transfer; the others wait for it too).
 * ``Group``: the wait is :class:`hetero_worker.memory.group.GroupShardSync`'s step-end exchange:
   the gather of each group's gradient sum inside the group (one collective per parameter), the
   leaders' all-reduce across types, the broadcast back. Only the middle one is the model's cross-
-  type bytes, so the learned figure is an *effective* rate of the whole exchange (on the
-  benchmark's lm-large, 3 ranks: 37 ms a step against 1.5 ms for the bytes at 10 Gbit/s,
-  bench/results/memory-steptime.json): right for the next plan of the same job, which is what it
+  type bytes, so the learned figure is an *effective* rate of the whole exchange (on
+  bench_memory's lm-large, 3 ranks, 7 Dec: the least wait 24-43 ms a step after the first against
+  1.5 ms for the bytes at 10 Gbit/s, the runs' ``rank-<R>.json``): right for the next plan of the same job, which is what it
   is kept for. FSDP2's gathers inside forward and backward are in the ranks' compute seconds,
   hence in their learned speeds. Where the run compressed (``spec.training.compression``), the
   leaders' codec work is in the wait, and in the rate, as it will be in the next run's.

@@ -1,8 +1,8 @@
 """A rank's figures over the steps after its first: what the planner learns from (pure; issue 30).
 
 A run's first step holds its warm-up: the first collectives connect, the allocator grows, FSDP2
-lays out its shards (0.46-0.86 s against 0.19 s for a later step of ``lm-large`` under ``Group``,
-bench/results/memory-steptime.json). The throughput a prediction is checked against leaves it out
+lays out its shards (0.46-0.86 s against about 0.19 s for a later step of ``lm-large`` under
+``Group`` in bench_memory's runs of 7 Dec, their ``rank-<R>.json``). The throughput a prediction is checked against leaves it out
 (``prediction.json``'s ``measured_steady_samples_per_s``), so what the next prediction is made
 from leaves it out too: the learned speeds (:func:`hetero_operator.planning.profiles.
 observations_from_stats`) and link rates (:mod:`hetero_operator.planning.linklearning`).
